@@ -1,0 +1,13 @@
+"""Model backends: adapters that turn prompts into :class:`Generation` objects with token log-probs."""
+
+from gnll.backends.base import DEFAULT_STOP, Generation, GenerationConfig, Model
+from gnll.backends.registry import EMBEDDED_MODELS, load_model
+
+__all__ = [
+    "DEFAULT_STOP",
+    "EMBEDDED_MODELS",
+    "Generation",
+    "GenerationConfig",
+    "Model",
+    "load_model",
+]

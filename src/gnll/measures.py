@@ -1,0 +1,281 @@
+"""Uncertainty measures as pure functions of token log-probabilities.
+
+Every function here takes per-token log-probabilities under the model's own (temperature-1, unwarped)
+next-token distribution -- one sequence of floats per generated output -- and returns a float where
+**higher means more uncertain**. Nothing here knows about models; see :mod:`gnll.backends` for how the
+log-probabilities are produced.
+
+Notation: for an output ``y = (y_1..y_T)``, ``log p(y|x) = sum_t log p(y_t | x, y_<t)``.
+
+An empty output (zero answer tokens, e.g. the model emitted the stop sequence first) is legal: its
+sequence log-likelihood is ``0`` (probability one of the empty product) unless the backend was asked to
+count the terminator token, and its length-normalised NLL is defined as ``0`` as well.
+
+Example
+-------
+>>> from gnll import measures
+>>> round(measures.g_nll([-0.1, -0.5, -0.02]), 4)
+0.62
+>>> round(measures.predictive_entropy([[-0.1, -0.5], [-2.0]]), 4)
+1.3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.special import logsumexp
+
+TokenLogprobs = Sequence[float] | np.ndarray
+
+__all__ = [
+    "g_nll",
+    "ln_g_nll",
+    "sequence_logprob",
+    "msp_estimate",
+    "predictive_entropy",
+    "ln_predictive_entropy",
+    "semantic_entropy",
+    "ln_semantic_entropy",
+    "discrete_semantic_entropy",
+    "max_cluster_probability",
+    "cluster_log_probs",
+    "MEASURES",
+]
+
+# Log-probs a hair above zero come from float round-off in log-softmax; anything larger is a bug upstream.
+_POSITIVE_TOL = 1e-5
+
+
+def _as_logprobs(token_logprobs: TokenLogprobs, *, name: str = "token_logprobs") -> np.ndarray:
+    """Validate one sequence of token log-probs and return it as a float64 array."""
+    if isinstance(token_logprobs, str | bytes):
+        raise TypeError(f"{name} must be a sequence of floats, got a string")
+    try:
+        arr = np.asarray(token_logprobs, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be a sequence of floats: {exc}") from exc
+    if arr.ndim != 1:
+        raise ValueError(
+            f"{name} must be one-dimensional (one log-prob per token), got shape {arr.shape}"
+        )
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.flatnonzero(~np.isfinite(arr))[0])
+        raise ValueError(
+            f"{name} contains a non-finite value ({arr[bad]}) at token {bad}; "
+            "log-probs must be finite (a -inf means the model gave the chosen token zero probability)"
+        )
+    if np.any(arr > _POSITIVE_TOL):
+        bad = int(np.flatnonzero(arr > _POSITIVE_TOL)[0])
+        raise ValueError(
+            f"{name} has a positive log-probability ({arr[bad]:.6g}) at token {bad}; "
+            "pass log-probabilities (<= 0), not probabilities or logits"
+        )
+    return np.minimum(arr, 0.0)
+
+
+def _as_batch(list_of_token_logprobs: Sequence[TokenLogprobs]) -> list[np.ndarray]:
+    if isinstance(list_of_token_logprobs, np.ndarray) and list_of_token_logprobs.ndim == 1:
+        raise ValueError(
+            "expected one sequence of token log-probs per output (a list of sequences), got a flat array; "
+            "wrap a single output as [token_logprobs]"
+        )
+    seqs = [
+        _as_logprobs(s, name=f"list_of_token_logprobs[{i}]")
+        for i, s in enumerate(list_of_token_logprobs)
+    ]
+    if not seqs:
+        raise ValueError(
+            "list_of_token_logprobs is empty: at least one generated output is required"
+        )
+    return seqs
+
+
+def _seq_logliks(seqs: list[np.ndarray], *, normalize: bool) -> np.ndarray:
+    sums = np.array([s.sum() for s in seqs])
+    if not normalize:
+        return sums
+    lengths = np.array([max(len(s), 1) for s in seqs])
+    return sums / lengths
+
+
+def _as_cluster_ids(cluster_ids: Sequence[int] | np.ndarray, n: int | None = None) -> np.ndarray:
+    ids = np.asarray(cluster_ids)
+    if ids.ndim != 1 or ids.size == 0:
+        raise ValueError(
+            f"cluster_ids must be a non-empty 1-D sequence of ints, got shape {ids.shape}"
+        )
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"cluster_ids must be integers, got dtype {ids.dtype}")
+    if n is not None and ids.size != n:
+        raise ValueError(
+            f"cluster_ids has {ids.size} entries but there are {n} outputs; give one cluster id per output"
+        )
+    return ids
+
+
+def sequence_logprob(token_logprobs: TokenLogprobs) -> float:
+    """Sequence log-likelihood ``log p(y|x) = sum_t log p(y_t|x, y_<t)`` (0 for an empty output)."""
+    return float(_as_logprobs(token_logprobs).sum())
+
+
+def g_nll(token_logprobs: TokenLogprobs) -> float:
+    """G-NLL: negative log-likelihood of the greedily decoded output.
+
+    Parameters
+    ----------
+    token_logprobs:
+        Log-probabilities of the greedy output's tokens, one per token.
+
+    Returns
+    -------
+    float
+        ``-sum_t log p(y_t | x, y_<t)``, >= 0. Higher means more uncertain.
+
+    Examples
+    --------
+    >>> g_nll([-0.5, -0.25])
+    0.75
+    """
+    return -sequence_logprob(token_logprobs)
+
+
+def ln_g_nll(token_logprobs: TokenLogprobs) -> float:
+    """Length-normalised G-NLL: ``-(1/T) sum_t log p(y_t|...)``; 0 for an empty output.
+
+    Examples
+    --------
+    >>> ln_g_nll([-0.5, -0.25])
+    0.375
+    """
+    arr = _as_logprobs(token_logprobs)
+    return float(-arr.mean()) if arr.size else 0.0
+
+
+def msp_estimate(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
+    """Estimate of ``-max_y log p(y|x)`` from N candidate outputs (beams or samples).
+
+    Returns ``-max_n log p(y^n|x)``: never larger than any candidate's NLL.
+
+    Examples
+    --------
+    >>> msp_estimate([[-0.5, -0.25], [-0.1]])
+    0.1
+    """
+    seqs = _as_batch(list_of_token_logprobs)
+    return float(-_seq_logliks(seqs, normalize=False).max())
+
+
+def predictive_entropy(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
+    """Monte-Carlo predictive entropy ``(1/N) sum_n -log p(y^n|x)`` over N sampled outputs.
+
+    Examples
+    --------
+    >>> predictive_entropy([[-1.0, -1.0], [-0.5]])
+    1.25
+    """
+    seqs = _as_batch(list_of_token_logprobs)
+    return float(-_seq_logliks(seqs, normalize=False).mean())
+
+
+def ln_predictive_entropy(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
+    """Length-normalised predictive entropy ``(1/N) sum_n -(1/T_n) log p(y^n|x)``.
+
+    Examples
+    --------
+    >>> ln_predictive_entropy([[-1.0, -1.0], [-0.5]])
+    0.75
+    """
+    seqs = _as_batch(list_of_token_logprobs)
+    return float(-_seq_logliks(seqs, normalize=True).mean())
+
+
+def cluster_log_probs(
+    list_of_token_logprobs: Sequence[TokenLogprobs],
+    cluster_ids: Sequence[int] | np.ndarray,
+    *,
+    normalize_length: bool = False,
+) -> np.ndarray:
+    """Log-probability of each semantic cluster, normalised over the N outputs.
+
+    ``log p(c) = logsumexp_{n in c} log p(y^n|x) - logsumexp_n log p(y^n|x)`` (Farquhar et al. 2024).
+    Outputs that occur several times among the samples count once per occurrence, as in the reference
+    implementation. Returns one entry per distinct cluster id, in increasing id order.
+    """
+    seqs = _as_batch(list_of_token_logprobs)
+    ids = _as_cluster_ids(cluster_ids, len(seqs))
+    logliks = _seq_logliks(seqs, normalize=normalize_length)
+    uniq = np.unique(ids)
+    per_cluster = np.array([logsumexp(logliks[ids == c]) for c in uniq])
+    return per_cluster - logsumexp(logliks)
+
+
+def _entropy_from_log_probs(log_p: np.ndarray) -> float:
+    # `+ 0.0` turns a -0.0 from a single cluster into 0.0.
+    return float(max(-np.sum(np.exp(log_p) * log_p), 0.0)) + 0.0
+
+
+def semantic_entropy(
+    list_of_token_logprobs: Sequence[TokenLogprobs], cluster_ids: Sequence[int] | np.ndarray
+) -> float:
+    """Semantic entropy ``-sum_c p(c) log p(c)`` with likelihood-weighted cluster masses.
+
+    Examples
+    --------
+    >>> semantic_entropy([[-1.0], [-1.0]], [0, 0])
+    0.0
+    >>> round(semantic_entropy([[-1.0], [-1.0]], [0, 1]), 4)  # two equally likely meanings
+    0.6931
+    """
+    return _entropy_from_log_probs(cluster_log_probs(list_of_token_logprobs, cluster_ids))
+
+
+def ln_semantic_entropy(
+    list_of_token_logprobs: Sequence[TokenLogprobs], cluster_ids: Sequence[int] | np.ndarray
+) -> float:
+    """Semantic entropy computed from length-normalised sequence log-likelihoods."""
+    return _entropy_from_log_probs(
+        cluster_log_probs(list_of_token_logprobs, cluster_ids, normalize_length=True)
+    )
+
+
+def discrete_semantic_entropy(cluster_ids: Sequence[int] | np.ndarray) -> float:
+    """Entropy of the empirical cluster frequencies ``|c|/N``; ignores likelihoods.
+
+    Examples
+    --------
+    >>> round(discrete_semantic_entropy([0, 1, 2, 3]), 4)  # log 4
+    1.3863
+    """
+    ids = _as_cluster_ids(cluster_ids)
+    _, counts = np.unique(ids, return_counts=True)
+    freqs = counts / counts.sum()
+    return float(max(-np.sum(freqs * np.log(freqs)), 0.0)) + 0.0
+
+
+def max_cluster_probability(
+    list_of_token_logprobs: Sequence[TokenLogprobs], cluster_ids: Sequence[int] | np.ndarray
+) -> float:
+    """MCP: ``-log max_c p(c)``, the semantic counterpart of the maximum sequence probability.
+
+    Examples
+    --------
+    >>> round(max_cluster_probability([[-1.0], [-1.0], [-1.0]], [0, 0, 1]), 4)  # -log(2/3)
+    0.4055
+    """
+    return float(max(-cluster_log_probs(list_of_token_logprobs, cluster_ids).max(), 0.0)) + 0.0
+
+
+#: Registry of measures by their short CLI/table name. ``needs`` says which generations each consumes.
+MEASURES: dict[str, dict] = {
+    "g-nll": {"fn": g_nll, "needs": "greedy", "label": "G-NLL"},
+    "ln-g-nll": {"fn": ln_g_nll, "needs": "greedy", "label": "LN-G-NLL"},
+    "bs-msp": {"fn": msp_estimate, "needs": "beams", "label": "BS-MSP"},
+    "pe": {"fn": predictive_entropy, "needs": "samples", "label": "PE"},
+    "ln-pe": {"fn": ln_predictive_entropy, "needs": "samples", "label": "LN-PE"},
+    "se": {"fn": semantic_entropy, "needs": "clusters", "label": "SE"},
+    "ln-se": {"fn": ln_semantic_entropy, "needs": "clusters", "label": "LN-SE"},
+    "d-se": {"fn": discrete_semantic_entropy, "needs": "cluster_ids", "label": "D-SE"},
+    "mcp": {"fn": max_cluster_probability, "needs": "clusters", "label": "MCP"},
+}

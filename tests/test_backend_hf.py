@@ -1,0 +1,153 @@
+"""The transformers backend on the real embedded models: log-probs are exact, batching changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gnll import GenerationConfig, measures
+from gnll.backends.registry import EMBEDDED_MODELS, cache_dir, embedded_model_dir
+
+pytestmark = pytest.mark.model
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who wrote the play Hamlet?",
+    "What is 7 times 6?",
+    "Which planet is known as the red planet?",
+    "In which year did the Second World War end?",
+]
+FEW_SHOT = (
+    "Answer the following question as briefly as possible.\n"
+    "Question: What is the largest ocean?\nAnswer: The Pacific Ocean\n"
+    "Question: Who painted the Mona Lisa?\nAnswer: Leonardo da Vinci\n"
+    "Question: {q}\nAnswer:"
+)
+
+
+def _full_logprobs(model, prompt: str, answer_ids: list[int]) -> torch.Tensor:
+    """Teacher-forced full log-softmax rows for each answer position (test oracle, no batching)."""
+    prompt_ids = model._encode([prompt])[0]
+    ids = torch.tensor([prompt_ids + answer_ids])
+    with torch.inference_mode():
+        logits = model.model(input_ids=ids).logits[0].float()
+    start = len(prompt_ids) - 1
+    return torch.log_softmax(logits[start : start + len(answer_ids)], dim=-1)
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
+def test_greedy_logprobs_match_teacher_forcing_and_are_argmax(model_fixture, request):
+    model = request.getfixturevalue(model_fixture)
+    prompts = [FEW_SHOT.format(q=q) for q in QUESTIONS[:3]]
+    gens = model.generate(prompts, GenerationConfig.greedy(max_new_tokens=24))
+    for prompt, [g] in zip(prompts, gens, strict=True):
+        assert g.token_ids, f"empty greedy answer for {prompt!r}"
+        rows = _full_logprobs(model, prompt, g.token_ids)
+        oracle = rows[torch.arange(len(g.token_ids)), torch.tensor(g.token_ids)].numpy()
+        np.testing.assert_allclose(g.token_logprobs, oracle, atol=1e-4)
+        assert rows.argmax(dim=-1).tolist() == g.token_ids, "greedy token is not the argmax"
+        # The backend's own scorer (batched, logits_to_keep) agrees too.
+        np.testing.assert_allclose(model.score([prompt], [g.token_ids])[0], oracle, atol=1e-4)
+        # G-NLL is the sum of the max log-probs along the greedy path.
+        assert measures.g_nll(g.token_logprobs) == pytest.approx(
+            -rows.max(dim=-1).values.sum().item(), abs=1e-3
+        )
+
+
+def test_batched_equals_one_by_one(smollm):
+    prompts = [FEW_SHOT.format(q=q) for q in QUESTIONS]
+    config = GenerationConfig.greedy(max_new_tokens=24)
+    batched = smollm.generate(prompts, config, batch_size=len(prompts))
+    single = [smollm.generate([p], config, batch_size=1)[0] for p in prompts]
+    for [b], [s] in zip(batched, single, strict=True):
+        assert b.text == s.text
+        assert b.token_ids == s.token_ids
+        assert measures.g_nll(b.token_logprobs) == pytest.approx(
+            measures.g_nll(s.token_logprobs), abs=1e-4
+        )
+
+
+def test_short_answer_stops_at_newline_and_terminator_option(smollm):
+    prompt = FEW_SHOT.format(q="What is the capital of France?")
+    [[g]] = smollm.generate([prompt], GenerationConfig.greedy())
+    assert "Paris" in g.text
+    assert "\n" not in g.text
+    assert g.finish_reason in {"stop", "eos"}
+    assert len(g.terminator_token_ids) == 1 and len(g.terminator_logprobs) == 1
+    [[t]] = smollm.generate([prompt], GenerationConfig.greedy(include_terminator=True))
+    assert t.token_logprobs == pytest.approx(g.token_logprobs + g.terminator_logprobs)
+    assert measures.g_nll(t.token_logprobs) > measures.g_nll(g.token_logprobs)
+
+
+def test_length_cap(smollm):
+    [[g]] = smollm.generate(
+        ["Tell me a long story about a dragon."], GenerationConfig.greedy(max_new_tokens=5)
+    )
+    assert g.finish_reason == "length"
+    assert len(g.token_ids) == len(g.token_logprobs) == 5
+    assert g.terminator_token_ids == []
+
+
+def test_multi_token_stop_string_is_cut(smollm):
+    """`_parse` cuts at a stop string that spans tokens and keeps only tokens entirely before it."""
+    tok = smollm.tokenizer
+    ids = tok(" Paris Question: Who", add_special_tokens=False)["input_ids"]
+    raw = -np.arange(1, len(ids) + 1, dtype=float) / 10
+    config = GenerationConfig.greedy()
+    g = smollm._parse(ids, raw, None, config, set(smollm._stop_token_ids(config.stop).tolist()))
+    assert g.text == "Paris"
+    assert g.finish_reason == "stop" and g.stop_sequence == "Question:"
+    assert tok.decode(g.token_ids).strip() == "Paris"
+    assert g.token_logprobs == pytest.approx(raw[: len(g.token_ids)].tolist())
+    assert tok.decode(g.terminator_token_ids).strip().startswith("Question")
+
+
+def test_beam_search_returns_k_ranked_beams(smollm):
+    prompts = [FEW_SHOT.format(q=q) for q in QUESTIONS[:2]]
+    beams = smollm.generate(prompts, GenerationConfig.beam(4, max_new_tokens=16))
+    greedy = smollm.generate(prompts, GenerationConfig.greedy(max_new_tokens=16))
+    for prompt, bs, [g] in zip(prompts, beams, greedy, strict=True):
+        assert len(bs) == 4
+        lps = [b.logprob for b in bs]
+        assert lps == sorted(lps, reverse=True)
+        for b in bs:
+            np.testing.assert_allclose(
+                b.token_logprobs, smollm.score([prompt], [b.token_ids])[0], atol=1e-4
+            )
+            assert b.sampling_logprobs is None
+        # Beam search explores a superset of the greedy path's prefixes; here it finds at least as likely.
+        assert (
+            measures.msp_estimate([b.token_logprobs for b in bs])
+            <= measures.g_nll(g.token_logprobs) + 1e-4
+        )
+
+
+def test_sampling_is_seeded_and_reports_both_logprobs(smollm):
+    prompt = FEW_SHOT.format(q="Who wrote the play Hamlet?")
+    cfg = GenerationConfig.sample(6, temperature=0.5, max_new_tokens=12, seed=123)
+    a = smollm.generate([prompt], cfg)[0]
+    b = smollm.generate([prompt], cfg)[0]
+    c = smollm.generate([prompt], cfg.replace(seed=7))[0]
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    assert [g.token_ids for g in a] != [g.token_ids for g in c]
+    for g in a:
+        np.testing.assert_allclose(
+            g.token_logprobs, smollm.score([prompt], [g.token_ids])[0], atol=1e-4
+        )
+        assert len(g.sampling_logprobs) == len(g.token_logprobs)
+    # At temperature 1 the sampling distribution is the model's own.
+    for g in smollm.generate([prompt], cfg.replace(temperature=1.0))[0]:
+        assert g.sampling_logprobs == pytest.approx(g.token_logprobs)
+
+
+def test_chat_template_applied_only_to_instruction_tuned(smollm, gemma):
+    assert smollm.chat_template and "<|im_start|>user\nHi<|im_end|>" in smollm.render_prompt("Hi")
+    assert not gemma.chat_template and gemma.render_prompt("Hi") == "Hi"
+
+
+def test_embedded_models_are_cached():
+    for spec in EMBEDDED_MODELS.values():
+        path = embedded_model_dir(spec, progress=False)
+        assert path.is_relative_to(cache_dir())
+        assert (path / "gnll-model.json").exists() and (path / "config.json").exists()

@@ -1,0 +1,149 @@
+"""Measures against hand-computed values and their defining properties."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gnll import measures as M
+
+logprob = st.floats(min_value=-20.0, max_value=0.0, allow_nan=False)
+sequence = st.lists(logprob, min_size=1, max_size=8)
+samples = st.lists(sequence, min_size=1, max_size=8)
+
+
+def test_hand_computed_values():
+    assert M.g_nll([-0.5, -0.25]) == pytest.approx(0.75)
+    assert M.ln_g_nll([-0.5, -0.25]) == pytest.approx(0.375)
+    assert M.msp_estimate([[-0.5, -0.25], [-0.1], [-3.0]]) == pytest.approx(0.1)
+    assert M.predictive_entropy([[-1.0, -1.0], [-0.5]]) == pytest.approx(1.25)
+    assert M.ln_predictive_entropy([[-1.0, -1.0], [-0.5]]) == pytest.approx(0.75)
+    # Two clusters: masses exp(-1)+exp(-2) and exp(-1), normalised.
+    lps = [[-1.0], [-2.0], [-1.0]]
+    a, b = math.exp(-1) + math.exp(-2), math.exp(-1)
+    pa, pb = a / (a + b), b / (a + b)
+    assert M.semantic_entropy(lps, [0, 0, 1]) == pytest.approx(
+        -(pa * math.log(pa) + pb * math.log(pb))
+    )
+    assert M.max_cluster_probability(lps, [0, 0, 1]) == pytest.approx(-math.log(pa))
+    assert M.discrete_semantic_entropy([0, 0, 1]) == pytest.approx(
+        -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
+    )
+    # LN-SE uses per-token means: [-1, -3] -> -2, [-2] -> -2: equal masses.
+    assert M.ln_semantic_entropy([[-1.0, -3.0], [-2.0]], [0, 1]) == pytest.approx(math.log(2))
+
+
+def test_empty_answer_is_legal():
+    assert M.g_nll([]) == 0.0
+    assert M.ln_g_nll([]) == 0.0
+    assert M.predictive_entropy([[], [-1.0]]) == pytest.approx(0.5)
+    assert M.ln_predictive_entropy([[], [-1.0]]) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([-0.1, float("nan")], "non-finite"),
+        ([-0.1, float("-inf")], "non-finite"),
+        ([0.3], "positive log-probability"),
+        ([[-0.1], [-0.2]], "one-dimensional"),
+        ("abc", "string"),
+    ],
+)
+def test_invalid_token_logprobs_raise(bad, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        M.g_nll(bad)
+
+
+def test_invalid_batches_and_clusters_raise():
+    with pytest.raises(ValueError, match="empty"):
+        M.predictive_entropy([])
+    with pytest.raises(ValueError, match="flat array"):
+        M.predictive_entropy(np.array([-0.1, -0.2]))
+    with pytest.raises(ValueError, match="one cluster id per output"):
+        M.semantic_entropy([[-1.0], [-1.0]], [0])
+    with pytest.raises(ValueError, match="integers"):
+        M.semantic_entropy([[-1.0], [-1.0]], [0.0, 1.0])
+    with pytest.raises(ValueError, match=r"list_of_token_logprobs\[1\]"):
+        M.msp_estimate([[-1.0], [float("nan")]])
+
+
+def test_round_off_above_zero_is_tolerated():
+    assert M.g_nll([1e-7, -0.5]) == pytest.approx(0.5)
+
+
+@given(sequence)
+def test_g_nll_nonnegative_and_minus_log_product(seq):
+    value = M.g_nll(seq)
+    assert value >= 0
+    assert value == pytest.approx(
+        -math.log(math.prod(math.exp(x) for x in seq)) if value < 700 else value
+    )
+
+
+@given(samples)
+def test_msp_estimate_is_at_most_every_sample_nll(seqs):
+    msp = M.msp_estimate(seqs)
+    assert all(msp <= M.g_nll(s) + 1e-12 for s in seqs)
+    assert msp <= M.predictive_entropy(seqs) + 1e-9
+
+
+@given(samples)
+def test_one_cluster_has_zero_semantic_entropy(seqs):
+    ids = [0] * len(seqs)
+    assert M.semantic_entropy(seqs, ids) == pytest.approx(0.0, abs=1e-12)
+    assert M.ln_semantic_entropy(seqs, ids) == pytest.approx(0.0, abs=1e-12)
+    assert M.max_cluster_probability(seqs, ids) == pytest.approx(0.0, abs=1e-12)
+    assert M.discrete_semantic_entropy(ids) == 0.0
+
+
+@given(st.integers(min_value=1, max_value=50))
+def test_singleton_clusters_discrete_se_is_log_n(n):
+    assert M.discrete_semantic_entropy(list(range(n))) == pytest.approx(math.log(n))
+
+
+@settings(max_examples=50)
+@given(samples, st.data())
+def test_semantic_entropy_invariant_to_relabelling(seqs, data):
+    ids = data.draw(st.lists(st.integers(0, 3), min_size=len(seqs), max_size=len(seqs)))
+    perm = data.draw(st.permutations(range(4)))
+    relabelled = [perm[i] + 10 for i in ids]
+    for fn in (M.semantic_entropy, M.ln_semantic_entropy, M.max_cluster_probability):
+        assert fn(seqs, relabelled) == pytest.approx(fn(seqs, ids), abs=1e-9)
+    assert M.discrete_semantic_entropy(relabelled) == pytest.approx(
+        M.discrete_semantic_entropy(ids)
+    )
+
+
+@given(st.lists(logprob, min_size=1, max_size=8))
+def test_length_normalised_equal_plain_for_length_one(values):
+    seqs = [[v] for v in values]
+    assert M.ln_g_nll(seqs[0]) == pytest.approx(M.g_nll(seqs[0]))
+    assert M.ln_predictive_entropy(seqs) == pytest.approx(M.predictive_entropy(seqs))
+    ids = list(range(len(seqs)))
+    assert M.ln_semantic_entropy(seqs, ids) == pytest.approx(M.semantic_entropy(seqs, ids))
+
+
+@given(samples)
+def test_mcp_is_lower_bound_of_se(seqs):
+    ids = [i % 3 for i in range(len(seqs))]
+    # min-entropy <= Shannon entropy, the semantic analogue of Eq. 8.
+    assert M.max_cluster_probability(seqs, ids) <= M.semantic_entropy(seqs, ids) + 1e-9
+
+
+def test_registry_names():
+    assert set(M.MEASURES) == {
+        "g-nll",
+        "ln-g-nll",
+        "bs-msp",
+        "pe",
+        "ln-pe",
+        "se",
+        "ln-se",
+        "d-se",
+        "mcp",
+    }
