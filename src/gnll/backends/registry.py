@@ -132,6 +132,22 @@ def _convert_gguf(spec: EmbeddedModel, target: Path, version: str) -> None:
         os.replace(out, target)
 
 
+class _quiet_transformers:
+    """Silence transformers' own per-tensor progress bars while our spinner runs."""
+
+    def __enter__(self) -> None:
+        from transformers.utils import logging as hf_logging
+
+        self._was_enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+
+    def __exit__(self, *exc: object) -> None:
+        from transformers.utils import logging as hf_logging
+
+        if self._was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 class _status:
     """A rich spinner on stderr while something slow happens (silent when disabled)."""
 
@@ -187,7 +203,7 @@ def load_model(
         spec = EMBEDDED_MODELS[name]
         path = embedded_model_dir(spec, progress=progress)
         model_args.setdefault("chat_template", spec.instruction_tuned)
-        with _status(f"Loading {name}", progress):
+        with _status(f"Loading {name}", progress), _quiet_transformers():
             return HFModel.from_pretrained(str(path), name=name, **model_args)
     with _status(f"Loading {name}", progress):
         return HFModel.from_pretrained(name, **model_args)

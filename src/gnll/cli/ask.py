@@ -160,7 +160,7 @@ def _print_report(question: str, greedy, values: dict[str, float]) -> None:
     console = Console()
     console.print(f"[bold]Q:[/bold] {question}")
     console.print(f"[bold]A:[/bold] {greedy.text}  [dim]({greedy.finish_reason})[/dim]")
-    scores = Table(title="Uncertainty (higher = more uncertain)", show_edge=False)
+    scores = Table(title="Uncertainty", caption="higher = more uncertain", show_edge=False)
     scores.add_column("measure")
     scores.add_column("value", justify="right")
     for name, value in values.items():

@@ -1,0 +1,74 @@
+"""`gnll ask` end to end on the default embedded model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from gnll import measures
+from gnll.cli.ask import ask_prompt, parse_model_args
+from gnll.cli.main import app
+
+runner = CliRunner()
+
+
+def test_parse_model_args_types():
+    assert parse_model_args("device=cpu,batch_size=8,chat_template=false,temp=0.5") == {
+        "device": "cpu",
+        "batch_size": 8,
+        "chat_template": False,
+        "temp": 0.5,
+    }
+    assert parse_model_args(None) == {}
+
+
+def test_ask_prompt_uses_paper_instructions():
+    assert ask_prompt("Q?", long=False) == (
+        "Answer the following question as briefly as possible.\nQuestion: Q?\nAnswer:"
+    )
+    assert ask_prompt("Q?", long=True).startswith(
+        "Answer the following question in a single brief but complete sentence."
+    )
+
+
+@pytest.mark.model
+def test_ask_json_reports_answer_and_measures(smollm):
+    result = runner.invoke(
+        app,
+        [
+            "ask",
+            "What is the capital of France?",
+            "--json",
+            "--measures",
+            "g-nll,ln-g-nll,pe,ln-pe",
+            "--samples",
+            "3",
+            "--temperature",
+            "1.0",
+            "--max_new_tokens",
+            "16",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {"answer", "g_nll", "tokens", "token_logprobs", "ln_g_nll", "pe", "ln_pe"} <= set(record)
+    assert "Paris" in record["answer"]
+    assert record["g_nll"] == pytest.approx(measures.g_nll(record["token_logprobs"]))
+    assert len(record["tokens"]) == len(record["token_logprobs"])
+    assert len(record["samples"]) == 3
+    assert record["pe"] >= 0
+
+
+@pytest.mark.model
+def test_ask_table_output(smollm):
+    result = runner.invoke(app, ["ask", "What is the capital of France?", "--max_new_tokens", "16"])
+    assert result.exit_code == 0, result.output
+    assert "G-NLL" in result.stdout and "log-prob" in result.stdout
+
+
+def test_ask_rejects_unknown_measure():
+    result = runner.invoke(app, ["ask", "Q?", "--measures", "g-nll,bogus"])
+    assert result.exit_code != 0
+    assert "bogus" in result.output
