@@ -178,7 +178,8 @@ def load_model(
         An embedded model (``smollm2-135m-instruct``, ``gemma-3-270m``), a Hugging Face hub id
         (``meta-llama/Llama-3.1-8B-Instruct``) or a local checkpoint directory.
     backend:
-        ``"hf"`` (transformers) -- the only backend so far.
+        ``"hf"`` (transformers, in-process) or ``"openai"`` (an OpenAI-compatible completions server
+        such as vLLM, for multi-GPU serving; needs ``base_url``).
     progress:
         Show a spinner while loading/converting.
     **model_args:
@@ -195,8 +196,16 @@ def load_model(
     >>> model = load_model("smollm2-135m-instruct")  # doctest: +SKIP
     >>> [[answer]] = model.generate(["What is the capital of France?"])  # doctest: +SKIP
     """
+    if backend == "openai":
+        from gnll.backends.openai_compat import OpenAICompatModel
+
+        if "base_url" not in model_args:
+            raise ValueError(
+                "backend='openai' needs base_url=http://HOST:PORT/v1 (a vLLM/TGI server)"
+            )
+        return OpenAICompatModel(name, **model_args)
     if backend != "hf":
-        raise ValueError(f"unknown backend {backend!r}; available: 'hf'")
+        raise ValueError(f"unknown backend {backend!r}; available: 'hf', 'openai'")
     from gnll.backends.hf import HFModel
 
     if name in EMBEDDED_MODELS:
