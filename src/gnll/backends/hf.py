@@ -1,17 +1,32 @@
 """The transformers backend: batched generation with exact token log-probabilities.
 
-How the log-probs are obtained without slowing generation down: a logits processor sees each step's raw
-logits (the copy `generate` makes anyway) and keeps a reference to them; on the *next* step the chosen
-token is known (it is the last input id), so one gather and one logsumexp over the still-active rows
-give ``log_softmax(raw_logits)[chosen]``. Nothing of size steps x vocab is ever stored. Beam search
-reorders its rows between steps, so its outputs are scored afterwards by one teacher-forced pass.
+Greedy decoding and sampling run gnll's own decoding loop on the model's forward pass (KV cache, left
+padding), because that makes three savings possible that ``model.generate`` cannot offer:
+
+* **log-probs in the same pass** -- each step's raw logits are already at hand for choosing the token,
+  so ``log_softmax(raw_logits)[chosen]`` is one ``logsumexp`` and one gather; no logits processor,
+  no extra copy, nothing of size steps x vocab is stored;
+* **finished rows leave the batch** -- a row that hit a stop token is dropped from the batch and the
+  KV cache, so a batch costs what its live rows cost, not ``rows x longest answer``;
+* **no repeated prompt work** -- the prompt tokens that all prompts of a call share (the instruction
+  and few-shot examples of an evaluation task) are run through the model once and their KV cache is
+  reused by every row; the N samples of one prompt prefill the prompt once and copy its cache N times.
+
+Samples are drawn by inverse-CDF sampling with one seeded uniform stream per (prompt, sample), so they
+depend on the seed, the prompt and its position in the call -- not on batch size or on which rows
+finished early. Beam search uses transformers' implementation (fed with the same shared-prefix cache)
+and its outputs are scored by one teacher-forced pass. Models whose cache is not a plain attention
+KV cache (recurrent or chunked-attention layers) fall back to ``model.generate`` with a logits
+processor that records the log-probs.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -20,6 +35,7 @@ import torch
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    DynamicCache,
     LogitsProcessor,
     LogitsProcessorList,
     PreTrainedModel,
@@ -28,6 +44,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 from transformers import GenerationConfig as HFGenerationConfig
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from gnll.backends.base import Generation, GenerationConfig, Model
 
@@ -35,6 +52,80 @@ logger = logging.getLogger(__name__)
 
 # Substrings that mark instruction-tuned checkpoints when the caller does not say (chat_template="auto").
 _INSTRUCT_MARKERS = ("instruct", "-it", "_it", "chat", "-sft", "dpo")
+
+#: Shared prompt prefixes shorter than this are not worth a separate forward pass and cache copy.
+MIN_SHARED_PREFIX = 16
+
+
+class _GrowingLayer(DynamicLayer):
+    """A full-attention KV cache layer that appends in place instead of re-concatenating.
+
+    ``DynamicLayer`` rebuilds keys and values with ``torch.cat`` at every step, copying the whole
+    cache (batch x prompt length) per layer and token. This layer keeps a buffer with room for
+    ``reserve`` more tokens and exposes ``keys``/``values`` as views of its filled part. Anything
+    that replaces them (dropping finished rows, beam reordering, repeating rows) leaves a tensor
+    that is not a view of the buffer, and the next update starts a new buffer from it.
+    """
+
+    def __init__(self, reserve: int = 0) -> None:
+        super().__init__()
+        self.reserve = max(0, int(reserve))
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        have = self.get_seq_length()
+        new = key_states.shape[-2]
+        buf = self._kbuf
+        if (
+            buf is None
+            or have == 0
+            or self.keys.data_ptr() != buf.data_ptr()
+            or self.values.data_ptr() != self._vbuf.data_ptr()
+            or buf.shape[0] != key_states.shape[0]
+            or have + new > buf.shape[-2]
+        ):
+            b, h, _, d = key_states.shape
+            cap = have + new + max(self.reserve, (have + new) // 2 if buf is not None else 0)
+            kbuf = key_states.new_empty((b, h, cap, d))
+            vbuf = value_states.new_empty((b, value_states.shape[1], cap, value_states.shape[-1]))
+            if have:
+                kbuf[:, :, :have] = self.keys
+                vbuf[:, :, :have] = self.values
+            self._kbuf, self._vbuf = kbuf, vbuf
+        self._kbuf[:, :, have : have + new] = key_states
+        self._vbuf[:, :, have : have + new] = value_states
+        self.keys = self._kbuf[:, :, : have + new]
+        self.values = self._vbuf[:, :, : have + new]
+        return self.keys, self.values
+
+
+@dataclass
+class _Prefix:
+    """Token ids shared by every prompt of a call and their KV cache (one row per layer)."""
+
+    ids: list[int]
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class _Prefilled:
+    """A batch after its prompts went through the model: the layout, its cache and last logits.
+
+    Rows are laid out as ``[shared prefix | left padding | own suffix]``; with no shared prefix this
+    is ordinary left padding. Position ids count real tokens only, so the padding hole in the middle
+    changes nothing for the model (see :meth:`HFModel._prefix_usable` for sliding windows).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    cache: DynamicCache
+    logits: torch.Tensor | None
 
 
 class _LogprobRecorder(LogitsProcessor):
@@ -262,6 +353,169 @@ class HFModel(Model):
     def _token_strings(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([i]) for i in ids]
 
+    # ------------------------------------------------------------------ fast-path capabilities
+    @cached_property
+    def _fast_decode(self) -> bool:
+        """Whether gnll's own decoding loop can drive this model (plain attention KV caches only).
+
+        The loop needs ``attention_mask``/``position_ids``/``past_key_values`` in ``forward`` and a
+        cache whose layers can be copied, expanded and row-selected independently; recurrent states
+        or chunked attention would not survive a padding hole or a row being dropped.
+        """
+        model = self.model
+        if model.config.is_encoder_decoder:
+            return False
+        params = set(inspect.signature(model.forward).parameters)
+        if not {"attention_mask", "position_ids", "past_key_values"} <= params:
+            return False
+        if hasattr(model, "_supports_default_dynamic_cache") and not (
+            model._supports_default_dynamic_cache()
+        ):
+            return False
+        try:
+            layers = DynamicCache(config=model.config).layers
+        except Exception:  # an exotic config that DynamicCache cannot read: use model.generate
+            return False
+        return bool(layers) and all(
+            type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers
+        )
+
+    @cached_property
+    def _sliding_window(self) -> int | None:
+        """The smallest sliding attention window of the model's layers, if any."""
+        windows = [
+            layer.sliding_window
+            for layer in DynamicCache(config=self.model.config).layers
+            if isinstance(layer, DynamicSlidingWindowLayer)
+        ]
+        return min(windows) if windows else None
+
+    @cached_property
+    def _supports_logits_to_keep(self) -> bool:
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
+    def _new_cache(self, reserve: int = 0) -> DynamicCache:
+        """The model's own cache layout, with in-place growing layers for full attention."""
+        cache = DynamicCache(config=self.model.config)
+        cache.layers = [
+            _GrowingLayer(reserve) if type(layer) is DynamicLayer else layer
+            for layer in cache.layers
+        ]
+        return cache
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        cache: DynamicCache,
+        keep: int,
+    ) -> torch.Tensor:
+        """One forward pass extending ``cache``; returns the float32 logits of the last ``keep`` columns."""
+        kwargs: dict[str, Any] = {}
+        if self._supports_logits_to_keep:
+            # Only the needed positions go through the LM head (a seq x vocab tensor otherwise).
+            kwargs["logits_to_keep"] = keep
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        # float32 models: .float() is a no-op, not a copy.
+        return out.logits[:, -keep:].float()
+
+    # ------------------------------------------------------------------ shared prompt work
+    @torch.inference_mode()
+    def _shared_prefix(
+        self, rows: Sequence[Sequence[int]], cap: int | None = None
+    ) -> _Prefix | None:
+        """Run the tokens every row starts with through the model once (``None`` if not worth it).
+
+        ``cap`` bounds the prefix length (scoring must keep each prompt's last token out of it). At
+        least one token of every row always stays outside the prefix, so each row has a query.
+        """
+        if len(rows) < 2 or not self._fast_decode:
+            return None
+        first = rows[0]
+        n = min(len(r) for r in rows) - 1
+        if cap is not None:
+            n = min(n, cap)
+        for r in rows[1:]:
+            k = 0
+            while k < n and r[k] == first[k]:
+                k += 1
+            n = k
+            if n < MIN_SHARED_PREFIX:
+                return None
+        ids = list(first[:n])
+        cache = DynamicCache(config=self.model.config)
+        self._forward(torch.tensor([ids], device=self.device), None, None, cache, keep=1)
+        return _Prefix(ids=ids, kv=[(layer.keys, layer.values) for layer in cache.layers])
+
+    def _prefix_usable(
+        self, prefix: _Prefix | None, rows: Sequence[Sequence[int]], extra: int
+    ) -> bool:
+        """Whether ``rows`` may use ``prefix`` without changing any attention the model computes.
+
+        Full attention ignores a masked padding hole. A sliding window counts columns, so a hole
+        between prefix and suffix would push real tokens out of the window; allow it only when the
+        whole sequence (``extra`` generated tokens included) fits inside the window, or when there is
+        no hole (all rows of equal length).
+        """
+        if prefix is None:
+            return False
+        window = self._sliding_window
+        if window is None:
+            return True
+        lengths = {len(r) for r in rows}
+        return len(lengths) == 1 or max(lengths) + extra <= window
+
+    def _prefill(
+        self,
+        rows: Sequence[Sequence[int]],
+        prefix: _Prefix | None,
+        *,
+        upto: int = 0,
+        keep: int = 1,
+        reserve: int = 0,
+    ) -> _Prefilled:
+        """Lay out ``rows`` (shared prefix, padding hole, suffix) and run them into a KV cache.
+
+        The last ``upto`` columns are left for the caller (``upto=1``: ``model.generate`` must see at
+        least one new token); otherwise the logits of the last ``keep`` columns are returned. The
+        cache leaves room for ``reserve`` generated tokens.
+        """
+        plen = len(prefix.ids) if prefix is not None else 0
+        width = max(len(r) for r in rows)
+        batch = len(rows)
+        input_ids = torch.full((batch, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        if plen:
+            input_ids[:, :plen] = torch.tensor(prefix.ids)
+            mask[:, :plen] = 1
+        for i, row in enumerate(rows):
+            suffix = row[plen:]
+            input_ids[i, width - len(suffix) :] = torch.tensor(suffix, dtype=torch.long)
+            mask[i, width - len(suffix) :] = 1
+        # Positions count real tokens only (as transformers derives them from the mask).
+        position_ids = (mask.cumsum(1) - 1).clamp_(min=0)
+        input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
+        cache = self._new_cache(reserve)
+        if plen:
+            # Each layer's prefix keys/values are copied into every row of the batch.
+            for layer, (k, v) in zip(cache.layers, prefix.kv, strict=True):
+                layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+        end = width - upto
+        logits = None
+        if end > plen:
+            logits = self._forward(
+                input_ids[:, plen:end], mask[:, :end], position_ids[:, plen:end], cache, keep=keep
+            )
+        return _Prefilled(input_ids, mask, position_ids, cache, logits)
+
     # ------------------------------------------------------------------ generation
     def generate(
         self,
@@ -281,20 +535,150 @@ class HFModel(Model):
         batches = [
             order[i : i + prompts_per_batch] for i in range(0, len(order), prompts_per_batch)
         ]
+        # The few-shot block that every prompt of an evaluation chunk repeats is computed once here.
+        prefix = self._shared_prefix(encoded)
         for b, batch in enumerate(_progress(batches, progress, f"{self.name} {config.strategy}")):
-            outs = self._generate_batch([encoded[i] for i in batch], config, batch_index=b)
+            rows = [encoded[i] for i in batch]
+            use = prefix if self._prefix_usable(prefix, rows, config.max_new_tokens) else None
+            if config.strategy == "beam" or not self._fast_decode:
+                outs = self._generate_batch_hf(rows, config, batch_index=b, prefix=use)
+            else:
+                outs = self._decode_batch(rows, batch, config, use)
             for i, gens in zip(batch, outs, strict=True):
                 results[i] = gens
         return results  # type: ignore[return-value]
 
+    def _uniforms(self, config: GenerationConfig, prompt_index: list[int]) -> torch.Tensor:
+        """One seeded uniform per (row, step): sample j of prompt i depends on (seed, i, j) only."""
+        seed = config.seed if config.seed is not None else 0
+        n = config.num_sequences
+        streams = [
+            np.random.default_rng([seed, i, j]).random(config.max_new_tokens)
+            for i in prompt_index
+            for j in range(n)
+        ]
+        # float32 keeps u * total strictly below the CDF's last entry (see _decode_batch).
+        return torch.from_numpy(np.minimum(np.stack(streams), 1 - 2**-22)).float()
+
     @torch.inference_mode()
-    def _generate_batch(
-        self, batch: list[list[int]], config: GenerationConfig, *, batch_index: int
+    def _decode_batch(
+        self,
+        batch: list[list[int]],
+        prompt_index: list[int],
+        config: GenerationConfig,
+        prefix: _Prefix | None,
     ) -> list[list[Generation]]:
-        inputs = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(self.device)
+        """Greedy decoding or sampling of one batch with gnll's loop (see the module docstring)."""
+        n = config.num_sequences
+        sampling = config.strategy == "sample"
+        tau = config.temperature if sampling else 1.0
+        stop_ids = self._stop_token_ids(config.stop)
+        stop_set = set(stop_ids.tolist())
+        multi = tuple(s for s in config.stop if len(s) > 1)
+        window = max((len(s) for s in multi), default=0) + 1
+
+        pre = self._prefill(batch, prefix, reserve=config.max_new_tokens)
+        cache, mask = pre.cache, pre.attention_mask
+        logits = pre.logits[:, -1]
+        next_pos = pre.position_ids[:, -1] + 1
+        if n > 1:
+            # The prompt was prefilled once per prompt; its N samples share copies of that cache.
+            cache.batch_repeat_interleave(n)
+            mask = mask.repeat_interleave(n, dim=0)
+            logits = logits.repeat_interleave(n, dim=0)
+            next_pos = next_pos.repeat_interleave(n, dim=0)
+        rows = len(batch) * n
+        uniforms = self._uniforms(config, prompt_index) if sampling else None
+        live = list(range(rows))  # batch row -> output row
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        raw: list[list[float]] = [[] for _ in range(rows)]
+        tempered: list[list[float]] = [[] for _ in range(rows)]
+
+        for step in range(config.max_new_tokens):
+            lse = torch.logsumexp(logits, dim=-1)
+            if sampling:
+                scaled = logits / tau if tau != 1.0 else logits
+                lse_t = torch.logsumexp(scaled, dim=-1) if tau != 1.0 else lse
+                cdf = torch.exp(scaled - lse_t[:, None]).cumsum_(dim=-1)
+                # Inverse CDF: first token whose cumulative mass exceeds u * total. u < 1 - 2^-22 keeps
+                # the target below the total, and a zero-probability token can never be picked.
+                u = uniforms[torch.tensor(live), step].to(cdf.device)
+                target = (u * cdf[:, -1])[:, None]
+                chosen = torch.searchsorted(cdf, target, right=True)[:, 0]
+                chosen.clamp_(max=cdf.shape[1] - 1)
+            else:
+                chosen = logits.argmax(dim=-1)
+            chosen_logit = logits.gather(1, chosen[:, None])[:, 0]
+            # One host transfer per step for ids and log-probs together.
+            lp = (chosen_logit - lse).tolist()
+            lpt = (chosen_logit / tau - lse_t).tolist() if sampling and tau != 1.0 else None
+            ids = chosen.tolist()
+            done: list[int] = []
+            for j, r in enumerate(live):
+                tokens[r].append(ids[j])
+                raw[r].append(lp[j])
+                if lpt is not None:
+                    tempered[r].append(lpt[j])
+                if ids[j] in stop_set:
+                    done.append(j)
+            if multi:
+                # Stop strings that span tokens ("Question:"): decode only the tail of live rows.
+                cand = [j for j in range(len(live)) if j not in set(done)]
+                if cand:
+                    tails = self.tokenizer.batch_decode([tokens[live[j]][-window:] for j in cand])
+                    done += [
+                        j for j, t in zip(cand, tails, strict=True) if any(s in t for s in multi)
+                    ]
+            if len(done) == len(live) or step + 1 == config.max_new_tokens:
+                break
+            if done:
+                # Finished rows leave the batch and the cache: later steps cost only live rows.
+                finished = set(done)
+                keep = [j for j in range(len(live)) if j not in finished]
+                idx = torch.tensor(keep, device=mask.device)
+                cache.batch_select_indices(idx)
+                mask, next_pos, chosen = mask[idx], next_pos[idx], chosen[idx]
+                live = [live[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            logits = self._forward(chosen[:, None], mask, next_pos[:, None], cache, keep=1)[:, -1]
+            next_pos = next_pos + 1
+
+        gens = [
+            self._parse(
+                tokens[r],
+                np.asarray(raw[r]),
+                np.asarray(tempered[r]) if sampling and tau != 1.0 else None,
+                config,
+                stop_set,
+            )
+            for r in range(rows)
+        ]
+        return [gens[i * n : (i + 1) * n] for i in range(len(batch))]
+
+    @torch.inference_mode()
+    def _generate_batch_hf(
+        self,
+        batch: list[list[int]],
+        config: GenerationConfig,
+        *,
+        batch_index: int,
+        prefix: _Prefix | None = None,
+    ) -> list[list[Generation]]:
+        """One batch through ``model.generate``: beam search, and models the fast loop cannot drive."""
+        n = config.num_sequences
+        kwargs: dict[str, Any] = {}
+        if self._fast_decode:
+            # Prefill the prompts once (the shared prefix once per call) and let every beam start from
+            # a copy of that cache; generate() then only runs each prompt's last token.
+            pre = self._prefill(batch, prefix, upto=1, reserve=config.max_new_tokens + 1)
+            if n > 1:
+                pre.cache.batch_repeat_interleave(n)
+            inputs = {"input_ids": pre.input_ids, "attention_mask": pre.attention_mask}
+            kwargs["past_key_values"] = pre.cache
+        else:
+            inputs = self.tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(self.device)
         prompt_len = inputs["input_ids"].shape[1]
         stop_ids = self._stop_token_ids(config.stop)
-        n = config.num_sequences
         strategy_args: dict[str, Any] = {}
         if config.strategy == "sample":
             # Pure multinomial sampling: no top-k/top-p truncation; temperature is applied by the recorder.
@@ -311,7 +695,6 @@ class HFModel(Model):
             **strategy_args,
         )
         recorder = None
-        kwargs: dict[str, Any] = {}
         if config.strategy != "beam":
             recorder = _LogprobRecorder(config.temperature, stop_ids)
             kwargs["logits_processor"] = LogitsProcessorList([recorder])
@@ -325,6 +708,7 @@ class HFModel(Model):
             torch.manual_seed(seed)
         out = self.model.generate(**inputs, generation_config=hf_config, **kwargs)
         new_tokens = out.sequences[:, prompt_len:]
+        raw = tempered = None
         if recorder is not None:
             recorder.finish(new_tokens[:, -1])
             raw, tempered = recorder.stacked()
@@ -339,8 +723,8 @@ class HFModel(Model):
             gens.append(
                 self._parse(
                     ids,
-                    raw[r] if recorder is not None else None,
-                    tempered[r] if recorder is not None and tempered is not None else None,
+                    raw[r] if raw is not None else None,
+                    tempered[r] if tempered is not None else None,
                     config,
                     stop_set,
                 )
@@ -438,25 +822,38 @@ class HFModel(Model):
     @torch.inference_mode()
     def _score_ids(self, prompt_ids: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
         out: list[np.ndarray] = [np.zeros(0)] * len(conts)
-        order = sorted(range(len(conts)), key=lambda i: -(len(prompt_ids[i]) + len(conts[i])))
+        todo = [i for i in range(len(conts)) if conts[i]]
+        if not todo:
+            return out
+        order = sorted(todo, key=lambda i: -(len(prompt_ids[i]) + len(conts[i])))
+        seqs = {i: list(prompt_ids[i]) + list(conts[i]) for i in todo}
+        if self._fast_decode:
+            # Beams of one prompt and the prompts of a task share most of their tokens: run those
+            # once. The prefix must end before each prompt's last token, whose logits score c_1.
+            cap = min(len(prompt_ids[i]) for i in todo) - 1
+            prefix = self._shared_prefix([seqs[i] for i in todo], cap=cap)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            seqs = [prompt_ids[i] + conts[i] for i in idx]
+            rows = [seqs[i] for i in idx]
             keep = max(len(conts[i]) for i in idx) + 1
-            if keep == 1:
-                continue
-            inputs = self.tokenizer.pad({"input_ids": seqs}, return_tensors="pt").to(self.device)
-            # Only the last `keep` positions' logits are needed: avoids a seq x vocab tensor per row.
-            logits = self.model(**inputs, logits_to_keep=keep).logits.float()
-            logp = torch.log_softmax(logits, dim=-1)
+            if self._fast_decode:
+                use = prefix if self._prefix_usable(prefix, rows, 0) else None
+                logits = self._prefill(rows, use, keep=keep).logits
+            else:
+                inputs = self.tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(
+                    self.device
+                )
+                kwargs = {"logits_to_keep": keep} if self._supports_logits_to_keep else {}
+                logits = self.model(**inputs, **kwargs).logits[:, -keep:].float()
+            # logsumexp + gather instead of a full log_softmax: no second rows x keep x vocab tensor.
+            lse = torch.logsumexp(logits, dim=-1)
             for row, i in enumerate(idx):
                 c = len(conts[i])
-                if c == 0:
-                    continue
-                # Left padding right-aligns every row; position -1 of `logp` predicts nothing we need.
-                pos = torch.arange(keep - 1 - c, keep - 1)
-                tok = torch.tensor(conts[i])
-                out[i] = logp[row, pos, tok].double().cpu().numpy()
+                # Rows are right-aligned; position -1 of `logits` predicts nothing we need.
+                pos = torch.arange(keep - 1 - c, keep - 1, device=logits.device)
+                tok = torch.tensor(conts[i], device=logits.device)
+                lp = logits[row, pos, tok] - lse[row, pos]
+                out[i] = lp.double().cpu().numpy()
         return out
 
 

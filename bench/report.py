@@ -1,0 +1,282 @@
+"""Render the benchmark JSON files as the Markdown tables of BENCHMARKS.md.
+
+Nothing in the generated section is typed by hand: every number comes from a ``bench/*.py`` run.
+
+Usage::
+
+    python bench/report.py --results bench/results                         # print
+    python bench/report.py --results bench/results --update BENCHMARKS.md  # replace the section
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import common
+
+START = "<!-- bench/report.py: start -->"
+END = "<!-- bench/report.py: end -->"
+ORDER = ["overhead", "cost_per_method", "throughput", "scaling", "simulation", "load_times"]
+TITLES = {
+    "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
+    "cost_per_method": "2. Cost per question by method",
+    "throughput": "3. Pipeline throughput (`gnll eval`, G-NLL only, vs one question at a time)",
+    "scaling": "4. Scaling of `gnll eval` (G-NLL only)",
+    "simulation": "5. Simulation study (`gnll simulate`)",
+    "load_times": "Load times and tokens/second (issue 2)",
+}
+
+
+def header(r: dict[str, Any]) -> list[str]:
+    m = r["machine"]
+    return [
+        f"Command: `{r['command']}`  ",
+        f"Load average (1/5/15 min) at start {m['load_average_start']}, at end "
+        f"{m.get('load_average_end')}; torch threads {m['torch_threads']}"
+        + (" -- QUICK RUN, not a figure" if r.get("quick") else ""),
+        "",
+    ]
+
+
+def overhead(r: dict[str, Any]) -> list[str]:
+    out = [f"{r['repeats']} interleaved repetitions per arm; medians.", ""]
+    out += [common.table(r["table"]), ""]
+    out += ["Bookkeeping alone per decode step (micro-benchmark):", ""]
+    out += [common.table(r["bookkeeping"]), ""]
+    out += ["cProfile of the gnll arm at the larger batch, top by own time:", "", "```"]
+    out += r["profile"][:13] + ["```", ""]
+    return out
+
+
+def cost(r: dict[str, Any]) -> list[str]:
+    cols = [
+        "method",
+        "s/question",
+        "x G-NLL time",
+        "tokens/question",
+        "x tokens",
+        "LM forwards/question",
+        "x forwards",
+        "LM positions/question",
+        "x positions",
+    ]
+    out = [
+        f"{r['questions']} TriviaQA questions, {r['repeats']} interleaved repetitions (medians), "
+        f"sampling temperature {r['temperature']}, batch size {r['batch_size_rows']} rows.",
+        "",
+        common.table(r["table"], cols),
+        "",
+        common.table(
+            [x for x in r["table"] if "clustering s/question" in x],
+            [
+                "method",
+                "clustering s/question",
+                "clusterer calls/question",
+                "clusterer inputs/question",
+            ],
+        ),
+        "",
+        "Where the generation time goes (LM forward calls, medians over repetitions):",
+        "",
+        common.table(r.get("forwards", [])),
+        "",
+        "Clusterer load times (s): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in r["clusterer_load_s"].items()),
+        "",
+    ]
+    return out
+
+
+def throughput(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    a = s["agreement_eval_vs_loop"]
+    return [
+        f"{r['n']} questions, {r['repeats']} interleaved repetitions (medians).",
+        "",
+        common.table(r["table"]),
+        "",
+        f"Speed-up eval/loop (median of paired runs): end-to-end "
+        f"**{s['speedup_end_to_end_median']:.2f}x**, generation only "
+        f"**{s['speedup_generation_median']:.2f}x** (target >= 5x). Same answers in "
+        f"{a['same_text']}/{a['n']} questions, max |G-NLL difference| "
+        f"{a['max_abs_g_nll_diff']:.2g}.",
+        "",
+    ]
+
+
+def scaling(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    return [
+        common.table(r["table"]),
+        "",
+        f"Fit: wall = {s['fit_wall_s']['intercept_s']:.1f} s + "
+        f"{s['fit_wall_s']['slope_s_per_question']:.3f} s x N (largest residual "
+        f"{s['max_rel_residual_of_fit']:.1%}). Generation s/question max/min "
+        f"**{s['generation_per_question_spread']:.3f}** (target <= 1.15: "
+        f"{'met' if s['time_linear_within_15pct'] else 'MISSED'}); peak RSS max/min "
+        f"**{s['rss_max_over_min']:.3f}** (target <= 1.10: "
+        f"{'met' if s['memory_flat_within_10pct'] else 'MISSED'}).",
+        "",
+    ]
+
+
+def simulation(r: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    if "full_run" in r:
+        fr = r["full_run"]
+        out += [
+            f"Full default run: **{fr['wall_s']:.0f} s** wall ({fr['user_s']:.0f} s user CPU), "
+            f"peak RSS {fr['peak_rss_mb']:.0f} MB (largest process), load before/after "
+            f"{fr['load_before'][0]}/{fr['load_after'][0]}.",
+            "",
+            common.table([{"setting": k, "seconds": v} for k, v in fr["settings_s"].items()]),
+            "",
+        ]
+    p = r["profile_v100_t4"]
+    out += [
+        f"cProfile of V=100, T=4 ({p['with_theory']['count']} distributions with the Theorem-1 "
+        f"check, {p['without_theory']['count']} without; shares extrapolated to the full setting "
+        f"of {p['config']['distributions']}; leaf pool built in "
+        f"{p['with_theory']['pool_s']:.1f} s):",
+        "",
+        common.table(r["table"]),
+        "",
+        f"Exact values take **{p['exact_share']:.1%}** of the setting; the largest component is "
+        f"**{p['bottleneck']}**.",
+        "",
+    ]
+    return out
+
+
+def load_times(r: dict[str, Any]) -> list[str]:
+    return [
+        common.table(r["loads"]),
+        "",
+        f"In-process cached load of the default model (in the benchmark process): "
+        f"{r['in_process_cached_load_s']:.2f} s.",
+        "",
+        common.table(r["tokens_per_second"]),
+        "",
+    ]
+
+
+RENDER = {
+    "overhead": overhead,
+    "cost_per_method": cost,
+    "throughput": throughput,
+    "scaling": scaling,
+    "simulation": simulation,
+    "load_times": load_times,
+}
+
+
+def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per target of issue 6, read from the results."""
+    rows: list[dict[str, Any]] = []
+
+    def add(bench: str, target: str, value: str, met: bool | None) -> None:
+        status = "n/a" if met is None else ("met" if met else "MISSED")
+        rows.append({"benchmark": bench, "target": target, "measured": value, "status": status})
+
+    if "overhead" in found:
+        for row in found["overhead"]["table"]:
+            add(
+                "1 overhead",
+                f"gnll/plain <= 1.03 at batch {row['batch']}",
+                f"{row['gnll/plain']:.3f}",
+                row["gnll/plain"] <= 1.03,
+            )
+    if "cost_per_method" in found:
+        for row in found["cost_per_method"]["table"]:
+            if row["method"].startswith("SE"):
+                add(
+                    "2 cost",
+                    f"{row['method'].split(': ')[-1]}: >= 10x G-NLL time",
+                    f"{row['x G-NLL time']:.1f}x time, {row['x tokens']:.1f}x tokens",
+                    row["x G-NLL time"] >= 10,
+                )
+    if "throughput" in found:
+        s = found["throughput"]["summary"]
+        add(
+            "3 throughput",
+            "eval >= 5x loop (questions/s, end to end)",
+            f"{s['speedup_end_to_end_median']:.2f}x (generation only "
+            f"{s['speedup_generation_median']:.2f}x)",
+            s["met_end_to_end"],
+        )
+    if "scaling" in found:
+        s = found["scaling"]["summary"]
+        add(
+            "4 scaling",
+            "time linear within 15% (generation s/question max/min)",
+            f"{s['generation_per_question_spread']:.3f}",
+            s["time_linear_within_15pct"],
+        )
+        add(
+            "4 scaling",
+            "peak memory flat within 10% (max/min)",
+            f"{s['rss_max_over_min']:.3f}",
+            s["memory_flat_within_10pct"],
+        )
+    if "simulation" in found:
+        r = found["simulation"]
+        p = r["profile_v100_t4"]
+        full = r.get("full_run", {}).get("wall_s")
+        add(
+            "5 simulation",
+            "exact enumeration not the bottleneck at V=100, T=4",
+            f"exact values {p['exact_share']:.1%} of the setting; largest: {p['bottleneck']}"
+            + (f"; full run {full:.0f} s" if full else ""),
+            not p["exact_is_bottleneck"],
+        )
+    return rows
+
+
+def render(results: Path) -> str:
+    found = {
+        n: json.loads((results / f"{n}.json").read_text())
+        for n in ORDER
+        if (results / f"{n}.json").exists()
+    }
+    lines = [START, ""]
+    if found:
+        m = next(iter(found.values()))["machine"]
+        lines += [
+            f"Machine: {m['cpu']}, {m['nproc']} cores, {m['mem_total_gb']} GB RAM; Python "
+            f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}.",
+            "",
+        ]
+    targets = summary_rows(found)
+    if targets:
+        lines += ["### Targets at a glance", "", common.table(targets), ""]
+    for name in ORDER:
+        if name not in found:
+            continue
+        lines += [f"### {TITLES[name]}", ""] + header(found[name]) + RENDER[name](found[name])
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", type=Path, default=Path("bench/results"))
+    ap.add_argument("--update", type=Path, default=None, help="Markdown file to update in place")
+    args = ap.parse_args()
+    text = render(args.results)
+    if args.update is None:
+        print(text)
+        return
+    doc = args.update.read_text() if args.update.exists() else ""
+    if START in doc and END in doc:
+        doc = doc[: doc.index(START)] + text + doc[doc.index(END) + len(END) :]
+    else:
+        doc = doc.rstrip() + "\n\n" + text + "\n"
+    args.update.write_text(doc)
+    print(f"updated {args.update}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,286 @@
+"""``gnll eval``: the paper's evaluation protocol (lm-evaluation-harness style options).
+
+Example
+-------
+``gnll eval --model smollm2-135m-instruct --tasks triviaqa_short,svamp_short --limit 200
+--output_path runs/demo`` writes ``samples.jsonl``, ``results.json``, ``table.md`` and ``plots/`` to
+``runs/demo``; ``--measures g-nll`` skips beams, samples and clustering entirely.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from gnll.cli.main import app
+
+__all__ = ["evaluate", "parse_kv"]
+
+
+def _coerce(value: str) -> Any:
+    low = value.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse_kv(spec: str | None, name: str = "--model_args") -> dict[str, Any]:
+    """``"device=cpu,dtype=float32,batch_size=8"`` -> ``{"device": "cpu", ..., "batch_size": 8}``"""
+    if not spec:
+        return {}
+    out: dict[str, Any] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise typer.BadParameter(
+                f"{name}: expected key=value pairs separated by commas, got {part!r}"
+            )
+        k, v = part.split("=", 1)
+        out[k.strip()] = _coerce(v.strip())
+    return out
+
+
+def _csv(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    return items or None
+
+
+@app.command("eval")
+def evaluate(
+    model: Annotated[
+        str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
+    ] = ("smollm2-135m-instruct"),
+    tasks: Annotated[
+        str,
+        typer.Option(
+            "--tasks",
+            help="Comma-separated tasks: triviaqa_short, triviaqa_long, svamp_short, svamp_long, "
+            "nq_open_short, nq_open_long; or all / short / long.",
+        ),
+    ] = "triviaqa_short,svamp_short,nq_open_short",
+    output_path: Annotated[
+        Path, typer.Option("--output_path", "--output-path", help="Run directory (created).")
+    ] = Path("runs/eval"),
+    model_args: Annotated[
+        str | None,
+        typer.Option(
+            "--model_args",
+            "--model-args",
+            help="key=value,... for the model loader (device, dtype, ...).",
+        ),
+    ] = None,
+    limit: Annotated[
+        int | None,
+        typer.Option("--limit", help="Evaluate the first N questions of each evaluation pool."),
+    ] = None,
+    data_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--data_dir",
+            "--data-dir",
+            help="Folder with the datasets (default: $GNLL_DATA_DIR, ../shared/data).",
+        ),
+    ] = None,
+    data_path: Annotated[
+        str | None,
+        typer.Option(
+            "--data_path", "--data-path", help="A single dataset file in its original format."
+        ),
+    ] = None,
+    data_source: Annotated[
+        str,
+        typer.Option(
+            "--data_source",
+            "--data-source",
+            help="'local' files or 'hub' (Hugging Face datasets, needs network).",
+        ),
+    ] = "local",
+    correctness: Annotated[
+        str | None,
+        typer.Option(
+            "--correctness",
+            help="Comma-separated correctness metrics from f1, contains, judge; the first "
+            "one picks the sampling temperature. Default: short tasks f1 (+judge), long tasks "
+            "contains (judge first when --judge is given).",
+        ),
+    ] = None,
+    judge: Annotated[
+        str | None, typer.Option("--judge", help="Judge model for the 'judge' metric.")
+    ] = None,
+    judge_args: Annotated[
+        str | None,
+        typer.Option("--judge_args", "--judge-args", help="key=value,... for the judge loader."),
+    ] = None,
+    beams: Annotated[
+        int, typer.Option("--beams", help="Beam width K for BS-MSP (0 disables).")
+    ] = 5,
+    samples: Annotated[
+        int, typer.Option("--samples", help="Samples N for PE/SE/... (0 disables).")
+    ] = 10,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature",
+            help="Fix the sampling temperature (default: chosen from 0.5/1.0/1.5 on held-out).",
+        ),
+    ] = None,
+    measures: Annotated[
+        str,
+        typer.Option(
+            "--measures",
+            help="Comma-separated measures (g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, "
+            "d-se, mcp) or all.",
+        ),
+    ] = "all",
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch_size",
+            "--batch-size",
+            help="Sequences per forward pass (backend default if unset).",
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        int,
+        typer.Option(
+            "--chunk_size", "--chunk-size", help="Questions per generate call and per cache flush."
+        ),
+    ] = 64,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="Seed of the data split, few-shot draw, sampling and bootstrap."
+        ),
+    ] = 0,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            "--resume/--no-resume",
+            help="Continue a run in OUTPUT_PATH, reusing its caches.",
+        ),
+    ] = False,
+    clusterer: Annotated[
+        str,
+        typer.Option(
+            "--clusterer",
+            help="Semantic clusterer: auto (nli if available offline, else embedding), nli, "
+            "embedding, exact, llm.",
+        ),
+    ] = "auto",
+    clusterer_args: Annotated[
+        str | None,
+        typer.Option(
+            "--clusterer_args",
+            "--clusterer-args",
+            help="key=value,... for the clusterer (model, threshold, ...).",
+        ),
+    ] = None,
+    semantic_relation: Annotated[
+        str | None,
+        typer.Option(
+            "--semantic_relation",
+            "--semantic-relation",
+            help="Entailment relation for nli/llm clustering: strict or loose.",
+        ),
+    ] = None,
+    heldout_size: Annotated[
+        int | None,
+        typer.Option(
+            "--heldout_size",
+            "--heldout-size",
+            help="Held-out questions for temperature selection [default: min(100, limit)].",
+        ),
+    ] = None,
+    bootstrap: Annotated[
+        int,
+        typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
+    ] = 1000,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
+    ] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+) -> None:
+    """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    from gnll.evaluation.runner import ALL_MEASURES, EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll.evaluation.tasks import parse_task_list
+
+    console = Console(stderr=True)
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    try:
+        task_names = [t.name for t in parse_task_list(tasks)]
+        ms = list(ALL_MEASURES) if measures.strip() == "all" else _csv(measures) or []
+        cfg = EvalConfig(
+            model=model,
+            tasks=task_names,
+            output_path=output_path,
+            model_args=parse_kv(model_args),
+            limit=limit,
+            data_dir=data_dir,
+            data_path=data_path,
+            data_source=data_source,
+            correctness=_csv(correctness),
+            judge=judge,
+            judge_args=parse_kv(judge_args, "--judge_args"),
+            beams=beams,
+            samples=samples,
+            temperature=temperature,
+            measures=ms,
+            batch_size=batch_size,
+            chunk_size=chunk_size,
+            seed=seed,
+            resume=resume,
+            clusterer=clusterer,
+            clusterer_args=parse_kv(clusterer_args, "--clusterer_args"),
+            semantic_relation=semantic_relation,
+            heldout_size=heldout_size,
+            n_boot=bootstrap,
+            plots=plots,
+            progress=progress,
+        )
+    except (KeyError, ValueError) as exc:
+        raise typer.BadParameter(str(exc).strip("'\"")) from exc
+
+    t0 = time.perf_counter()
+    try:
+        Evaluator(cfg).run()
+    except (FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
+        if verbose:
+            raise
+        console.print(f"[bold red]error:[/] {exc}")
+        console.print("(run with --verbose for the traceback)")
+        raise typer.Exit(code=2) from exc
+    dt = time.perf_counter() - t0
+    table = (output_path / "table.md").read_text(encoding="utf-8")
+    typer.echo(table.split("\n## AUROC averaged")[0].rstrip())
+    timings = json.loads((output_path / "timings.json").read_text())
+    console.print(
+        f"\n[green]done[/] in {dt:.1f} s -> {output_path}/ "
+        "(samples.jsonl, results.json, table.md, plots/)"
+    )
+    if verbose:
+        console.print({k: round(v, 2) for k, v in timings["seconds"].items()})

@@ -1,0 +1,36 @@
+"""``gnll table RUN_DIR [RUN_DIR ...]``: merge the results of several ``gnll eval`` runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gnll.cli.main import app
+
+__all__ = ["table"]
+
+
+@app.command("table")
+def table(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Output directories of `gnll eval` runs.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the markdown here instead of stdout."),
+    ] = None,
+) -> None:
+    """Print (or write) the paper-style tables of one or more runs (rows: model/task/metric)."""
+    from gnll.evaluation.report import load_results, render_table
+
+    try:
+        results = [load_results(d) for d in run_dirs]
+    except (FileNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=2) from exc
+    text = render_table(results)
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        output.write_text(text, encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)

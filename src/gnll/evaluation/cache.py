@@ -1,0 +1,149 @@
+"""Append-only, flushed JSONL stage caches keyed by (split, position).
+
+A stage cache file starts with a header line ``{"_header": {...}}`` holding the configuration that
+produced it (its name carries a hash of that configuration, so a different configuration never
+shares
+a file). Each further line is one question's record ``{"k": [split, pos], "id": ..., ...}``. Only
+byte
+offsets are kept in memory; records are read back on demand. A torn last line (the process was
+killed
+mid-write) is cut off when the cache is reopened.
+
+>>> import tempfile, pathlib
+>>> p = pathlib.Path(tempfile.mkdtemp()) / "greedy-abc.jsonl"
+>>> c = JsonlCache(p, {"stage": "greedy"})
+>>> c.append([{"k": ["eval", 0], "id": "q0", "text": "Paris"}])
+>>> JsonlCache(p, {"stage": "greedy"}).get(("eval", 0))["text"]
+'Paris'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CacheMismatchError", "JsonlCache", "write_json_atomic"]
+
+Key = tuple[str, int]
+
+
+class CacheMismatchError(RuntimeError):
+    """A cache on disk was produced by a different configuration."""
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
+
+
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
+    """Write JSON via a temporary file and rename, so readers never see half a file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=indent, allow_nan=True)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class JsonlCache:
+    """One stage's cache: ``has``/``get`` by key, ``append`` records (flushed, fsynced)."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.header = header
+        self._offsets: dict[Key, int] = {}
+        self._fh = None
+        if self.path.exists():
+            self._load()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("w", encoding="utf-8") as fh:
+                fh.write(_dumps({"_header": header}) + "\n")
+
+    def _load(self) -> None:
+        good_end = 0
+        with self.path.open("rb") as fh:
+            first = fh.readline()
+            try:
+                stored = json.loads(first)["_header"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                stored = None
+            if stored is None or first[-1:] != b"\n":
+                # Not even a complete header: start the file over.
+                self.path.unlink()
+                with self.path.open("w", encoding="utf-8") as out:
+                    out.write(_dumps({"_header": self.header}) + "\n")
+                return
+            if _canon(stored) != _canon(self.header):
+                raise CacheMismatchError(
+                    f"{self.path} was written by a different configuration:\n"
+                    f"  on disk: {_dumps(stored)}\n  now:     {_dumps(self.header)}"
+                )
+            good_end = fh.tell()
+            while True:
+                offset = fh.tell()
+                line = fh.readline()
+                if not line:
+                    break
+                if not line.endswith(b"\n"):
+                    break  # torn write
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    break
+                self._offsets[(rec["k"][0], int(rec["k"][1]))] = offset
+                good_end = fh.tell()
+        if good_end < self.path.stat().st_size:
+            with self.path.open("r+b") as fh:
+                fh.truncate(good_end)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def has(self, key: Key) -> bool:
+        return key in self._offsets
+
+    def missing(self, keys: Iterable[Key]) -> list[Key]:
+        return [k for k in keys if k not in self._offsets]
+
+    def get(self, key: Key) -> dict[str, Any]:
+        offset = self._offsets[key]
+        with self.path.open("rb") as fh:
+            fh.seek(offset)
+            return json.loads(fh.readline())
+
+    def get_many(self, keys: Iterable[Key]) -> list[dict[str, Any]]:
+        out = []
+        with self.path.open("rb") as fh:
+            for key in keys:
+                fh.seek(self._offsets[key])
+                out.append(json.loads(fh.readline()))
+        return out
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        lines = []
+        keys = []
+        for rec in records:
+            key = (rec["k"][0], int(rec["k"][1]))
+            keys.append(key)
+            lines.append(_dumps(rec) + "\n")
+        if not lines:
+            return
+        with self.path.open("ab") as fh:
+            offset = fh.tell()
+            payload = [line.encode("utf-8") for line in lines]
+            fh.write(b"".join(payload))
+            fh.flush()
+            os.fsync(fh.fileno())
+        for key, data in zip(keys, payload, strict=True):
+            self._offsets[key] = offset
+            offset += len(data)
+
+
+def _canon(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False)

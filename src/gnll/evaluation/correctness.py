@@ -1,0 +1,206 @@
+"""Correctness of a reference answer: SQuAD F1, substring containment, LLM-as-a-judge.
+
+Every metric returns a :class:`Verdict` with ``correct`` in ``{True, False, None}``; ``None`` means
+the
+metric could not decide (an unparseable judge reply) and the question is left out of that metric's
+evaluation instead of being silently counted as wrong.
+
+Examples
+--------
+>>> f1_score("the Eiffel Tower", "Eiffel Tower, Paris")
+0.8
+>>> parse_judge_reply(" Yes, it does.")
+'yes'
+>>> parse_judge_reply("maybe")
+'unparseable'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gnll.text import answer_tokens, normalize_answer
+
+__all__ = [
+    "CORRECTNESS_METRICS",
+    "F1_THRESHOLD",
+    "Verdict",
+    "agreement",
+    "contains_match",
+    "f1_score",
+    "f1_verdict",
+    "max_f1",
+    "parse_judge_reply",
+    "parse_number",
+]
+
+CORRECTNESS_METRICS = ("f1", "contains", "judge")
+F1_THRESHOLD = 0.5
+
+
+@dataclass
+class Verdict:
+    """Outcome of one correctness metric for one answer."""
+
+    correct: bool | None
+    score: float | None = None
+    detail: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None or k == "correct"}
+
+
+# --------------------------------------------------------------------------------------------- F1
+def f1_score(prediction: str, gold: str) -> float:
+    """SQuAD v1.1 token F1 between two strings (after :func:`gnll.text.normalize_answer`).
+
+    Two empty answers score 1; one empty answer scores 0.
+    """
+    p, g = answer_tokens(prediction), answer_tokens(gold)
+    if not p or not g:
+        return float(p == g)
+    common = Counter(p) & Counter(g)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def max_f1(prediction: str, golds: Sequence[str]) -> float:
+    """Maximum F1 over the gold aliases."""
+    if not golds:
+        raise ValueError("no gold answers")
+    return max(f1_score(prediction, g) for g in golds)
+
+
+# ----------------------------------------------------------------------------------------- numbers
+_NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+"
+_NUM_RE = re.compile(_NUM)
+_WHOLE_NUM_RE = re.compile(
+    rf"^\s*(?:answer\s*[:=]?\s*)?[$€£]?\s*(?P<num>{_NUM})\s*(?:%|[a-zA-Z][a-zA-Z .']*)?\.?\s*$",
+    flags=re.IGNORECASE,
+)
+
+
+def _to_float(token: str) -> float:
+    return float(token.replace(",", ""))
+
+
+def parse_number(text: str) -> float | None:
+    """The number an answer *is*, or ``None``.
+
+    An answer is a number if, apart from a currency sign, thousands separators, a trailing period
+    and
+    trailing unit words, it consists of one number: ``"51"``, ``"$51.00"``, ``"51 dollars."``,
+    ``"1,200 pages"``. ``"The answer is 51"`` or ``"26 - 14 = 12"`` are not numbers.
+
+    >>> parse_number("$1,200.50 dollars."), parse_number("12 apples"), parse_number("26 - 14 = 12")
+    (1200.5, 12.0, None)
+    """
+    m = _WHOLE_NUM_RE.match(text)
+    return _to_float(m.group("num")) if m else None
+
+
+def numbers_in(text: str) -> list[float]:
+    """Every number that occurs in ``text``."""
+    return [_to_float(t) for t in _NUM_RE.findall(text)]
+
+
+def _num_equal(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+def f1_verdict(prediction: str, golds: Sequence[str], numeric_gold: float | None = None) -> Verdict:
+    """``f1``: max-over-aliases SQuAD F1 >= 0.5; numeric equality when both sides are numbers."""
+    if numeric_gold is not None:
+        value = parse_number(prediction)
+        if value is not None:
+            ok = _num_equal(value, numeric_gold)
+            return Verdict(ok, 1.0 if ok else 0.0, "numeric")
+    score = max_f1(prediction, golds)
+    return Verdict(score >= F1_THRESHOLD, score, None)
+
+
+def contains_match(
+    prediction: str, golds: Sequence[str], numeric_gold: float | None = None
+) -> Verdict:
+    """``contains``: a normalised gold alias is a whole-token span of the normalised answer.
+
+    For numeric gold answers any number in the answer equal to the gold counts.
+
+    >>> contains_match("It was painted by Leonardo da Vinci.", ["Da Vinci"]).correct
+    True
+    >>> contains_match("Vincent", ["Vince"]).correct
+    False
+    """
+    if numeric_gold is not None:
+        ok = any(_num_equal(v, numeric_gold) for v in numbers_in(prediction))
+        return Verdict(ok, float(ok), "numeric")
+    hay = f" {normalize_answer(prediction)} "
+    for g in golds:
+        ng = normalize_answer(g)
+        if ng and f" {ng} " in hay:
+            return Verdict(True, 1.0, g)
+    return Verdict(False, 0.0, None)
+
+
+# ------------------------------------------------------------------------------------------- judge
+_WORD_RE = re.compile(r"[a-z]+")
+
+
+def parse_judge_reply(reply: str) -> str:
+    """Map a judge's reply to ``"yes"``, ``"no"`` or ``"unparseable"``.
+
+    The first word decides if it is yes/no (``"Yes."``, ``"**No**, because..."``,
+    ``"Response: yes"``); otherwise the reply counts only if exactly one of yes/no occurs in it.
+
+    >>> replies = ["no", "NO!", "Yes, no doubt", "I think yes", "Either yes or no", ""]
+    >>> [parse_judge_reply(r) for r in replies]
+    ['no', 'no', 'yes', 'yes', 'unparseable', 'unparseable']
+    """
+    words = _WORD_RE.findall(reply.lower())
+    while words and words[0] in ("response", "answer", "a"):
+        words = words[1:]
+    if not words:
+        return "unparseable"
+    if words[0] in ("yes", "no"):
+        return words[0]
+    has_yes, has_no = "yes" in words, "no" in words
+    if has_yes != has_no:
+        return "yes" if has_yes else "no"
+    return "unparseable"
+
+
+def judge_verdict(reply: str) -> Verdict:
+    parsed = parse_judge_reply(reply)
+    return Verdict({"yes": True, "no": False}.get(parsed), None, parsed)
+
+
+# --------------------------------------------------------------------------------------- agreement
+def agreement(a: Sequence[bool | None], b: Sequence[bool | None]) -> dict[str, Any]:
+    """Agreement rate and Cohen's kappa of two correctness metrics on the questions both decided.
+
+    >>> agreement([True, False, True, None], [True, False, False, True])["n"]
+    3
+    """
+    from sklearn.metrics import cohen_kappa_score
+
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+    n = len(pairs)
+    if n == 0:
+        return {"n": 0, "agreement": None, "kappa": None}
+    xs = [int(x) for x, _ in pairs]
+    ys = [int(y) for _, y in pairs]
+    agree = sum(x == y for x, y in pairs) / n
+    if len(set(xs) | set(ys)) < 2:
+        kappa = None  # both raters constant and equal: kappa is undefined
+    else:
+        k = float(cohen_kappa_score(xs, ys))
+        kappa = None if math.isnan(k) else k
+    return {"n": n, "agreement": agree, "kappa": kappa}

@@ -1,0 +1,204 @@
+"""How well an uncertainty score separates correct from incorrect answers.
+
+Conventions: ``correct`` is a 0/1 (or bool) array, ``scores`` are uncertainties (higher = more
+uncertain).
+AUROC treats *incorrect* answers as positives. Answers are "rejected" most-uncertain first; ties
+among
+uncertainties are resolved by their expected value under random tie-breaking, so results never
+depend on
+the order of records.
+
+Examples
+--------
+>>> auroc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4])  # wrong answers all more uncertain
+1.0
+>>> rejection_accuracy([1, 1, 0, 0, 1], [0.1, 0.2, 0.3, 0.9, 0.4], fraction=0.8)
+0.75
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.stats import rankdata
+
+__all__ = [
+    "accuracy_curve",
+    "aurac",
+    "auroc",
+    "bootstrap_auroc",
+    "evaluate_measures",
+    "paired_bootstrap_test",
+    "rejection_accuracy",
+]
+
+
+def _arrays(correct: Sequence, scores: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    c = np.asarray(correct, dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)
+    if c.shape != s.shape or c.ndim != 1:
+        raise ValueError(
+            f"correct and scores must be 1-D of equal length, got {c.shape} and {s.shape}"
+        )
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores contain NaN or inf")
+    return c, s
+
+
+def auroc(correct: Sequence, scores: Sequence) -> float:
+    """AUROC of ``scores`` for detecting incorrect answers (scikit-learn); NaN for one class."""
+    from sklearn.metrics import roc_auc_score
+
+    c, s = _arrays(correct, scores)
+    y = (c < 0.5).astype(int)
+    if y.min() == y.max():
+        return float("nan")
+    return float(roc_auc_score(y, s))
+
+
+def _auroc_batch(y: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Row-wise AUROC by the Mann-Whitney U statistic (midranks for ties); ``y``, ``s``: (B, n)."""
+    ranks = rankdata(s, axis=1)
+    n_pos = y.sum(axis=1)
+    n_neg = y.shape[1] - n_pos
+    u = (ranks * y).sum(axis=1) - n_pos * (n_pos + 1) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = u / (n_pos * n_neg)
+    out[(n_pos == 0) | (n_neg == 0)] = np.nan
+    return out
+
+
+def _bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def bootstrap_auroc(
+    correct: Sequence, scores: Sequence, *, n_boot: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """AUROC and its bootstrap standard error (std of AUROC over ``n_boot`` resamples of questions).
+
+    Resamples in which only one class occurs are skipped. Deterministic for a given ``seed``.
+    """
+    c, s = _arrays(correct, scores)
+    point = auroc(c, s)
+    if math.isnan(point) or n_boot < 2:
+        return point, float("nan")
+    idx = _bootstrap_indices(len(c), n_boot, seed)
+    vals = _auroc_batch((c[idx] < 0.5).astype(np.float64), s[idx])
+    vals = vals[np.isfinite(vals)]
+    return point, float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+
+
+def paired_bootstrap_test(
+    correct: Sequence, scores_a: Sequence, scores_b: Sequence, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, float]:
+    """One-sided paired bootstrap test of ``H0: AUROC(a) <= AUROC(b)``.
+
+    Both measures are evaluated on the same resampled questions; the p-value is
+    ``(1 + #{resamples with AUROC(a) - AUROC(b) <= 0}) / (1 + #resamples)``.
+    """
+    c, a = _arrays(correct, scores_a)
+    _, b = _arrays(correct, scores_b)
+    diff = auroc(c, a) - auroc(c, b)
+    if math.isnan(diff):
+        return {"diff": float("nan"), "p_value": float("nan"), "n_boot": 0}
+    idx = _bootstrap_indices(len(c), n_boot, seed)
+    y = (c[idx] < 0.5).astype(np.float64)
+    d = _auroc_batch(y, a[idx]) - _auroc_batch(y, b[idx])
+    d = d[np.isfinite(d)]
+    p = (1 + int(np.sum(d <= 0))) / (1 + len(d))
+    return {"diff": float(diff), "p_value": float(p), "n_boot": int(len(d))}
+
+
+def accuracy_curve(correct: Sequence, scores: Sequence) -> np.ndarray:
+    """Accuracy of the ``k`` least uncertain answers for ``k = 1..n`` (ties at expected value).
+
+    >>> accuracy_curve([1, 0], [0.5, 0.5]).tolist()
+    [0.5, 0.5]
+    """
+    c, s = _arrays(correct, scores)
+    if len(c) == 0:
+        return np.array([])
+    order = np.argsort(s, kind="stable")
+    s_sorted, c_sorted = s[order], c[order]
+    # Replace correctness within each group of tied scores by the group mean.
+    _, start, counts = np.unique(s_sorted, return_index=True, return_counts=True)
+    group_mean = np.add.reduceat(c_sorted, start) / counts
+    c_avg = np.repeat(group_mean, counts)
+    return np.cumsum(c_avg) / np.arange(1, len(c) + 1)
+
+
+def rejection_accuracy(correct: Sequence, scores: Sequence, fraction: float = 0.8) -> float:
+    """Accuracy on the ``fraction`` of answers with the lowest uncertainty (ARA@80 for 0.8).
+
+    Keeps ``ceil(fraction * n)`` answers.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    curve = accuracy_curve(correct, scores)
+    if len(curve) == 0:
+        return float("nan")
+    k = max(1, math.ceil(fraction * len(curve) - 1e-9))
+    return float(curve[k - 1])
+
+
+def aurac(correct: Sequence, scores: Sequence) -> float:
+    """Area under the accuracy-vs-retained-fraction curve: mean of :func:`accuracy_curve`."""
+    curve = accuracy_curve(correct, scores)
+    return float(curve.mean()) if len(curve) else float("nan")
+
+
+def evaluate_measures(
+    correct: Sequence,
+    measures: dict[str, Sequence[float]],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    reference: str = "g-nll",
+    baselines: Sequence[str] = ("pe", "ln-pe", "se", "ln-se", "d-se"),
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """All metrics for one task x correctness metric.
+
+    Returns ``{"n", "accuracy", "measures": {name: {auroc, auroc_se, ara80, aurac}},
+    "significance"}``,
+    where ``significance`` compares ``reference`` (G-NLL) with the best of ``baselines`` present
+    (the
+    paper's sampling-based measures) by a paired bootstrap, and lists its p-value against every
+    measure.
+    """
+    c = np.asarray(correct, dtype=np.float64)
+    out: dict[str, Any] = {
+        "n": int(len(c)),
+        "accuracy": float(c.mean()) if len(c) else float("nan"),
+    }
+    per: dict[str, dict[str, float]] = {}
+    for name, sc in measures.items():
+        a, se = bootstrap_auroc(c, sc, n_boot=n_boot, seed=seed)
+        per[name] = {
+            "auroc": a,
+            "auroc_se": se,
+            "ara80": rejection_accuracy(c, sc, 0.8),
+            "aurac": aurac(c, sc),
+        }
+    out["measures"] = per
+    sig: dict[str, Any] = {"reference": reference, "alpha": alpha, "n_boot": n_boot, "seed": seed}
+    present = [b for b in baselines if b in per and not math.isnan(per[b]["auroc"])]
+    if reference in per and not math.isnan(per[reference]["auroc"]):
+        sig["p_values"] = {
+            m: paired_bootstrap_test(c, measures[reference], measures[m], n_boot=n_boot, seed=seed)[
+                "p_value"
+            ]
+            for m in per
+            if m != reference
+        }
+        if present:
+            best = max(present, key=lambda m: per[m]["auroc"])
+            sig["best_baseline"] = best
+            sig["p_value"] = sig["p_values"][best]
+            sig["significant"] = bool(sig["p_value"] < alpha)
+    out["significance"] = sig
+    return out

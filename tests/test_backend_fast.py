@@ -1,0 +1,174 @@
+"""gnll's own decoding loop (shared prefix, per-prompt prefill, dropped rows) changes no output.
+
+Reference: transformers' ``model.generate`` with the log-prob recording logits processor (the
+fallback path, forced by overriding the cached ``_fast_decode`` flag) and teacher-forced scoring.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+
+from gnll import GenerationConfig
+from gnll.backends.hf import MIN_SHARED_PREFIX
+
+pytestmark = pytest.mark.model
+
+FEW_SHOT = (
+    "Answer the following question as briefly as possible.\n"
+    "Question: What is the largest ocean?\nAnswer: The Pacific Ocean\n\n"
+    "Question: Who painted the Mona Lisa?\nAnswer: Leonardo da Vinci\n\n"
+    "Question: {q}\nAnswer:"
+)
+QUESTIONS = [
+    "What is the capital of France?",
+    "Which planet is known as the red planet?",
+    "Who wrote the novel Moby-Dick, published in 1851?",
+]
+PROMPTS = [FEW_SHOT.format(q=q) for q in QUESTIONS]
+
+
+@contextmanager
+def hf_path(model):
+    """Force the transformers ``generate`` path (no shared prefix, no dropped rows)."""
+    model.__dict__["_fast_decode"] = False
+    try:
+        yield
+    finally:
+        model.__dict__.pop("_fast_decode", None)
+
+
+class Counter:
+    """Shapes of the ``input_ids`` of every forward call of a model."""
+
+    def __init__(self, module):
+        self.shapes: list[tuple[int, int]] = []
+        self.handle = module.register_forward_pre_hook(self.hook, with_kwargs=True)
+
+    def hook(self, module, args, kwargs):
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+
+    @property
+    def positions(self) -> int:
+        return sum(r * c for r, c in self.shapes)
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
+def test_fast_greedy_equals_transformers_generate(model_fixture, request):
+    model = request.getfixturevalue(model_fixture)
+    assert model._fast_decode
+    cfg = GenerationConfig.greedy(max_new_tokens=20)
+    fast = model.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
+    with hf_path(model):
+        ref = model.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
+    for [a], [b] in zip(fast, ref, strict=True):
+        assert a.token_ids == b.token_ids and a.text == b.text
+        assert a.finish_reason == b.finish_reason
+        assert a.terminator_token_ids == b.terminator_token_ids
+        np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
+        np.testing.assert_allclose(a.terminator_logprobs, b.terminator_logprobs, atol=1e-4)
+
+
+def test_shared_prefix_is_computed_once_and_changes_nothing(smollm):
+    encoded = smollm._encode(PROMPTS)
+    prefix = smollm._shared_prefix(encoded)
+    assert prefix is not None and len(prefix.ids) >= MIN_SHARED_PREFIX
+    assert all(e[: len(prefix.ids)] == prefix.ids for e in encoded)
+    cfg = GenerationConfig.greedy(max_new_tokens=12)
+    counter = Counter(smollm.model)
+    try:
+        shared = smollm.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
+        prefill_positions = counter.positions
+    finally:
+        counter.handle.remove()
+    # Prompt tokens processed: the prefix once plus every suffix, far less than all prompts in full.
+    assert prefill_positions < sum(len(e) for e in encoded)
+    for p, [g] in zip(PROMPTS, shared, strict=True):
+        [[alone]] = smollm.generate([p], cfg)  # one prompt: no shared prefix
+        assert g.token_ids == alone.token_ids
+        np.testing.assert_allclose(g.token_logprobs, alone.token_logprobs, atol=1e-4)
+        np.testing.assert_allclose(g.token_logprobs, smollm.score([p], [g.token_ids])[0], atol=1e-4)
+
+
+def test_sampling_independent_of_batching_and_matches_teacher_forcing(smollm):
+    cfg = GenerationConfig.sample(4, temperature=0.7, max_new_tokens=10, seed=11)
+    big = smollm.generate(PROMPTS, cfg, batch_size=64)  # all prompts in one batch, shared prefix
+    small = smollm.generate(PROMPTS, cfg, batch_size=4)  # one prompt per batch
+    assert [[g.token_ids for g in gs] for gs in big] == [[g.token_ids for g in gs] for gs in small]
+    assert len({tuple(g.token_ids) for gs in big for g in gs}) > 1, "samples should differ"
+    prompt = PROMPTS[0]
+    prompt_ids = smollm._encode([prompt])[0]
+    for g in big[0]:
+        np.testing.assert_allclose(
+            g.token_logprobs, smollm.score([prompt], [g.token_ids])[0], atol=1e-4
+        )
+        # The sampling log-probs are under the tempered distribution actually sampled from.
+        ids = torch.tensor([prompt_ids + g.token_ids])
+        with torch.inference_mode():
+            logits = smollm.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        tempered = torch.log_softmax(logits / 0.7, dim=-1)
+        expect = tempered[torch.arange(len(g.token_ids)), torch.tensor(g.token_ids)].numpy()
+        np.testing.assert_allclose(g.sampling_logprobs, expect, atol=1e-4)
+    again = smollm.generate(PROMPTS, cfg, batch_size=8)
+    assert [[g.token_ids for g in gs] for gs in again] == [[g.token_ids for g in gs] for gs in big]
+
+
+def test_inverse_cdf_sampling_follows_the_model_distribution(smollm):
+    """First tokens of 400 samples: their frequencies match the model's probabilities."""
+    prompt = PROMPTS[1]
+    n = 400
+    cfg = GenerationConfig.sample(n, temperature=1.0, max_new_tokens=1, seed=5, stop=())
+    gens = smollm.generate([prompt], cfg, batch_size=n)[0]
+    first = [g.token_ids[0] if g.token_ids else g.terminator_token_ids[0] for g in gens]
+    ids = torch.tensor([smollm._encode([prompt])[0]])
+    with torch.inference_mode():
+        probs = torch.softmax(smollm.model(input_ids=ids).logits[0, -1].float(), dim=-1)
+    top = int(probs.argmax())
+    p = float(probs[top])
+    freq = sum(t == top for t in first) / n
+    # 5 binomial standard deviations: fails by chance with probability < 1e-6.
+    assert abs(freq - p) < 5 * (p * (1 - p) / n) ** 0.5 + 1e-9, (freq, p)
+
+
+def test_finished_rows_leave_the_batch(smollm):
+    """A short and a long answer in one batch: once the short one ends, steps run one row."""
+    prompts = [PROMPTS[0], "Count from one to forty in words, separated by commas:"]
+    cfg = GenerationConfig.greedy(max_new_tokens=24, stop=("\n",))
+    counter = Counter(smollm.model)
+    try:
+        gens = smollm.generate(prompts, cfg, batch_size=2)
+    finally:
+        counter.handle.remove()
+    lengths = sorted(len(g.token_ids) + len(g.terminator_token_ids) for [g] in gens)
+    assert lengths[0] < lengths[1]
+    decode_rows = [r for r, c in counter.shapes if c == 1]
+    assert len(decode_rows) == lengths[1] - 1  # one forward per token after the first
+    assert decode_rows[-1] == 1 and decode_rows.count(2) == lengths[0] - 1
+
+
+def test_beams_with_shared_prefill_equal_plain_beams(smollm):
+    cfg = GenerationConfig.beam(3, max_new_tokens=10)
+    fast = smollm.generate(PROMPTS[:2], cfg, batch_size=6)
+    with hf_path(smollm):
+        ref = smollm.generate(PROMPTS[:2], cfg, batch_size=6)
+    for fs, rs in zip(fast, ref, strict=True):
+        assert [g.token_ids for g in fs] == [g.token_ids for g in rs]
+        for a, b in zip(fs, rs, strict=True):
+            np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
+
+
+def test_sliding_window_models_share_a_prefix_only_when_exact(gemma):
+    window = gemma._sliding_window
+    assert window is not None
+    encoded = gemma._encode(PROMPTS)
+    prefix = gemma._shared_prefix(encoded)
+    assert prefix is not None
+    # Rows of different lengths leave a padding hole; inside the window that is exact ...
+    assert gemma._prefix_usable(prefix, encoded, extra=10)
+    # ... beyond it the window would count padding, so the prefix is not used.
+    assert not gemma._prefix_usable(prefix, encoded, extra=window)
+    # Equal lengths: no hole, always fine.
+    assert gemma._prefix_usable(prefix, [encoded[0], encoded[0]], extra=window)
