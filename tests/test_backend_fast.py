@@ -166,9 +166,15 @@ def test_sliding_window_models_share_a_prefix_only_when_exact(gemma):
     encoded = gemma._encode(PROMPTS)
     prefix = gemma._shared_prefix(encoded)
     assert prefix is not None
-    # Rows of different lengths leave a padding hole; inside the window that is exact ...
+    assert len({len(e) for e in encoded}) > 1  # rows of different lengths: a padding hole
+    # Inside the window the hole is exact ...
     assert gemma._prefix_usable(prefix, encoded, extra=10)
-    # ... beyond it the window would count padding, so the prefix is not used.
+    # ... beyond it the window would count padding (and drop prefix keys): not used.
     assert not gemma._prefix_usable(prefix, encoded, extra=window)
-    # Equal lengths: no hole, always fine.
-    assert gemma._prefix_usable(prefix, [encoded[0], encoded[0]], extra=window)
+    assert not gemma._prefix_usable(prefix, [encoded[0], encoded[0]], extra=window)
+
+
+def test_full_attention_models_share_any_prefix(smollm):
+    assert smollm._sliding_window is None
+    prefix = smollm._shared_prefix(smollm._encode(PROMPTS))
+    assert smollm._prefix_usable(prefix, smollm._encode(PROMPTS), extra=10**6)

@@ -1,7 +1,7 @@
 """The transformers backend: batched generation with exact token log-probabilities.
 
 Greedy decoding and sampling run gnll's own decoding loop on the model's forward pass (KV cache, left
-padding), because that makes three savings possible that ``model.generate`` cannot offer:
+padding), because that makes savings possible that ``model.generate`` cannot offer:
 
 * **log-probs in the same pass** -- each step's raw logits are already at hand for choosing the token,
   so ``log_softmax(raw_logits)[chosen]`` is one ``logsumexp`` and one gather; no logits processor,
@@ -10,7 +10,9 @@ padding), because that makes three savings possible that ``model.generate`` cann
   KV cache, so a batch costs what its live rows cost, not ``rows x longest answer``;
 * **no repeated prompt work** -- the prompt tokens that all prompts of a call share (the instruction
   and few-shot examples of an evaluation task) are run through the model once and their KV cache is
-  reused by every row; the N samples of one prompt prefill the prompt once and copy its cache N times.
+  reused by every row; the N samples of one prompt prefill the prompt once and copy its cache N times;
+* **no cache re-concatenation** -- full-attention layers append to a buffer in place
+  (:class:`_GrowingLayer`) instead of ``torch.cat``-ing the whole cache at every step.
 
 Samples are drawn by inverse-CDF sampling with one seeded uniform stream per (prompt, sample), so they
 depend on the seed, the prompt and its position in the call -- not on batch size or on which rows
@@ -461,17 +463,14 @@ class HFModel(Model):
         """Whether ``rows`` may use ``prefix`` without changing any attention the model computes.
 
         Full attention ignores a masked padding hole. A sliding window counts columns, so a hole
-        between prefix and suffix would push real tokens out of the window; allow it only when the
-        whole sequence (``extra`` generated tokens included) fits inside the window, or when there is
-        no hole (all rows of equal length).
+        between prefix and suffix would push real tokens out of the window, and a sliding layer
+        keeps only the last window of the prefix's keys; allow sharing only when the whole sequence
+        (``extra`` generated tokens included) fits inside the window.
         """
         if prefix is None:
             return False
         window = self._sliding_window
-        if window is None:
-            return True
-        lengths = {len(r) for r in rows}
-        return len(lengths) == 1 or max(lengths) + extra <= window
+        return window is None or max(len(r) for r in rows) + extra <= window
 
     def _prefill(
         self,

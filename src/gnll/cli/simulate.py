@@ -148,14 +148,14 @@ def simulate(
     ] = Path("simulation_results"),
     distributions: Annotated[
         int | None,
-        typer.Option("--distributions", help="Random p(y) per setting [default: 2000; quick: 20]."),
+        typer.Option("--distributions", help="Random p(y) per setting (default 2000; quick 20)."),
     ] = None,
     vocab_sizes: Annotated[
         str | None,
-        typer.Option("--vocab_sizes", "--vocab-sizes", help="Comma list [default: 20,100]."),
+        typer.Option("--vocab_sizes", "--vocab-sizes", help="Comma list (default 20,100)."),
     ] = None,
     lengths: Annotated[
-        str | None, typer.Option("--lengths", help="Comma list of T [default: 2,3,4; quick: 2,3].")
+        str | None, typer.Option("--lengths", help="Comma list of T (default 2,3,4; quick 2,3).")
     ] = None,
     max_samples: Annotated[
         int | None,
@@ -200,7 +200,7 @@ def simulate(
             "--leaf_pool_size",
             "--leaf-pool-size",
             help="Leaf pool rows for settings with |V|^T > 1e7 [2^20]; 0 = fresh draws "
-            "everywhere (exact prior, ~1 h for |V|=100, T=4).",
+            "everywhere (exact prior; hours for |V|=100, T=4).",
         ),
     ] = None,
     pool_threshold: Annotated[
