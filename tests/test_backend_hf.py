@@ -151,3 +151,33 @@ def test_embedded_models_are_cached():
         path = embedded_model_dir(spec, progress=False)
         assert path.is_relative_to(cache_dir())
         assert (path / "gnll-model.json").exists() and (path / "config.json").exists()
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
+def test_fast_tokenizer_of_cached_models_equals_autotokenizer(model_fixture, request):
+    """The cached embedded models load their tokenizer from tokenizer.json directly (for speed);
+    it must tokenize, decode, pad and render chat prompts exactly like ``AutoTokenizer``."""
+    from transformers import AutoTokenizer
+
+    model = request.getfixturevalue(model_fixture)
+    fast, auto = model.tokenizer, AutoTokenizer.from_pretrained(model.source)
+    texts = [
+        FEW_SHOT.format(q=QUESTIONS[0]),
+        "  Émile Zola's <b>naïve</b> café\n\nQuestion: 3.14 × 2 = ?",
+        "Context: Tom has 5 apples.\nQuestion: How many?\nAnswer: 5\n",
+    ]
+    for special in (True, False):
+        assert fast(texts, add_special_tokens=special)["input_ids"] == auto(
+            texts, add_special_tokens=special
+        )["input_ids"]
+    ids = auto(texts[1])["input_ids"]
+    assert fast.decode(ids) == auto.decode(ids)
+    assert fast.convert_ids_to_tokens(ids) == auto.convert_ids_to_tokens(ids)
+    for attr in ("bos_token_id", "eos_token_id", "unk_token_id"):
+        assert getattr(fast, attr) == getattr(auto, attr), attr
+    assert bool(fast.chat_template) == bool(auto.chat_template)
+    if auto.chat_template:
+        chat = [{"role": "user", "content": texts[0]}]
+        assert fast.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=False
+        ) == auto.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)

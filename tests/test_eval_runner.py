@@ -238,6 +238,20 @@ def test_fixed_temperature_skips_heldout(data_dir, tmp_path):
     assert rec["temperature"] == 0.7 and "bs-msp" not in rec["measures"]
 
 
+def test_auto_clusterer_with_relation(data_dir, tmp_path, monkeypatch, caplog):
+    """'auto' resolving to a relation-less clusterer must not choke on --semantic_relation."""
+    import gnll.semantic as semantic
+
+    monkeypatch.setattr(semantic, "default_clusterer_name", lambda *a, **k: "exact")
+    conf = cfg(
+        data_dir, tmp_path / "a", clusterer="auto", semantic_relation="loose", temperature=1.0
+    )
+    Evaluator(conf, model=FakeModel()).run()
+    comps = json.loads((tmp_path / "a" / "components.json").read_text())
+    assert comps["clusterer"]["clusterer"] == "exact"
+    assert "semantic_relation loose ignored" in caplog.text
+
+
 def test_resume_after_exception_gives_identical_results(data_dir, tmp_path):
     ref = Evaluator(cfg(data_dir, tmp_path / "ref"), model=FakeModel()).run()
     crashing = FakeModel(fail_after=9)

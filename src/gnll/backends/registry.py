@@ -212,6 +212,7 @@ def load_model(
         spec = EMBEDDED_MODELS[name]
         path = embedded_model_dir(spec, progress=progress)
         model_args.setdefault("chat_template", spec.instruction_tuned)
+        model_args.setdefault("fast_tokenizer", True)
         with _status(f"Loading {name}", progress), _quiet_transformers():
             return HFModel.from_pretrained(str(path), name=name, **model_args)
     with _status(f"Loading {name}", progress):

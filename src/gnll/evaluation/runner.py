@@ -311,11 +311,21 @@ class Evaluator:
             from gnll.semantic import load_clusterer
 
             t = time.perf_counter()
-            self._clusterer = load_clusterer(
-                self._clusterer_name,
-                relation=self.config.semantic_relation,
-                **self.config.clusterer_args,
-            )
+            name = self.config.clusterer
+            relation = self.config.semantic_relation
+            if name in ("auto", "default"):
+                if relation is not None and self._clusterer_name not in ("nli", "llm"):
+                    logger.warning(
+                        "--semantic_relation %s ignored: 'auto' chose the %s clusterer, which has "
+                        "no entailment relation (pass --clusterer nli or llm to use it)",
+                        relation,
+                        self._clusterer_name,
+                    )
+                # The name was resolved once at start-up so the cache fingerprint cannot drift.
+                name = self._clusterer_name
+                if name not in ("nli", "llm"):
+                    relation = None
+            self._clusterer = load_clusterer(name, relation=relation, **self.config.clusterer_args)
             self.timer.add("load_clusterer", time.perf_counter() - t)
         self._note_component("clusterer", self._clusterer)
         return self._clusterer
@@ -333,7 +343,7 @@ class Evaluator:
     def _resolve_clusterer_name(self) -> str:
         if self._clusterer is not None:
             info = self._clusterer.info() if hasattr(self._clusterer, "info") else {}
-            return str(info.get("name", type(self._clusterer).__name__))
+            return str(info.get("clusterer", info.get("name", type(self._clusterer).__name__)))
         name = self.config.clusterer
         if name in ("auto", "default") and self.config.needs_clusters:
             from gnll.semantic import default_clusterer_name
