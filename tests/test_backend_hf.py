@@ -167,9 +167,10 @@ def test_fast_tokenizer_of_cached_models_equals_autotokenizer(model_fixture, req
         "Context: Tom has 5 apples.\nQuestion: How many?\nAnswer: 5\n",
     ]
     for special in (True, False):
-        assert fast(texts, add_special_tokens=special)["input_ids"] == auto(
-            texts, add_special_tokens=special
-        )["input_ids"]
+        assert (
+            fast(texts, add_special_tokens=special)["input_ids"]
+            == auto(texts, add_special_tokens=special)["input_ids"]
+        )
     ids = auto(texts[1])["input_ids"]
     assert fast.decode(ids) == auto.decode(ids)
     assert fast.convert_ids_to_tokens(ids) == auto.convert_ids_to_tokens(ids)
