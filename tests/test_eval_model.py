@@ -83,3 +83,39 @@ def test_end_to_end_real_model(model, tmp_path):
         del model.generate
     assert not calls
     assert (out / "results.json").read_bytes() == before
+
+
+def test_real_model_as_judge(model, tmp_path):
+    """The judge path with a real model: replies are parsed or recorded as unparseable, never
+    silently counted as wrong, and agreement with F1 is reported."""
+    from gnll.evaluation.runner import EvalConfig, Evaluator
+
+    data = _data_dir()
+    if data is None:
+        pytest.skip("shared/data not available")
+    cfg = EvalConfig(
+        model="smollm2-135m-instruct",
+        tasks=["triviaqa_short"],
+        output_path=tmp_path / "judge",
+        data_dir=str(data),
+        limit=3,
+        measures=["g-nll"],
+        correctness=["f1", "judge"],
+        judge="smollm2-135m-instruct",
+        n_boot=50,
+        plots=False,
+        progress=False,
+    )
+    res = Evaluator(cfg, model=model, judge=model).run()
+    t = res["tasks"]["triviaqa_short"]
+    assert t["correctness"] == ["f1", "judge"]
+    jm = t["metrics"]["judge"]
+    assert jm["n"] + jm["n_undecided"] == 3
+    recs = [json.loads(line) for line in (tmp_path / "judge" / "samples.jsonl").open()]
+    for r in recs:
+        verdict = r["correctness"]["judge"]
+        assert verdict["judge"] == "smollm2-135m-instruct" and isinstance(verdict["reply"], str)
+        assert verdict["detail"] in ("yes", "no", "unparseable")
+        # an unparseable reply is undecided, not "incorrect"
+        assert (verdict["correct"] is None) == (verdict["detail"] == "unparseable")
+    assert "f1_vs_judge" in t["agreement"]
