@@ -81,7 +81,9 @@ def run_eval(n: int, model: str, workdir: Path, extra: list[str] | None = None) 
     res["stage_seconds"] = timings
     res["records"] = [
         {"text": r["greedy"]["text"], "g_nll": r["measures"]["g-nll"]}
-        for r in map(json.loads, (out / "samples.jsonl").read_text().splitlines())
+        # Iterate the file, not str.splitlines(): answers may contain U+2028 or U+0085, which
+        # splitlines() treats as line breaks but JSON Lines (and ensure_ascii=False) does not.
+        for r in map(json.loads, (out / "samples.jsonl").open(encoding="utf-8"))
     ]
     return res
 
