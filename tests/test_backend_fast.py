@@ -178,3 +178,64 @@ def test_full_attention_models_share_any_prefix(smollm):
     assert smollm._sliding_window is None
     prefix = smollm._shared_prefix(smollm._encode(PROMPTS))
     assert smollm._prefix_usable(prefix, smollm._encode(PROMPTS), extra=10**6)
+
+
+MIXED_QUESTIONS = [
+    "Capital of Peru?",
+    "Who wrote Hamlet?",
+    "Which element has the chemical symbol Au?",
+    "In the novel by Herman Melville published in 1851, what is the name of the captain who "
+    "hunts the white whale across the oceans of the world with his crew aboard the Pequod?",
+    "Which river flows through Vienna, Budapest and Belgrade before it reaches the Black Sea, "
+    "passing through ten countries in all?",
+    "What is 2 + 2?",
+]
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
+def test_grouped_prefill_and_late_row_dropping_change_nothing(model_fixture, request):
+    """Suffixes of 5 to 40 tokens: prefill runs in length groups; outputs equal transformers'."""
+    model = request.getfixturevalue(model_fixture)
+    prompts = [FEW_SHOT.format(q=q) for q in MIXED_QUESTIONS]
+    encoded = model._encode(prompts)
+    prefix = model._shared_prefix(encoded)
+    assert prefix is not None
+    cfg = GenerationConfig.greedy(max_new_tokens=16)
+    counter = Counter(model.model)
+    try:
+        fast = model.generate(prompts, cfg, batch_size=len(prompts))
+    finally:
+        counter.handle.remove()
+    prefills = [(r, c) for r, c in counter.shapes if c > 1]
+    suffixes = [len(e) - len(prefix.ids) for e in encoded]
+    # The prefix once, then more than one group, and fewer positions than one padded pass.
+    assert prefills[0] == (1, len(prefix.ids)) and len(prefills) > 2
+    assert sum(r * c for r, c in prefills[1:]) < len(prompts) * max(suffixes)
+    assert sum(r for r, _ in prefills[1:]) == len(prompts)
+    with hf_path(model):
+        ref = model.generate(prompts, cfg, batch_size=len(prompts))
+    for [a], [b] in zip(fast, ref, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
+    scored = model.score(prompts, [g.token_ids for [g] in fast])
+    for [g], lp in zip(fast, scored, strict=True):
+        np.testing.assert_allclose(g.token_logprobs, lp, atol=1e-4)
+
+
+def test_prefill_groups_cover_every_row_once():
+    from gnll.backends.hf import prefill_groups
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = rng.integers(1, 80, size=rng.integers(1, 40)).tolist()
+        groups = prefill_groups(lengths)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        cost = sum(len(g) * max(lengths[i] for i in g) + 24 for g in groups)
+        assert cost <= len(lengths) * max(lengths) + 24  # never worse than one padded pass
+    # Equal lengths: splitting only adds forwards.
+    assert len(prefill_groups([30] * 16)) == 1
+    # Far apart: two groups.
+    assert [sorted(g) for g in prefill_groups([60] * 8 + [5] * 8)] == [
+        list(range(8)),
+        list(range(8, 16)),
+    ]

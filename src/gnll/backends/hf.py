@@ -61,6 +61,50 @@ _INSTRUCT_MARKERS = ("instruct", "-it", "_it", "chat", "-sft", "dpo")
 #: Shared prompt prefixes shorter than this are not worth a separate forward pass and cache copy.
 MIN_SHARED_PREFIX = 16
 
+#: The fixed cost of one extra forward pass, in prompt positions (reading every weight once costs
+#: about as much as running ~20 positions through a small model on CPU). Prefill groups are chosen
+#: with it: see :func:`prefill_groups`.
+FORWARD_COST_POSITIONS = 24
+
+#: Finished rows are dropped from the batch (one copy of the KV cache) once they are at least this
+#: fraction of the live rows; until then they ride along, which costs one position each per step.
+COMPACT_FRACTION = 1 / 8
+
+
+def prefill_groups(
+    lengths: Sequence[int], forward_cost: float = FORWARD_COST_POSITIONS
+) -> list[list[int]]:
+    """Split rows into prefill groups so that padding does not cost more than extra forwards.
+
+    A batch prefilled in one forward pass is padded to its longest row, so a batch whose prompt
+    suffixes are 20 to 60 tokens long runs twice the positions it needs. Rows sorted by length are cut
+    into contiguous groups minimising ``sum(group size x longest in group) + forward_cost x groups``
+    (exact dynamic programme, O(rows^2)).
+
+    Returns lists of row indices, longest rows first.
+
+    >>> prefill_groups([5, 60, 58, 6, 59, 4], forward_cost=24)
+    [[1, 4, 2], [3, 0, 5]]
+    >>> prefill_groups([30, 31, 29], forward_cost=24)
+    [[1, 0, 2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    sizes = [lengths[i] for i in order]
+    n = len(sizes)
+    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j sorted rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # rows i..j-1 form the last group; sizes[i] is its longest
+            c = best[i] + (j - i) * sizes[i] + forward_cost
+            if c < best[j]:
+                best[j], cut[j] = c, i
+    groups: list[list[int]] = []
+    j = n
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
 
 class _GrowingLayer(DynamicLayer):
     """A full-attention KV cache layer that appends in place instead of re-concatenating.
@@ -107,6 +151,40 @@ class _GrowingLayer(DynamicLayer):
         self.keys = self._kbuf[:, :, : have + new]
         self.values = self._vbuf[:, :, : have + new]
         return self.keys, self.values
+
+    def allocate(self, like: torch.Tensor, batch: int, length: int) -> None:
+        """Make ``keys``/``values`` uninitialised ``batch x heads x length x dim`` views to fill."""
+        self.lazy_initialization(like, like)
+        b, h, _, d = like.shape
+        self._kbuf = like.new_empty((batch, h, length + self.reserve, d))
+        self._vbuf = like.new_empty((batch, h, length + self.reserve, d))
+        self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
+
+    def _owns_buffer(self) -> bool:
+        return (
+            self._kbuf is not None
+            and self.is_initialized
+            and self.keys.data_ptr() == self._kbuf.data_ptr()
+            and self.values.data_ptr() == self._vbuf.data_ptr()
+        )
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        # Selecting rows of the whole buffer is one copy and keeps the room reserved for the answer;
+        # selecting the filled view would copy once here and once more at the next update.
+        if not self._owns_buffer():
+            return super().batch_select_indices(indices)
+        have = self.get_seq_length()
+        self._kbuf = self._kbuf[indices]
+        self._vbuf = self._vbuf[indices]
+        self.keys, self.values = self._kbuf[:, :, :have], self._vbuf[:, :, :have]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if not self._owns_buffer():
+            return super().batch_repeat_interleave(repeats)
+        have = self.get_seq_length()
+        self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
+        self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
+        self.keys, self.values = self._kbuf[:, :, :have], self._vbuf[:, :, :have]
 
 
 @dataclass
@@ -515,18 +593,106 @@ class HFModel(Model):
         # Positions count real tokens only (as transformers derives them from the mask).
         position_ids = (mask.cumsum(1) - 1).clamp_(min=0)
         input_ids, mask, position_ids = (t.to(self.device) for t in (input_ids, mask, position_ids))
+        end = width - upto
+        groups = prefill_groups([len(r) - plen for r in rows])
+        if len(groups) > 1 and self._groups_fit(width + reserve):
+            cache, logits = self._prefill_grouped(
+                groups, input_ids, mask, position_ids, prefix, end=end, keep=keep, reserve=reserve
+            )
+            return _Prefilled(input_ids, mask, position_ids, cache, logits)
         cache = self._new_cache(reserve)
         if plen:
             # Each layer's prefix keys/values are copied into every row of the batch.
             for layer, (k, v) in zip(cache.layers, prefix.kv, strict=True):
                 layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-        end = width - upto
         logits = None
         if end > plen:
             logits = self._forward(
                 input_ids[:, plen:end], mask[:, :end], position_ids[:, plen:end], cache, keep=keep
             )
         return _Prefilled(input_ids, mask, position_ids, cache, logits)
+
+    def _groups_fit(self, columns: int) -> bool:
+        """Whether group-wise prefill can assemble this model's cache exactly.
+
+        Assembly writes every group's keys into one padded layout; that needs caches that keep all
+        columns: full attention, or sliding windows the whole sequence fits in.
+        """
+        window = self._sliding_window
+        return window is None or columns <= window
+
+    def _prefill_grouped(
+        self,
+        groups: list[list[int]],
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        prefix: _Prefix | None,
+        *,
+        end: int,
+        keep: int,
+        reserve: int,
+    ) -> tuple[DynamicCache, torch.Tensor | None]:
+        """Prefill rows group by group, each padded only to its own longest row, then assemble.
+
+        Every group runs its own columns ``[width - w_g, end)`` (after the shared prefix, if any); its
+        keys and values are copied into the batch layout at the same columns, and the columns a group
+        did not run are padding (zero keys under a zero attention mask), exactly as in one big pass.
+        """
+        batch, width = input_ids.shape
+        plen = len(prefix.ids) if prefix is not None else 0
+        real = mask[:, plen:].sum(1).tolist()
+        final = self._new_cache(reserve)
+        # Per layer, the (keys, values) of the whole batch: views of the final cache's own buffers
+        # where it has them (no second copy), else tensors handed to the layer at the end.
+        targets: list[tuple[torch.Tensor, torch.Tensor]] = []
+        logits = None
+        for idx in groups:
+            start = width - max(real[i] for i in idx)
+            rows = torch.tensor(idx, device=input_ids.device)
+            if end <= start:
+                continue  # nothing of this group is run now (upto: the caller feeds the last token)
+            cache = DynamicCache(config=self.model.config)
+            if plen:
+                for layer, (k, v) in zip(cache.layers, prefix.kv, strict=True):
+                    layer.update(k.expand(len(idx), -1, -1, -1), v.expand(len(idx), -1, -1, -1))
+            sub_mask = torch.cat([mask[rows, :plen], mask[rows, start:end]], dim=1)
+            out = self._forward(
+                input_ids[rows, start:end], sub_mask, position_ids[rows, start:end], cache, keep
+            )
+            if not targets:
+                for layer, got in zip(final.layers, cache.layers, strict=True):
+                    if isinstance(layer, _GrowingLayer):
+                        layer.allocate(got.keys, batch, end)
+                        kv = (layer.keys, layer.values)
+                    else:
+                        kv = tuple(
+                            t.new_empty((batch, t.shape[1], end, t.shape[3]))
+                            for t in (got.keys, got.values)
+                        )
+                    for t, src in zip(kv, (got.keys, got.values), strict=True):
+                        # Padding must be finite zeros: masked keys still enter q.k before the mask.
+                        t[:, :, plen:].zero_()
+                        if plen:
+                            t[:, :, :plen] = src[:1, :, :plen]
+                    targets.append(kv)
+                logits = out.new_zeros((batch, keep, out.shape[-1]))
+            for (kf, vf), layer in zip(targets, cache.layers, strict=True):
+                kf[rows, :, start:end] = layer.keys[:, :, plen:]
+                vf[rows, :, start:end] = layer.values[:, :, plen:]
+            # A group narrower than ``keep`` returns fewer columns; rows are right-aligned, and the
+            # columns it lacks lie in that group's padding, which no caller reads.
+            logits[rows, keep - out.shape[1] :] = out
+        if not targets:
+            final = self._new_cache(reserve)
+            if plen:
+                for layer, (k, v) in zip(final.layers, prefix.kv, strict=True):
+                    layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+            return final, logits
+        for layer, (k, v) in zip(final.layers, targets, strict=True):
+            if not isinstance(layer, _GrowingLayer):
+                layer.update(k, v)
+        return final, logits
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -601,7 +767,9 @@ class HFModel(Model):
             next_pos = next_pos.repeat_interleave(n, dim=0)
         rows = len(batch) * n
         uniforms = self._uniforms(config, prompt_index) if sampling else None
-        live = list(range(rows))  # batch row -> output row
+        # Batch row -> output row; -1 marks a finished row still in the batch (see COMPACT_FRACTION).
+        live = list(range(rows))
+        alive = rows
         tokens: list[list[int]] = [[] for _ in range(rows)]
         raw: list[list[float]] = [[] for _ in range(rows)]
         tempered: list[list[float]] = [[] for _ in range(rows)]
@@ -614,7 +782,7 @@ class HFModel(Model):
                 cdf = torch.exp(scaled - lse_t[:, None]).cumsum_(dim=-1)
                 # Inverse CDF: first token whose cumulative mass exceeds u * total. u < 1 - 2^-22 keeps
                 # the target below the total, and a zero-probability token can never be picked.
-                u = uniforms[torch.tensor(live), step].to(cdf.device)
+                u = uniforms[torch.tensor([max(r, 0) for r in live]), step].to(cdf.device)
                 target = (u * cdf[:, -1])[:, None]
                 chosen = torch.searchsorted(cdf, target, right=True)[:, 0]
                 chosen.clamp_(max=cdf.shape[1] - 1)
@@ -627,6 +795,8 @@ class HFModel(Model):
             ids = chosen.tolist()
             done: list[int] = []
             for j, r in enumerate(live):
+                if r < 0:
+                    continue
                 tokens[r].append(ids[j])
                 raw[r].append(lp[j])
                 if lpt is not None:
@@ -635,18 +805,21 @@ class HFModel(Model):
                     done.append(j)
             if multi:
                 # Stop strings that span tokens ("Question:"): decode only the tail of live rows.
-                cand = [j for j in range(len(live)) if j not in set(done)]
+                finished = set(done)
+                cand = [j for j, r in enumerate(live) if r >= 0 and j not in finished]
                 if cand:
                     tails = self.tokenizer.batch_decode([tokens[live[j]][-window:] for j in cand])
                     done += [
                         j for j, t in zip(cand, tails, strict=True) if any(s in t for s in multi)
                     ]
-            if len(done) == len(live) or step + 1 == config.max_new_tokens:
+            alive -= len(done)
+            if alive == 0 or step + 1 == config.max_new_tokens:
                 break
-            if done:
+            for j in done:
+                live[j] = -1
+            if len(live) - alive >= max(1, alive * COMPACT_FRACTION):
                 # Finished rows leave the batch and the cache: later steps cost only live rows.
-                finished = set(done)
-                keep = [j for j in range(len(live)) if j not in finished]
+                keep = [j for j, r in enumerate(live) if r >= 0]
                 idx = torch.tensor(keep, device=mask.device)
                 cache.batch_select_indices(idx)
                 mask, next_pos, chosen = mask[idx], next_pos[idx], chosen[idx]
