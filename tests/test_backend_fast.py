@@ -239,3 +239,36 @@ def test_prefill_groups_cover_every_row_once():
         list(range(8)),
         list(range(8, 16)),
     ]
+
+
+def test_pack_batches_respects_rows_and_tokens():
+    from gnll.backends.hf import pack_batches
+
+    lengths = [250, 240, 120, 100, 90, 10]
+    batches = pack_batches(lengths, max_prompts=4, rows_per_prompt=2, extra=50, max_tokens=1200)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    for b in batches:
+        assert len(b) <= 4 and b == list(range(b[0], b[-1] + 1))
+        assert len(b) == 1 or len(b) * 2 * (lengths[b[0]] + 50) <= 1200
+    # A prompt larger than the whole budget still runs, alone.
+    assert pack_batches([5000, 10], max_prompts=8, max_tokens=100) == [[0], [1]]
+    with pytest.raises(ValueError, match="sorted longest first"):
+        pack_batches([1, 2], max_prompts=2)
+
+
+def test_token_budget_bounds_the_batch_and_changes_no_output(smollm):
+    cfg = GenerationConfig.greedy(max_new_tokens=8)
+    free = smollm.generate(PROMPTS, cfg, batch_size=64)
+    longest = max(len(e) for e in smollm._encode(PROMPTS))
+    old = smollm.max_batch_tokens
+    smollm.max_batch_tokens = 2 * (longest + 8)  # two rows of the longest prompt
+    counter = Counter(smollm.model)
+    try:
+        bounded = smollm.generate(PROMPTS, cfg, batch_size=64)
+    finally:
+        counter.handle.remove()
+        smollm.max_batch_tokens = old
+    assert max(r for r, _ in counter.shapes) == 2
+    for [a], [b] in zip(free, bounded, strict=True):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)

@@ -71,6 +71,40 @@ FORWARD_COST_POSITIONS = 24
 COMPACT_FRACTION = 1 / 8
 
 
+def pack_batches(
+    lengths: Sequence[int],
+    *,
+    max_prompts: int,
+    rows_per_prompt: int = 1,
+    extra: int = 0,
+    max_tokens: int | None = None,
+) -> list[list[int]]:
+    """Cut prompts (sorted longest first) into consecutive batches under a row and a token budget.
+
+    A batch of prompts ``i..j`` holds ``(j - i + 1) x rows_per_prompt`` rows whose cache reaches
+    ``lengths[i] + extra`` positions; it is closed before that product would exceed ``max_tokens``.
+    A prompt that alone exceeds the budget still gets a batch of its own.
+
+    >>> pack_batches([300, 200, 100, 100], max_prompts=3, extra=20, max_tokens=700)
+    [[0, 1], [2, 3]]
+    >>> pack_batches([300, 200, 100, 100], max_prompts=3)
+    [[0, 1, 2], [3]]
+    """
+    if any(a < b for a, b in zip(lengths, lengths[1:], strict=False)):
+        raise ValueError("pack_batches needs lengths sorted longest first")
+    batches: list[list[int]] = []
+    for i in range(len(lengths)):
+        if batches:
+            cur = batches[-1]
+            rows = (len(cur) + 1) * rows_per_prompt
+            within = max_tokens is None or rows * (lengths[cur[0]] + extra) <= max_tokens
+            if len(cur) < max_prompts and within:
+                cur.append(i)
+                continue
+        batches.append([i])
+    return batches
+
+
 def prefill_groups(
     lengths: Sequence[int], forward_cost: float = FORWARD_COST_POSITIONS
 ) -> list[list[int]]:
@@ -312,6 +346,10 @@ class HFModel(Model):
         Default number of sequences (rows) per forward pass; sampling N per prompt uses N rows a prompt.
         Decoding steps of a small model on CPU cost about as much for 64 rows as for 10 (per-step
         overhead dominates), so wide batches are what make sampling and beams affordable.
+    max_batch_tokens:
+        Bound on ``rows x (longest prompt + max_new_tokens)`` of a batch: the KV cache positions it
+        holds. Batches of long prompts get fewer rows, so peak memory depends on this budget, not on
+        the longest prompt a run happens to meet. ``None`` bounds by rows only.
     source:
         Where the weights came from, recorded by :meth:`info`.
 
@@ -331,12 +369,18 @@ class HFModel(Model):
         name: str,
         chat_template: bool | None = None,
         batch_size: int = 64,
+        max_batch_tokens: int | None = 16384,
         source: str | None = None,
     ) -> None:
+        if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):
+            raise ValueError(
+                f"batch_size ({batch_size}) and max_batch_tokens ({max_batch_tokens}) must be >= 1"
+            )
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
         self.batch_size = int(batch_size)
+        self.max_batch_tokens = None if max_batch_tokens is None else int(max_batch_tokens)
         self.source = source or name
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -710,9 +754,14 @@ class HFModel(Model):
         # Longest first: similar lengths share a batch (little padding) and memory peaks show early.
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
         results: list[list[Generation] | None] = [None] * len(encoded)
-        batches = [
-            order[i : i + prompts_per_batch] for i in range(0, len(order), prompts_per_batch)
-        ]
+        batches = pack_batches(
+            [len(encoded[i]) for i in order],
+            max_prompts=prompts_per_batch,
+            rows_per_prompt=config.num_sequences,
+            extra=config.max_new_tokens,
+            max_tokens=self.max_batch_tokens,
+        )
+        batches = [[order[j] for j in b] for b in batches]
         # The few-shot block that every prompt of an evaluation chunk repeats is computed once here.
         prefix = self._shared_prefix(encoded)
         for b, batch in enumerate(_progress(batches, progress, f"{self.name} {config.strategy}")):

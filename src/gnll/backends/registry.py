@@ -185,7 +185,8 @@ def load_model(
     **model_args:
         Passed to :meth:`gnll.backends.hf.HFModel.from_pretrained`: ``device`` (auto/cpu/cuda),
         ``dtype`` (auto/float32/bfloat16/float16), ``chat_template`` (bool; default: on for
-        instruction-tuned models), ``batch_size``, ``revision``, ``trust_remote_code``, ``gguf_file``.
+        instruction-tuned models), ``batch_size``, ``max_batch_tokens``, ``revision``,
+        ``trust_remote_code``, ``gguf_file``.
 
     Returns
     -------
