@@ -349,7 +349,9 @@ class HFModel(Model):
     max_batch_tokens:
         Bound on ``rows x (longest prompt + max_new_tokens)`` of a batch: the KV cache positions it
         holds. Batches of long prompts get fewer rows, so peak memory depends on this budget, not on
-        the longest prompt a run happens to meet. ``None`` bounds by rows only.
+        the longest prompt a run happens to meet. The default fits 64 rows of a 5-shot short-answer
+        prompt (about 270 tokens) and its answer in one batch: a leftover batch of a few rows would
+        pay the whole per-step cost of decoding again. ``None`` bounds by rows only.
     source:
         Where the weights came from, recorded by :meth:`info`.
 
@@ -369,7 +371,7 @@ class HFModel(Model):
         name: str,
         chat_template: bool | None = None,
         batch_size: int = 64,
-        max_batch_tokens: int | None = 16384,
+        max_batch_tokens: int | None = 20480,
         source: str | None = None,
     ) -> None:
         if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):
