@@ -40,8 +40,11 @@ class OpenAICompatModel(Model):
 
     Examples
     --------
-    >>> model = load_model("meta-llama/Llama-3.1-8B", backend="openai",
-    ...                    base_url="http://localhost:8000/v1")  # doctest: +SKIP
+    Against a server started with ``vllm serve meta-llama/Llama-3.1-8B`` (needs one, so not run as
+    a doctest; ``tests/test_backend_openai.py`` runs this class against a loopback stand-in)::
+
+        model = load_model("meta-llama/Llama-3.1-8B", backend="openai",
+                           base_url="http://localhost:8000/v1")
     """
 
     def __init__(
