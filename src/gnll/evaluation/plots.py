@@ -113,9 +113,11 @@ def make_plots(
         nrows = (len(panels) + cols - 1) // cols
         fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.8 * nrows), squeeze=False)
         for ax, (task, metric, mres) in zip(axes.flat, panels, strict=False):
+            shown = 0
             for m, v in mres["measures"].items():
                 if v.get("auroc") is None or not v.get("mean_tokens"):
                     continue
+                shown += 1
                 ax.scatter(
                     v["mean_tokens"],
                     v["auroc"],
@@ -130,6 +132,21 @@ def make_plots(
                     xytext=(3, 3),
                     textcoords="offset points",
                 )
+            if not shown:
+                # An empty frame would read as a plotting bug: say why there is nothing to show.
+                ax.text(
+                    0.5,
+                    0.5,
+                    f"AUROC undefined\n(accuracy {mres.get('accuracy', float('nan')):.3f}: "
+                    "one correctness class)",
+                    ha="center",
+                    va="center",
+                    transform=ax.transAxes,
+                    fontsize=8,
+                )
+                ax.set(title=f"{task} · {metric}", xticks=[], yticks=[])
+                ax.title.set_fontsize(9)
+                continue
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(ScalarFormatter())
             ax.xaxis.set_minor_formatter(NullFormatter())
