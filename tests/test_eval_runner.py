@@ -456,3 +456,16 @@ def test_config_validation():
         model="m", tasks=["svamp_short"], output_path="x", measures=["g-nll", "bs-msp"], beams=0
     )
     assert c.active_measures == ["g-nll"] and not c.needs_samples
+
+
+def test_table_says_when_the_heldout_pool_could_not_choose(data_dir, tmp_path):
+    from gnll.evaluation.report import render_table
+
+    res = Evaluator(cfg(data_dir, tmp_path / "h", beams=0), model=FakeModel()).run()
+    table = render_table([res])
+    assert "| heldout |" in table  # the fake model's held-out pool has both classes
+    sel = res["tasks"]["triviaqa_short"]["temperature"]
+    for c in sel["candidates"].values():
+        c["mean_auroc"] = None  # as written for a pool with one correctness class
+    table = render_table([res])
+    assert "default (held-out AUROC undefined)" in table

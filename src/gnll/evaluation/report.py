@@ -287,9 +287,11 @@ def render_table(results_list: Sequence[dict[str, Any]]) -> str:
                 continue
             cand = sel.get("candidates") or {}
             detail = ", ".join(f"T={t}: {_fmt(c.get('mean_auroc'))}" for t, c in cand.items())
+            how = sel["selected_by"]
+            if cand and all(_undefined(c.get("mean_auroc")) for c in cand.values()):
+                how = "default (held-out AUROC undefined)"
             temps.append(
-                f"| {res['model']} | {task} | {sel['value']:g} | {sel['selected_by']} "
-                f"| {detail or '–'} |"
+                f"| {res['model']} | {task} | {sel['value']:g} | {how} | {detail or '–'} |"
             )
     if temps:
         out += ["", "## Sampling temperature", ""]
@@ -323,3 +325,7 @@ def render_table(results_list: Sequence[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|",
         ] + agree
     return "\n".join(out) + "\n"
+
+
+def _undefined(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
