@@ -34,9 +34,9 @@ def header(r: dict[str, Any]) -> list[str]:
     m = r["machine"]
     return [
         f"Command: `{r['command']}`  ",
-        f"Load average (1/5/15 min) at start {m['load_average_start']}, at end "
-        f"{m.get('load_average_end')}; torch threads {m['torch_threads']}"
-        + (" -- QUICK RUN, not a figure" if r.get("quick") else ""),
+        f"Machine: {m['cpu']}, {m['nproc']} cores; load average (1/5/15 min) at start "
+        f"{m['load_average_start']}, at end {m.get('load_average_end')}; torch threads "
+        f"{m['torch_threads']}" + (" -- QUICK RUN, not a figure" if r.get("quick") else ""),
         "",
     ]
 
@@ -243,9 +243,11 @@ def render(results: Path) -> str:
     }
     lines = [START, ""]
     if found:
+        # Sessions may land on different hosts: every section names its own CPU (see header()).
+        cpus = sorted({r["machine"]["cpu"] for r in found.values()})
         m = next(iter(found.values()))["machine"]
         lines += [
-            f"Machine: {m['cpu']}, {m['nproc']} cores, {m['mem_total_gb']} GB RAM; Python "
+            f"Machines: {' / '.join(cpus)}; {m['nproc']} cores, {m['mem_total_gb']} GB RAM; Python "
             f"{m['python']}, torch {m['torch']}, transformers {m['transformers']}.",
             "",
         ]
