@@ -177,8 +177,8 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per target of issue 6, read from the results."""
     rows: list[dict[str, Any]] = []
 
-    def add(bench: str, target: str, value: str, met: bool | None) -> None:
-        status = "n/a" if met is None else ("met" if met else "MISSED")
+    def add(bench: str, target: str, value: str, met: bool | None, below: str = "MISSED") -> None:
+        status = "n/a" if met is None else ("met" if met else below)
         rows.append({"benchmark": bench, "target": target, "measured": value, "status": status})
 
     if "overhead" in found:
@@ -194,9 +194,11 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             if row["method"].startswith("SE"):
                 add(
                     "2 cost",
-                    f"{row['method'].split(': ')[-1]}: >= 10x G-NLL time",
+                    f"{row['method'].split(': ')[-1]}: >= 10x G-NLL time (expected)",
                     f"{row['x G-NLL time']:.1f}x time, {row['x tokens']:.1f}x tokens",
                     row["x G-NLL time"] >= 10,
+                    # An expectation to explain, not a speed target: see "Reading the figures".
+                    below="below: explained under Reading the figures",
                 )
     if "throughput" in found:
         s = found["throughput"]["summary"]
