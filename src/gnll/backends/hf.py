@@ -165,10 +165,8 @@ class _GrowingLayer(DynamicLayer):
         new = key_states.shape[-2]
         buf = self._kbuf
         if (
-            buf is None
-            or have == 0
-            or self.keys.data_ptr() != buf.data_ptr()
-            or self.values.data_ptr() != self._vbuf.data_ptr()
+            have == 0
+            or not self._owns_buffer()
             or buf.shape[0] != key_states.shape[0]
             or have + new > buf.shape[-2]
         ):
@@ -227,6 +225,14 @@ class _Prefix:
 
     ids: list[int]
     kv: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _with_prefix(cache: DynamicCache, prefix: _Prefix | None, rows: int) -> DynamicCache:
+    """Copy the shared prefix's keys/values into every one of ``rows`` rows of an empty ``cache``."""
+    if prefix is not None:
+        for layer, (k, v) in zip(cache.layers, prefix.kv, strict=True):
+            layer.update(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1))
+    return cache
 
 
 @dataclass
@@ -647,11 +653,7 @@ class HFModel(Model):
                 groups, input_ids, mask, position_ids, prefix, end=end, keep=keep, reserve=reserve
             )
             return _Prefilled(input_ids, mask, position_ids, cache, logits)
-        cache = self._new_cache(reserve)
-        if plen:
-            # Each layer's prefix keys/values are copied into every row of the batch.
-            for layer, (k, v) in zip(cache.layers, prefix.kv, strict=True):
-                layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+        cache = _with_prefix(self._new_cache(reserve), prefix, batch)
         logits = None
         if end > plen:
             logits = self._forward(
@@ -696,13 +698,10 @@ class HFModel(Model):
         logits = None
         for idx in groups:
             start = width - max(real[i] for i in idx)
-            rows = torch.tensor(idx, device=input_ids.device)
             if end <= start:
                 continue  # nothing of this group is run now (upto: the caller feeds the last token)
-            cache = DynamicCache(config=self.model.config)
-            if plen:
-                for layer, (k, v) in zip(cache.layers, prefix.kv, strict=True):
-                    layer.update(k.expand(len(idx), -1, -1, -1), v.expand(len(idx), -1, -1, -1))
+            rows = torch.tensor(idx, device=input_ids.device)
+            cache = _with_prefix(DynamicCache(config=self.model.config), prefix, len(idx))
             sub_mask = torch.cat([mask[rows, :plen], mask[rows, start:end]], dim=1)
             out = self._forward(
                 input_ids[rows, start:end], sub_mask, position_ids[rows, start:end], cache, keep
@@ -730,12 +729,8 @@ class HFModel(Model):
             # A group narrower than ``keep`` returns fewer columns; rows are right-aligned, and the
             # columns it lacks lie in that group's padding, which no caller reads.
             logits[rows, keep - out.shape[1] :] = out
-        if not targets:
-            final = self._new_cache(reserve)
-            if plen:
-                for layer, (k, v) in zip(final.layers, prefix.kv, strict=True):
-                    layer.update(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
-            return final, logits
+        if not targets:  # no group ran: the cache holds the prefix only, as in one big pass
+            return _with_prefix(final, prefix, batch), logits
         for layer, (k, v) in zip(final.layers, targets, strict=True):
             if not isinstance(layer, _GrowingLayer):
                 layer.update(k, v)

@@ -134,8 +134,12 @@ def load_results(path: str | Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ tables
+def _undefined(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _fmt(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if _undefined(x):
         return "–"
     s = f"{x:.3f}"
     return s[1:] if s.startswith("0.") else ("-" + s[2:] if s.startswith("-0.") else s)
@@ -325,7 +329,3 @@ def render_table(results_list: Sequence[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|",
         ] + agree
     return "\n".join(out) + "\n"
-
-
-def _undefined(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
