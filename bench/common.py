@@ -12,9 +12,12 @@ Scripts are run from the repository root as ``python bench/NAME.py``; this modul
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
 import resource
 import shlex
 import statistics
@@ -205,7 +208,9 @@ class ForwardCounter:
         self.calls = 0
         self.positions = 0
         self.seconds = 0.0  # inside forward calls (the rest of a method's time is bookkeeping)
+        self.shapes: list[tuple[int, int, float]] = []  # (rows, columns, seconds) per call
         self._t = 0.0
+        self._shape = (0, 0)
         self._handles = [
             module.register_forward_pre_hook(self._pre, with_kwargs=True),
             module.register_forward_hook(self._post),
@@ -216,15 +221,19 @@ class ForwardCounter:
         self.calls += 1
         if ids is not None:
             self.positions += int(ids.numel())
+            self._shape = (int(ids.shape[0]), int(ids.shape[1]))
         self._t = time.perf_counter()
 
     def _post(self, module: Any, args: tuple, output: Any) -> None:
-        self.seconds += time.perf_counter() - self._t
+        dt = time.perf_counter() - self._t
+        self.seconds += dt
+        self.shapes.append((*self._shape, dt))
 
     def reset(self) -> None:
         self.calls = 0
         self.positions = 0
         self.seconds = 0.0
+        self.shapes = []
 
     def close(self) -> None:
         for h in self._handles:
@@ -238,6 +247,20 @@ def counting(module: Any) -> Iterator[ForwardCounter]:
         yield counter
     finally:
         counter.close()
+
+
+# ---------------------------------------------------------------------------- profiling
+def profile_top(fn: Callable[[], Any], n: int = 15) -> list[str]:
+    """The ``n`` functions with the most own time while ``fn()`` runs (cProfile lines)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(n)
+    lines = [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()]
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
+    return lines[start : start + n + 1]
 
 
 # ---------------------------------------------------------------------------- output

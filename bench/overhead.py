@@ -21,9 +21,6 @@ Usage::
 
 from __future__ import annotations
 
-import cProfile
-import io
-import pstats
 import statistics
 import time
 from typing import Any
@@ -134,18 +131,6 @@ def bookkeeping_micro(model: Any, rows: int, reps: int) -> dict[str, float]:
     }
 
 
-def profile_top(fn, n: int = 15) -> list[str]:
-    prof = cProfile.Profile()
-    prof.enable()
-    fn()
-    prof.disable()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(n)
-    lines = [ln.rstrip() for ln in buf.getvalue().splitlines() if ln.strip()]
-    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls"))
-    return lines[start : start + n + 1]
-
-
 def main() -> None:
     ap = common.parser(__doc__)
     ap.add_argument("--repeats", type=int, default=None)
@@ -198,7 +183,7 @@ def main() -> None:
         for rows in ((1, 2) if args.quick else (1, 16))
     ]
     bs, n_prompts = settings[-1]
-    profile = profile_top(gnll_runner(model, common.triviaqa_prompts(n_prompts), bs))
+    profile = common.profile_top(gnll_runner(model, common.triviaqa_prompts(n_prompts), bs))
     print(common.table(results))
     print()
     print(common.table(micro))

@@ -24,6 +24,7 @@ SCRIPTS = {
     "scaling": ["table", "summary"],
     "simulation": ["table", "profile_v100_t4", "full_run"],
     "load_times": ["loads", "tokens_per_second"],
+    "profile_greedy": ["table", "forwards", "profile"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {"cost_per_method": ["--questions", "1", "--clusterers", "exact,embedding,nli,llm"]}
