@@ -19,7 +19,15 @@ import common
 
 START = "<!-- bench/report.py: start -->"
 END = "<!-- bench/report.py: end -->"
-ORDER = ["overhead", "cost_per_method", "throughput", "scaling", "simulation", "load_times"]
+ORDER = [
+    "overhead",
+    "cost_per_method",
+    "throughput",
+    "scaling",
+    "simulation",
+    "load_times",
+    "profile_greedy",
+]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
     "cost_per_method": "2. Cost per question by method",
@@ -27,6 +35,7 @@ TITLES = {
     "scaling": "4. Scaling of `gnll eval` (G-NLL only)",
     "simulation": "5. Simulation study (`gnll simulate`)",
     "load_times": "Load times and tokens/second (issue 2)",
+    "profile_greedy": "Where one batched greedy call spends its time",
 }
 
 
@@ -163,6 +172,21 @@ def load_times(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def profile_greedy(r: dict[str, Any]) -> list[str]:
+    return [
+        "Prefill forwards have more than one column; the rest are decode steps.",
+        "",
+        common.table(r["table"]),
+        "",
+        "cProfile, top by own time:",
+        "",
+        "```",
+        *r["profile"],
+        "```",
+        "",
+    ]
+
+
 RENDER = {
     "overhead": overhead,
     "cost_per_method": cost,
@@ -170,6 +194,7 @@ RENDER = {
     "scaling": scaling,
     "simulation": simulation,
     "load_times": load_times,
+    "profile_greedy": profile_greedy,
 }
 
 
