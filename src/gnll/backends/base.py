@@ -155,6 +155,93 @@ class Generation:
         return cls(**data)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can compute, declared up front so callers fail before any work, not after.
+
+    Attributes
+    ----------
+    beams:
+        Beam search (``GenerationConfig.beam``): needed by BS-MSP and the top-beam reference answer.
+    scoring:
+        Teacher-forced scoring of given answers (:meth:`Model.score`): needed by ``gnll score``.
+    terminator:
+        Reports the log-prob of the token(s) that ended the answer (``include_terminator=True``).
+    chat:
+        Applies the model's chat template to prompts (instruction-tuned models).
+    sampling_logprobs:
+        Reports log-probs under the tempered sampling distribution (:attr:`Generation.sampling_logprobs`).
+    top_logprobs:
+        How many most-likely alternatives per position the backend can report (0: none).
+
+    Examples
+    --------
+    >>> Capabilities(beams=False, scoring=False).missing(["beams"])
+    ['beams']
+    """
+
+    beams: bool = True
+    scoring: bool = True
+    terminator: bool = True
+    chat: bool = False
+    sampling_logprobs: bool = True
+    top_logprobs: int = 0
+
+    def missing(self, needs: Sequence[str]) -> list[str]:
+        """The capabilities among ``needs`` (attribute names) that this backend lacks."""
+        return [n for n in needs if not getattr(self, n)]
+
+
+@dataclass
+class ScoredAnswer:
+    """A given answer scored by teacher forcing: what :meth:`Model.score` returns per item.
+
+    Attributes
+    ----------
+    text:
+        The answer as given.
+    token_ids, tokens:
+        The answer's tokens, taken from one tokenisation of the whole prompt + answer.
+    token_logprobs:
+        ``log p(y_t | x, y_<t)`` of each answer token (raw, temperature-1 model distribution).
+    is_greedy:
+        True when every answer token is the model's top-1 token at its position (``None`` when the
+        backend cannot tell).
+    greedy_stops:
+        True when greedy decoding would end the answer right after its last token (the top-1 next
+        token is end-of-sequence or starts a stop sequence); ``None`` when unknown.
+    boundary_merged:
+        True when the tokeniser merged text across the prompt/answer boundary, so that the answer's
+        tokens are not a clean suffix of the joint tokenisation; such rows are reported, not scored
+        silently wrong.
+    """
+
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    token_logprobs: list[float]
+    is_greedy: bool | None = None
+    greedy_stops: bool | None = None
+    boundary_merged: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def nll(self) -> float:
+        """Negative log-likelihood of the answer, ``-sum_t log p(y_t | ...)``."""
+        return -float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
+
+    @property
+    def ln_nll(self) -> float:
+        """Length-normalised NLL (mean over answer tokens)."""
+        return self.nll / self.num_tokens if self.num_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class Model(ABC):
     """A language model adapter: prompts in, generations with token log-probs out.
 
