@@ -15,7 +15,7 @@ from standin import StandIn
 
 from gnll import GenerationConfig, load_model
 from gnll.backends.base import GenerationErrors
-from gnll.backends.openai import ServerError, ServerUnavailable
+from gnll.backends.openai import ServerUnavailable
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
