@@ -52,7 +52,7 @@ def test_two_processes_converting_one_embedded_model_convert_once(tmp_path):
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     assert outs[0][0] == outs[1][0]  # both use the same checkpoint
     assert len(log.read_text().splitlines()) == 1  # and only one of them converted it

