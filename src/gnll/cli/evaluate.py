@@ -111,6 +111,24 @@ def evaluate(
             help="'local' files or 'hub' (Hugging Face datasets, needs network).",
         ),
     ] = "local",
+    split_path: Annotated[
+        str | None,
+        typer.Option(
+            "--split_path",
+            "--split-path",
+            help="File of evaluation-pool ids, one per line (e.g. a test split); the few-shot "
+            "and held-out pools come from the other questions.",
+        ),
+    ] = None,
+    pool_path: Annotated[
+        str | None,
+        typer.Option(
+            "--pool_path",
+            "--pool-path",
+            help="A second file of the dataset's format (e.g. NQ-Open train) for the few-shot and "
+            "held-out pools; the whole data file is then evaluated.",
+        ),
+    ] = None,
     correctness: Annotated[
         str | None,
         typer.Option(
@@ -212,6 +230,14 @@ def evaluate(
         int,
         typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
     ] = 1000,
+    f1_rule: Annotated[
+        str,
+        typer.Option(
+            "--f1_rule",
+            "--f1-rule",
+            help="F1 correctness: gt (F1 > 0.5, the paper's) or ge (>= 0.5, the reference code's).",
+        ),
+    ] = "gt",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
@@ -243,6 +269,8 @@ def evaluate(
             data_dir=data_dir,
             data_path=data_path,
             data_source=data_source,
+            split_path=split_path,
+            pool_path=pool_path,
             correctness=_csv(correctness),
             judge=judge,
             judge_args=parse_kv(judge_args, "--judge_args"),
@@ -259,6 +287,7 @@ def evaluate(
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
             n_boot=bootstrap,
+            f1_rule=f1_rule,
             plots=plots,
             progress=progress,
         )

@@ -40,6 +40,7 @@ from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.evaluation.cache import JsonlCache, write_json_atomic
 from gnll.evaluation.correctness import (
     CORRECTNESS_METRICS,
+    F1_RULES,
     contains_match,
     f1_verdict,
     judge_verdict,
@@ -115,6 +116,8 @@ class EvalConfig:
     data_dir: str | None = None
     data_path: str | None = None
     data_source: str = "local"
+    split_path: str | None = None  # ids of the evaluation pool (e.g. a test split), one per line
+    pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
     judge: str | None = None
     judge_args: dict[str, Any] = field(default_factory=dict)
@@ -132,6 +135,7 @@ class EvalConfig:
     semantic_relation: str | None = None
     heldout_size: int | None = None  # None: min(100, limit)
     n_boot: int = 1000
+    f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
     plots: bool = True
     progress: bool = True
 
@@ -166,6 +170,8 @@ class EvalConfig:
             raise ValueError("--limit must be >= 1")
         if self.chunk_size < 1:
             raise ValueError("--chunk_size must be >= 1")
+        if self.f1_rule not in F1_RULES:
+            raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
 
     @property
     def needs_beams(self) -> bool:
@@ -385,6 +391,13 @@ class Evaluator:
             },
             "split_seed": td.seed,
             "pools": [len(td.heldout_idx), len(td.eval_idx)],
+            # which questions the pools hold (a split file or pool file changes them)
+            "pool_ids": _hash(
+                [
+                    [td.examples[i].id for i in td.heldout_idx],
+                    [td.examples[i].id for i in td.eval_idx],
+                ]
+            ),
         }
 
     def _check_fingerprint(self, td: TaskData, tdir: Path) -> dict[str, Any]:
@@ -647,7 +660,7 @@ class Evaluator:
         for metric in metrics:
             if metric == "f1":
                 correctness["f1"] = f1_verdict(
-                    text, example.answers, example.numeric_answer
+                    text, example.answers, example.numeric_answer, cfg.f1_rule
                 ).to_dict()
             elif metric == "contains":
                 correctness["contains"] = contains_match(
@@ -763,6 +776,8 @@ class Evaluator:
                 data_dir=cfg.data_dir,
                 data_path=cfg.data_path,
                 source=cfg.data_source,
+                split_path=cfg.split_path,
+                pool_path=cfg.pool_path,
             )
             for name in cfg.tasks
         ]
