@@ -29,6 +29,9 @@ from typing import Any
 __all__ = [
     "REDACTED",
     "THROUGHPUT_KNOBS",
+    "checkpoint_identity",
+    "describe_diff",
+    "fill_unknown",
     "is_secret",
     "model_identity",
     "outcome_args",
@@ -142,20 +145,35 @@ def checkpoint_identity(directory: str | Path, *, hash_weights: bool = False) ->
 
 
 def _hub_commit(repo_id: str, revision: str | None) -> str | None:
-    """The commit a hub id at ``revision`` resolves to: from the local cache, else the hub."""
+    """The commit a hub id at ``revision`` resolves to in the local hub cache (no network).
+
+    ``None`` before the first download; a resume then fills it in (see :func:`fill_unknown`).
+    """
     if revision and re.fullmatch(r"[0-9a-f]{40}", revision):
         return revision
     try:
         from huggingface_hub import try_to_load_from_cache
 
         hit = try_to_load_from_cache(repo_id, "config.json", revision=revision)
-        if isinstance(hit, str):
-            return Path(hit).parent.name  # .../snapshots/<commit>/config.json
-        from huggingface_hub import HfApi
-
-        return HfApi().model_info(repo_id, revision=revision).sha
-    except Exception:  # offline, unknown repo, gated: the load itself will say why
+    except Exception:  # not a valid repo id: the load itself will say why
         return None
+    return Path(hit).parent.name if isinstance(hit, str) else None  # snapshots/<commit>/...
+
+
+def fill_unknown(old: Any, new: Any) -> Any:
+    """``old`` with every ``None`` leaf that ``new`` knows replaced by ``new``'s value.
+
+    A fingerprint written before a model's first download lacks its commit; that is not a
+    contradiction of a later, known one.
+
+    >>> fill_unknown({"commit": None, "repo": "a"}, {"commit": "abc", "repo": "b"})
+    {'commit': 'abc', 'repo': 'a'}
+    """
+    if old is None:
+        return new
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {k: fill_unknown(v, new[k]) if k in new else v for k, v in old.items()}
+    return old
 
 
 def model_identity(name: str, model_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
