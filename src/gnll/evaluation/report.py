@@ -88,7 +88,7 @@ def _strata(
     out = {}
     for task, meta in task_meta.items():
         trs = rows.get(task, [])
-        names = [m for m in TABLE_MEASURES if trs and all(m in row["measures"] for row in trs)]
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
         for metric in meta["correctness"]:
             keep = [row for row in trs if row["correct"].get(metric) is not None]
             correct = [float(row["correct"][metric]) for row in keep]
