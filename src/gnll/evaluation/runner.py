@@ -101,6 +101,8 @@ class EvalConfig:
     data_dir: str | None = None
     data_path: str | None = None
     data_source: str = "local"
+    split_path: str | None = None  # ids of the evaluation pool (e.g. a test split), one per line
+    pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
     judge: str | None = None
     judge_args: dict[str, Any] = field(default_factory=dict)
@@ -346,6 +348,13 @@ class Evaluator:
             },
             "split_seed": td.seed,
             "pools": [len(td.heldout_idx), len(td.eval_idx)],
+            # which questions the pools hold (a split file or pool file changes them)
+            "pool_ids": _hash(
+                [
+                    [td.examples[i].id for i in td.heldout_idx],
+                    [td.examples[i].id for i in td.eval_idx],
+                ]
+            ),
         }
 
     def _check_fingerprint(self, td: TaskData, tdir: Path) -> dict[str, Any]:
@@ -731,6 +740,8 @@ class Evaluator:
                 data_dir=cfg.data_dir,
                 data_path=cfg.data_path,
                 source=cfg.data_source,
+                split_path=cfg.split_path,
+                pool_path=cfg.pool_path,
             )
             for name in cfg.tasks
         ]
