@@ -248,7 +248,8 @@ def evaluate(
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from gnll.evaluation.runner import ALL_MEASURES, EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll import measures as M
+    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -259,7 +260,7 @@ def evaluate(
     )
     try:
         task_names = [t.name for t in parse_task_list(tasks)]
-        ms = list(ALL_MEASURES) if measures.strip() == "all" else _csv(measures) or []
+        ms = M.validate(measures)
         cfg = EvalConfig(
             model=model,
             tasks=task_names,

@@ -9,6 +9,8 @@ app = typer.Typer(
     help="Uncertainty of LLM answers: G-NLL and the sampling-based baselines.",
     no_args_is_help=True,
     add_completion=False,
+    # Frame locals hold model_args, and model_args may hold an API key.
+    pretty_exceptions_show_locals=False,
 )
 
 # Sub-commands register themselves on import; keep imports of heavy libraries inside the commands.
@@ -16,5 +18,6 @@ from gnll.cli import ask as _ask  # noqa: E402,F401
 from gnll.cli import calibrate as _calibrate  # noqa: E402,F401
 from gnll.cli import doctor as _doctor  # noqa: E402,F401
 from gnll.cli import evaluate as _evaluate  # noqa: E402,F401
+from gnll.cli import score as _score  # noqa: E402,F401
 from gnll.cli import simulate as _simulate  # noqa: E402,F401
 from gnll.cli import table as _table  # noqa: E402,F401
