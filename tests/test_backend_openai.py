@@ -222,3 +222,19 @@ def test_api_key_from_environment_never_recorded_nor_sent_on_redirects(monkeypat
         assert "sk-very-secret" not in json.dumps(model.info()) + repr(model) + repr(model.client)
     with pytest.raises(ValueError, match="base_url"):
         load_model("served-model", backend="openai")
+
+
+def test_eval_refuses_measures_the_server_cannot_compute_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    with vllm() as server:
+        args = ["eval", "--model", "served-model", "--tasks", "triviaqa_short", "--limit", "2",
+                "--model_args", f"backend=openai,base_url={server.url}",
+                "--measures", "g-nll,bs-msp,pe", "--output_path", str(tmp_path / "run")]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert "cannot compute bs-msp (needs beams)" in text and "--measures pe,g-nll" in text
+        assert [r[1] for r in server.requests] == ["/v1/models"]  # nothing generated

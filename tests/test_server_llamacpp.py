@@ -121,7 +121,7 @@ def test_eval_through_the_server_writes_the_usual_outputs(llama_server, tmp_path
         [
             "eval", "--model", MODEL, "--tasks", "triviaqa_short", "--limit", "20",
             "--model_args", f"backend=openai,base_url={llama_server.base_url}",
-            "--measures", "g-nll,ln-g-nll,pe,se", "--samples", "5", "--heldout_size", "0",
+            "--measures", "g-nll,ln-g-nll,pe,se", "--samples", "5", "--temperature", "1.0",
             "--output_path", str(out), "--no-plots", "--no-progress",
         ],
     )  # fmt: skip
@@ -165,7 +165,7 @@ def _eval_cmd(url: str, out: Path, *extra: str) -> list[str]:
         sys.executable, "-c", "from gnll.cli.main import app; app()",
         "eval", "--model", MODEL, "--tasks", "triviaqa_short", "--limit", "16",
         "--model_args", f"backend=openai,base_url={url},max_retries=1,backoff=0.1",
-        "--measures", "g-nll,pe", "--samples", "3", "--heldout_size", "0", "--chunk_size", "4",
+        "--measures", "g-nll,pe", "--samples", "3", "--temperature", "1.0", "--chunk_size", "4",
         "--output_path", str(out), "--no-plots", "--no-progress", *extra,
     ]  # fmt: skip
 
