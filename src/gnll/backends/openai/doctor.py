@@ -16,7 +16,7 @@ from typing import Literal
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError, ServerUnavailable
 from gnll.backends.openai.model import OpenAICompatModel
-from gnll.backends.openai.parse import RawTokens, check_logprobs, read_choice, to_generation
+from gnll.backends.openai.parse import RawTokens, read_choice, to_generation
 
 Verdict = Literal["pass", "warn", "fail", "info"]
 
@@ -29,8 +29,14 @@ PROBES = (
 #: An open-ended prompt: its next-token distributions are flat, so any sampling shows within a few
 #: tokens (a factual answer can come out greedy by luck even when the server samples).
 STORY = "Write a short story about a dragon who learns to cook."
-#: Log-probs of the same token in the same context may differ by this much (float kernels, batching).
+#: Within one response, the chosen token's log-prob and its top-1 alternative's come from the same
+#: distribution: they agree exactly when decoding was greedy.
 TOLERANCE = 1e-3
+#: Across requests the same context's log-probs move with the server's batching and prompt cache:
+#: llama.cpp computes a reused prefix's last token alone (quantised activations) and a fresh one in a
+#: batch, measured up to ~0.05 apart. Tempering at T=2 moves them by several tenths.
+RAW_TOLERANCE = 0.15
+ECHO_TOLERANCE = 0.15
 
 _PIN_FIX = (
     "something between gnll and the model ignores the request's sampling fields: point --base_url "
@@ -152,8 +158,12 @@ def _defaults_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callab
 
 
 def _raw_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callable) -> Check:
-    """Raw log-probs do not depend on the request's temperature; processed ones do."""
-    hot = GenerationConfig.sample(1, temperature=1.7, max_new_tokens=16, seed=0)
+    """Raw log-probs do not depend on the request's temperature; tempered ones move a lot.
+
+    Compared: every alternative both responses report at positions whose context is the same (up to
+    the first token where the sampled answer leaves the greedy one).
+    """
+    hot = GenerationConfig.sample(1, temperature=2.0, max_new_tokens=16, seed=0)
     try:
         sampled = ask(config=hot, top_logprobs=5, seed=7)
     except (ServerError, ServerUnavailable) as exc:
@@ -161,26 +171,26 @@ def _raw_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callable) -
     worst, compared = 0.0, 0
     for g, s in zip(raws, sampled, strict=True):
         for t in range(min(len(g.tokens), len(s.tokens))):
-            ref = g.tops[t].get(s.tokens[t], g.logprobs[t] if s.tokens[t] == g.tokens[t] else None)
-            if ref is not None and s.logprobs[t] is not None:
-                worst, compared = max(worst, abs(ref - s.logprobs[t])), compared + 1
+            for tok, lp in s.tops[t].items():
+                if tok in g.tops[t]:
+                    worst, compared = max(worst, abs(g.tops[t][tok] - lp)), compared + 1
             if s.tokens[t] != g.tokens[t]:
                 break  # contexts differ from here on
     if not compared:
-        return Check("log-probs raw", "warn", "no comparable positions between greedy and sampled")
-    if worst > TOLERANCE:
+        return Check("log-probs raw", "warn", "the server reports no alternatives to compare")
+    if worst > RAW_TOLERANCE:
         return Check(
             "log-probs raw",
             "fail",
             f"the same token in the same context has log-probs {worst:.3g} apart at temperature 0 "
-            "and 1.7: the server reports processed (tempered/truncated) log-probs",
+            "and 2: the server reports processed (tempered/truncated) log-probs",
             "vLLM: --logprobs-mode raw_logprobs (the default); llama.cpp: do not use "
             "post_sampling_probs",
         )
     return Check(
         "log-probs raw",
         "pass",
-        f"temperature-independent at {compared} positions (max diff {worst:.1e})",
+        f"temperature-independent: {compared} log-probs at temperature 0 and 2 within {worst:.1e}",
     )
 
 
@@ -190,7 +200,7 @@ def _echo_check(model: OpenAICompatModel, gens: list) -> Check:
         return Check(
             "teacher-forced match", "info", f"a {p.name} server cannot echo prompt log-probs"
         )
-    worst, compared = 0.0, 0
+    worst, compared, shifted = 0.0, 0, False
     for q, g in zip(PROBES, gens, strict=True):
         k = len(g.tokens)
         if not k:
@@ -200,41 +210,55 @@ def _echo_check(model: OpenAICompatModel, gens: list) -> Check:
         else:
             prompt = q + "".join(g.tokens)
         body = {
-            "model": model.name,
-            "prompt": prompt,
-            "echo": True,
-            "max_tokens": 1,
-            "logprobs": 1,
-            **model.sampling_parameters(GenerationConfig.greedy()),
-            **p.extras,
-        }
+            "model": model.name, "prompt": prompt, "echo": True, "max_tokens": 1, "logprobs": 5,
+            **model.sampling_parameters(GenerationConfig.greedy()), **p.extras,
+        }  # fmt: skip
         try:
             raw = read_choice((model.client.post("/completions", body).get("choices") or [{}])[0])
         except (ServerError, ServerUnavailable) as exc:
             return Check("teacher-forced match", "warn", f"echo request failed: {exc}")
         # One generated token follows the echoed prompt, unless generation ended right away.
         for start in (len(raw.tokens) - k - 1, len(raw.tokens) - k):
-            if start >= 0 and raw.tokens[start : start + k] == g.tokens:
-                forced = check_logprobs(raw.logprobs[start : start + k], g.tokens, "echo")
-                diffs = [abs(a - b) for a, b in zip(forced, g.token_logprobs, strict=True)]
-                worst, compared = max([worst, *diffs]), compared + k
-                break
+            if start < 1 or raw.tokens[start : start + k] != g.tokens:
+                continue
+            forced = [raw.logprobs[start + j] for j in range(k)]
+            # llama-cpp-python reads each echoed token's log-prob from the *next* position's
+            # distribution when the prompt has no BOS token; the previous position's alternatives
+            # then hold the right value.
+            before = [raw.tops[start + j - 1].get(tok) for j, tok in enumerate(g.tokens)]
+            d_same = _max_diff(forced, g.token_logprobs)
+            d_prev = _max_diff(before, g.token_logprobs)
+            if d_prev < d_same:
+                shifted = True
+            worst, compared = max(worst, min(d_same, d_prev)), compared + k
+            break
     if not compared:
         return Check(
             "teacher-forced match", "warn", "the echoed tokens did not line up with the answers"
         )
-    if worst > 0.05:
+    note = (
+        " (echo reports each log-prob one position late; read from the alternatives)"
+        if shifted
+        else ""
+    )
+    if worst > ECHO_TOLERANCE:
         return Check(
             "teacher-forced match",
             "fail",
-            f"generated and teacher-forced log-probs of the same tokens differ by up to {worst:.3g}",
+            f"generated and teacher-forced log-probs of the same tokens differ by up to {worst:.3g}{note}",
             "the server reports something other than the model's log-probs for generated tokens",
         )
     return Check(
         "teacher-forced match",
         "pass",
-        f"generated = teacher-forced log-probs at {compared} tokens (max diff {worst:.1e})",
+        f"generated = teacher-forced log-probs at {compared} tokens (max diff {worst:.1e}){note}",
     )
+
+
+def _max_diff(a: list, b: list[float]) -> float:
+    if any(x is None for x in a):
+        return float("inf")
+    return max((abs(x - y) for x, y in zip(a, b, strict=True)), default=0.0)
 
 
 def _terminator_check(model: OpenAICompatModel, gens: list) -> Check:

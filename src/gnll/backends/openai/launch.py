@@ -45,6 +45,9 @@ class LlamaServer:
         Fixed port (a free one by default); kept across restarts so clients can resume.
     threads:
         CPU threads for llama.cpp.
+    n_ctx:
+        Context size. With ``logits_all`` llama-cpp-python turns its whole (n_ctx x vocabulary) logit
+        buffer into log-probs on every request, so a context no longer than needed is faster.
     startup_timeout:
         Seconds to wait for ``GET /v1/models`` to answer before giving up.
     lifetime:
@@ -55,6 +58,7 @@ class LlamaServer:
     alias: str
     port: int = field(default_factory=free_port)
     threads: int = 2
+    n_ctx: int = 1024
     startup_timeout: float = 120.0
     lifetime: float = 3600.0
     extra_args: tuple[str, ...] = ()
@@ -70,7 +74,7 @@ class LlamaServer:
             sys.executable, "-m", "llama_cpp.server",
             "--model", str(self.gguf), "--model_alias", self.alias,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--logits_all", "true", "--n_ctx", "2048", "--n_threads", str(self.threads),
+            "--logits_all", "true", "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads),
             "--n_threads_batch", str(self.threads), "--seed", "0",
             "--interrupt_requests", "false", "--verbose", "false", *self.extra_args,
         ]  # fmt: skip
