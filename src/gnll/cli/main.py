@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import typer
 
-from gnll.cli import ask, calibrate, evaluate, simulate, table
+from gnll.cli import ask, calibrate, evaluate, score, simulate, table
 
 app = typer.Typer(
     name="gnll",
     help="Uncertainty of LLM answers: G-NLL and the sampling-based baselines.",
     no_args_is_help=True,
     add_completion=False,
+    # Frame locals hold model_args, and model_args may hold an API key.
+    pretty_exceptions_show_locals=False,
 )
 
 app.command("ask")(ask.ask)
 app.command("eval")(evaluate.evaluate)
 app.command("table")(table.table)
 app.command("simulate")(simulate.simulate)
+app.command("score")(score.score_command)
 app.command("calibrate")(calibrate.calibrate)
