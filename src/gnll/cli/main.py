@@ -9,6 +9,8 @@ app = typer.Typer(
     help="Uncertainty of LLM answers: G-NLL and the sampling-based baselines.",
     no_args_is_help=True,
     add_completion=False,
+    # Frame locals hold model_args, and model_args may hold an API key.
+    pretty_exceptions_show_locals=False,
 )
 
 # Sub-commands register themselves on import; keep imports of heavy libraries inside the commands.
