@@ -67,6 +67,14 @@ def ask(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of tables.")
     ] = False,
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="calibration.json from gnll calibrate, or 'auto' (the file shipped for the "
+            "model): adds p_correct and the abstention decision.",
+        ),
+    ] = None,
 ) -> None:
     """Answer QUESTION greedily and report its G-NLL (and any other requested measures)."""
     from gnll import GenerationConfig, load_model
@@ -100,6 +108,7 @@ def ask(
         options = clusterer_kwargs(clusterer, clusterer_args)
         cluster_ids = load_clusterer(clusterer, **options).cluster(question, sample_texts)
     values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
+    calibrated = _calibrated(calibration, lm.name, long, values) if calibration else {}
 
     if as_json:
         record: dict[str, object] = {
@@ -111,6 +120,7 @@ def ask(
             "finish_reason": greedy.finish_reason,
         }
         record.update({name.replace("-", "_"): value for name, value in values.items()})
+        record.update(calibrated)
         if sample_gens is not None:
             record["samples"] = sample_texts
             record["sample_token_logprobs"] = [g.token_logprobs for g in sample_gens]
@@ -120,10 +130,41 @@ def ask(
             record["cluster_ids"] = list(cluster_ids)
         typer.echo(json.dumps(record, ensure_ascii=False))
         return
-    _print_report(question, greedy, values)
+    _print_report(question, greedy, values, calibrated)
 
 
-def _print_report(question: str, greedy, values: dict[str, float]) -> None:
+def _calibrated(spec: str, model: str, long: bool, values: dict[str, float]) -> dict[str, object]:
+    """p_correct and abstain from a calibration file; a model/prompt mismatch is one warning line."""
+    import warnings
+
+    from gnll.calibration import load_calibration, prompt_fingerprint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cal = load_calibration(
+                spec,
+                model=model,
+                prompt_fingerprint=prompt_fingerprint(ask_prompt("{question}", long=long)),
+            )
+        except (FileNotFoundError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--calibration") from exc
+    for w in caught:
+        typer.echo(f"warning: {w.message}", err=True)
+    measure = cal.meta.get("measure", "g-nll")
+    if measure not in values:
+        raise typer.BadParameter(
+            f"the calibration maps {measure!r}; add it to --measures", param_hint="--calibration"
+        )
+    out: dict[str, object] = {"p_correct": float(cal.predict_proba([values[measure]])[0])}
+    if cal.thresholds_:
+        out["abstain"] = bool(cal.abstain([values[measure]])[0])
+    return out
+
+
+def _print_report(
+    question: str, greedy, values: dict[str, float], calibrated: dict[str, object] | None = None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -138,6 +179,13 @@ def _print_report(question: str, greedy, values: dict[str, float]) -> None:
     for name, value in values.items():
         scores.add_row(M.get(name).label, f"{value:.4f}")
     console.print(scores)
+    if calibrated:
+        line = f"[bold]P(correct):[/bold] {calibrated['p_correct']:.3f}"
+        if "abstain" in calibrated:
+            line += "  -> " + (
+                "[red]abstain[/red]" if calibrated["abstain"] else "[green]answer[/green]"
+            )
+        console.print(line)
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")
     tokens.add_column("token")
