@@ -26,3 +26,7 @@ app.command("table")(table.table)
 app.command("simulate")(simulate.simulate)
 app.command("score")(score.score_command)
 app.command("calibrate")(calibrate.calibrate)
+
+
+if __name__ == "__main__":  # python -m gnll.cli.main
+    app()
