@@ -212,6 +212,14 @@ def evaluate(
         int,
         typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
     ] = 1000,
+    f1_rule: Annotated[
+        str,
+        typer.Option(
+            "--f1_rule",
+            "--f1-rule",
+            help="F1 correctness: gt (F1 > 0.5, the paper's) or ge (>= 0.5, the reference code's).",
+        ),
+    ] = "gt",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
@@ -259,6 +267,7 @@ def evaluate(
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
             n_boot=bootstrap,
+            f1_rule=f1_rule,
             plots=plots,
             progress=progress,
         )

@@ -40,6 +40,7 @@ from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.evaluation.cache import JsonlCache, write_json_atomic
 from gnll.evaluation.correctness import (
     CORRECTNESS_METRICS,
+    F1_RULES,
     contains_match,
     f1_verdict,
     judge_verdict,
@@ -132,6 +133,7 @@ class EvalConfig:
     semantic_relation: str | None = None
     heldout_size: int | None = None  # None: min(100, limit)
     n_boot: int = 1000
+    f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
     plots: bool = True
     progress: bool = True
 
@@ -166,6 +168,8 @@ class EvalConfig:
             raise ValueError("--limit must be >= 1")
         if self.chunk_size < 1:
             raise ValueError("--chunk_size must be >= 1")
+        if self.f1_rule not in F1_RULES:
+            raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
 
     @property
     def needs_beams(self) -> bool:
@@ -647,7 +651,7 @@ class Evaluator:
         for metric in metrics:
             if metric == "f1":
                 correctness["f1"] = f1_verdict(
-                    text, example.answers, example.numeric_answer
+                    text, example.answers, example.numeric_answer, cfg.f1_rule
                 ).to_dict()
             elif metric == "contains":
                 correctness["contains"] = contains_match(
