@@ -297,3 +297,44 @@ def test_upstream_down_is_502():
             client(srv).completions.create(model="m", prompt="x")
         assert err.value.status_code == 502
         assert "cannot reach the upstream server" in err.value.message
+
+
+def test_calibration_file_gives_p_correct_and_abstain(tmp_path):
+    """A `gnll calibrate` file: p_correct from its map, abstain from its fitted accuracy threshold."""
+    import numpy as np
+
+    from gnll.calibration import Calibrator
+
+    rng = np.random.default_rng(0)
+    g = rng.exponential(1.5, 2000)
+    y = rng.uniform(size=2000) < np.exp(-g)  # P(correct) falls with G-NLL
+    cal = Calibrator(target_accuracy=0.8, target_coverage=None).fit(g, y)
+    cal.meta = {"measure": "g-nll", "model": "scripted"}
+    path = cal.save(tmp_path / "calibration.json")
+    policy = AbstentionPolicy.from_calibration(path, model="scripted", mode="flag")
+    t = cal.thresholds_["accuracy"].threshold
+    assert 0.0 < t < 5.0  # SURE's G-NLL (0.03) answers, UNSURE's (5.0) abstains
+    with ServerThread(build_inprocess_app(ScriptedModel(), ServeSettings(policy=policy))) as srv:
+        c = client(srv)
+        sure = c.completions.create(model="scripted", prompt="sure").choices[0]
+        unsure = c.completions.create(model="scripted", prompt="unsure").choices[0]
+        health = httpx.get(srv.url + "/health").json()
+    assert sure.uncertainty["p_correct"] == pytest.approx(cal.predict_proba([0.03])[0])
+    assert unsure.uncertainty["p_correct"] == pytest.approx(cal.predict_proba([5.0])[0])
+    assert sure.uncertainty["abstain"] is False and sure.finish_reason == "stop"
+    assert unsure.uncertainty["abstain"] is True and unsure.finish_reason == "abstain"
+    assert health["policy"]["calibrated"] is True
+    assert health["policy"]["source"].startswith("calibration.json (accuracy among answered >= 0.8")
+
+
+def test_calibration_of_another_measure_is_refused(tmp_path):
+    import numpy as np
+
+    from gnll.calibration import Calibrator
+
+    g = np.linspace(0, 5, 200)
+    cal = Calibrator(target_coverage=None).fit(g, g < 2)
+    cal.meta = {"measure": "pe"}
+    path = cal.save(tmp_path / "pe.json")
+    with pytest.raises(ValueError, match="needs a G-NLL calibration"):
+        AbstentionPolicy.from_calibration(path)

@@ -66,6 +66,12 @@ def serve(
             help="With --calibration: abstain below this p_correct.",
         ),
     ] = None,
+    rule: Annotated[
+        str | None,
+        typer.Option(
+            "--rule", help="With --calibration: the fitted threshold, accuracy or coverage."
+        ),
+    ] = None,
     refusal: Annotated[
         str | None, typer.Option("--refusal", help="Text that replaces refused answers.")
     ] = None,
@@ -111,8 +117,15 @@ def serve(
         if calibration is not None:
             if not calibration.is_file():
                 raise ValueError(f"--calibration {calibration} does not exist")
+            if threshold is not None:
+                raise ValueError("give --calibration or --threshold, not both")
             pol = AbstentionPolicy.from_calibration(
-                calibration, mode=policy, min_p_correct=min_p_correct, **extra
+                calibration,
+                model=None if upstream else model,
+                mode=policy,
+                min_p_correct=min_p_correct,
+                rule=rule,
+                **extra,
             )
         else:
             if min_p_correct is not None:

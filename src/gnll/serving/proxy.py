@@ -269,6 +269,7 @@ class ProxyService:
                     _accumulate(acc.setdefault(choice.get("index", 0), _empty(chat)), choice, chat)
                     if not req.wants_logprobs:
                         choice["logprobs"] = None
+                    choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
                 yield R.sse(chunk)
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             yield R.sse(R.error_body(f"upstream stream broke off: {exc}", "upstream_error"))

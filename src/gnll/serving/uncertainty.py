@@ -61,13 +61,15 @@ class AbstentionPolicy:
         ``finish_reason`` to ``"abstain"``) or ``"refuse"`` (replace the answer text by ``refusal``;
         the original stays in ``uncertainty.original_text``).
     calibrator:
-        An object with ``predict_proba(g_nll) -> p_correct`` (``gnll calibrate``'s ``Calibrator``).
+        A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
+        by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
+        answered >= target with probability 1 - delta -- or ``"coverage"``).
     min_p_correct:
-        Abstain when ``p_correct`` is below this (default: the calibrator's own threshold).
+        With a calibrator: abstain when ``p_correct`` is below this instead of the fitted rule.
     threshold:
         Without a calibrator: abstain when G-NLL is above this.
     source:
-        Where the decision comes from, shown to clients (a calibration file name, or the threshold).
+        Where the decision comes from, shown to clients.
 
     Examples
     --------
@@ -83,6 +85,7 @@ class AbstentionPolicy:
     threshold: float | None = None
     refusal: str = DEFAULT_REFUSAL
     source: str = "none"
+    rule: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -93,36 +96,49 @@ class AbstentionPolicy:
             raise ValueError(f"--threshold must be a finite G-NLL value, got {self.threshold}")
         if self.min_p_correct is not None and not 0.0 <= self.min_p_correct <= 1.0:
             raise ValueError(f"--min_p_correct must be in [0, 1], got {self.min_p_correct}")
-        if self.source == "none" and self.threshold is not None and self.calibrator is None:
-            self.source = f"threshold on G-NLL > {self.threshold:g}"
+        if self.calibrator is not None:
+            if self.threshold is not None:
+                raise ValueError("give --calibration or --threshold, not both")
+            fitted = getattr(self.calibrator, "thresholds_", {}) or {}
+            if self.rule is None and self.min_p_correct is None:
+                self.rule = "accuracy" if "accuracy" in fitted else next(iter(fitted), None)
+            if self.rule is not None and self.rule not in fitted:
+                raise ValueError(
+                    f"the calibration file has no {self.rule!r} threshold "
+                    f"(it has: {', '.join(fitted) or 'none'}); give --min_p_correct instead"
+                )
+        if self.source == "none" and self.threshold is not None:
+            self.source = f"threshold: abstain when G-NLL > {self.threshold:g}"
 
     @classmethod
-    def from_calibration(cls, path: str | Path, **kwargs: Any) -> AbstentionPolicy:
-        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file."""
-        from gnll.calibration import Calibrator  # lands with `gnll calibrate` (issue 13)
+    def from_calibration(
+        cls, path: str | Path, *, model: str | None = None, **kwargs: Any
+    ) -> AbstentionPolicy:
+        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file (warns on a model mismatch)."""
+        from gnll.calibration import Calibrator
 
-        calibrator = Calibrator.load(path)
-        kwargs.setdefault("source", Path(path).name)
-        return cls(calibrator=calibrator, **kwargs)
+        calibrator = Calibrator.load(path, model=model)
+        measure = calibrator.meta.get("measure", "g-nll")
+        if measure != "g-nll":
+            raise ValueError(f"{path} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
+        policy = cls(calibrator=calibrator, **kwargs)
+        if policy.source == "none":
+            policy.source = Path(path).name + _rule_text(policy)
+        return policy
 
     @property
     def active(self) -> bool:
         return self.calibrator is not None or self.threshold is not None
 
-    def _p_threshold(self) -> float | None:
-        if self.min_p_correct is not None:
-            return self.min_p_correct
-        for name in ("threshold", "p_threshold", "min_p_correct"):
-            value = getattr(self.calibrator, name, None)
-            if isinstance(value, (int, float)):
-                return float(value)
-        return 0.5
-
     def decide(self, g_nll: float) -> tuple[float | None, bool | None]:
         """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured)."""
         if self.calibrator is not None:
-            p = float(_predict_one(self.calibrator, g_nll))
-            return p, bool(p < self._p_threshold())
+            p = float(self.calibrator.predict_proba([g_nll])[0])
+            if self.min_p_correct is not None:
+                return p, bool(p < self.min_p_correct)
+            if self.rule is not None:
+                return p, bool(self.calibrator.abstain([g_nll], self.rule)[0])
+            return p, None
         if self.threshold is not None:
             return None, bool(g_nll > self.threshold)
         return None, None
@@ -131,18 +147,31 @@ class AbstentionPolicy:
         return {
             "policy": self.mode,
             "source": self.source,
-            "threshold_g_nll": self.threshold,
-            "min_p_correct": self._p_threshold() if self.calibrator is not None else None,
             "calibrated": self.calibrator is not None,
+            "threshold_g_nll": self.threshold if self.calibrator is None else _fitted_g_nll(self),
+            "min_p_correct": self.min_p_correct,
+            "rule": self.rule,
         }
 
 
-def _predict_one(calibrator: Any, g_nll: float) -> float:
-    import numpy as np
+def _fitted_g_nll(policy: AbstentionPolicy) -> float | None:
+    if policy.rule is None:
+        return None
+    value = policy.calibrator.thresholds_[policy.rule].threshold
+    return float(value) if math.isfinite(value) else None
 
-    out = np.asarray(calibrator.predict_proba(np.asarray([g_nll], dtype=float)), dtype=float)
-    # scikit-learn style (n, 2) probabilities or a plain vector of P(correct).
-    return float(out[0, -1] if out.ndim == 2 else out.reshape(-1)[0])
+
+def _rule_text(policy: AbstentionPolicy) -> str:
+    if policy.min_p_correct is not None:
+        return f" (abstain when p_correct < {policy.min_p_correct:g})"
+    if policy.rule is None:
+        return " (no abstention threshold fitted)"
+    t = policy.calibrator.thresholds_[policy.rule]
+    what = "accuracy among answered" if t.kind == "accuracy" else "fraction answered"
+    return (
+        f" ({what} >= {t.target:g} with probability {1 - t.delta:g}: "
+        f"answer when G-NLL <= {t.threshold:.3g})"
+    )
 
 
 def uncertainty_record(
