@@ -58,7 +58,32 @@ def test_ask_json_reports_answer_and_measures(smollm):
     assert record["g_nll"] == pytest.approx(measures.g_nll(record["token_logprobs"]))
     assert len(record["tokens"]) == len(record["token_logprobs"])
     assert len(record["samples"]) == 3
-    assert record["pe"] >= 0
+    assert record["pe"] == pytest.approx(
+        measures.predictive_entropy(record["sample_token_logprobs"])
+    )
+
+
+@pytest.mark.model
+def test_ask_every_measure_with_default_options(smollm):
+    """Every measure at once, nothing but defaults (the semantic ones once failed on the clusterer)."""
+    result = runner.invoke(
+        app,
+        ["ask", "What is the capital of France?", "--json", "--measures", ",".join(measures.ORDER)],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    samples, ids = record["sample_token_logprobs"], record["cluster_ids"]
+    assert len(samples) == len(ids) == len(record["samples"]) == 10  # the --samples default
+    assert len(record["beam_token_logprobs"]) == 5  # the --beams default
+    expected = measures.compute(
+        measures.ORDER,
+        greedy=record["token_logprobs"],
+        beams=record["beam_token_logprobs"],
+        samples=samples,
+        cluster_ids=ids,
+    )
+    for name, value in expected.items():
+        assert record[name.replace("-", "_")] == pytest.approx(value), name
 
 
 @pytest.mark.model

@@ -12,7 +12,6 @@ from gnll.cli.main import app
 
 SHORT_INSTRUCTION = "Answer the following question as briefly as possible."
 LONG_INSTRUCTION = "Answer the following question in a single brief but complete sentence."
-_GREEDY_MEASURES = {"g-nll", "ln-g-nll"}
 
 
 def parse_model_args(text: str | None) -> dict[str, object]:
@@ -72,8 +71,13 @@ def ask(
     ] = 1.0,
     beams: Annotated[int, typer.Option("--beams", help="Beams for bs-msp.")] = 5,
     clusterer: Annotated[
-        str, typer.Option("--clusterer", help="Semantic clusterer for se/ln-se/d-se/mcp.")
-    ] = "default",
+        str,
+        typer.Option(
+            "--clusterer",
+            help="Semantic clusterer for se/ln-se/d-se/mcp: auto (nli if available offline, else "
+            "embedding), nli, embedding, exact, llm.",
+        ),
+    ] = "auto",
     max_new_tokens: Annotated[
         int | None,
         typer.Option("--max_new_tokens", "--max-new-tokens", help="Default 50 (100 with --long)."),
@@ -87,12 +91,10 @@ def ask(
     from gnll import GenerationConfig, load_model
     from gnll import measures as M
 
-    wanted = [m.strip() for m in measures.split(",") if m.strip()]
-    unknown = [m for m in wanted if m not in M.MEASURES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown measure(s) {unknown}; choose from {', '.join(M.MEASURES)}"
-        )
+    try:
+        wanted = M.validate(measures)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--measures") from exc
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
     lm = load_model(model, progress=not as_json, **parse_model_args(model_args))
@@ -100,37 +102,22 @@ def ask(
     cap = max_new_tokens or (100 if long else 50)
     [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap))
 
-    values: dict[str, float] = {}
-    needs = {M.MEASURES[m]["needs"] for m in wanted}
-    beam_lps = sample_lps = cluster_ids = None
+    needs = M.requirements(wanted)
+    beam_gens = sample_gens = cluster_ids = None
     sample_texts: list[str] = []
-    if "beams" in needs:
+    if M.Needs.BEAMS in needs:
         [beam_gens] = lm.generate([prompt], GenerationConfig.beam(beams, max_new_tokens=cap))
-        beam_lps = [g.token_logprobs for g in beam_gens]
-    if needs & {"samples", "clusters", "cluster_ids"}:
+    if M.Needs.SAMPLES in needs:
         cfg = GenerationConfig.sample(
             samples, temperature=temperature, max_new_tokens=cap, seed=seed
         )
         [sample_gens] = lm.generate([prompt], cfg)
-        sample_lps = [g.token_logprobs for g in sample_gens]
         sample_texts = [g.text for g in sample_gens]
-    if needs & {"clusters", "cluster_ids"}:
+    if M.Needs.CLUSTERS in needs:
         from gnll.semantic import load_clusterer
 
         cluster_ids = load_clusterer(clusterer).cluster(question, sample_texts)
-    for name in wanted:
-        spec = M.MEASURES[name]
-        fn, need = spec["fn"], spec["needs"]
-        if need == "greedy":
-            values[name] = fn(greedy.token_logprobs)
-        elif need == "beams":
-            values[name] = fn(beam_lps)
-        elif need == "samples":
-            values[name] = fn(sample_lps)
-        elif need == "clusters":
-            values[name] = fn(sample_lps, cluster_ids)
-        else:
-            values[name] = fn(cluster_ids)
+    values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
 
     if as_json:
         record: dict[str, object] = {
@@ -142,8 +129,11 @@ def ask(
             "finish_reason": greedy.finish_reason,
         }
         record.update({name.replace("-", "_"): value for name, value in values.items()})
-        if sample_texts:
+        if sample_gens is not None:
             record["samples"] = sample_texts
+            record["sample_token_logprobs"] = [g.token_logprobs for g in sample_gens]
+        if beam_gens is not None:
+            record["beam_token_logprobs"] = [g.token_logprobs for g in beam_gens]
         if cluster_ids is not None:
             record["cluster_ids"] = list(cluster_ids)
         typer.echo(json.dumps(record, ensure_ascii=False))
@@ -164,7 +154,7 @@ def _print_report(question: str, greedy, values: dict[str, float]) -> None:
     scores.add_column("measure")
     scores.add_column("value", justify="right")
     for name, value in values.items():
-        scores.add_row(M.MEASURES[name]["label"], f"{value:.4f}")
+        scores.add_row(M.get(name).label, f"{value:.4f}")
     console.print(scores)
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")

@@ -111,6 +111,24 @@ def evaluate(
             help="'local' files or 'hub' (Hugging Face datasets, needs network).",
         ),
     ] = "local",
+    split_path: Annotated[
+        str | None,
+        typer.Option(
+            "--split_path",
+            "--split-path",
+            help="File of evaluation-pool ids, one per line (e.g. a test split); the few-shot "
+            "and held-out pools come from the other questions.",
+        ),
+    ] = None,
+    pool_path: Annotated[
+        str | None,
+        typer.Option(
+            "--pool_path",
+            "--pool-path",
+            help="A second file of the dataset's format (e.g. NQ-Open train) for the few-shot and "
+            "held-out pools; the whole data file is then evaluated.",
+        ),
+    ] = None,
     correctness: Annotated[
         str | None,
         typer.Option(
@@ -230,7 +248,8 @@ def evaluate(
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from gnll.evaluation.runner import ALL_MEASURES, EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll import measures as M
+    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -241,7 +260,7 @@ def evaluate(
     )
     try:
         task_names = [t.name for t in parse_task_list(tasks)]
-        ms = list(ALL_MEASURES) if measures.strip() == "all" else _csv(measures) or []
+        ms = M.validate(measures)
         cfg = EvalConfig(
             model=model,
             tasks=task_names,
@@ -251,6 +270,8 @@ def evaluate(
             data_dir=data_dir,
             data_path=data_path,
             data_source=data_source,
+            split_path=split_path,
+            pool_path=pool_path,
             correctness=_csv(correctness),
             judge=judge,
             judge_args=parse_kv(judge_args, "--judge_args"),

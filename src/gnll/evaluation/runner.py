@@ -53,27 +53,12 @@ from gnll.evaluation.tasks import Task, TaskData, get_task
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ALL_MEASURES",
-    "PAPER_BASELINES",
-    "SAMPLING_MEASURES",
     "EvalConfig",
     "Evaluator",
     "FingerprintMismatchError",
-    "compute_measures",
     "run_evaluation",
 ]
 
-#: Column order of the tables (the paper's Table 1 plus MCP, LN-G-NLL and BS-MSP).
-ALL_MEASURES = ("pe", "ln-pe", "se", "ln-se", "d-se", "mcp", "g-nll", "ln-g-nll", "bs-msp")
-SAMPLING_MEASURES = tuple(
-    m for m in ALL_MEASURES if M.MEASURES[m]["needs"] in ("samples", "clusters", "cluster_ids")
-)
-CLUSTER_MEASURES = tuple(
-    m for m in ALL_MEASURES if M.MEASURES[m]["needs"] in ("clusters", "cluster_ids")
-)
-#: The sampling-based measures of the paper (G-NLL's significance is tested against the best of
-# them).
-PAPER_BASELINES = ("pe", "ln-pe", "se", "ln-se", "d-se")
 TEMPERATURES = (0.5, 1.0, 1.5)
 JUDGE_CONFIG = GenerationConfig.greedy(max_new_tokens=8, stop=("\n",))
 CACHE_VERSION = 1
@@ -116,6 +101,8 @@ class EvalConfig:
     data_dir: str | None = None
     data_path: str | None = None
     data_source: str = "local"
+    split_path: str | None = None  # ids of the evaluation pool (e.g. a test split), one per line
+    pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
     judge: str | None = None
     judge_args: dict[str, Any] = field(default_factory=dict)
@@ -123,7 +110,7 @@ class EvalConfig:
     samples: int = 10
     temperature: float | None = None
     temperatures: tuple[float, ...] = TEMPERATURES
-    measures: list[str] = field(default_factory=lambda: list(ALL_MEASURES))
+    measures: list[str] = field(default_factory=lambda: list(M.ORDER))
     batch_size: int | None = None
     chunk_size: int = 64
     seed: int = 0
@@ -140,12 +127,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         self.output_path = Path(self.output_path)
         self.tasks = [get_task(t).name for t in self.tasks]
-        unknown = [m for m in self.measures if m not in M.MEASURES]
-        if unknown:
-            raise ValueError(f"unknown measure(s) {unknown}; choose from {', '.join(ALL_MEASURES)}")
-        self.measures = [m for m in ALL_MEASURES if m in self.measures]
-        if not self.measures:
-            raise ValueError("no measures selected")
+        self.measures = M.validate(self.measures, paper_order=True)
         if self.correctness is not None:
             bad = [c for c in self.correctness if c not in CORRECTNESS_METRICS]
             if bad:
@@ -173,26 +155,32 @@ class EvalConfig:
 
     @property
     def needs_beams(self) -> bool:
-        return "bs-msp" in self.measures and self.beams > 0
+        return self.beams > 0 and M.Needs.BEAMS in M.requirements(self.measures)
 
     @property
     def needs_samples(self) -> bool:
-        return self.samples > 0 and any(m in SAMPLING_MEASURES for m in self.measures)
+        return self.samples > 0 and M.Needs.SAMPLES in M.requirements(self.measures)
 
     @property
     def needs_clusters(self) -> bool:
-        return self.needs_samples and any(m in CLUSTER_MEASURES for m in self.measures)
+        return self.needs_samples and M.Needs.CLUSTERS in M.requirements(self.measures)
+
+    @property
+    def generated(self) -> M.Needs:
+        """The evidence this run generates (``--beams 0`` / ``--samples 0`` switch parts off)."""
+        have = M.Needs.GREEDY
+        if self.needs_beams:
+            have |= M.Needs.BEAMS
+        if self.needs_samples:
+            have |= M.Needs.SAMPLES
+        if self.needs_clusters:
+            have |= M.Needs.CLUSTERS
+        return have
 
     @property
     def active_measures(self) -> list[str]:
-        out = []
-        for m in self.measures:
-            if m == "bs-msp" and not self.needs_beams:
-                continue
-            if m in SAMPLING_MEASURES and not self.needs_samples:
-                continue
-            out.append(m)
-        return out
+        """The selected measures that the generated evidence allows (paper order)."""
+        return M.computable(self.measures, self.generated)
 
     def correctness_for(self, task: Task) -> list[str]:
         """Correctness metrics of ``task``; the first is the primary one (temperature selection)."""
@@ -209,35 +197,6 @@ class EvalConfig:
             d.pop(k)
         d["temperatures"] = list(self.temperatures)
         return d
-
-
-def compute_measures(
-    names: Sequence[str],
-    greedy: Generation | dict,
-    beams: Sequence[Generation | dict] | None = None,
-    samples: Sequence[Generation | dict] | None = None,
-    cluster_ids: Sequence[int] | None = None,
-) -> dict[str, float]:
-    """Every requested measure that the given generations allow (keys in ``names`` order)."""
-
-    def lp(g: Generation | dict) -> list[float]:
-        return g.token_logprobs if isinstance(g, Generation) else g["token_logprobs"]
-
-    out: dict[str, float] = {}
-    for name in names:
-        need = M.MEASURES[name]["needs"]
-        fn = M.MEASURES[name]["fn"]
-        if need == "greedy":
-            out[name] = fn(lp(greedy))
-        elif need == "beams" and beams:
-            out[name] = fn([lp(b) for b in beams])
-        elif need == "samples" and samples:
-            out[name] = fn([lp(s) for s in samples])
-        elif need == "clusters" and samples and cluster_ids is not None:
-            out[name] = fn([lp(s) for s in samples], list(cluster_ids))
-        elif need == "cluster_ids" and cluster_ids is not None:
-            out[name] = fn(list(cluster_ids))
-    return out
 
 
 def _cost(gen: dict) -> int:
@@ -389,6 +348,13 @@ class Evaluator:
             },
             "split_seed": td.seed,
             "pools": [len(td.heldout_idx), len(td.eval_idx)],
+            # which questions the pools hold (a split file or pool file changes them)
+            "pool_ids": _hash(
+                [
+                    [td.examples[i].id for i in td.heldout_idx],
+                    [td.examples[i].id for i in td.eval_idx],
+                ]
+            ),
         }
 
     def _check_fingerprint(self, td: TaskData, tdir: Path) -> dict[str, Any]:
@@ -691,9 +657,16 @@ class Evaluator:
             record["temperature"] = temperature
             record["samples"] = samples
             cost["samples"] = sum(_cost(s) for s in samples)
-        record["measures"] = compute_measures(
-            cfg.active_measures, greedy, beam_gens, samples, cluster_ids
+        evidence = M.Evidence.of(
+            greedy["token_logprobs"],
+            None if beam_gens is None else [b["token_logprobs"] for b in beam_gens],
+            None if samples is None else [s["token_logprobs"] for s in samples],
+            cluster_ids,
         )
+        record["measures"] = {
+            m: M.get(m).compute(evidence)
+            for m in M.computable(cfg.active_measures, evidence.available)
+        }
         record["cost_tokens"] = cost
         return record
 
@@ -713,7 +686,7 @@ class Evaluator:
             )
         primary = metrics[0]
         self._run_split(td, tdir, fp, "heldout", n, cfg.temperatures, [primary], beams=False)
-        sampling = [m for m in cfg.active_measures if m in SAMPLING_MEASURES]
+        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
         table: dict[str, Any] = {}
         examples = td.split("heldout", n)
         for temp in cfg.temperatures:
@@ -767,6 +740,8 @@ class Evaluator:
                 data_dir=cfg.data_dir,
                 data_path=cfg.data_path,
                 source=cfg.data_source,
+                split_path=cfg.split_path,
+                pool_path=cfg.pool_path,
             )
             for name in cfg.tasks
         ]
