@@ -16,6 +16,6 @@ from gnll.cli import ask as _ask  # noqa: E402,F401
 from gnll.cli import calibrate as _calibrate  # noqa: E402,F401
 from gnll.cli import evaluate as _evaluate  # noqa: E402,F401
 from gnll.cli import score as _score  # noqa: E402,F401
-from gnll.cli import simulate as _simulate  # noqa: E402,F401
 from gnll.cli import serve as _serve  # noqa: E402,F401
+from gnll.cli import simulate as _simulate  # noqa: E402,F401
 from gnll.cli import table as _table  # noqa: E402,F401
