@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
+__all__ = ["serve"]
 
 
-@app.command("serve")
 def serve(
     model: Annotated[
         str, typer.Option("--model", help="Embedded name, hub id or local path (in-process mode).")
@@ -158,9 +157,9 @@ def serve(
         what = f"proxy to {upstream}"
     else:
         from gnll import load_model
-        from gnll.cli.ask import parse_model_args
+        from gnll.cli._args import model_kwargs
 
-        lm = load_model(model, **parse_model_args(model_args))
+        lm = load_model(model, **model_kwargs(model_args))
         application = build_inprocess_app(
             lm, settings, max_batch_prompts=max_batch_prompts, max_wait_ms=batch_wait_ms
         )

@@ -37,6 +37,13 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.identity import (
+    describe_diff,
+    fill_unknown,
+    model_identity,
+    outcome_args,
+    redact,
+)
 from gnll.evaluation.cache import JsonlCache, write_json_atomic
 from gnll.evaluation.correctness import (
     CORRECTNESS_METRICS,
@@ -61,7 +68,7 @@ __all__ = [
 
 TEMPERATURES = (0.5, 1.0, 1.5)
 JUDGE_CONFIG = GenerationConfig.greedy(max_new_tokens=8, stop=("\n",))
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
 OUTPUT_ENTRIES = (
     "run.json",
@@ -195,6 +202,8 @@ class EvalConfig:
         d = asdict(self)
         for k in ("output_path", "resume", "progress", "plots"):
             d.pop(k)
+        for k in ("model_args", "judge_args", "clusterer_args"):
+            d[k] = redact(d[k])  # results.json is shared: credentials never go in it
         d["temperatures"] = list(self.temperatures)
         return d
 
@@ -231,6 +240,7 @@ class Evaluator:
         self.config = config
         self.out = Path(config.output_path)
         self._model = model
+        self._identity: dict[str, Any] | None = None
         self._judge = judge
         self._clusterer = clusterer
         self._clusterer_name = self._resolve_clusterer_name()
@@ -339,7 +349,10 @@ class Evaluator:
         return {
             "cache_version": CACHE_VERSION,
             "model": cfg.model,
-            "model_args": cfg.model_args,
+            # Throughput knobs may change on resume (lower max_batch_tokens after an OOM);
+            # secrets are never written; what the model *is* must not change.
+            "model_args": outcome_args(cfg.model_args),
+            "model_identity": self._model_identity(),
             "task": td.task.name,
             "prompt_prefix": td.prefix,
             "max_new_tokens": td.task.max_new_tokens,
@@ -357,25 +370,33 @@ class Evaluator:
             ),
         }
 
+    def _model_identity(self) -> dict[str, Any]:
+        """What the evaluated model is (computed once, without loading it)."""
+        if self._identity is None:
+            self._identity = model_identity(self.config.model, self.config.model_args)
+        return self._identity
+
     def _check_fingerprint(self, td: TaskData, tdir: Path) -> dict[str, Any]:
         fp = self._fingerprint(td)
         path = tdir / "fingerprint.json"
         if path.exists():
             old = json.loads(path.read_text())
-            if old != fp:
-                diffs = [
-                    f"  {k}: {_short(old.get(k))} -> {_short(fp.get(k))}"
-                    for k in sorted(set(old) | set(fp))
-                    if old.get(k) != fp.get(k)
-                ]
-                raise FingerprintMismatchError(
-                    f"{tdir} holds results of task {td.task.name} produced with a different "
-                    "configuration:\n"
-                    + "\n".join(diffs)
-                    + "\nThe cached generations do not belong to this run. Use a new "
-                    "--output_path, or run "
-                    f"without --resume to start {self.out} over."
-                )
+            new = _jsonable(fp)
+            if fill_unknown(old, new) == new:
+                # Same run; a hub commit unknown before the first download is not a change,
+                # but once known it is recorded, so a different commit is refused later on.
+                if old != new:
+                    write_json_atomic(path, fp)
+                return fp
+            diffs = ["  " + line for line in describe_diff(old, new)]
+            raise FingerprintMismatchError(
+                f"{tdir} holds results of task {td.task.name} produced with a different "
+                "configuration:\n"
+                + "\n".join(diffs)
+                + "\nThe cached generations do not belong to this run. Use a new "
+                "--output_path, or run "
+                f"without --resume to start {self.out} over."
+            )
         else:
             tdir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, fp)
@@ -390,7 +411,7 @@ class Evaluator:
     # ------------------------------------------------------------------ stage caches of a task
     def _stage_caches(self, td: TaskData, tdir: Path, fp: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
-        base = {"fingerprint": _hash(fp, 16)}
+        base = {"fingerprint": _fp_key(fp)}
         max_new = td.task.max_new_tokens
         greedy_cfg = GenerationConfig.greedy(max_new_tokens=max_new, seed=None)
         caches: dict[str, Any] = {"greedy_cfg": greedy_cfg}
@@ -402,7 +423,7 @@ class Evaluator:
                 "stage": "judge",
                 "greedy": _hash(gh),
                 "judge": cfg.judge,
-                "judge_args": cfg.judge_args,
+                "judge_args": outcome_args(cfg.judge_args),
                 "generation": JUDGE_CONFIG.to_dict(),
                 # the judge prompt's wording (a change invalidates the judgements)
                 "prompt": _hash(
@@ -426,7 +447,7 @@ class Evaluator:
             max_new_tokens=td.task.max_new_tokens,
             seed=cfg.seed,
         )
-        sh = {"fingerprint": _hash(fp, 16), "stage": "samples", "generation": scfg.to_dict()}
+        sh = {"fingerprint": _fp_key(fp), "stage": "samples", "generation": scfg.to_dict()}
         return self._cache(tdir, f"samples-t{temperature:g}", sh), scfg, sh
 
     def _cluster_cache(self, tdir, sample_header: dict, temperature: float) -> JsonlCache:
@@ -434,7 +455,7 @@ class Evaluator:
             "stage": "clusters",
             "samples": _hash(sample_header),
             "clusterer": self._clusterer_name,
-            "clusterer_args": self.config.clusterer_args,
+            "clusterer_args": outcome_args(self.config.clusterer_args),
             "relation": self.config.semantic_relation,
         }
         return self._cache(tdir, f"clusters-t{temperature:g}", ch)
@@ -830,6 +851,12 @@ class Evaluator:
             info.setdefault("clusterer", {"name": self._clusterer_name})
         write_json_atomic(path, info)
         return info
+
+
+def _fp_key(fp: dict[str, Any]) -> str:
+    """The fingerprint's part of cache names: the model identity is guarded by fingerprint.json
+    alone, so filling in a commit unknown at the first run keeps the caches."""
+    return _hash({k: v for k, v in fp.items() if k != "model_identity"}, 16)
 
 
 def _jsonable(obj: Any) -> Any:
