@@ -16,12 +16,9 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
 __all__ = ["score_command"]
 
 
-@app.command("score")
 def score_command(
     input: Annotated[
         str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
@@ -96,7 +93,8 @@ def score_command(
 
     from gnll import load_model
     from gnll.calibration import Calibrator
-    from gnll.cli.ask import ask_prompt, parse_model_args
+    from gnll.cli._args import model_kwargs
+    from gnll.cli.ask import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
     from gnll.scoring.rows import detect_format
     from gnll.scoring.stream import CALIBRATED_COLUMNS
@@ -136,7 +134,7 @@ def score_command(
                 f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
             )
     try:
-        lm = load_model(model, progress=progress, **parse_model_args(model_args))
+        lm = load_model(model, progress=progress, **model_kwargs(model_args))
     except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
         fail(f"cannot load model {model!r}: {e}", e)
     if cal is not None:
