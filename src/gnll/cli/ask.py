@@ -8,44 +8,17 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
-SHORT_INSTRUCTION = "Answer the following question as briefly as possible."
-LONG_INSTRUCTION = "Answer the following question in a single brief but complete sentence."
-
-
-def parse_model_args(text: str | None) -> dict[str, object]:
-    """Parse lm-eval-harness style ``key=value,key=value`` into typed kwargs."""
-    if not text:
-        return {}
-    out: dict[str, object] = {}
-    for item in text.split(","):
-        if "=" not in item:
-            raise typer.BadParameter(f"expected key=value in --model_args, got {item!r}")
-        key, value = (s.strip() for s in item.split("=", 1))
-        low = value.lower()
-        if low in {"true", "false"}:
-            out[key] = low == "true"
-        elif low in {"none", "null"}:
-            out[key] = None
-        else:
-            try:
-                out[key] = int(value)
-            except ValueError:
-                try:
-                    out[key] = float(value)
-                except ValueError:
-                    out[key] = value
-    return out
+from gnll.cli._args import clusterer_kwargs, model_kwargs
 
 
 def ask_prompt(question: str, *, long: bool) -> str:
-    """The zero-shot prompt ``gnll ask`` sends (the paper's instruction and Question/Answer format)."""
-    instruction = LONG_INSTRUCTION if long else SHORT_INSTRUCTION
-    return f"{instruction}\nQuestion: {question}\nAnswer:"
+    """The zero-shot prompt ``gnll ask`` sends: the evaluation's instruction, no few-shot block."""
+    from gnll.evaluation.datasets import Example
+    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
+
+    return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", question, ()))
 
 
-@app.command("ask")
 def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     model: Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")] = (
@@ -78,6 +51,14 @@ def ask(
             "embedding), nli, embedding, exact, llm.",
         ),
     ] = "auto",
+    clusterer_args: Annotated[
+        str | None,
+        typer.Option(
+            "--clusterer_args",
+            "--clusterer-args",
+            help="key=value,... for the clusterer (model, threshold, ...).",
+        ),
+    ] = None,
     max_new_tokens: Annotated[
         int | None,
         typer.Option("--max_new_tokens", "--max-new-tokens", help="Default 50 (100 with --long)."),
@@ -105,7 +86,7 @@ def ask(
         raise typer.BadParameter(str(exc), param_hint="--measures") from exc
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
-    lm = load_model(model, progress=not as_json, **parse_model_args(model_args))
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
     prompt = ask_prompt(question, long=long)
     cap = max_new_tokens or (100 if long else 50)
     [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap))
@@ -124,7 +105,8 @@ def ask(
     if M.Needs.CLUSTERS in needs:
         from gnll.semantic import load_clusterer
 
-        cluster_ids = load_clusterer(clusterer).cluster(question, sample_texts)
+        options = clusterer_kwargs(clusterer, clusterer_args)
+        cluster_ids = load_clusterer(clusterer, **options).cluster(question, sample_texts)
     values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
     calibrated = _calibrated(calibration, lm.name, long, values) if calibration else {}
 

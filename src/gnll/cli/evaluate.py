@@ -13,55 +13,15 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
+from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
 
-__all__ = ["evaluate", "parse_kv"]
-
-
-def _coerce(value: str) -> Any:
-    low = value.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
+__all__ = ["evaluate"]
 
 
-def parse_kv(spec: str | None, name: str = "--model_args") -> dict[str, Any]:
-    """``"device=cpu,dtype=float32,batch_size=8"`` -> ``{"device": "cpu", ..., "batch_size": 8}``"""
-    if not spec:
-        return {}
-    out: dict[str, Any] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise typer.BadParameter(
-                f"{name}: expected key=value pairs separated by commas, got {part!r}"
-            )
-        k, v = part.split("=", 1)
-        out[k.strip()] = _coerce(v.strip())
-    return out
-
-
-def _csv(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    items = [x.strip() for x in value.split(",") if x.strip()]
-    return items or None
-
-
-@app.command("eval")
 def evaluate(
     model: Annotated[
         str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
@@ -265,16 +225,16 @@ def evaluate(
             model=model,
             tasks=task_names,
             output_path=output_path,
-            model_args=parse_kv(model_args),
+            model_args=model_kwargs(model_args),
             limit=limit,
             data_dir=data_dir,
             data_path=data_path,
             data_source=data_source,
             split_path=split_path,
             pool_path=pool_path,
-            correctness=_csv(correctness),
+            correctness=parse_csv(correctness),
             judge=judge,
-            judge_args=parse_kv(judge_args, "--judge_args"),
+            judge_args=model_kwargs(judge_args, "--judge_args"),
             beams=beams,
             samples=samples,
             temperature=temperature,
@@ -284,7 +244,7 @@ def evaluate(
             seed=seed,
             resume=resume,
             clusterer=clusterer,
-            clusterer_args=parse_kv(clusterer_args, "--clusterer_args"),
+            clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
             n_boot=bootstrap,

@@ -17,12 +17,9 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
 __all__ = ["score_command"]
 
 
-@app.command("score")
 def score_command(
     input: Annotated[
         str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
@@ -100,7 +97,8 @@ def score_command(
 
     from gnll import load_model
     from gnll.calibration import load_calibration
-    from gnll.cli.ask import ask_prompt, parse_model_args
+    from gnll.cli._args import model_kwargs
+    from gnll.cli.ask import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
     from gnll.scoring.rows import detect_format
     from gnll.scoring.stream import CALIBRATED_COLUMNS
@@ -129,7 +127,7 @@ def score_command(
     if errors is None and output != "-":
         errors = Path(output + ".errors.jsonl")
     try:
-        lm = load_model(model, progress=progress, **parse_model_args(model_args))
+        lm = load_model(model, progress=progress, **model_kwargs(model_args))
     except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
         fail(f"cannot load model {model!r}: {e}", e)
     cal = None
