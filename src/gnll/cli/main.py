@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from gnll.cli import ask, calibrate, evaluate, score, simulate, table
+from gnll.cli import ask, calibrate, evaluate, score, serve, simulate, table
 
 app = typer.Typer(
     name="gnll",
@@ -26,6 +26,7 @@ app.command("table")(table.table)
 app.command("simulate")(simulate.simulate)
 app.command("score")(score.score_command)
 app.command("calibrate")(calibrate.calibrate)
+app.command("serve")(serve.serve)
 
 
 if __name__ == "__main__":  # python -m gnll.cli.main

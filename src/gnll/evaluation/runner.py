@@ -35,8 +35,9 @@ from gnll import measures as M
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.assemble import assemble_record
-from gnll.evaluation.cache import write_json_atomic
+from gnll.evaluation.cache import atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.config import TEMPERATURES, EvalConfig
+from gnll.evaluation.portable import without_local_paths
 from gnll.evaluation.stages import Chunk, TaskStages
 from gnll.evaluation.store import (
     FingerprintMismatchError,
@@ -326,22 +327,22 @@ class Evaluator:
         # Assemble samples.jsonl in one streaming pass over the caches.
         t = time.perf_counter()
         samples_path = self.out / "samples.jsonl"
-        tmp = samples_path.with_name(".samples.jsonl.tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
+        # fsynced before the rename and the directory after it (atomic_file)
+        with atomic_file(samples_path) as fh:
             for p in plan:
                 for pos, ex in enumerate(p.stages.run.data.split("eval", p.n)):
                     r = assemble_record(
                         p.stages, ("eval", pos), ex, p.metrics, p.temperature, beams=cfg.needs_beams
                     )
                     fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        tmp.replace(samples_path)
         self.timer.add("assemble", time.perf_counter() - t)
 
         t = time.perf_counter()
         info = self._component_info()
-        results = report.build_results(samples_path, cfg, task_meta, info)
+        # results.json is the file people share: no paths of this machine in it
+        results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
         write_json_atomic(self.out / "results.json", results)
-        (self.out / "table.md").write_text(report.render_table([results]), encoding="utf-8")
+        write_text_atomic(self.out / "table.md", report.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
         if cfg.plots:
             from gnll.evaluation import plots
