@@ -61,8 +61,13 @@ def _csv(value: str | None) -> list[str] | None:
     return items or None
 
 
+#: CLI parameter -> EvalConfig field, where the names differ (for preset overrides).
+_CLI_TO_FIELD = {"bootstrap": "n_boot"}
+
+
 @app.command("eval")
 def evaluate(
+    ctx: typer.Context,
     model: Annotated[
         str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
     ] = ("smollm2-135m-instruct"),
@@ -242,6 +247,14 @@ def evaluate(
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
     ] = True,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="Run a paper grid (paper-table1, paper-table1-short, paper-llama-8b): one run per "
+            "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
@@ -294,6 +307,9 @@ def evaluate(
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
+    if preset is not None:
+        _run_preset(ctx, preset, cfg, console, verbose)
+        return
     t0 = time.perf_counter()
     try:
         Evaluator(cfg).run()
@@ -313,3 +329,25 @@ def evaluate(
     )
     if verbose:
         console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+
+
+def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:
+    from gnll.evaluation.presets import preset_configs, run_preset
+    from gnll.evaluation.runner import FingerprintMismatchError
+
+    given = {
+        _CLI_TO_FIELD.get(k, k)
+        for k in ctx.params
+        # by name: typer may bundle its own click, whose enum is not click.core's
+        if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"
+    }
+    models = _csv(cfg.model) if "model" in given else None
+    try:
+        configs = preset_configs(preset, cfg, given - {"model"}, models)
+        path = run_preset(configs, cfg.output_path)
+    except (KeyError, FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
+        if verbose:
+            raise
+        console.print(f"[bold red]error:[/] {str(exc).strip(chr(39))}")
+        raise typer.Exit(code=2) from exc
+    console.print(f"[green]done[/]: {len(configs)} runs -> {path}")
