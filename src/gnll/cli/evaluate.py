@@ -17,55 +17,15 @@ from typing import Annotated, Any
 
 import typer
 
-from gnll.cli.main import app
+from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
 
-__all__ = ["evaluate", "parse_kv"]
-
-
-def _coerce(value: str) -> Any:
-    low = value.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
-
-
-def parse_kv(spec: str | None, name: str = "--model_args") -> dict[str, Any]:
-    """``"device=cpu,dtype=float32,batch_size=8"`` -> ``{"device": "cpu", ..., "batch_size": 8}``"""
-    if not spec:
-        return {}
-    out: dict[str, Any] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise typer.BadParameter(
-                f"{name}: expected key=value pairs separated by commas, got {part!r}"
-            )
-        k, v = part.split("=", 1)
-        out[k.strip()] = _coerce(v.strip())
-    return out
-
-
-def _csv(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    items = [x.strip() for x in value.split(",") if x.strip()]
-    return items or None
+__all__ = ["evaluate"]
 
 
 #: CLI parameter -> EvalConfig field, where the names differ (for preset overrides).
 _CLI_TO_FIELD = {"bootstrap": "n_boot"}
 
 
-@app.command("eval")
 def evaluate(
     ctx: typer.Context,
     model: Annotated[
@@ -261,7 +221,8 @@ def evaluate(
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from gnll.evaluation.runner import ALL_MEASURES, EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll import measures as M
+    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -272,21 +233,21 @@ def evaluate(
     )
     try:
         task_names = [t.name for t in parse_task_list(tasks)]
-        ms = list(ALL_MEASURES) if measures.strip() == "all" else _csv(measures) or []
+        ms = M.validate(measures)
         cfg = EvalConfig(
             model=model,
             tasks=task_names,
             output_path=output_path,
-            model_args=parse_kv(model_args),
+            model_args=model_kwargs(model_args),
             limit=limit,
             data_dir=data_dir,
             data_path=data_path,
             data_source=data_source,
             split_path=split_path,
             pool_path=pool_path,
-            correctness=_csv(correctness),
+            correctness=parse_csv(correctness),
             judge=judge,
-            judge_args=parse_kv(judge_args, "--judge_args"),
+            judge_args=model_kwargs(judge_args, "--judge_args"),
             beams=beams,
             samples=samples,
             temperature=temperature,
@@ -296,7 +257,7 @@ def evaluate(
             seed=seed,
             resume=resume,
             clusterer=clusterer,
-            clusterer_args=parse_kv(clusterer_args, "--clusterer_args"),
+            clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
             n_boot=bootstrap,
@@ -341,7 +302,7 @@ def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose
         # by name: typer may bundle its own click, whose enum is not click.core's
         if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"
     }
-    models = _csv(cfg.model) if "model" in given else None
+    models = parse_csv(cfg.model) if "model" in given else None
     try:
         configs = preset_configs(preset, cfg, given - {"model"}, models)
         path = run_preset(configs, cfg.output_path)

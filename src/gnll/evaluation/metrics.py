@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from gnll.measures import PAPER_BASELINES
+
 __all__ = [
     "accuracy_curve",
     "aurac",
@@ -236,7 +238,7 @@ def evaluate_measures(
     n_boot: int = 1000,
     seed: int = 0,
     reference: str = "g-nll",
-    baselines: Sequence[str] = ("pe", "ln-pe", "se", "ln-se", "d-se"),
+    baselines: Sequence[str] = PAPER_BASELINES,
     alpha: float = 0.05,
 ) -> dict[str, Any]:
     """All metrics for one task x correctness metric.

@@ -39,16 +39,7 @@ __all__ = [
 ]
 
 SCHEMA = "gnll.eval.results/1"
-TABLE_MEASURES = ("pe", "ln-pe", "se", "ln-se", "d-se", "mcp", "g-nll", "ln-g-nll", "bs-msp")
 METRIC_LABELS = {"f1": "F1", "judge": "LLM", "contains": "Contains"}
-#: Which generations a measure consumes (for its token cost).
-_COST_SOURCE = {
-    "greedy": "greedy",
-    "beams": "beams",
-    "samples": "samples",
-    "clusters": "samples",
-    "cluster_ids": "samples",
-}
 
 
 def versions() -> dict[str, str]:
@@ -97,7 +88,7 @@ def _strata(
     out = {}
     for task, meta in task_meta.items():
         trs = rows.get(task, [])
-        names = [m for m in TABLE_MEASURES if trs and all(m in row["measures"] for row in trs)]
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
         for metric in meta["correctness"]:
             keep = [row for row in trs if row["correct"].get(metric) is not None]
             correct = [float(row["correct"][metric]) for row in keep]
@@ -180,10 +171,10 @@ def build_results(
     for task, meta in task_meta.items():
         trs = rows.get(task, [])
         metrics_out: dict[str, Any] = {}
-        names = [m for m in TABLE_MEASURES if trs and all(m in row["measures"] for row in trs)]
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
         mean_tokens = {}
         for m in names:
-            src = _COST_SOURCE[M.MEASURES[m]["needs"]]
+            src = M.get(m).source
             mean_tokens[m] = sum(row["cost"].get(src, 0) for row in trs) / len(trs)
         for metric in meta["correctness"]:
             correct, scores = strata[(task, metric)]
@@ -262,7 +253,7 @@ def _row_cells(
     present = {m: v for m, v in values.items() if v is not None}
     best = max((round(v, 3) for v in present.values()), default=None)
     cells = []
-    for m in TABLE_MEASURES:
+    for m in M.ORDER:
         v = values.get(m)
         if v is None:
             cells.append("–")
@@ -279,7 +270,7 @@ def _row_cells(
 
 
 def _header(first: Sequence[str]) -> list[str]:
-    head = list(first) + [M.MEASURES[m]["label"] for m in TABLE_MEASURES]
+    head = list(first) + [M.get(m).label for m in M.ORDER]
     return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
 
 
@@ -396,7 +387,7 @@ def render_table(
         # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
         lst = [x for x in full if _defined(x)]
         vals, ses = {}, {}
-        for m in TABLE_MEASURES:
+        for m in M.ORDER:
             a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
             s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
             if a and len(a) == len(lst):
