@@ -44,7 +44,7 @@ from gnll.backends.identity import (
     outcome_args,
     redact,
 )
-from gnll.evaluation.cache import JsonlCache, write_json_atomic
+from gnll.evaluation.cache import JsonlCache, atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.correctness import (
     CORRECTNESS_METRICS,
     F1_RULES,
@@ -54,6 +54,7 @@ from gnll.evaluation.correctness import (
 )
 from gnll.evaluation.datasets import Example
 from gnll.evaluation.metrics import auroc
+from gnll.evaluation.portable import without_local_paths
 from gnll.evaluation.prompts import judge_prompt
 from gnll.evaluation.tasks import Task, TaskData, get_task
 
@@ -806,22 +807,22 @@ class Evaluator:
         # Assemble samples.jsonl in one streaming pass over the caches.
         t = time.perf_counter()
         samples_path = self.out / "samples.jsonl"
-        tmp = samples_path.with_name(".samples.jsonl.tmp")
-        with tmp.open("w", encoding="utf-8") as fh:
+        # fsynced before the rename and the directory after it (atomic_file)
+        with atomic_file(samples_path) as fh:
             for td, tdir, fp, metrics, temp, n in plan:
                 for pos, ex in enumerate(td.split("eval", n)):
                     r = self._record(
                         td, tdir, fp, ("eval", pos), ex, metrics, temp, cfg.needs_beams
                     )
                     fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-        tmp.replace(samples_path)
         self.timer.add("assemble", time.perf_counter() - t)
 
         t = time.perf_counter()
         info = self._component_info()
-        results = report.build_results(samples_path, cfg, task_meta, info)
+        # results.json is the file people share: no paths of this machine in it
+        results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
         write_json_atomic(self.out / "results.json", results)
-        (self.out / "table.md").write_text(report.render_table([results]), encoding="utf-8")
+        write_text_atomic(self.out / "table.md", report.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
         if cfg.plots:
             from gnll.evaluation import plots
