@@ -27,3 +27,7 @@ app.command("simulate")(simulate.simulate)
 app.command("score")(score.score_command)
 app.command("calibrate")(calibrate.calibrate)
 app.command("serve")(serve.serve)
+
+
+if __name__ == "__main__":  # python -m gnll.cli.main
+    app()
