@@ -37,3 +37,7 @@ command("simulate", simulate.simulate)
 command("score", score.score_command)
 command("calibrate", calibrate.calibrate)
 command("serve", serve.serve)
+
+
+if __name__ == "__main__":  # python -m gnll.cli.main
+    app()
