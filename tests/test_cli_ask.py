@@ -8,29 +8,20 @@ import pytest
 from typer.testing import CliRunner
 
 from gnll import measures
-from gnll.cli.ask import ask_prompt, parse_model_args
+from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
 
 runner = CliRunner()
 
 
-def test_parse_model_args_types():
-    assert parse_model_args("device=cpu,batch_size=8,chat_template=false,temp=0.5") == {
-        "device": "cpu",
-        "batch_size": 8,
-        "chat_template": False,
-        "temp": 0.5,
-    }
-    assert parse_model_args(None) == {}
+def test_ask_prompt_is_the_evaluation_prompt_without_few_shot():
+    from gnll.evaluation.datasets import Example
+    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt, format_block
 
-
-def test_ask_prompt_uses_paper_instructions():
-    assert ask_prompt("Q?", long=False) == (
-        "Answer the following question as briefly as possible.\nQuestion: Q?\nAnswer:"
-    )
-    assert ask_prompt("Q?", long=True).startswith(
-        "Answer the following question in a single brief but complete sentence."
-    )
+    for long, brief in ((False, BRIEF_SHORT), (True, BRIEF_LONG)):
+        prompt = ask_prompt("Q?", long=long)
+        assert prompt == build_prompt(brief, [], Example("x", "Q?", ("A",)))
+        assert prompt == brief + "\n" + format_block(Example("x", "Q?", ("A",)))
 
 
 @pytest.mark.model

@@ -34,9 +34,40 @@ __all__ = [
     "accuracy_threshold",
     "calibrate_files",
     "coverage_threshold",
+    "load_calibration",
     "load_labelled",
     "prompt_fingerprint",
+    "shipped_calibration",
 ]
+
+#: Calibration files shipped with the package, one per embedded model (scripts/calibrate_embedded.py).
+SHIPPED = Path(__file__).parent / "shipped"
+
+
+def shipped_calibration(model: str) -> Path | None:
+    """The shipped calibration file of an embedded model (``None`` if there is none)."""
+    path = SHIPPED / f"{Path(model).name}.json"
+    return path if path.is_file() else None
+
+
+def load_calibration(
+    spec: str | Path, *, model: str | None = None, prompt_fingerprint: str | None = None
+) -> Calibrator:
+    """Load ``spec``: a calibration file, or ``"auto"`` for the file shipped for ``model``.
+
+    Warns (:class:`CalibrationMismatchWarning`) when ``model`` or ``prompt_fingerprint`` differ
+    from those the file was fitted on.
+    """
+    if str(spec) == "auto":
+        path = shipped_calibration(model or "")
+        if path is None:
+            known = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.json"))) or "none"
+            raise FileNotFoundError(
+                f"no shipped calibration for model {model!r} (shipped: {known}); fit one with "
+                "`gnll calibrate RUN_DIR --output calibration.json` and pass that file"
+            )
+        spec = path
+    return Calibrator.load(spec, model=model, prompt_fingerprint=prompt_fingerprint)
 
 
 def calibrate_files(

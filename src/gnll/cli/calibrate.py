@@ -15,8 +15,6 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
 __all__ = ["calibrate"]
 
 
@@ -31,7 +29,6 @@ def _opt_float(text: str, name: str) -> float | None:
         ) from None
 
 
-@app.command("calibrate")
 def calibrate(
     inputs: Annotated[
         list[Path],

@@ -6,14 +6,11 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
 __all__ = ["doctor"]
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
 
 
-@app.command("doctor")
 def doctor(
     base_url: Annotated[
         str,
@@ -44,10 +41,12 @@ def doctor(
     GNLL_API_KEY or OPENAI_API_KEY."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from gnll.backends.openai import HTTPClient, OpenAICompatModel, ServerError, ServerUnavailable
     from gnll.backends.openai.client import resolve_api_key
     from gnll.backends.openai.doctor import diagnose
+    from gnll.cli._errors import safe_text
 
     console = Console()
     if model is None:
@@ -81,7 +80,13 @@ def doctor(
     for column in ("check", "verdict", "detail", "fix"):
         table.add_column(column, overflow="fold")
     for c in checks:
-        table.add_row(c.name, f"[{_STYLE[c.verdict]}]{c.verdict.upper()}[/]", c.detail, c.fix)
+        # Details quote server output (answers, error bodies): shown as text, never as markup.
+        table.add_row(
+            c.name,
+            Text(c.verdict.upper(), style=_STYLE[c.verdict]),
+            Text(safe_text(c.detail)),
+            Text(safe_text(c.fix)),
+        )
     console.print(table)
     failed = [c.name for c in checks if c.verdict == "fail"]
     if failed:

@@ -17,52 +17,17 @@ from typing import Annotated, Any
 
 import typer
 
-from gnll.cli.main import app
+from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
 
-__all__ = ["evaluate", "parse_kv"]
-
-
-def _coerce(value: str) -> Any:
-    low = value.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
+__all__ = ["evaluate"]
 
 
-def parse_kv(spec: str | None, name: str = "--model_args") -> dict[str, Any]:
-    """``"device=cpu,dtype=float32,batch_size=8"`` -> ``{"device": "cpu", ..., "batch_size": 8}``"""
-    if not spec:
-        return {}
-    out: dict[str, Any] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise typer.BadParameter(
-                f"{name}: expected key=value pairs separated by commas, got {part!r}"
-            )
-        k, v = part.split("=", 1)
-        out[k.strip()] = _coerce(v.strip())
-    return out
+#: CLI parameter -> EvalConfig field, where the names differ (for preset overrides).
+_CLI_TO_FIELD = {"bootstrap": "n_boot"}
 
 
-def _csv(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    items = [x.strip() for x in value.split(",") if x.strip()]
-    return items or None
-
-
-@app.command("eval")
 def evaluate(
+    ctx: typer.Context,
     model: Annotated[
         str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
     ] = ("smollm2-135m-instruct"),
@@ -242,14 +207,24 @@ def evaluate(
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
     ] = True,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="Run a paper grid (paper-table1, paper-table1-short, paper-llama-8b): one run per "
+            "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console
     from rich.logging import RichHandler
+    from rich.text import Text
 
     from gnll import measures as M
-    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll.cli._errors import safe_text
+    from gnll.evaluation.runner import EvalConfig, Evaluator
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -265,16 +240,16 @@ def evaluate(
             model=model,
             tasks=task_names,
             output_path=output_path,
-            model_args=parse_kv(model_args),
+            model_args=model_kwargs(model_args),
             limit=limit,
             data_dir=data_dir,
             data_path=data_path,
             data_source=data_source,
             split_path=split_path,
             pool_path=pool_path,
-            correctness=_csv(correctness),
+            correctness=parse_csv(correctness),
             judge=judge,
-            judge_args=parse_kv(judge_args, "--judge_args"),
+            judge_args=model_kwargs(judge_args, "--judge_args"),
             beams=beams,
             samples=samples,
             temperature=temperature,
@@ -284,7 +259,7 @@ def evaluate(
             seed=seed,
             resume=resume,
             clusterer=clusterer,
-            clusterer_args=parse_kv(clusterer_args, "--clusterer_args"),
+            clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
             n_boot=bootstrap,
@@ -295,22 +270,43 @@ def evaluate(
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
+    if preset is not None:
+        _run_preset(ctx, preset, cfg, console, verbose)
+        return
     t0 = time.perf_counter()
-    try:
-        Evaluator(cfg).run()
-    except (FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
-        if verbose:
-            raise
-        console.print(f"[bold red]error:[/] {exc}")
-        console.print("(run with --verbose for the traceback)")
-        raise typer.Exit(code=2) from exc
+    Evaluator(cfg).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     table = (output_path / "table.md").read_text(encoding="utf-8")
     typer.echo(table.split("\n## AUROC averaged")[0].rstrip())
     timings = json.loads((output_path / "timings.json").read_text())
     console.print(
-        f"\n[green]done[/] in {dt:.1f} s -> {output_path}/ "
-        "(samples.jsonl, results.json, table.md, plots/)"
+        Text.assemble(
+            ("\ndone", "green"),
+            f" in {dt:.1f} s -> {safe_text(output_path)}/ "
+            "(samples.jsonl, results.json, table.md, plots/)",
+        )
     )
     if verbose:
         console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+
+
+def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:
+    from gnll.evaluation.presets import preset_configs, run_preset
+    from gnll.evaluation.runner import FingerprintMismatchError
+
+    given = {
+        _CLI_TO_FIELD.get(k, k)
+        for k in ctx.params
+        # by name: typer may bundle its own click, whose enum is not click.core's
+        if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"
+    }
+    models = parse_csv(cfg.model) if "model" in given else None
+    try:
+        configs = preset_configs(preset, cfg, given - {"model"}, models)
+        path = run_preset(configs, cfg.output_path)
+    except (KeyError, FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
+        if verbose:
+            raise
+        console.print(f"[bold red]error:[/] {str(exc).strip(chr(39))}")
+        raise typer.Exit(code=2) from exc
+    console.print(f"[green]done[/]: {len(configs)} runs -> {path}")

@@ -1,8 +1,19 @@
-"""The ``gnll`` command: one Typer app, one module per sub-command."""
+"""The ``gnll`` command: one Typer app, one module per sub-command, registered here explicitly.
+
+A command module defines a plain function and never imports this module (no import cycle); adding
+a command is one import and one ``command(...)`` line below. Command modules import heavy libraries
+inside the command, so ``gnll --help`` stays fast.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
+
+from gnll.cli import ask, calibrate, doctor, evaluate, score, serve, simulate, table
+from gnll.cli._errors import error_boundary
 
 app = typer.Typer(
     name="gnll",
@@ -13,11 +24,21 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-# Sub-commands register themselves on import; keep imports of heavy libraries inside the commands.
-from gnll.cli import ask as _ask  # noqa: E402,F401
-from gnll.cli import calibrate as _calibrate  # noqa: E402,F401
-from gnll.cli import doctor as _doctor  # noqa: E402,F401
-from gnll.cli import evaluate as _evaluate  # noqa: E402,F401
-from gnll.cli import score as _score  # noqa: E402,F401
-from gnll.cli import simulate as _simulate  # noqa: E402,F401
-from gnll.cli import table as _table  # noqa: E402,F401
+
+def command(name: str, fn: Callable[..., Any]) -> None:
+    """Register ``fn`` as ``gnll NAME`` behind the one error boundary (``--debug``, exit codes)."""
+    app.command(name)(error_boundary(fn))
+
+
+command("ask", ask.ask)
+command("eval", evaluate.evaluate)
+command("table", table.table)
+command("simulate", simulate.simulate)
+command("score", score.score_command)
+command("calibrate", calibrate.calibrate)
+command("serve", serve.serve)
+command("doctor", doctor.doctor)
+
+
+if __name__ == "__main__":  # python -m gnll.cli.main
+    app()

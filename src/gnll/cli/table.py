@@ -7,12 +7,9 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
 __all__ = ["table"]
 
 
-@app.command("table")
 def table(
     run_dirs: Annotated[list[Path], typer.Argument(help="Output directories of `gnll eval` runs.")],
     output: Annotated[
