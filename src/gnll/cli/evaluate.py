@@ -220,9 +220,11 @@ def evaluate(
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console
     from rich.logging import RichHandler
+    from rich.text import Text
 
     from gnll import measures as M
-    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll.cli._errors import safe_text
+    from gnll.evaluation.runner import EvalConfig, Evaluator
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -272,21 +274,17 @@ def evaluate(
         _run_preset(ctx, preset, cfg, console, verbose)
         return
     t0 = time.perf_counter()
-    try:
-        Evaluator(cfg).run()
-    except (FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
-        if verbose:
-            raise
-        console.print(f"[bold red]error:[/] {exc}")
-        console.print("(run with --verbose for the traceback)")
-        raise typer.Exit(code=2) from exc
+    Evaluator(cfg).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     table = (output_path / "table.md").read_text(encoding="utf-8")
     typer.echo(table.split("\n## AUROC averaged")[0].rstrip())
     timings = json.loads((output_path / "timings.json").read_text())
     console.print(
-        f"\n[green]done[/] in {dt:.1f} s -> {output_path}/ "
-        "(samples.jsonl, results.json, table.md, plots/)"
+        Text.assemble(
+            ("\ndone", "green"),
+            f" in {dt:.1f} s -> {safe_text(output_path)}/ "
+            "(samples.jsonl, results.json, table.md, plots/)",
+        )
     )
     if verbose:
         console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
