@@ -21,4 +21,5 @@ if ! python -c "import sys, llama_cpp, uvicorn, starlette_context, pydantic_sett
         python -m pip install -q -c constraints.txt "llama-cpp-python[server]==$LLAMA_CPP_PYTHON"
 fi
 python -m ruff check src tests bench
+python -c "from importlinter.cli import lint_imports_command as c; c()"  # lint-imports: pyproject layers
 python -m pytest -q "$@"
