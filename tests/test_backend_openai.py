@@ -274,5 +274,8 @@ def test_eval_keeps_the_prompts_that_worked_and_resume_retries_the_failed_one(tm
         n_before = len(server.requests)
         second = CliRunner().invoke(app, [*args, "--resume"])
         assert second.exit_code == 0, second.output
-        retried = [r for r in server.requests[n_before:] if r[1] == "/v1/completions"]
-        assert len(retried) == 1 and retried[0][2]["prompt"] == bad["prompt"]
+        retried = [r[2]["prompt"] for r in server.requests[n_before:] if r[1] == "/v1/completions"]
+        assert bad["prompt"] in retried
+        greedy = [json.loads(x) for x in next(out.rglob("greedy*.jsonl")).read_text().splitlines()]
+        assert len({tuple(r["k"]) for r in greedy if "gen" in r}) == 3
+        assert len([r for r in greedy if "gen" in r]) == 3  # nothing appended twice

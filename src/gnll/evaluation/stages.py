@@ -6,8 +6,8 @@ that its cache does not hold yet. :meth:`Stage.fill` runs it and appends the new
 interrupted run recomputes nothing that reached the disk. Stored generations come back as
 :class:`~gnll.backends.base.Generation` objects.
 
-Sampling is seeded per (task, split, temperature, chunk), so a resumed run reproduces an
-uninterrupted one.
+Sampling is seeded per (task, split, temperature) and, in the backend, per (prompt, sample), so a
+resumed run reproduces an uninterrupted one whatever was cut off and however it is re-chunked.
 """
 
 from __future__ import annotations
@@ -119,7 +119,15 @@ class Stage(ABC):
         if todo:
             t = time.perf_counter()
             self._failed: dict[int, str] = {}
-            self.cache.append(self.compute(chunk, todo))
+            # A chunk partly on disk was torn by a kill mid-append. Recompute all of it, in one
+            # call as the uninterrupted run did, so that even batch-dependent float rounding is
+            # the same, and append only the missing records: the resumed run is byte-identical.
+            # (Questions that failed are simply absent from the records; see _generate.)
+            batch = todo if len(todo) == len(chunk.keys) else list(range(len(chunk.keys)))
+            missing = {tuple(chunk.keys[i]) for i in todo}
+            records = self.compute(chunk, batch)
+            self.cache.append([r for r in records if (r["k"][0], int(r["k"][1])) in missing])
+            self._failed = {i: msg for i, msg in self._failed.items() if i in set(todo)}
             self.comps.timed(self.label, time.perf_counter() - t)
             if self._failed:
                 self._report_failures(chunk)
@@ -282,7 +290,9 @@ class SampleStage(Stage):
         super().__init__(run, comps, f"samples-t{temperature:g}", header)
 
     def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
-        seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature, chunk.number)
+        # Not the chunk: the backend seeds each (prompt, sample) from its identity, so a torn
+        # chunk, another --chunk_size or another batch size on resume draws the same samples.
+        seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature)
         return self._generate_all(chunk, todo, self.config.replace(seed=seed))
 
 
