@@ -38,6 +38,7 @@ from gnll.evaluation.assemble import assemble_record
 from gnll.evaluation.cache import atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.config import TEMPERATURES, EvalConfig
 from gnll.evaluation.portable import without_local_paths
+from gnll.evaluation.rundir import RunLock
 from gnll.evaluation.stages import Chunk, TaskStages
 from gnll.evaluation.store import (
     FingerprintMismatchError,
@@ -278,8 +279,6 @@ class Evaluator:
 
     # ------------------------------------------------------------------ main entry point
     def run(self) -> dict[str, Any]:
-        from gnll.evaluation import report
-
         cfg = self.config
         t0 = time.perf_counter()
         # Load every task's data and check every fingerprint before generating anything (and before
@@ -295,14 +294,23 @@ class Evaluator:
             )
             for name in cfg.tasks
         ]
-        prepare_output_dir(self.out, resume=cfg.resume)
-        write_json_atomic(
-            self.out / "run.json", {"config": cfg.public(), "output_path": str(self.out)}
-        )
-        runs = [
-            TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
-            for data in datas
-        ]
+        # One run per directory at a time, for the whole run (released on any exit).
+        with RunLock(self.out):
+            prepare_output_dir(self.out, resume=cfg.resume)
+            runs = [
+                TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
+                for data in datas
+            ]
+            # Only now, with every fingerprint checked, may run.json describe this directory.
+            write_json_atomic(
+                self.out / "run.json", {"config": cfg.public(), "output_path": str(self.out)}
+            )
+            return self._run_tasks(runs, t0)
+
+    def _run_tasks(self, runs: list[TaskRun], t0: float) -> dict[str, Any]:
+        from gnll.evaluation import report
+
+        cfg = self.config
         task_meta: dict[str, Any] = {}
         plan: list[_TaskPlan] = []
         for run in runs:

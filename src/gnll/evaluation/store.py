@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from gnll.backends.identity import describe_diff, fill_unknown, outcome_args
 from gnll.evaluation.cache import JsonlCache, write_json_atomic
 from gnll.evaluation.config import EvalConfig
+from gnll.evaluation.rundir import clear_previous_run
 from gnll.evaluation.tasks import TaskData
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ __all__ = [
     "stable_hash",
 ]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: samples seeded by (prompt, sample), not by chunk
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
 OUTPUT_ENTRIES = (
     "run.json",
@@ -67,19 +67,15 @@ def jsonable(obj: Any) -> Any:
 
 
 def prepare_output_dir(out: Path, *, resume: bool) -> None:
-    """Create ``out``; unless resuming, remove what an earlier run wrote there (and say so)."""
+    """Create ``out``; unless resuming, remove what an earlier run wrote there (and say so).
+
+    Only files gnll writes are removed; anything else makes it refuse before deleting anything
+    (:func:`~gnll.evaluation.rundir.clear_previous_run`). The caller holds the directory's lock.
+    """
     out.mkdir(parents=True, exist_ok=True)
     if resume:
         return
-    removed = []
-    for name in OUTPUT_ENTRIES:
-        p = out / name
-        if p.is_dir():
-            shutil.rmtree(p)
-            removed.append(name)
-        elif p.exists():
-            p.unlink()
-            removed.append(name)
+    removed = clear_previous_run(out, OUTPUT_ENTRIES)
     if removed:
         logger.warning(
             "%s: starting over (removed %s; pass --resume to continue a run)", out, removed
