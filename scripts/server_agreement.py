@@ -83,14 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     same = [(x, y) for x, y in zip(a, b, strict=True) if x.text == y.text]
     gnll = [(-sum(x.token_logprobs), -sum(y.token_logprobs)) for x, y in same]
     diffs = [abs(p - q) for p, q in gnll]
+    # Per token only where both tokenisations have the same length (split UTF-8 characters may not).
     tok = [
-        abs(u - v) for x, y in same for u, v in zip(x.token_logprobs, y.token_logprobs, strict=True)
+        abs(u - v)
+        for x, y in same
+        if len(x.token_logprobs) == len(y.token_logprobs)
+        for u, v in zip(x.token_logprobs, y.token_logprobs, strict=True)
     ]
     figures = {
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "n_batch": args.n_batch,
         "answers_equal": len(same),
+        "equal_answers_with_other_token_count": sum(
+            len(x.token_logprobs) != len(y.token_logprobs) for x, y in same
+        ),
         "agreement": len(same) / len(prompts),
         "gnll_abs_diff_median": statistics.median(diffs) if diffs else None,
         "gnll_abs_diff_p90": float(np.quantile(diffs, 0.9)) if diffs else None,
