@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="llama.cpp prompt batch (1: reproducible log-probs; 512: llama.cpp's default)",
     )
+    ap.add_argument("--kv-f16", action="store_true", help="llama.cpp's default float16 KV cache")
     ap.add_argument("--output", type=Path, help="Write the figures as JSON here.")
     args = ap.parse_args(argv)
 
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     hf = load_model(MODEL, progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         gguf = EMBEDDED_MODELS[MODEL].gguf(Path(tmp))
-        with LlamaServer(gguf, MODEL, n_batch=args.n_batch) as server:
+        with LlamaServer(gguf, MODEL, n_batch=args.n_batch, kv_f32=not args.kv_f16) as server:
             served = load_model(MODEL, backend="openai", base_url=server.base_url, concurrency=1)
             t0 = time.perf_counter()
             a = [g[0] for g in hf.generate(prompts, cfg)]
