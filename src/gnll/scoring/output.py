@@ -141,7 +141,8 @@ class RowWriter:
             return
         if self.fmt == "jsonl":
             payload = "".join(
-                json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False, default=str) + "\n"
+                json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False, default=str)
+                + "\n"
                 for r in rows
             )
         else:
