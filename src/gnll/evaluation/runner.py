@@ -48,7 +48,7 @@ from gnll.evaluation.store import (
     prepare_output_dir,
 )
 from gnll.evaluation.tasks import get_task
-from gnll.evaluation.temperature import choose_temperature, heldout_size
+from gnll.evaluation.temperature import choose_temperatures, heldout_size
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class _TaskPlan:
 
     stages: TaskStages
     metrics: list[str]
-    temperature: float | None
+    temperature: dict[str, float] | None  # per sampling-based measure
     n: int
 
 
@@ -249,12 +249,15 @@ class Evaluator:
     # ------------------------------------------------------------------ temperature selection
     def _select_temperature(
         self, stages: TaskStages, metrics: list[str]
-    ) -> tuple[float | None, dict[str, Any]]:
+    ) -> tuple[dict[str, float] | None, dict[str, Any]]:
+        """The sampling temperature of every sampling-based measure, and how it was chosen."""
         cfg = self.config
         if not cfg.needs_samples:
             return None, {"selected_by": "not needed"}
+        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
         if cfg.temperature is not None:
-            return cfg.temperature, {"selected_by": "fixed", "value": cfg.temperature}
+            fixed = dict.fromkeys(sampling, cfg.temperature)
+            return fixed, {"selected_by": "fixed", "value": cfg.temperature, "per_measure": fixed}
         n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         primary = metrics[0]
         self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
@@ -264,13 +267,19 @@ class Evaluator:
             for pos, ex in enumerate(examples):
                 yield assemble_record(stages, ("heldout", pos), ex, [primary], temp, beams=False)
 
-        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
-        best, choice = choose_temperature(
-            cfg.temperatures, {t: records(t) for t in cfg.temperatures}, primary, sampling
+        temps, choice = choose_temperatures(
+            cfg.temperatures,
+            {t: list(records(t)) for t in cfg.temperatures},
+            primary,
+            sampling,
+            cfg.temperature_selection,
+            M.PAPER_BASELINES,
         )
-        return best, {
+        values = list(temps.values())
+        return temps, {
             "selected_by": "heldout",
-            "value": best,
+            # the temperature most measures use (all of them with --temperature_selection shared)
+            "value": max(sorted(set(values)), key=values.count),
             "metric": primary,
             "n_heldout": n,
             "measures": sampling,
@@ -322,7 +331,7 @@ class Evaluator:
             temp, selection = self._select_temperature(stages, metrics)
             n_pool = len(run.data.eval_idx)
             n = n_pool if cfg.limit is None else min(cfg.limit, n_pool)
-            temps = [temp] if temp is not None else []
+            temps = sorted(set(temp.values())) if temp else []
             self._run_split(stages, "eval", n, temps, metrics, beams=cfg.needs_beams)
             task_meta[task.name] = {
                 **{k: v for k, v in run.data.describe().items() if k != "prompt_prefix"},
