@@ -28,11 +28,10 @@ from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.serving import responses as R
-from gnll.serving.app import HTTPError
-from gnll.serving.inprocess import Reply, RequestError, annotate
-from gnll.serving.responses import Answer
+from gnll.serving.errors import HTTPError, RequestError
+from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
-from gnll.serving.uncertainty import LogprobError
+from gnll.serving.uncertainty import LogprobError, annotate
 
 
 class ProxyService:
