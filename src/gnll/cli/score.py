@@ -108,7 +108,7 @@ def score_command(
     def fail(msg: str, exc: Exception | None = None) -> None:
         if debug and exc is not None:
             raise exc
-        console.print(f"[bold red]error:[/] {msg}")
+        console.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
         raise typer.Exit(code=2)
 
     if chunk_size < 1:

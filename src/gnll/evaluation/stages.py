@@ -6,8 +6,8 @@ that its cache does not hold yet. :meth:`Stage.fill` runs it and appends the new
 interrupted run recomputes nothing that reached the disk. Stored generations come back as
 :class:`~gnll.backends.base.Generation` objects.
 
-Sampling is seeded per (task, split, temperature, chunk), so a resumed run reproduces an
-uninterrupted one.
+Sampling is seeded per (task, split, temperature) and, in the backend, per (prompt, sample), so a
+resumed run reproduces an uninterrupted one whatever was cut off and however it is re-chunked.
 """
 
 from __future__ import annotations
@@ -107,7 +107,13 @@ class Stage(ABC):
         todo = [i for i, k in enumerate(chunk.keys) if not self.cache.has(k)]
         if todo:
             t = time.perf_counter()
-            self.cache.append(self.compute(chunk, todo))
+            # A chunk partly on disk was torn by a kill mid-append. Recompute all of it, in one
+            # call as the uninterrupted run did, so that even batch-dependent float rounding is
+            # the same, and append only the missing records: the resumed run is byte-identical.
+            batch = todo if len(todo) == len(chunk.keys) else list(range(len(chunk.keys)))
+            missing = set(todo)
+            records = self.compute(chunk, batch)
+            self.cache.append([r for i, r in zip(batch, records, strict=True) if i in missing])
             self.comps.timed(self.label, time.perf_counter() - t)
         return self.cache.get_many(chunk.keys)
 
@@ -248,7 +254,9 @@ class SampleStage(Stage):
         super().__init__(run, comps, f"samples-t{temperature:g}", header)
 
     def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
-        seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature, chunk.number)
+        # Not the chunk: the backend seeds each (prompt, sample) from its identity, so a torn
+        # chunk, another --chunk_size or another batch size on resume draws the same samples.
+        seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature)
         return self._generate_all(chunk, todo, self.config.replace(seed=seed))
 
 

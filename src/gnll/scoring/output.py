@@ -141,7 +141,7 @@ class RowWriter:
             return
         if self.fmt == "jsonl":
             payload = "".join(
-                json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False) + "\n"
+                json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False, default=str) + "\n"
                 for r in rows
             )
         else:
