@@ -99,6 +99,8 @@ class Evaluator:
         self.config = config
         self.out = Path(config.output_path)
         self._model = model
+        if model is not None:
+            self._check_capabilities(model)
         self._identity: dict[str, Any] | None = None
         self._judge = judge
         self._clusterer = clusterer
@@ -118,6 +120,7 @@ class Evaluator:
                 self.config.model, progress=self.config.progress, **self.config.model_args
             )
             self.timer.add("load_model", time.perf_counter() - t)
+            self._check_capabilities(self._model)
         self._note_component("model", self._model)
         return self._model
 
@@ -287,6 +290,19 @@ class Evaluator:
         }
 
     # ------------------------------------------------------------------ main entry point
+    def _check_capabilities(self, model: Model) -> None:
+        """Refuse measures the backend cannot compute before any work (e.g. BS-MSP on a server)."""
+        caps = getattr(model, "capabilities", None)
+        bad = M.unsupported(self.config.active_measures, caps) if caps is not None else {}
+        if bad:
+            ok = [m for m in self.config.active_measures if m not in bad]
+            lacks = ", ".join(f"{m} (needs {'/'.join(c)})" for m, c in bad.items())
+            raise ValueError(
+                f"model {self.config.model!r} cannot compute {lacks} on this backend; it can run "
+                f"{', '.join(ok) or 'none of the selected measures'}: pass --measures "
+                f"{','.join(ok) or 'g-nll'}"
+            )
+
     def run(self) -> dict[str, Any]:
         cfg = self.config
         t0 = time.perf_counter()
