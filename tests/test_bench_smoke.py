@@ -25,6 +25,7 @@ SCRIPTS = {
     "simulation": ["table", "profile_v100_t4", "full_run"],
     "load_times": ["loads", "tokens_per_second"],
     "profile_greedy": ["table", "forwards", "profile"],
+    "serve_load": ["table", "proxy", "summary"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {"cost_per_method": ["--questions", "1", "--clusterers", "exact,embedding,nli,llm"]}

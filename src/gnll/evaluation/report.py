@@ -7,14 +7,12 @@ sampling-based measure; the sampling temperature and how it was chosen; agreemen
 metrics; and the full configuration with seeds and library versions. It is deterministic: run it twice
 (or resume an interrupted run) and the file is byte-identical.
 
-:func:`gnll.evaluation.tables.render_table` lays one or more results out like the
-paper's Table 1.
+:func:`gnll.evaluation.tables.render_table` lays one or more results out like the paper's Table 1.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util import jsonable
 from gnll.evaluation.correctness import agreement, f1_rule_disagreements
 from gnll.evaluation.metrics import averaged_paired_test, evaluate_measures
 
@@ -50,16 +49,6 @@ def versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - a missing optional library is simply not recorded
             continue
     return out
-
-
-def _nan_to_none(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_nan_to_none(v) for v in obj]
-    return obj
 
 
 def read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -222,7 +211,7 @@ def build_results(
         "tasks": tasks_out,
     }
     results["averages"] = averaged_significance([results], [strata])
-    return _nan_to_none(results)
+    return jsonable(results, nan="none")
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

@@ -21,10 +21,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
+
+if TYPE_CHECKING:
+    from gnll.serving.responses import Answer
 
 Mode = Literal["annotate", "flag", "refuse"]
 MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
@@ -247,3 +250,25 @@ def apply_policy(
     if policy.mode == "flag":
         return text, "abstain"
     return text, finish_reason
+
+
+def annotate(
+    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
+) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
+    """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
+    records, texts, finishes = [], [], []
+    for a in answers:
+        rec = uncertainty_record(
+            a.token_logprobs,
+            decoding=a.decoding,
+            policy=policy,
+            tokens=a.tokens,
+            top_logprobs=a.top_logprobs,
+            include_tokens=include_tokens,
+            source=source,
+        )
+        text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        records.append(rec)
+        texts.append(text)
+        finishes.append(finish)
+    return records, texts, finishes

@@ -38,7 +38,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gnll._util import progress as show_progress_bar
-from gnll.backends.base import Capabilities, Generation, GenerationConfig, Model
+from gnll.backends.base import (
+    DEFAULT_STOP,
+    Capabilities,
+    Generation,
+    GenerationConfig,
+    Model,
+    ScoredAnswer,
+)
 from gnll.backends.hf.decode import decode
 from gnll.backends.hf.hf_generate import generate_batch
 from gnll.backends.hf.kv_cache import plain_cache
@@ -51,7 +58,7 @@ from gnll.backends.hf.planning import (
     prefill_groups,
 )
 from gnll.backends.hf.prefill import Prefiller
-from gnll.backends.hf.scoring import score_ids
+from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
 
 __all__ = [
@@ -297,6 +304,65 @@ class HFModel(Model):
         return results
 
     # ------------------------------------------------------------------ scoring
+    def score(
+        self,
+        prompts: Sequence[str],
+        answers: Sequence[str],
+        *,
+        raw_prompt: bool = False,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> list[ScoredAnswer]:
+        """Teacher-forced scores of given answers: log-probs, whether greedy, whether greedy stops.
+
+        Each prompt is rendered as :meth:`generate` renders it (``raw_prompt=True``: used as the
+        exact text), prompt + answer are tokenised once jointly, and the answer's tokens are scored
+        after the prompt's own tokens (see :func:`~.scoring.tokenize_answers` for a boundary the
+        tokenizer merged; such rows have ``boundary_merged=True``). Answers are scored verbatim,
+        so after a few-shot ``"Answer:"`` prompt pass ``" Paris"`` as the model would write it.
+        Rows are batched like generation (``batch_size`` rows, ``max_batch_tokens`` positions),
+        the prompts' shared prefix runs once.
+
+        ``is_greedy``: every answer token is the model's top-1 token at its position.
+        ``greedy_stops``: the top-1 token after the answer ends it (EOS, a token containing one of
+        :data:`~gnll.backends.base.DEFAULT_STOP`, or the first token of one).
+
+        Examples
+        --------
+        >>> from gnll import load_model
+        >>> model = load_model("smollm2-135m-instruct", progress=False)
+        >>> [[g]] = model.generate(["What is the capital of France?"])
+        >>> [s] = model.score(["What is the capital of France?"], [g.text])
+        >>> g.finish_reason, abs(s.nll + g.logprob) < 1e-4, s.is_greedy, s.greedy_stops
+        ('eos', True, True, True)
+        """
+        if isinstance(prompts, str) or isinstance(answers, str):
+            raise TypeError("prompts and answers must be lists of strings; wrap one item as [item]")
+        if len(prompts) != len(answers):
+            raise ValueError(
+                f"got {len(prompts)} prompts but {len(answers)} answers; pass one each"
+            )
+        for i, (p, a) in enumerate(zip(prompts, answers, strict=True)):
+            if not isinstance(p, str) or not isinstance(a, str):
+                raise TypeError(f"prompt and answer {i} must be strings")
+        texts = [p if raw_prompt else self.render_prompt(p) for p in prompts]
+        return score_answers(
+            self.model,
+            self.tokenizer,
+            texts,
+            list(answers),
+            add_special_tokens=not self.chat_template,
+            end_ids=self._answer_end_ids,
+            engine=self.engine,
+            batch_size=batch_size or self.batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            progress=progress,
+        )
+
+    @cached_property
+    def _answer_end_ids(self) -> frozenset[int]:
+        return answer_end_ids(self.tokenizer, self.stop_rules(DEFAULT_STOP))
+
     def score_tokens(
         self, prompts: Sequence[str], token_ids: Sequence[Sequence[int]]
     ) -> list[np.ndarray]:
@@ -318,8 +384,6 @@ class HFModel(Model):
                 f"got {len(prompts)} prompts but {len(token_ids)} token id lists; pass one each"
             )
         return self._score_ids(self.encode(prompts), [list(c) for c in token_ids])
-
-    score = score_tokens  # the text-level score() replaces this
 
     def _score_ids(self, prompt_ids: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
         scored = score_ids(
