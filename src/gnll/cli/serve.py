@@ -91,8 +91,12 @@ def serve(
     ] = 64,
     batch_wait_ms: Annotated[
         float,
-        typer.Option("--batch_wait_ms", "--batch-wait-ms", help="Wait this long for companions."),
-    ] = 5.0,
+        typer.Option(
+            "--batch_wait_ms",
+            "--batch-wait-ms",
+            help="Longest wait for companions (adaptive: at most 5% of the last batch's time).",
+        ),
+    ] = 200.0,
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
