@@ -384,3 +384,19 @@ def test_engine_keeps_staggered_clients_in_one_batch():
     assert sum(calls) == 16
     assert calls[1:] == [4] * (len(calls) - 1) or calls[2:] == [4] * (len(calls) - 2), calls
     assert max(waits) < 0.8 + 0.15, waits  # no 200 ms window
+
+
+def test_shipped_calibration_auto():
+    """`--calibration auto`: the file shipped for an embedded model; its rule is stated as fitted."""
+    from gnll.calibration import load_calibration
+
+    policy = AbstentionPolicy.from_calibration(
+        "auto", model="smollm2-135m-instruct", rule="coverage"
+    )
+    cal = load_calibration("auto", model="smollm2-135m-instruct")
+    p, abstain = policy.decide(2.0)
+    assert p == pytest.approx(cal.predict_proba([2.0])[0])
+    assert abstain == bool(cal.abstain([2.0], "coverage")[0])
+    assert policy.source.startswith("smollm2-135m-instruct.json (shipped) (fraction answered >= ")
+    with pytest.raises(FileNotFoundError, match="no shipped calibration"):
+        AbstentionPolicy.from_calibration("auto", model="no-such-model")
