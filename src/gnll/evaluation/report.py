@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util import jsonable
 from gnll.evaluation.correctness import agreement, f1_rule_disagreements
 from gnll.evaluation.metrics import averaged_paired_test, evaluate_measures
 
@@ -53,16 +54,6 @@ def versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - a missing optional library is simply not recorded
             continue
     return out
-
-
-def _nan_to_none(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_nan_to_none(v) for v in obj]
-    return obj
 
 
 def _read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -211,7 +202,7 @@ def build_results(
         "tasks": tasks_out,
     }
     results["averages"] = averaged_significance([results], [strata])
-    return _nan_to_none(results)
+    return jsonable(results, nan="none")
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

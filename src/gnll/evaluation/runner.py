@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util import progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.assemble import assemble_record
@@ -223,7 +223,7 @@ class Evaluator:
             total=len(examples),
             desc=f"{stages.run.name} [{split}]",
             unit="q",
-            disable=not cfg.progress or os.environ.get("GNLL_NO_PROGRESS") == "1",
+            disable=not progress_enabled(cfg.progress),
             dynamic_ncols=True,
             mininterval=1.0,
             smoothing=0.1,
