@@ -271,19 +271,32 @@ def test_policy_needs_a_threshold_on_the_cli(tmp_path):
     assert res.exit_code == 2 and "needs --calibration FILE or --threshold" in res.output
 
 
-def test_access_log_has_no_prompt_text_by_default(server, caplog):
+def _access_lines(srv, caplog, prompt):
     import logging
 
     logger = logging.getLogger("gnll.serve.access")
     logger.propagate = True
     try:
         with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
-            client(server).completions.create(model="scripted", prompt="secret question text")
+            client(srv).completions.create(model="scripted", prompt=prompt)
     finally:
         logger.propagate = False
-    lines = [r.getMessage() for r in caplog.records if r.name == "gnll.serve.access"]
+    return [r.getMessage() for r in caplog.records if r.name == "gnll.serve.access"]
+
+
+def test_access_log_has_no_prompt_text_by_default(server, caplog):
+    lines = _access_lines(server, caplog, "secret question text")
     assert lines and '"g_nll"' in lines[-1] and '"status": 200' in lines[-1]
     assert "secret question text" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize("server", [{"log_prompts": True}], indirect=True)
+def test_access_log_with_log_prompts(server, caplog):
+    import json
+
+    entry = json.loads(_access_lines(server, caplog, "unsure")[-1])
+    assert entry["prompt"] == "unsure" and entry["answers"] == ["Maybe Lyon"]
+    assert entry["g_nll"] == [pytest.approx(5.0)]
 
 
 def test_upstream_down_is_502():
