@@ -292,6 +292,11 @@ def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
                 fallback.append(task)
             if tres.get("judge_unparseable") is not None:
                 unparseable.append(f"{task}: {tres['judge_unparseable']}")
+    if any(res.get("config", {}).get("reference") == "beam" for res in results_list):
+        out.append(
+            "**Reference answer: the most likely of the K beams** (the paper's Table 6): "
+            "correctness is judged on the top beam and G-NLL / LN-G-NLL are its NLL."
+        )
     if pools:
         out.append(
             "Evaluated questions of each evaluation pool: " + "; ".join(dict.fromkeys(pools))
