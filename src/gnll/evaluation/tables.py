@@ -76,6 +76,11 @@ def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
                 fallback.append(task)
             if tres.get("judge_unparseable") is not None:
                 unparseable.append(f"{task}: {tres['judge_unparseable']}")
+    if any(res.get("config", {}).get("reference") == "beam" for res in results_list):
+        out.append(
+            "**Reference answer: the most likely of the K beams** (the paper's Table 6): "
+            "correctness is judged on the top beam and G-NLL / LN-G-NLL are its NLL."
+        )
     if pools:
         out.append(
             "Evaluated questions of each evaluation pool: " + "; ".join(dict.fromkeys(pools))
@@ -97,6 +102,30 @@ def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
             + "; ".join(unparseable)
             + "."
         )
+    return out
+
+
+def _ara80_averaged(
+    results_list: Sequence[dict[str, Any]],
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> list[str]:
+    """The paper's Table 3: ARA@80 averaged over the datasets of each model x length x metric."""
+    out = ["", "## Rejection accuracy at 80% averaged over datasets (↑, the paper's Table 3)", ""]
+    out.append(
+        "Mean ARA@80 over the tasks in the row, as the paper prints it (plus the mean accuracy)."
+    )
+    out.append("")
+    out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."])
+    for (_run, model, mode, label), rows in groups.items():
+        lst = [mres for _t, _m, mres in rows if mres.get("n")]
+        vals = {}
+        for m in M.ORDER:
+            a = [x["measures"][m]["ara80"] for x in lst if m in x["measures"]]
+            if a and len(a) == len(lst) and all(v is not None for v in a):
+                vals[m] = sum(a) / len(a)
+        acc = [x["accuracy"] for x in lst if x.get("accuracy") is not None]
+        cells = [model, mode, label, str(len(lst)), _fmt(sum(acc) / len(acc) if acc else None)]
+        out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
     return out
 
 
@@ -220,6 +249,8 @@ def render_table(
                 _fmt(mres["accuracy"]),
             ]
             out.append("| " + " | ".join(cells + _row_cells(values, None, False)) + " |")
+        if key == "ara80":
+            out += _ara80_averaged(results_list, groups)
 
     temps = []
     for res in results_list:
