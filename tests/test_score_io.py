@@ -295,6 +295,13 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
         "'messages' must be a non-empty list"
         in _read_jsonl(Path(str(out) + ".errors.jsonl"))[0]["error"]
     )
+    # Both rendered prompts end in ">": answers are scored as the model would write them, " hello", " x".
+    assert [r["num_tokens"] for r in _read_jsonl(out)] == [6, 2]
+    res = CliRunner().invoke(
+        app,
+        ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--raw-prompt", "--verbatim"],
+    )
+    assert [r["num_tokens"] for r in _read_jsonl(out)] == [5, 1]
 
     class NoScoring(ToyModel):
         capabilities = gnll.backends.base.Capabilities(scoring=False)
