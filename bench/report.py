@@ -31,7 +31,8 @@ ORDER = [
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
     "cost_per_method": "2. Cost per question by method",
-    "throughput": "3. Pipeline throughput (`gnll eval`, G-NLL only, vs one question at a time)",
+    "throughput": "3. Pipeline throughput (`gnll eval`, G-NLL only, vs one question at a time and vs plain "
+    "transformers)",
     "scaling": "4. Scaling of `gnll eval` (G-NLL only)",
     "simulation": "5. Simulation study (`gnll simulate`)",
     "load_times": "Load times and tokens/second (issue 2)",
@@ -99,21 +100,37 @@ def cost(r: dict[str, Any]) -> list[str]:
     return out
 
 
-def throughput(r: dict[str, Any]) -> list[str]:
+def _throughput_pairs(r: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(baseline arm, its speed-ups, agreement) per baseline; older results had only the loop."""
     s = r["summary"]
-    a = s["agreement_eval_vs_loop"]
-    return [
+    if "agreement_eval_vs_loop" in s:
+        return [("loop", {**s, "target": 5.0}, s["agreement_eval_vs_loop"])]
+    return [(a, s[a], s["agreement"][a]) for a in r["arms"] if a != "eval"]
+
+
+def throughput(r: dict[str, Any]) -> list[str]:
+    out = [
         f"{r['n']} questions, {r['repeats']} interleaved repetitions (medians).",
         "",
         common.table(r["table"]),
         "",
-        f"Speed-up eval/loop (median of paired runs): end-to-end "
-        f"**{s['speedup_end_to_end_median']:.2f}x**, generation only "
-        f"**{s['speedup_generation_median']:.2f}x** (target >= 5x). Same answers in "
-        f"{a['same_text']}/{a['n']} questions, max |G-NLL difference| "
-        f"{a['max_abs_g_nll_diff']:.2g}.",
-        "",
     ]
+    for arm, sp, a in _throughput_pairs(r):
+        out += [
+            f"Speed-up eval/{arm} (median of paired runs): end-to-end "
+            f"**{sp['speedup_end_to_end_median']:.2f}x**, generation only "
+            f"**{sp['speedup_generation_median']:.2f}x** (target >= {sp['target']:g}x). Same "
+            f"answers in {a['same_text']}/{a['n']} questions, max |G-NLL difference| "
+            f"{a['max_abs_g_nll_diff']:.2g}"
+            + (
+                f"; same rendered prompts {a['same_prompts']}/{a['n']}"
+                if "same_prompts" in a
+                else ""
+            )
+            + ".",
+            "",
+        ]
+    return out
 
 
 def scaling(r: dict[str, Any]) -> list[str]:
@@ -226,14 +243,14 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                     below="below: explained under Reading the figures",
                 )
     if "throughput" in found:
-        s = found["throughput"]["summary"]
-        add(
-            "3 throughput",
-            "eval >= 5x loop (questions/s, end to end)",
-            f"{s['speedup_end_to_end_median']:.2f}x (generation only "
-            f"{s['speedup_generation_median']:.2f}x)",
-            s["met_end_to_end"],
-        )
+        for arm, sp, _ in _throughput_pairs(found["throughput"]):
+            add(
+                "3 throughput",
+                f"eval >= {sp['target']:g}x {arm} (questions/s, end to end)",
+                f"{sp['speedup_end_to_end_median']:.2f}x (generation only "
+                f"{sp['speedup_generation_median']:.2f}x)",
+                sp["met_end_to_end"],
+            )
     if "scaling" in found:
         s = found["scaling"]["summary"]
         add(

@@ -18,6 +18,42 @@ FinishReason = Literal["stop", "eos", "length"]
 DEFAULT_STOP: tuple[str, ...] = ("\n", "Question:", "Context:")
 
 
+class ChatPrompt(str):
+    """A prompt's plain text that also carries its chat turns.
+
+    The string value is the prompt as a completion model (or a cache, or a fingerprint) sees it;
+    ``messages`` are the same content as ``[{"role": ..., "content": ...}, ...]`` turns, which a
+    backend with a chat template renders instead of wrapping the whole text as one user turn
+    (few-shot examples as user/assistant exchanges, as lm-eval-harness's ``--fewshot_as_multiturn``).
+    String operations return plain ``str``: the turns go only where the object itself goes.
+
+    >>> p = ChatPrompt("Q: 1+1?\nA: 2\n\nQ: 2+2?\nA:", [{"role": "user", "content": "Q: 1+1?"},
+    ...     {"role": "assistant", "content": "2"}, {"role": "user", "content": "Q: 2+2?"}])
+    >>> p == "Q: 1+1?\nA: 2\n\nQ: 2+2?\nA:", len(chat_messages(p)), chat_messages("hi")
+    (True, 3, [{'role': 'user', 'content': 'hi'}])
+    """
+
+    messages: tuple[dict[str, str], ...]
+
+    def __new__(cls, text: str, messages: Sequence[dict[str, str]]) -> ChatPrompt:
+        if not messages or messages[-1].get("role") != "user":
+            raise ValueError("a ChatPrompt's turns must end with a user turn")
+        obj = super().__new__(cls, text)
+        obj.messages = tuple(dict(m) for m in messages)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChatPrompt, (str(self), list(self.messages)))
+
+
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """The chat turns of ``prompt``: its own (:class:`ChatPrompt`) or the whole text as one user turn."""
+    turns = getattr(prompt, "messages", None)
+    if turns:
+        return [dict(m) for m in turns]
+    return [{"role": "user", "content": str(prompt)}]
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """How to decode.

@@ -208,6 +208,14 @@ def evaluate(
             help="Held-out questions for temperature selection [default: min(100, limit)].",
         ),
     ] = None,
+    fewshot_as_multiturn: Annotated[
+        bool,
+        typer.Option(
+            "--fewshot_as_multiturn",
+            "--fewshot-as-multiturn",
+            help="Chat models: few-shot examples as user/assistant turns instead of one user turn.",
+        ),
+    ] = False,
     bootstrap: Annotated[
         int,
         typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
@@ -258,6 +266,7 @@ def evaluate(
             clusterer_args=parse_kv(clusterer_args, "--clusterer_args"),
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
+            fewshot_as_multiturn=fewshot_as_multiturn,
             n_boot=bootstrap,
             plots=plots,
             progress=progress,

@@ -131,6 +131,7 @@ class EvalConfig:
     clusterer_args: dict[str, Any] = field(default_factory=dict)
     semantic_relation: str | None = None
     heldout_size: int | None = None  # None: min(100, limit)
+    fewshot_as_multiturn: bool = False
     n_boot: int = 1000
     plots: bool = True
     progress: bool = True
@@ -766,6 +767,8 @@ class Evaluator:
             )
             for name in cfg.tasks
         ]
+        for td in datas:
+            td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
         self._prepare_output_dir()
         write_json_atomic(
             self.out / "run.json", {"config": cfg.public(), "output_path": str(self.out)}
