@@ -8,29 +8,20 @@ import pytest
 from typer.testing import CliRunner
 
 from gnll import measures
-from gnll.cli.ask import ask_prompt, parse_model_args
+from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
 
 runner = CliRunner()
 
 
-def test_parse_model_args_types():
-    assert parse_model_args("device=cpu,batch_size=8,chat_template=false,temp=0.5") == {
-        "device": "cpu",
-        "batch_size": 8,
-        "chat_template": False,
-        "temp": 0.5,
-    }
-    assert parse_model_args(None) == {}
+def test_ask_prompt_is_the_evaluation_prompt_without_few_shot():
+    from gnll.evaluation.datasets import Example
+    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt, format_block
 
-
-def test_ask_prompt_uses_paper_instructions():
-    assert ask_prompt("Q?", long=False) == (
-        "Answer the following question as briefly as possible.\nQuestion: Q?\nAnswer:"
-    )
-    assert ask_prompt("Q?", long=True).startswith(
-        "Answer the following question in a single brief but complete sentence."
-    )
+    for long, brief in ((False, BRIEF_SHORT), (True, BRIEF_LONG)):
+        prompt = ask_prompt("Q?", long=long)
+        assert prompt == build_prompt(brief, [], Example("x", "Q?", ("A",)))
+        assert prompt == brief + "\n" + format_block(Example("x", "Q?", ("A",)))
 
 
 @pytest.mark.model
@@ -58,7 +49,32 @@ def test_ask_json_reports_answer_and_measures(smollm):
     assert record["g_nll"] == pytest.approx(measures.g_nll(record["token_logprobs"]))
     assert len(record["tokens"]) == len(record["token_logprobs"])
     assert len(record["samples"]) == 3
-    assert record["pe"] >= 0
+    assert record["pe"] == pytest.approx(
+        measures.predictive_entropy(record["sample_token_logprobs"])
+    )
+
+
+@pytest.mark.model
+def test_ask_every_measure_with_default_options(smollm):
+    """Every measure at once, nothing but defaults (the semantic ones once failed on the clusterer)."""
+    result = runner.invoke(
+        app,
+        ["ask", "What is the capital of France?", "--json", "--measures", ",".join(measures.ORDER)],
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout.strip().splitlines()[-1])
+    samples, ids = record["sample_token_logprobs"], record["cluster_ids"]
+    assert len(samples) == len(ids) == len(record["samples"]) == 10  # the --samples default
+    assert len(record["beam_token_logprobs"]) == 5  # the --beams default
+    expected = measures.compute(
+        measures.ORDER,
+        greedy=record["token_logprobs"],
+        beams=record["beam_token_logprobs"],
+        samples=samples,
+        cluster_ids=ids,
+    )
+    for name, value in expected.items():
+        assert record[name.replace("-", "_")] == pytest.approx(value), name
 
 
 @pytest.mark.model

@@ -120,16 +120,18 @@ def test_task_prompts_on_real_data(name):
 @needs_data
 def test_golden_real_prompt_svamp_short():
     td = get_task("svamp_short").load(seed=0, data_dir=str(SHARED))
+    # the few-shot examples come from the 700 problems outside the fixed 300-problem evaluation pool
     assert td.prefix.startswith(
         "Answer the following question as briefly as possible.\n"
-        "Context: We ordered 17 pizzas. Each pizza has 4 slices. If there are 25 of us\n"
-        "Question: How many slices of pizza are there altogether?\nAnswer: 68\n\n"
-        "Context: Mary is baking a cake."
+        "Context: Danny collects bottle caps and wrappers. He found 46 wrappers and 50 bottle caps "
+        "at the park."
     )
     assert td.prefix.endswith(
-        "Context: Paul sold some books in a garage sale leaving him with 27 books. If he had 136 "
-        "books initially\nQuestion: How many books did he sell?\nAnswer: 109\n\n"
+        "Context: Rachel picked 3 ripe apples from her tree. Now the tree has 2 ripe apples and 27 "
+        "unripe apples.\nQuestion: How many ripe apples did the tree have to begin with?\n"
+        "Answer: 5\n\n"
     )
+    assert len(td.eval_idx) == 300
     # chal-680 is in the few-shot pool, but its gold answer contradicts its equation
     pool = [td.examples[i].id for i in range(len(td.examples))]
     assert "chal-680" in pool and "chal-680" not in [e.id for e in td.fewshot]

@@ -430,23 +430,6 @@ def test_resume_after_kill_gives_identical_results(data_dir, tmp_path):
     assert (out / "results.json").read_bytes() == (tmp_path / "ref" / "results.json").read_bytes()
 
 
-def test_parse_model_args():
-    from gnll.cli.evaluate import parse_kv
-
-    assert parse_kv("device=cpu,dtype=float32,batch_size=8,chat_template=false,x=1.5") == {
-        "device": "cpu",
-        "dtype": "float32",
-        "batch_size": 8,
-        "chat_template": False,
-        "x": 1.5,
-    }
-    assert parse_kv(None) == {}
-    import typer
-
-    with pytest.raises(typer.BadParameter):
-        parse_kv("novalue")
-
-
 def test_config_validation():
     with pytest.raises(ValueError, match="unknown measure"):
         EvalConfig(model="m", tasks=["svamp_short"], output_path="x", measures=["entropy"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import typer.main
 from typer.testing import CliRunner
 
 from gnll.cli.main import app
@@ -22,9 +21,7 @@ FIGURES = (
 
 
 def _invoke(*args: str):
-    # With a single registered command Typer runs it without the sub-command name.
-    prefix = ["simulate"] if hasattr(typer.main.get_command(app), "commands") else []
-    return CliRunner().invoke(app, [*prefix, *args])
+    return CliRunner().invoke(app, ["simulate", *args])
 
 
 def test_simulate_quick_writes_results_and_figures(tmp_path: Path) -> None:

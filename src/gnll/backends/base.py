@@ -312,3 +312,27 @@ class Model(ABC):
     def info(self) -> dict[str, Any]:
         """Facts about the model to record with results (name, source, dtype, chat template use)."""
         return {"name": self.name}
+
+
+class GenerationErrors(RuntimeError):
+    """Some prompts of a batch failed; the others' generations are kept, not thrown away.
+
+    Raised by :meth:`Model.generate` when a per-prompt problem (a rejected request, an unusable
+    response) hits only some prompts. A backend that cannot go on at all (server unreachable) raises
+    an ordinary error instead.
+
+    Attributes
+    ----------
+    results:
+        One entry per prompt: its generations, or ``None`` where it failed.
+    errors:
+        Prompt index -> one-line reason.
+    """
+
+    def __init__(self, results: list[list[Generation] | None], errors: dict[int, str]) -> None:
+        self.results, self.errors = results, dict(errors)
+        first = min(self.errors)
+        super().__init__(
+            f"{len(self.errors)} of {len(results)} prompts failed "
+            f"(first: prompt {first}: {self.errors[first]})"
+        )

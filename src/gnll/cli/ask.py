@@ -8,45 +8,17 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
-SHORT_INSTRUCTION = "Answer the following question as briefly as possible."
-LONG_INSTRUCTION = "Answer the following question in a single brief but complete sentence."
-_GREEDY_MEASURES = {"g-nll", "ln-g-nll"}
-
-
-def parse_model_args(text: str | None) -> dict[str, object]:
-    """Parse lm-eval-harness style ``key=value,key=value`` into typed kwargs."""
-    if not text:
-        return {}
-    out: dict[str, object] = {}
-    for item in text.split(","):
-        if "=" not in item:
-            raise typer.BadParameter(f"expected key=value in --model_args, got {item!r}")
-        key, value = (s.strip() for s in item.split("=", 1))
-        low = value.lower()
-        if low in {"true", "false"}:
-            out[key] = low == "true"
-        elif low in {"none", "null"}:
-            out[key] = None
-        else:
-            try:
-                out[key] = int(value)
-            except ValueError:
-                try:
-                    out[key] = float(value)
-                except ValueError:
-                    out[key] = value
-    return out
+from gnll.cli._args import clusterer_kwargs, model_kwargs
 
 
 def ask_prompt(question: str, *, long: bool) -> str:
-    """The zero-shot prompt ``gnll ask`` sends (the paper's instruction and Question/Answer format)."""
-    instruction = LONG_INSTRUCTION if long else SHORT_INSTRUCTION
-    return f"{instruction}\nQuestion: {question}\nAnswer:"
+    """The zero-shot prompt ``gnll ask`` sends: the evaluation's instruction, no few-shot block."""
+    from gnll.evaluation.datasets import Example
+    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
+
+    return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", question, ()))
 
 
-@app.command("ask")
 def ask(
     question: Annotated[str, typer.Argument(help="The question to answer.")],
     model: Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")] = (
@@ -72,8 +44,21 @@ def ask(
     ] = 1.0,
     beams: Annotated[int, typer.Option("--beams", help="Beams for bs-msp.")] = 5,
     clusterer: Annotated[
-        str, typer.Option("--clusterer", help="Semantic clusterer for se/ln-se/d-se/mcp.")
-    ] = "default",
+        str,
+        typer.Option(
+            "--clusterer",
+            help="Semantic clusterer for se/ln-se/d-se/mcp: auto (nli if available offline, else "
+            "embedding), nli, embedding, exact, llm.",
+        ),
+    ] = "auto",
+    clusterer_args: Annotated[
+        str | None,
+        typer.Option(
+            "--clusterer_args",
+            "--clusterer-args",
+            help="key=value,... for the clusterer (model, threshold, ...).",
+        ),
+    ] = None,
     max_new_tokens: Annotated[
         int | None,
         typer.Option("--max_new_tokens", "--max-new-tokens", help="Default 50 (100 with --long)."),
@@ -82,55 +67,48 @@ def ask(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of tables.")
     ] = False,
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="calibration.json from gnll calibrate, or 'auto' (the file shipped for the "
+            "model): adds p_correct and the abstention decision.",
+        ),
+    ] = None,
 ) -> None:
     """Answer QUESTION greedily and report its G-NLL (and any other requested measures)."""
     from gnll import GenerationConfig, load_model
     from gnll import measures as M
 
-    wanted = [m.strip() for m in measures.split(",") if m.strip()]
-    unknown = [m for m in wanted if m not in M.MEASURES]
-    if unknown:
-        raise typer.BadParameter(
-            f"unknown measure(s) {unknown}; choose from {', '.join(M.MEASURES)}"
-        )
+    try:
+        wanted = M.validate(measures)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--measures") from exc
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
-    lm = load_model(model, progress=not as_json, **parse_model_args(model_args))
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
     prompt = ask_prompt(question, long=long)
     cap = max_new_tokens or (100 if long else 50)
     [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap))
 
-    values: dict[str, float] = {}
-    needs = {M.MEASURES[m]["needs"] for m in wanted}
-    beam_lps = sample_lps = cluster_ids = None
+    needs = M.requirements(wanted)
+    beam_gens = sample_gens = cluster_ids = None
     sample_texts: list[str] = []
-    if "beams" in needs:
+    if M.Needs.BEAMS in needs:
         [beam_gens] = lm.generate([prompt], GenerationConfig.beam(beams, max_new_tokens=cap))
-        beam_lps = [g.token_logprobs for g in beam_gens]
-    if needs & {"samples", "clusters", "cluster_ids"}:
+    if M.Needs.SAMPLES in needs:
         cfg = GenerationConfig.sample(
             samples, temperature=temperature, max_new_tokens=cap, seed=seed
         )
         [sample_gens] = lm.generate([prompt], cfg)
-        sample_lps = [g.token_logprobs for g in sample_gens]
         sample_texts = [g.text for g in sample_gens]
-    if needs & {"clusters", "cluster_ids"}:
+    if M.Needs.CLUSTERS in needs:
         from gnll.semantic import load_clusterer
 
-        cluster_ids = load_clusterer(clusterer).cluster(question, sample_texts)
-    for name in wanted:
-        spec = M.MEASURES[name]
-        fn, need = spec["fn"], spec["needs"]
-        if need == "greedy":
-            values[name] = fn(greedy.token_logprobs)
-        elif need == "beams":
-            values[name] = fn(beam_lps)
-        elif need == "samples":
-            values[name] = fn(sample_lps)
-        elif need == "clusters":
-            values[name] = fn(sample_lps, cluster_ids)
-        else:
-            values[name] = fn(cluster_ids)
+        options = clusterer_kwargs(clusterer, clusterer_args)
+        cluster_ids = load_clusterer(clusterer, **options).cluster(question, sample_texts)
+    values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
+    calibrated = _calibrated(calibration, lm.name, long, values) if calibration else {}
 
     if as_json:
         record: dict[str, object] = {
@@ -142,16 +120,51 @@ def ask(
             "finish_reason": greedy.finish_reason,
         }
         record.update({name.replace("-", "_"): value for name, value in values.items()})
-        if sample_texts:
+        record.update(calibrated)
+        if sample_gens is not None:
             record["samples"] = sample_texts
+            record["sample_token_logprobs"] = [g.token_logprobs for g in sample_gens]
+        if beam_gens is not None:
+            record["beam_token_logprobs"] = [g.token_logprobs for g in beam_gens]
         if cluster_ids is not None:
             record["cluster_ids"] = list(cluster_ids)
         typer.echo(json.dumps(record, ensure_ascii=False))
         return
-    _print_report(question, greedy, values)
+    _print_report(question, greedy, values, calibrated)
 
 
-def _print_report(question: str, greedy, values: dict[str, float]) -> None:
+def _calibrated(spec: str, model: str, long: bool, values: dict[str, float]) -> dict[str, object]:
+    """p_correct and abstain from a calibration file; a model/prompt mismatch is one warning line."""
+    import warnings
+
+    from gnll.calibration import load_calibration, prompt_fingerprint
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cal = load_calibration(
+                spec,
+                model=model,
+                prompt_fingerprint=prompt_fingerprint(ask_prompt("{question}", long=long)),
+            )
+        except (FileNotFoundError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--calibration") from exc
+    for w in caught:
+        typer.echo(f"warning: {w.message}", err=True)
+    measure = cal.meta.get("measure", "g-nll")
+    if measure not in values:
+        raise typer.BadParameter(
+            f"the calibration maps {measure!r}; add it to --measures", param_hint="--calibration"
+        )
+    out: dict[str, object] = {"p_correct": float(cal.predict_proba([values[measure]])[0])}
+    if cal.thresholds_:
+        out["abstain"] = bool(cal.abstain([values[measure]])[0])
+    return out
+
+
+def _print_report(
+    question: str, greedy, values: dict[str, float], calibrated: dict[str, object] | None = None
+) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -164,8 +177,15 @@ def _print_report(question: str, greedy, values: dict[str, float]) -> None:
     scores.add_column("measure")
     scores.add_column("value", justify="right")
     for name, value in values.items():
-        scores.add_row(M.MEASURES[name]["label"], f"{value:.4f}")
+        scores.add_row(M.get(name).label, f"{value:.4f}")
     console.print(scores)
+    if calibrated:
+        line = f"[bold]P(correct):[/bold] {calibrated['p_correct']:.3f}"
+        if "abstain" in calibrated:
+            line += "  -> " + (
+                "[red]abstain[/red]" if calibrated["abstain"] else "[green]answer[/green]"
+            )
+        console.print(line)
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")
     tokens.add_column("token")

@@ -13,55 +13,15 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
+from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
 
-__all__ = ["evaluate", "parse_kv"]
-
-
-def _coerce(value: str) -> Any:
-    low = value.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
+__all__ = ["evaluate"]
 
 
-def parse_kv(spec: str | None, name: str = "--model_args") -> dict[str, Any]:
-    """``"device=cpu,dtype=float32,batch_size=8"`` -> ``{"device": "cpu", ..., "batch_size": 8}``"""
-    if not spec:
-        return {}
-    out: dict[str, Any] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise typer.BadParameter(
-                f"{name}: expected key=value pairs separated by commas, got {part!r}"
-            )
-        k, v = part.split("=", 1)
-        out[k.strip()] = _coerce(v.strip())
-    return out
-
-
-def _csv(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    items = [x.strip() for x in value.split(",") if x.strip()]
-    return items or None
-
-
-@app.command("eval")
 def evaluate(
     model: Annotated[
         str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
@@ -111,6 +71,24 @@ def evaluate(
             help="'local' files or 'hub' (Hugging Face datasets, needs network).",
         ),
     ] = "local",
+    split_path: Annotated[
+        str | None,
+        typer.Option(
+            "--split_path",
+            "--split-path",
+            help="File of evaluation-pool ids, one per line (e.g. a test split); the few-shot "
+            "and held-out pools come from the other questions.",
+        ),
+    ] = None,
+    pool_path: Annotated[
+        str | None,
+        typer.Option(
+            "--pool_path",
+            "--pool-path",
+            help="A second file of the dataset's format (e.g. NQ-Open train) for the few-shot and "
+            "held-out pools; the whole data file is then evaluated.",
+        ),
+    ] = None,
     correctness: Annotated[
         str | None,
         typer.Option(
@@ -220,6 +198,14 @@ def evaluate(
         int,
         typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
     ] = 1000,
+    f1_rule: Annotated[
+        str,
+        typer.Option(
+            "--f1_rule",
+            "--f1-rule",
+            help="F1 correctness: gt (F1 > 0.5, the paper's) or ge (>= 0.5, the reference code's).",
+        ),
+    ] = "gt",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
@@ -230,7 +216,8 @@ def evaluate(
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from gnll.evaluation.runner import ALL_MEASURES, EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll import measures as M
+    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -241,19 +228,21 @@ def evaluate(
     )
     try:
         task_names = [t.name for t in parse_task_list(tasks)]
-        ms = list(ALL_MEASURES) if measures.strip() == "all" else _csv(measures) or []
+        ms = M.validate(measures)
         cfg = EvalConfig(
             model=model,
             tasks=task_names,
             output_path=output_path,
-            model_args=parse_kv(model_args),
+            model_args=model_kwargs(model_args),
             limit=limit,
             data_dir=data_dir,
             data_path=data_path,
             data_source=data_source,
-            correctness=_csv(correctness),
+            split_path=split_path,
+            pool_path=pool_path,
+            correctness=parse_csv(correctness),
             judge=judge,
-            judge_args=parse_kv(judge_args, "--judge_args"),
+            judge_args=model_kwargs(judge_args, "--judge_args"),
             beams=beams,
             samples=samples,
             temperature=temperature,
@@ -263,11 +252,12 @@ def evaluate(
             seed=seed,
             resume=resume,
             clusterer=clusterer,
-            clusterer_args=parse_kv(clusterer_args, "--clusterer_args"),
+            clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
             fewshot_as_multiturn=fewshot_as_multiturn,
             n_boot=bootstrap,
+            f1_rule=f1_rule,
             plots=plots,
             progress=progress,
         )

@@ -15,21 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
-from gnll.cli.main import app
+from gnll.cli._args import parse_list
 
 __all__ = ["simulate"]
-
-
-def _parse_list(value: str | None, cast: type, name: str) -> tuple | None:
-    if value is None:
-        return None
-    try:
-        items = tuple(cast(x.strip()) for x in value.split(",") if x.strip())
-    except ValueError as exc:
-        raise typer.BadParameter(f"{name}: expected a comma-separated list, got {value!r}") from exc
-    if not items:
-        raise typer.BadParameter(f"{name}: empty list")
-    return items
 
 
 def _fmt(x: Any, digits: int = 2) -> str:
@@ -140,7 +128,6 @@ def _print_summary(results: dict[str, Any], output_path: Path, files: list[Path]
     )
 
 
-@app.command("simulate")
 def simulate(
     output_path: Annotated[
         Path,
@@ -230,12 +217,12 @@ def simulate(
 
     overrides: dict[str, Any] = {
         "distributions": distributions,
-        "vocab_sizes": _parse_list(vocab_sizes, int, "--vocab_sizes"),
-        "lengths": _parse_list(lengths, int, "--lengths"),
+        "vocab_sizes": parse_list(vocab_sizes, int, "--vocab_sizes"),
+        "lengths": parse_list(lengths, int, "--lengths"),
         "max_samples": max_samples,
         "repeats": repeats,
-        "pe_temperatures": _parse_list(pe_temperatures, float, "--pe_temperatures"),
-        "ms_temperatures": _parse_list(ms_temperatures, float, "--ms_temperatures"),
+        "pe_temperatures": parse_list(pe_temperatures, float, "--pe_temperatures"),
+        "ms_temperatures": parse_list(ms_temperatures, float, "--ms_temperatures"),
         "theory_distributions": theory_distributions,
         "theory_epsilon": epsilon,
         "theory_delta": delta,

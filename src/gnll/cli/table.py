@@ -7,12 +7,9 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli.main import app
-
 __all__ = ["table"]
 
 
-@app.command("table")
 def table(
     run_dirs: Annotated[list[Path], typer.Argument(help="Output directories of `gnll eval` runs.")],
     output: Annotated[
@@ -21,14 +18,21 @@ def table(
     ] = None,
 ) -> None:
     """Print (or write) the paper-style tables of one or more runs (rows: model/task/metric)."""
-    from gnll.evaluation.report import load_results, render_table
+    from gnll.evaluation.report import (
+        averaged_significance,
+        load_results,
+        read_strata,
+        render_table,
+    )
 
     try:
         results = [load_results(d) for d in run_dirs]
+        # Per-question data for the significance of averaged rows spanning several runs.
+        strata = [read_strata(d) if Path(d).is_dir() else None for d in run_dirs]
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    text = render_table(results)
+    text = render_table(results, averaged_significance(results, strata))
     if output is None:
         typer.echo(text, nl=False)
     else:

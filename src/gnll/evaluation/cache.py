@@ -2,12 +2,10 @@
 
 A stage cache file starts with a header line ``{"_header": {...}}`` holding the configuration that
 produced it (its name carries a hash of that configuration, so a different configuration never
-shares
-a file). Each further line is one question's record ``{"k": [split, pos], "id": ..., ...}``. Only
-byte
-offsets are kept in memory; records are read back on demand. A torn last line (the process was
-killed
-mid-write) is cut off when the cache is reopened.
+shares a file). Each further line is one question's record ``{"k": [split, pos], "id": ...}``.
+Only byte offsets are kept in memory; records are read back on demand. A torn last line (the process was
+killed mid-write: it has no newline) is cut off when the cache is reopened; any other damaged line
+is an error naming the file and line, since dropping it would lose the records after it.
 
 >>> import tempfile, pathlib
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "greedy-abc.jsonl"
@@ -25,13 +23,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CacheMismatchError", "JsonlCache", "write_json_atomic"]
+__all__ = ["CacheDamagedError", "CacheMismatchError", "JsonlCache", "write_json_atomic"]
 
 Key = tuple[str, int]
 
 
 class CacheMismatchError(RuntimeError):
     """A cache on disk was produced by a different configuration."""
+
+
+class CacheDamagedError(ValueError):
+    """A complete line of a cache file is not a valid record (the message names file and line)."""
 
 
 def _dumps(obj: Any) -> str:
@@ -62,45 +64,47 @@ class JsonlCache:
             self._load()
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("w", encoding="utf-8") as fh:
-                fh.write(_dumps({"_header": header}) + "\n")
+            self._write_header()
 
     def _load(self) -> None:
-        good_end = 0
         with self.path.open("rb") as fh:
             first = fh.readline()
-            try:
-                stored = json.loads(first)["_header"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                stored = None
-            if stored is None or first[-1:] != b"\n":
-                # Not even a complete header: start the file over.
-                self.path.unlink()
-                with self.path.open("w", encoding="utf-8") as out:
-                    out.write(_dumps({"_header": self.header}) + "\n")
+            if not first.endswith(b"\n") and not fh.read(1):
+                # Killed while creating the file: only a partial header, which this class wrote.
+                self._write_header()
                 return
+            stored = _header_of(first)
+            if stored is None:
+                raise CacheDamagedError(
+                    f"{self.path}:1: not a gnll stage cache (its first line is not a header); "
+                    "move the file out of the run directory"
+                )
             if _canon(stored) != _canon(self.header):
                 raise CacheMismatchError(
                     f"{self.path} was written by a different configuration:\n"
                     f"  on disk: {_dumps(stored)}\n  now:     {_dumps(self.header)}"
                 )
             good_end = fh.tell()
+            lineno = 1
             while True:
                 offset = fh.tell()
                 line = fh.readline()
                 if not line:
                     break
+                lineno += 1
                 if not line.endswith(b"\n"):
-                    break  # torn write
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    break
-                self._offsets[(rec["k"][0], int(rec["k"][1]))] = offset
+                    break  # the process was killed while appending: a torn last record
+                self._offsets[_key_of(line, self.path, lineno)] = offset
                 good_end = fh.tell()
         if good_end < self.path.stat().st_size:
             with self.path.open("r+b") as fh:
                 fh.truncate(good_end)
+
+    def _write_header(self) -> None:
+        with self.path.open("w", encoding="utf-8") as out:
+            out.write(_dumps({"_header": self.header}) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -143,6 +147,39 @@ class JsonlCache:
         for key, data in zip(keys, payload, strict=True):
             self._offsets[key] = offset
             offset += len(data)
+
+
+def _header_of(line: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(line)
+    except ValueError:  # JSONDecodeError and UnicodeDecodeError
+        return None
+    return (
+        obj["_header"] if isinstance(obj, dict) and isinstance(obj.get("_header"), dict) else None
+    )
+
+
+def _key_of(line: bytes, path: Path, lineno: int) -> Key:
+    """The key of one complete record line; a damaged line is an error, never skipped.
+
+    Skipping it (or cutting the file there) would silently drop the records after it.
+    """
+    try:
+        rec = json.loads(line)
+        split, pos = rec["k"]
+        if isinstance(split, str) and isinstance(pos, int) and not isinstance(pos, bool):
+            return split, pos
+        problem = f"its key {rec['k']!r} is not [split, position]"
+    except UnicodeDecodeError:
+        problem = "not valid UTF-8"
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON ({exc.msg}, column {exc.colno})"
+    except (KeyError, TypeError, ValueError):
+        problem = "not a record with a key 'k': [split, position]"
+    raise CacheDamagedError(
+        f"{path}:{lineno}: damaged cache record ({problem}); the records after it are kept. "
+        "Delete that line (or the whole file, to recompute this stage) and resume"
+    )
 
 
 def _canon(obj: Any) -> str:

@@ -28,10 +28,12 @@ from gnll.text import answer_tokens, normalize_answer
 
 __all__ = [
     "CORRECTNESS_METRICS",
+    "F1_RULES",
     "F1_THRESHOLD",
     "Verdict",
     "agreement",
     "contains_match",
+    "f1_rule_disagreements",
     "f1_score",
     "f1_verdict",
     "max_f1",
@@ -41,6 +43,9 @@ __all__ = [
 
 CORRECTNESS_METRICS = ("f1", "contains", "judge")
 F1_THRESHOLD = 0.5
+#: How an F1 score is compared with :data:`F1_THRESHOLD`: ``"gt"`` is the paper's rule (F1 "exceeds
+#: 0.5", Sec. 5 and Table 1's caption), ``"ge"`` the reference code's (``f1 >= 50``).
+F1_RULES = ("gt", "ge")
 
 
 @dataclass
@@ -116,15 +121,54 @@ def _num_equal(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
 
 
-def f1_verdict(prediction: str, golds: Sequence[str], numeric_gold: float | None = None) -> Verdict:
-    """``f1``: max-over-aliases SQuAD F1 >= 0.5; numeric equality when both sides are numbers."""
+def _passes(score: float, rule: str) -> bool:
+    if rule == "gt":
+        return score > F1_THRESHOLD
+    if rule == "ge":
+        return score >= F1_THRESHOLD
+    raise ValueError(f"unknown F1 rule {rule!r}; choose from {F1_RULES} ('gt' is the paper's)")
+
+
+def f1_verdict(
+    prediction: str, golds: Sequence[str], numeric_gold: float | None = None, rule: str = "gt"
+) -> Verdict:
+    """``f1``: max-over-aliases SQuAD F1 above 0.5; numeric equality when both sides are numbers.
+
+    ``rule="gt"`` (default) is the paper's "F1 exceeds 0.5"; ``rule="ge"`` the reference code's
+    ``>= 0.5``. They disagree exactly when the F1 is 0.5, e.g. "Kennedy" for "John F. Kennedy":
+
+    >>> f1_verdict("Kennedy", ["John F. Kennedy"]).correct
+    False
+    >>> f1_verdict("Kennedy", ["John F. Kennedy"], rule="ge").correct
+    True
+    """
+    if rule not in F1_RULES:
+        raise ValueError(f"unknown F1 rule {rule!r}; choose from {F1_RULES} ('gt' is the paper's)")
     if numeric_gold is not None:
         value = parse_number(prediction)
         if value is not None:
             ok = _num_equal(value, numeric_gold)
             return Verdict(ok, 1.0 if ok else 0.0, "numeric")
     score = max_f1(prediction, golds)
-    return Verdict(score >= F1_THRESHOLD, score, None)
+    return Verdict(_passes(score, rule), score, None)
+
+
+def f1_rule_disagreements(verdicts: Sequence[dict[str, Any]]) -> int:
+    """How many ``f1`` verdicts (``Verdict.to_dict()``) the rules ``gt`` and ``ge`` label differently.
+
+    Numeric verdicts (SVAMP) do not depend on the rule.
+
+    >>> f1_rule_disagreements([{"correct": False, "score": 0.5}, {"correct": True, "score": 1.0},
+    ...                        {"correct": False, "score": 0.0, "detail": "numeric"}])
+    1
+    """
+    return sum(
+        1
+        for v in verdicts
+        if v.get("detail") != "numeric"
+        and v.get("score") is not None
+        and _passes(v["score"], "gt") != _passes(v["score"], "ge")
+    )
 
 
 def contains_match(

@@ -18,6 +18,7 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -25,10 +26,13 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from gnll.measures import PAPER_BASELINES
+
 __all__ = [
     "accuracy_curve",
     "aurac",
     "auroc",
+    "averaged_paired_test",
     "bootstrap_auroc",
     "evaluate_measures",
     "paired_bootstrap_test",
@@ -113,6 +117,82 @@ def paired_bootstrap_test(
     return {"diff": float(diff), "p_value": float(p), "n_boot": int(len(d))}
 
 
+def _stratum_seed(seed: int, key: str) -> int:
+    digest = hashlib.sha256(f"{seed}|{key}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+def averaged_paired_test(
+    strata: Sequence[tuple[str, Sequence, dict[str, Sequence[float]]]],
+    *,
+    reference: str = "g-nll",
+    baselines: Sequence[str] = ("pe", "ln-pe", "se", "ln-se", "d-se"),
+    n_boot: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """Paired bootstrap test of G-NLL against the best baseline on an AUROC *averaged over tasks*.
+
+    ``strata`` holds one ``(key, correct, {measure: scores})`` per task (the rows of the paper's
+    dataset-averaged lines). Questions are resampled within each task (stratified bootstrap; the
+    resample indices of a task are seeded by ``seed`` and its ``key``, so two correctness metrics of
+    one task resample the same questions); each resample's statistic is the mean over tasks of
+    AUROC(reference) - AUROC(best baseline). The best baseline is the one with the highest mean
+    AUROC on the full data. Resamples in which some task has a single class are skipped. The
+    one-sided p-value is ``(1 + #{diff <= 0}) / (1 + #resamples)``, as in
+    :func:`paired_bootstrap_test`.
+
+    >>> c = [1, 1, 1, 0, 0, 0] * 5
+    >>> good, bad = [0, 1, 2, 7, 8, 9] * 5, [5, 0, 9, 1, 8, 2] * 5
+    >>> res = averaged_paired_test([("a", c, {"g-nll": good, "pe": bad}),
+    ...                             ("b", c, {"g-nll": good, "pe": bad})], n_boot=200)
+    >>> res["best_baseline"], res["significant"]
+    ('pe', True)
+    """
+    names = None
+    for _key, _c, ms in strata:
+        names = set(ms) if names is None else names & set(ms)
+    names = names or set()
+    out: dict[str, Any] = {
+        "reference": reference,
+        "alpha": alpha,
+        "n_boot": n_boot,
+        "seed": seed,
+        "n_tasks": len(strata),
+        "stratified": True,
+    }
+    present = [b for b in baselines if b in names]
+    if reference not in names or not present or not strata:
+        return out
+    used = [reference, *present]
+    points = {m: [auroc(c, ms[m]) for _k, c, ms in strata] for m in used}
+    if any(math.isnan(v) for vals in points.values() for v in vals):
+        out["note"] = "a task has a single correctness class: its AUROC is undefined"
+        return out
+    mean = {m: float(np.mean(v)) for m, v in points.items()}
+    best = max(present, key=lambda m: mean[m])
+    total = np.zeros(n_boot)
+    for key, c, ms in strata:
+        cc = np.asarray(c, dtype=np.float64)
+        idx = _bootstrap_indices(len(cc), n_boot, _stratum_seed(seed, key))
+        y = (cc[idx] < 0.5).astype(np.float64)
+        a = np.asarray(ms[reference], dtype=np.float64)[idx]
+        b = np.asarray(ms[best], dtype=np.float64)[idx]
+        total += _auroc_batch(y, a) - _auroc_batch(y, b)  # NaN where a resample has one class
+    d = total[np.isfinite(total)] / len(strata)
+    p = (1 + int(np.sum(d <= 0))) / (1 + len(d))
+    out.update(
+        {
+            "best_baseline": best,
+            "diff": mean[reference] - mean[best],
+            "p_value": float(p),
+            "n_valid": int(len(d)),
+            "significant": bool(p < alpha),
+        }
+    )
+    return out
+
+
 def accuracy_curve(correct: Sequence, scores: Sequence) -> np.ndarray:
     """Accuracy of the ``k`` least uncertain answers for ``k = 1..n`` (ties at expected value).
 
@@ -158,7 +238,7 @@ def evaluate_measures(
     n_boot: int = 1000,
     seed: int = 0,
     reference: str = "g-nll",
-    baselines: Sequence[str] = ("pe", "ln-pe", "se", "ln-se", "d-se"),
+    baselines: Sequence[str] = PAPER_BASELINES,
     alpha: float = 0.05,
 ) -> dict[str, Any]:
     """All metrics for one task x correctness metric.

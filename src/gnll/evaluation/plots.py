@@ -15,8 +15,6 @@ from gnll.evaluation.metrics import accuracy_curve
 
 __all__ = ["make_plots"]
 
-_ORDER = ("pe", "ln-pe", "se", "ln-se", "d-se", "mcp", "g-nll", "ln-g-nll", "bs-msp")
-
 
 def _style(m: str) -> dict[str, Any]:
     if m == "g-nll":
@@ -62,7 +60,7 @@ def make_plots(
             if not keep:
                 continue
             c = np.array([float(r["correct"][metric]) for r in keep])
-            names = [m for m in _ORDER if m in mres["measures"]]
+            names = [m for m in M.ORDER if m in mres["measures"]]
             title = f"{results['model']} · {task} · {metric} (n={len(keep)}, acc={c.mean():.2f})"
 
             if 0 < c.sum() < len(c):
@@ -71,7 +69,7 @@ def make_plots(
                     s = np.array([r["measures"][m] for r in keep])
                     fpr, tpr, _ = roc_curve((c < 0.5).astype(int), s)
                     a = mres["measures"][m]["auroc"]
-                    ax.plot(fpr, tpr, label=f"{M.MEASURES[m]['label']} ({a:.3f})", **_style(m))
+                    ax.plot(fpr, tpr, label=f"{M.get(m).label} ({a:.3f})", **_style(m))
                 ax.plot([0, 1], [0, 1], color="grey", lw=0.8, ls=":")
                 ax.set(
                     xlabel="false positive rate",
@@ -90,7 +88,7 @@ def make_plots(
             frac = np.arange(1, len(c) + 1) / len(c)
             for m in names:
                 s = np.array([r["measures"][m] for r in keep])
-                ax.plot(frac, accuracy_curve(c, s), label=M.MEASURES[m]["label"], **_style(m))
+                ax.plot(frac, accuracy_curve(c, s), label=M.get(m).label, **_style(m))
             ax.axhline(c.mean(), color="grey", lw=0.8, ls=":", label="no rejection")
             ax.axvline(0.8, color="grey", lw=0.6, ls="--")
             ax.set(
@@ -126,7 +124,7 @@ def make_plots(
                     zorder=5 if m == "g-nll" else 3,
                 )
                 ax.annotate(
-                    M.MEASURES[m]["label"],
+                    M.get(m).label,
                     (v["mean_tokens"], v["auroc"]),
                     fontsize=7,
                     xytext=(3, 3),

@@ -25,22 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
-from gnll.evaluation.correctness import agreement
-from gnll.evaluation.metrics import evaluate_measures
+from gnll.evaluation.correctness import agreement, f1_rule_disagreements
+from gnll.evaluation.metrics import averaged_paired_test, evaluate_measures
 
-__all__ = ["SCHEMA", "build_results", "load_results", "render_table", "versions"]
+__all__ = [
+    "SCHEMA",
+    "averaged_significance",
+    "build_results",
+    "load_results",
+    "read_strata",
+    "render_table",
+    "versions",
+]
 
 SCHEMA = "gnll.eval.results/1"
-TABLE_MEASURES = ("pe", "ln-pe", "se", "ln-se", "d-se", "mcp", "g-nll", "ln-g-nll", "bs-msp")
 METRIC_LABELS = {"f1": "F1", "judge": "LLM", "contains": "Contains"}
-#: Which generations a measure consumes (for its token cost).
-_COST_SOURCE = {
-    "greedy": "greedy",
-    "beams": "beams",
-    "samples": "samples",
-    "clusters": "samples",
-    "cluster_ids": "samples",
-}
 
 
 def versions() -> dict[str, str]:
@@ -66,36 +65,121 @@ def _nan_to_none(obj: Any) -> Any:
     return obj
 
 
-def build_results(
-    samples_path: str | Path, config: Any, task_meta: dict[str, Any], components: dict[str, Any]
-) -> dict[str, Any]:
-    """Compute ``results.json`` from ``samples.jsonl`` (read once, keeping scores per question)."""
+def _read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     with open(samples_path, encoding="utf-8") as fh:
         for line in fh:
             r = json.loads(line)
             rows[r["task"]].append(
                 {
+                    "verdicts": r["correctness"],
                     "correct": {m: v.get("correct") for m, v in r["correctness"].items()},
                     "measures": r["measures"],
                     "cost": r.get("cost_tokens", {}),
                 }
             )
+    return rows
+
+
+def _strata(
+    rows: dict[str, list[dict[str, Any]]], task_meta: dict[str, Any]
+) -> dict[tuple[str, str], tuple[list[float], dict[str, list[float]]]]:
+    """Per (task, metric): the decided questions' correctness and every table measure's scores."""
+    out = {}
+    for task, meta in task_meta.items():
+        trs = rows.get(task, [])
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
+        for metric in meta["correctness"]:
+            keep = [row for row in trs if row["correct"].get(metric) is not None]
+            correct = [float(row["correct"][metric]) for row in keep]
+            out[(task, metric)] = (
+                correct,
+                {m: [row["measures"][m] for row in keep] for m in names},
+            )
+    return out
+
+
+def read_strata(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[float], dict]] | None:
+    """The per-question data of a finished run (from its ``samples.jsonl``), or ``None`` if absent."""
+    run_dir = Path(run_dir)
+    samples = run_dir / "samples.jsonl"
+    if not samples.exists():
+        return None
+    res = load_results(run_dir)
+    meta = {t: {"correctness": list(v["metrics"])} for t, v in res["tasks"].items()}
+    return _strata(_read_rows(samples), meta)
+
+
+def _average_groups(
+    results_list: Sequence[dict[str, Any]],
+) -> dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]]:
+    """Rows of the dataset-averaged table: run x generation length x metric -> (task, metric, row)."""
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]] = defaultdict(
+        list
+    )
+    for i, res in enumerate(results_list):
+        for _res, task, tres, metric, mres in _iter_rows([res]):
+            mode = tres.get("mode", task.rsplit("_", 1)[-1])
+            groups[(i, res["model"], mode, _metric_label(metric, res))].append((task, metric, mres))
+    return groups
+
+
+def _defined(mres: dict[str, Any]) -> bool:
+    return all(v.get("auroc") is not None for v in mres["measures"].values())
+
+
+def averaged_significance(
+    results_list: Sequence[dict[str, Any]],
+    strata_list: Sequence[dict[tuple[str, str], tuple[list[float], dict]] | None],
+    *,
+    n_boot: int | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Stratified paired tests of G-NLL on every dataset-averaged row and on the overall average.
+
+    Returns ``{"groups": {"<run>|<mode>|<metric label>": test}, "overall": test}`` (see
+    :func:`gnll.evaluation.metrics.averaged_paired_test`); a run without per-question data
+    (``None`` in ``strata_list``) leaves the rows it belongs to untested.
+    """
+    cfg = results_list[0]["config"] if results_list else {}
+    n_boot = cfg.get("n_boot", 1000) if n_boot is None else n_boot
+    seed = cfg.get("seed", 0) if seed is None else seed
+    out: dict[str, Any] = {"groups": {}}
+    overall: list[tuple[str, list[float], dict]] | None = []
+    for (i, model, mode, label), rows in _average_groups(results_list).items():
+        strata = strata_list[i]
+        used = [(t, m) for t, m, mres in rows if _defined(mres)]
+        if strata is None or not used:
+            overall = None if strata is None else overall
+            continue
+        group = [(f"{i}|{model}|{t}", *strata[(t, m)]) for t, m in used]
+        out["groups"][f"{i}|{mode}|{label}"] = averaged_paired_test(group, n_boot=n_boot, seed=seed)
+        if overall is not None:
+            overall += group
+    if overall and len(out["groups"]) > 1:
+        out["overall"] = averaged_paired_test(overall, n_boot=n_boot, seed=seed)
+    return out
+
+
+def build_results(
+    samples_path: str | Path, config: Any, task_meta: dict[str, Any], components: dict[str, Any]
+) -> dict[str, Any]:
+    """Compute ``results.json`` from ``samples.jsonl`` (read once, keeping scores per question)."""
+    rows = _read_rows(samples_path)
+    strata = _strata(rows, task_meta)
     tasks_out: dict[str, Any] = {}
     for task, meta in task_meta.items():
         trs = rows.get(task, [])
         metrics_out: dict[str, Any] = {}
-        names = [m for m in TABLE_MEASURES if trs and all(m in row["measures"] for row in trs)]
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
         mean_tokens = {}
         for m in names:
-            src = _COST_SOURCE[M.MEASURES[m]["needs"]]
+            src = M.get(m).source
             mean_tokens[m] = sum(row["cost"].get(src, 0) for row in trs) / len(trs)
         for metric in meta["correctness"]:
-            keep = [row for row in trs if row["correct"].get(metric) is not None]
-            correct = [float(row["correct"][metric]) for row in keep]
-            scores = {m: [row["measures"][m] for row in keep] for m in names}
+            correct, scores = strata[(task, metric)]
             res = evaluate_measures(correct, scores, n_boot=config.n_boot, seed=config.seed)
-            res["n_undecided"] = len(trs) - len(keep)
+            res["n_undecided"] = len(trs) - len(correct)
             for m in names:
                 res["measures"][m]["mean_tokens"] = mean_tokens[m]
             metrics_out[metric] = res
@@ -106,7 +190,18 @@ def build_results(
                 agreements[f"{a}_vs_{b}"] = agreement(
                     [row["correct"].get(a) for row in trs], [row["correct"].get(b) for row in trs]
                 )
-        tasks_out[task] = {**meta, "metrics": metrics_out, "agreement": agreements}
+        extra: dict[str, Any] = {}
+        if "f1" in meta["correctness"]:
+            extra["f1_rule"] = {
+                "rule": getattr(config, "f1_rule", "gt"),
+                "disagreements": f1_rule_disagreements([r["verdicts"]["f1"] for r in trs]),
+                "n": len(trs),
+            }
+        if "judge" in meta["correctness"]:
+            extra["judge_unparseable"] = sum(
+                r["verdicts"]["judge"].get("detail") == "unparseable" for r in trs
+            )
+        tasks_out[task] = {**meta, "metrics": metrics_out, "agreement": agreements, **extra}
     results = {
         "schema": SCHEMA,
         "model": config.model,
@@ -115,6 +210,7 @@ def build_results(
         "versions": versions(),
         "tasks": tasks_out,
     }
+    results["averages"] = averaged_significance([results], [strata])
     return _nan_to_none(results)
 
 
@@ -157,7 +253,7 @@ def _row_cells(
     present = {m: v for m, v in values.items() if v is not None}
     best = max((round(v, 3) for v in present.values()), default=None)
     cells = []
-    for m in TABLE_MEASURES:
+    for m in M.ORDER:
         v = values.get(m)
         if v is None:
             cells.append("–")
@@ -174,7 +270,7 @@ def _row_cells(
 
 
 def _header(first: Sequence[str]) -> list[str]:
-    head = list(first) + [M.MEASURES[m]["label"] for m in TABLE_MEASURES]
+    head = list(first) + [M.get(m).label for m in M.ORDER]
     return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
 
 
@@ -185,9 +281,61 @@ def _iter_rows(results_list: Sequence[dict[str, Any]]):
                 yield res, task, tres, metric, mres
 
 
-def render_table(results_list: Sequence[dict[str, Any]]) -> str:
-    """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement."""
+def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
+    """Header lines: evaluation pools, correctness rules and fallbacks that change the numbers."""
+    out = []
+    pools, rules, fallback, unparseable = [], [], [], []
+    for res in results_list:
+        for task, tres in res["tasks"].items():
+            if tres.get("n_eval_pool") is not None:
+                pools.append(
+                    f"{task} {tres.get('n_eval', '?')} of {tres['n_eval_pool']:,} "
+                    f"(few-shot pool {tres.get('n_fewshot_pool', '?')}, held-out pool "
+                    f"{tres.get('n_heldout_pool', '?')})"
+                )
+            rule = tres.get("f1_rule")
+            if rule:
+                sym = ">" if rule["rule"] == "gt" else ">="
+                rules.append(f"{task}: F1 {sym} 0.5, {rule['disagreements']} of {rule['n']} differ")
+            if tres.get("mode") == "long" and "judge" not in tres.get("correctness", []):
+                fallback.append(task)
+            if tres.get("judge_unparseable") is not None:
+                unparseable.append(f"{task}: {tres['judge_unparseable']}")
+    if pools:
+        out.append(
+            "Evaluated questions of each evaluation pool: " + "; ".join(dict.fromkeys(pools))
+        )
+    if rules:
+        out.append(
+            "Correct if F1 > 0.5 (the paper's rule; `--f1_rule ge` gives the reference code's "
+            ">= 0.5); questions the two rules label differently: " + "; ".join(rules) + "."
+        )
+    if fallback:
+        out.append(
+            "**No judge**: " + ", ".join(dict.fromkeys(fallback)) + " are long-answer tasks scored "
+            'by substring containment ("Contains"), which is not the paper\'s metric; give '
+            "`--judge MODEL` for the paper's LLM-as-a-judge."
+        )
+    if unparseable:
+        out.append(
+            "Unparseable judge replies (left out of the judge rows): "
+            + "; ".join(unparseable)
+            + "."
+        )
+    return out
+
+
+def render_table(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any] | None = None
+) -> str:
+    """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
+
+    ``significance`` is :func:`averaged_significance` of ``results_list``; without it the averaged
+    rows use each run's own tests (``results["averages"]``) and an overall average over several runs
+    carries no star.
+    """
     out: list[str] = []
+    out += [line + "\n" for line in _notes(results_list)]
     out.append("## AUROC (↑)")
     out.append("")
     out.append(
@@ -215,25 +363,31 @@ def render_table(results_list: Sequence[dict[str, Any]]) -> str:
 
     # Averages over datasets, as in the paper's Table 1 (rows: model / generation length / metric).
     # One group per run x generation length x metric (two runs of one model stay separate rows).
-    groups: dict[tuple[int, str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for i, res in enumerate(results_list):
-        for _res, task, tres, metric, mres in _iter_rows([res]):
-            mode = tres.get("mode", task.rsplit("_", 1)[-1])
-            groups[(i, res["model"], mode, _metric_label(metric, res))].append(mres)
+    groups = _average_groups(results_list)
+    if significance is None:
+        significance = {"groups": {}}
+        for i, res in enumerate(results_list):
+            for key, test in ((res.get("averages") or {}).get("groups") or {}).items():
+                significance["groups"][f"{i}|{key.split('|', 1)[1]}"] = test
+            if len(results_list) == 1 and (res.get("averages") or {}).get("overall"):
+                significance["overall"] = res["averages"]["overall"]
     out += ["", "## AUROC averaged over datasets (↑)", ""]
     out.append(
         "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
-        "whose AUROC is undefined (a single correctness class) are left out."
+        "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
+        "significantly better than the best sampling-based measure of the row (one-sided paired "
+        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05)."
     )
     out.append("")
     out += _header(["Model", "Gen.", "Metric", "#tasks"])
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
-    for (_run, model, mode, label), full in groups.items():
+    for (run, model, mode, label), full_rows in groups.items():
+        full = [mres for _t, _m, mres in full_rows]
         # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
-        lst = [x for x in full if all(v.get("auroc") is not None for v in x["measures"].values())]
+        lst = [x for x in full if _defined(x)]
         vals, ses = {}, {}
-        for m in TABLE_MEASURES:
+        for m in M.ORDER:
             a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
             s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
             if a and len(a) == len(lst):
@@ -243,8 +397,9 @@ def render_table(results_list: Sequence[dict[str, Any]]) -> str:
                     ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
                     all_ses[m] += s
         n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
+        star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
         out.append(
-            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, False)) + " |"
+            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
         )
     if len(groups) > 1:
         n_rows = max((len(v) for v in all_vals.values()), default=0)
@@ -254,11 +409,17 @@ def render_table(results_list: Sequence[dict[str, Any]]) -> str:
             for m, s in all_ses.items()
             if len(s) == n_rows
         }
+        star = bool((significance.get("overall") or {}).get("significant"))
         out.append(
             "| "
-            + " | ".join(["**Average**", "", "", str(n_rows)] + _row_cells(vals, ses, False))
+            + " | ".join(["**Average**", "", "", str(n_rows)] + _row_cells(vals, ses, star))
             + " |"
         )
+        if "overall" not in significance:
+            out += [
+                "",
+                "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)",
+            ]
 
     for key, title in (("ara80", "Rejection accuracy at 80% (↑)"), ("aurac", "AURAC (↑)")):
         out += ["", f"## {title}", ""]

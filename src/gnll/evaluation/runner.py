@@ -37,9 +37,17 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.identity import (
+    describe_diff,
+    fill_unknown,
+    model_identity,
+    outcome_args,
+    redact,
+)
 from gnll.evaluation.cache import JsonlCache, write_json_atomic
 from gnll.evaluation.correctness import (
     CORRECTNESS_METRICS,
+    F1_RULES,
     contains_match,
     f1_verdict,
     judge_verdict,
@@ -52,30 +60,15 @@ from gnll.evaluation.tasks import Task, TaskData, get_task
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ALL_MEASURES",
-    "PAPER_BASELINES",
-    "SAMPLING_MEASURES",
     "EvalConfig",
     "Evaluator",
     "FingerprintMismatchError",
-    "compute_measures",
     "run_evaluation",
 ]
 
-#: Column order of the tables (the paper's Table 1 plus MCP, LN-G-NLL and BS-MSP).
-ALL_MEASURES = ("pe", "ln-pe", "se", "ln-se", "d-se", "mcp", "g-nll", "ln-g-nll", "bs-msp")
-SAMPLING_MEASURES = tuple(
-    m for m in ALL_MEASURES if M.MEASURES[m]["needs"] in ("samples", "clusters", "cluster_ids")
-)
-CLUSTER_MEASURES = tuple(
-    m for m in ALL_MEASURES if M.MEASURES[m]["needs"] in ("clusters", "cluster_ids")
-)
-#: The sampling-based measures of the paper (G-NLL's significance is tested against the best of
-# them).
-PAPER_BASELINES = ("pe", "ln-pe", "se", "ln-se", "d-se")
 TEMPERATURES = (0.5, 1.0, 1.5)
 JUDGE_CONFIG = GenerationConfig.greedy(max_new_tokens=8, stop=("\n",))
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
 OUTPUT_ENTRIES = (
     "run.json",
@@ -115,6 +108,8 @@ class EvalConfig:
     data_dir: str | None = None
     data_path: str | None = None
     data_source: str = "local"
+    split_path: str | None = None  # ids of the evaluation pool (e.g. a test split), one per line
+    pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
     judge: str | None = None
     judge_args: dict[str, Any] = field(default_factory=dict)
@@ -122,7 +117,7 @@ class EvalConfig:
     samples: int = 10
     temperature: float | None = None
     temperatures: tuple[float, ...] = TEMPERATURES
-    measures: list[str] = field(default_factory=lambda: list(ALL_MEASURES))
+    measures: list[str] = field(default_factory=lambda: list(M.ORDER))
     batch_size: int | None = None
     chunk_size: int = 64
     seed: int = 0
@@ -133,18 +128,14 @@ class EvalConfig:
     heldout_size: int | None = None  # None: min(100, limit)
     fewshot_as_multiturn: bool = False
     n_boot: int = 1000
+    f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
     plots: bool = True
     progress: bool = True
 
     def __post_init__(self) -> None:
         self.output_path = Path(self.output_path)
         self.tasks = [get_task(t).name for t in self.tasks]
-        unknown = [m for m in self.measures if m not in M.MEASURES]
-        if unknown:
-            raise ValueError(f"unknown measure(s) {unknown}; choose from {', '.join(ALL_MEASURES)}")
-        self.measures = [m for m in ALL_MEASURES if m in self.measures]
-        if not self.measures:
-            raise ValueError("no measures selected")
+        self.measures = M.validate(self.measures, paper_order=True)
         if self.correctness is not None:
             bad = [c for c in self.correctness if c not in CORRECTNESS_METRICS]
             if bad:
@@ -167,29 +158,37 @@ class EvalConfig:
             raise ValueError("--limit must be >= 1")
         if self.chunk_size < 1:
             raise ValueError("--chunk_size must be >= 1")
+        if self.f1_rule not in F1_RULES:
+            raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
 
     @property
     def needs_beams(self) -> bool:
-        return "bs-msp" in self.measures and self.beams > 0
+        return self.beams > 0 and M.Needs.BEAMS in M.requirements(self.measures)
 
     @property
     def needs_samples(self) -> bool:
-        return self.samples > 0 and any(m in SAMPLING_MEASURES for m in self.measures)
+        return self.samples > 0 and M.Needs.SAMPLES in M.requirements(self.measures)
 
     @property
     def needs_clusters(self) -> bool:
-        return self.needs_samples and any(m in CLUSTER_MEASURES for m in self.measures)
+        return self.needs_samples and M.Needs.CLUSTERS in M.requirements(self.measures)
+
+    @property
+    def generated(self) -> M.Needs:
+        """The evidence this run generates (``--beams 0`` / ``--samples 0`` switch parts off)."""
+        have = M.Needs.GREEDY
+        if self.needs_beams:
+            have |= M.Needs.BEAMS
+        if self.needs_samples:
+            have |= M.Needs.SAMPLES
+        if self.needs_clusters:
+            have |= M.Needs.CLUSTERS
+        return have
 
     @property
     def active_measures(self) -> list[str]:
-        out = []
-        for m in self.measures:
-            if m == "bs-msp" and not self.needs_beams:
-                continue
-            if m in SAMPLING_MEASURES and not self.needs_samples:
-                continue
-            out.append(m)
-        return out
+        """The selected measures that the generated evidence allows (paper order)."""
+        return M.computable(self.measures, self.generated)
 
     def correctness_for(self, task: Task) -> list[str]:
         """Correctness metrics of ``task``; the first is the primary one (temperature selection)."""
@@ -204,37 +203,10 @@ class EvalConfig:
         d = asdict(self)
         for k in ("output_path", "resume", "progress", "plots"):
             d.pop(k)
+        for k in ("model_args", "judge_args", "clusterer_args"):
+            d[k] = redact(d[k])  # results.json is shared: credentials never go in it
         d["temperatures"] = list(self.temperatures)
         return d
-
-
-def compute_measures(
-    names: Sequence[str],
-    greedy: Generation | dict,
-    beams: Sequence[Generation | dict] | None = None,
-    samples: Sequence[Generation | dict] | None = None,
-    cluster_ids: Sequence[int] | None = None,
-) -> dict[str, float]:
-    """Every requested measure that the given generations allow (keys in ``names`` order)."""
-
-    def lp(g: Generation | dict) -> list[float]:
-        return g.token_logprobs if isinstance(g, Generation) else g["token_logprobs"]
-
-    out: dict[str, float] = {}
-    for name in names:
-        need = M.MEASURES[name]["needs"]
-        fn = M.MEASURES[name]["fn"]
-        if need == "greedy":
-            out[name] = fn(lp(greedy))
-        elif need == "beams" and beams:
-            out[name] = fn([lp(b) for b in beams])
-        elif need == "samples" and samples:
-            out[name] = fn([lp(s) for s in samples])
-        elif need == "clusters" and samples and cluster_ids is not None:
-            out[name] = fn([lp(s) for s in samples], list(cluster_ids))
-        elif need == "cluster_ids" and cluster_ids is not None:
-            out[name] = fn(list(cluster_ids))
-    return out
 
 
 def _cost(gen: dict) -> int:
@@ -269,6 +241,7 @@ class Evaluator:
         self.config = config
         self.out = Path(config.output_path)
         self._model = model
+        self._identity: dict[str, Any] | None = None
         self._judge = judge
         self._clusterer = clusterer
         self._clusterer_name = self._resolve_clusterer_name()
@@ -377,7 +350,10 @@ class Evaluator:
         return {
             "cache_version": CACHE_VERSION,
             "model": cfg.model,
-            "model_args": cfg.model_args,
+            # Throughput knobs may change on resume (lower max_batch_tokens after an OOM);
+            # secrets are never written; what the model *is* must not change.
+            "model_args": outcome_args(cfg.model_args),
+            "model_identity": self._model_identity(),
             "task": td.task.name,
             "prompt_prefix": td.prefix,
             "max_new_tokens": td.task.max_new_tokens,
@@ -386,27 +362,42 @@ class Evaluator:
             },
             "split_seed": td.seed,
             "pools": [len(td.heldout_idx), len(td.eval_idx)],
+            # which questions the pools hold (a split file or pool file changes them)
+            "pool_ids": _hash(
+                [
+                    [td.examples[i].id for i in td.heldout_idx],
+                    [td.examples[i].id for i in td.eval_idx],
+                ]
+            ),
         }
+
+    def _model_identity(self) -> dict[str, Any]:
+        """What the evaluated model is (computed once, without loading it)."""
+        if self._identity is None:
+            self._identity = model_identity(self.config.model, self.config.model_args)
+        return self._identity
 
     def _check_fingerprint(self, td: TaskData, tdir: Path) -> dict[str, Any]:
         fp = self._fingerprint(td)
         path = tdir / "fingerprint.json"
         if path.exists():
             old = json.loads(path.read_text())
-            if old != fp:
-                diffs = [
-                    f"  {k}: {_short(old.get(k))} -> {_short(fp.get(k))}"
-                    for k in sorted(set(old) | set(fp))
-                    if old.get(k) != fp.get(k)
-                ]
-                raise FingerprintMismatchError(
-                    f"{tdir} holds results of task {td.task.name} produced with a different "
-                    "configuration:\n"
-                    + "\n".join(diffs)
-                    + "\nThe cached generations do not belong to this run. Use a new "
-                    "--output_path, or run "
-                    f"without --resume to start {self.out} over."
-                )
+            new = _jsonable(fp)
+            if fill_unknown(old, new) == new:
+                # Same run; a hub commit unknown before the first download is not a change,
+                # but once known it is recorded, so a different commit is refused later on.
+                if old != new:
+                    write_json_atomic(path, fp)
+                return fp
+            diffs = ["  " + line for line in describe_diff(old, new)]
+            raise FingerprintMismatchError(
+                f"{tdir} holds results of task {td.task.name} produced with a different "
+                "configuration:\n"
+                + "\n".join(diffs)
+                + "\nThe cached generations do not belong to this run. Use a new "
+                "--output_path, or run "
+                f"without --resume to start {self.out} over."
+            )
         else:
             tdir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, fp)
@@ -421,7 +412,7 @@ class Evaluator:
     # ------------------------------------------------------------------ stage caches of a task
     def _stage_caches(self, td: TaskData, tdir: Path, fp: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
-        base = {"fingerprint": _hash(fp, 16)}
+        base = {"fingerprint": _fp_key(fp)}
         max_new = td.task.max_new_tokens
         greedy_cfg = GenerationConfig.greedy(max_new_tokens=max_new, seed=None)
         caches: dict[str, Any] = {"greedy_cfg": greedy_cfg}
@@ -433,7 +424,7 @@ class Evaluator:
                 "stage": "judge",
                 "greedy": _hash(gh),
                 "judge": cfg.judge,
-                "judge_args": cfg.judge_args,
+                "judge_args": outcome_args(cfg.judge_args),
                 "generation": JUDGE_CONFIG.to_dict(),
                 # the judge prompt's wording (a change invalidates the judgements)
                 "prompt": _hash(
@@ -457,7 +448,7 @@ class Evaluator:
             max_new_tokens=td.task.max_new_tokens,
             seed=cfg.seed,
         )
-        sh = {"fingerprint": _hash(fp, 16), "stage": "samples", "generation": scfg.to_dict()}
+        sh = {"fingerprint": _fp_key(fp), "stage": "samples", "generation": scfg.to_dict()}
         return self._cache(tdir, f"samples-t{temperature:g}", sh), scfg, sh
 
     def _cluster_cache(self, tdir, sample_header: dict, temperature: float) -> JsonlCache:
@@ -465,7 +456,7 @@ class Evaluator:
             "stage": "clusters",
             "samples": _hash(sample_header),
             "clusterer": self._clusterer_name,
-            "clusterer_args": self.config.clusterer_args,
+            "clusterer_args": outcome_args(self.config.clusterer_args),
             "relation": self.config.semantic_relation,
         }
         return self._cache(tdir, f"clusters-t{temperature:g}", ch)
@@ -648,7 +639,7 @@ class Evaluator:
         for metric in metrics:
             if metric == "f1":
                 correctness["f1"] = f1_verdict(
-                    text, example.answers, example.numeric_answer
+                    text, example.answers, example.numeric_answer, cfg.f1_rule
                 ).to_dict()
             elif metric == "contains":
                 correctness["contains"] = contains_match(
@@ -688,9 +679,16 @@ class Evaluator:
             record["temperature"] = temperature
             record["samples"] = samples
             cost["samples"] = sum(_cost(s) for s in samples)
-        record["measures"] = compute_measures(
-            cfg.active_measures, greedy, beam_gens, samples, cluster_ids
+        evidence = M.Evidence.of(
+            greedy["token_logprobs"],
+            None if beam_gens is None else [b["token_logprobs"] for b in beam_gens],
+            None if samples is None else [s["token_logprobs"] for s in samples],
+            cluster_ids,
         )
+        record["measures"] = {
+            m: M.get(m).compute(evidence)
+            for m in M.computable(cfg.active_measures, evidence.available)
+        }
         record["cost_tokens"] = cost
         return record
 
@@ -710,7 +708,7 @@ class Evaluator:
             )
         primary = metrics[0]
         self._run_split(td, tdir, fp, "heldout", n, cfg.temperatures, [primary], beams=False)
-        sampling = [m for m in cfg.active_measures if m in SAMPLING_MEASURES]
+        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
         table: dict[str, Any] = {}
         examples = td.split("heldout", n)
         for temp in cfg.temperatures:
@@ -764,6 +762,8 @@ class Evaluator:
                 data_dir=cfg.data_dir,
                 data_path=cfg.data_path,
                 source=cfg.data_source,
+                split_path=cfg.split_path,
+                pool_path=cfg.pool_path,
             )
             for name in cfg.tasks
         ]
@@ -854,6 +854,12 @@ class Evaluator:
             info.setdefault("clusterer", {"name": self._clusterer_name})
         write_json_atomic(path, info)
         return info
+
+
+def _fp_key(fp: dict[str, Any]) -> str:
+    """The fingerprint's part of cache names: the model identity is guarded by fingerprint.json
+    alone, so filling in a commit unknown at the first run keeps the caches."""
+    return _hash({k: v for k, v in fp.items() if k != "model_identity"}, 16)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -41,7 +41,7 @@ __all__ = [
     "discrete_semantic_entropy",
     "max_cluster_probability",
     "cluster_log_probs",
-    "MEASURES",
+    "TokenLogprobs",
 ]
 
 # Log-probs a hair above zero come from float round-off in log-softmax; anything larger is a bug upstream.
@@ -265,17 +265,3 @@ def max_cluster_probability(
     0.4055
     """
     return float(max(-cluster_log_probs(list_of_token_logprobs, cluster_ids).max(), 0.0)) + 0.0
-
-
-#: Registry of measures by their short CLI/table name. ``needs`` says which generations each consumes.
-MEASURES: dict[str, dict] = {
-    "g-nll": {"fn": g_nll, "needs": "greedy", "label": "G-NLL"},
-    "ln-g-nll": {"fn": ln_g_nll, "needs": "greedy", "label": "LN-G-NLL"},
-    "bs-msp": {"fn": msp_estimate, "needs": "beams", "label": "BS-MSP"},
-    "pe": {"fn": predictive_entropy, "needs": "samples", "label": "PE"},
-    "ln-pe": {"fn": ln_predictive_entropy, "needs": "samples", "label": "LN-PE"},
-    "se": {"fn": semantic_entropy, "needs": "clusters", "label": "SE"},
-    "ln-se": {"fn": ln_semantic_entropy, "needs": "clusters", "label": "LN-SE"},
-    "d-se": {"fn": discrete_semantic_entropy, "needs": "cluster_ids", "label": "D-SE"},
-    "mcp": {"fn": max_cluster_probability, "needs": "clusters", "label": "MCP"},
-}

@@ -1,0 +1,107 @@
+"""Regenerate the calibration files shipped for the embedded models (src/gnll/calibration/shipped/).
+
+For each embedded model: the first LIMIT questions of the eval split of each short-answer task
+(TriviaQA, SVAMP, NQ-Open, bundled in ../shared/data, split as `gnll eval` splits them) are asked
+*exactly as `gnll ask` asks them* (zero-shot, the same instruction and chat template, greedy, 50 new
+tokens), each answer is labelled with the task's primary correctness metric (SQuAD F1 > 0.5), and
+`gnll calibrate` is run on the resulting scored file (columns question, answer, g_nll, correct). So
+the shipped files match `gnll ask` and `gnll score` rows with a ``question`` field, and their prompt
+fingerprint says so.
+
+    OMP_NUM_THREADS=1 python scripts/calibrate_embedded.py [--limit 100] [--data_dir ../shared/data]
+
+Greedy decoding only (no beams, no samples): a few minutes of CPU per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from gnll import GenerationConfig, load_model
+from gnll.calibration import calibrate_files, prompt_fingerprint
+from gnll.calibration.plot import reliability_diagram
+from gnll.cli.ask import ask_prompt
+from gnll.evaluation.correctness import f1_verdict
+from gnll.evaluation.tasks import get_task
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
+TASKS = ("triviaqa_short", "svamp_short", "nq_open_short")
+
+
+def scored_file(model_name: str, limit: int, data_dir: str, out: Path) -> Path:
+    """Ask every question the `gnll ask` way and write question, answer, g_nll, correct per row."""
+    if out.exists():
+        print(f"{out} exists, reusing it (delete it to regenerate)")
+        return out
+    lm = load_model(model_name, progress=False)
+    rows = []
+    for name in TASKS:
+        td = get_task(name).load(data_dir=data_dir)
+        examples = td.split("eval", limit)
+        # SVAMP: the problem body and the question, as `gnll ask` would be asked it.
+        questions = [td.task.judge_question(ex) for ex in examples]
+        t0 = time.perf_counter()
+        gens = lm.generate(
+            [ask_prompt(q, long=False) for q in questions], GenerationConfig.greedy(max_new_tokens=50)
+        )
+        print(f"{model_name} {name}: {len(examples)} questions in {time.perf_counter() - t0:.0f} s")
+        for ex, q, [g] in zip(examples, questions, gens, strict=True):
+            verdict = f1_verdict(g.text, ex.answers, ex.numeric_answer)
+            rows.append(
+                {
+                    "task": name,
+                    "id": ex.id,
+                    "question": q,
+                    "answer": g.text,
+                    "g_nll": -g.logprob,
+                    "num_tokens": g.num_tokens,
+                    "correct": verdict.correct,
+                }
+            )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--limit", type=int, default=100, help="questions per task (eval split)")
+    ap.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--work", default=str(ROOT / "runs" / "calibration"), help="scored files go here")
+    args = ap.parse_args()
+    shipped = ROOT / "src" / "gnll" / "calibration" / "shipped"
+    figures = ROOT / "docs" / "figures"
+    for model_name in args.models.split(","):
+        data = scored_file(model_name, args.limit, args.data_dir, Path(args.work) / f"{model_name}.jsonl")
+        cal, labelled = calibrate_files([data], measure="g-nll", model=model_name)
+        cal.meta["prompt_fingerprint"] = prompt_fingerprint(ask_prompt("{question}", long=False))
+        cal.meta["prompt_format"] = "gnll ask (zero-shot, short-answer instruction)"
+        cal.meta["data"]["description"] = (
+            f"first {args.limit} eval-split questions of each of {', '.join(TASKS)} (bundled data), "
+            "asked as gnll ask asks them; correct = SQuAD F1 > 0.5 (numeric equality for SVAMP)"
+        )
+        cal.meta["data"]["sources"] = [{**s, "path": Path(s["path"]).name} for s in cal.meta["data"]["sources"]]
+        cal.meta["regenerate"] = "python scripts/calibrate_embedded.py"
+        cal.save(shipped / f"{model_name}.json")
+        m = cal.heldout_metrics
+        reliability_diagram(
+            cal.heldout_["p"],
+            cal.heldout_["y"],
+            figures / f"calibration-{model_name}.png",
+            metrics=m,
+            title=f"{model_name}: G-NLL -> P(correct) ({cal.method_}), held-out folds, n={len(labelled.scores)}",
+        )
+        print(
+            f"{model_name}: {cal.method_}, n={m['n']}, accuracy={m['accuracy']:.3f}, "
+            f"held-out ECE={m['ece']:.3f} ({m['ece_binning']}), Brier={m['brier']:.3f}, "
+            f"AUROC={m['auroc']:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Read per-token log-probs out of the three response shapes servers use, and split off the terminator.
+
+Shapes (``choices[i]``):
+
+* **legacy completions** (vLLM, llama-cpp-python, OpenAI's old models): ``text`` and
+  ``logprobs = {tokens, token_logprobs, top_logprobs, text_offset}``; vLLM adds ``token_ids`` and
+  ``stop_reason`` (the matched stop string, a stop-token id, or ``None`` at EOS).
+* **content on completions** (llama.cpp's ``llama-server``): ``text`` and
+  ``logprobs = {content: [{id, token, bytes, logprob, top_logprobs}]}``.
+* **chat** (every ``/v1/chat/completions``): ``message.content`` and ``logprobs.content[...]``.
+
+Servers cut the *text* at a stop string but keep the token that produced it (and vLLM keeps EOS), so
+the answer's tokens are those lying entirely inside the returned text; the rest is the terminator.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gnll.backends.base import Generation, GenerationConfig
+from gnll.backends.openai.client import ServerError
+
+#: vLLM clamps -inf to -9999.0 and llama.cpp sends the lowest float: anything this low is a sentinel.
+SENTINEL_LOGPROB = -9999.0
+
+
+@dataclass
+class RawTokens:
+    """Everything one choice says about its tokens, before the answer/terminator split."""
+
+    text: str
+    tokens: list[str]
+    token_ids: list[int] | None
+    logprobs: list[float | None]
+    token_bytes: list[int] | None  # byte length of each token, when the server reports bytes
+    top1: list[tuple[str, float] | None]
+    finish_reason: str | None
+    stop_reason: Any
+    has_stop_reason: bool
+
+
+def read_choice(choice: dict[str, Any]) -> RawTokens:
+    """Normalise one ``choices[i]`` entry of any of the three shapes.
+
+    Examples
+    --------
+    >>> raw = read_choice({"text": " Paris", "finish_reason": "stop", "stop_reason": "\\n",
+    ...     "token_ids": [12, 7], "logprobs": {"tokens": [" Paris", "\\n"],
+    ...     "token_logprobs": [-0.5, -0.1], "top_logprobs": [{" Paris": -0.5}, {"\\n": -0.1}]}})
+    >>> raw.tokens, raw.token_ids, raw.top1[0]
+    ([' Paris', '\\n'], [12, 7], (' Paris', -0.5))
+    """
+    if not isinstance(choice, dict):
+        raise ServerError(f"a choice must be a JSON object, got {type(choice).__name__}")
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        raise ServerError(
+            "the response carries no log-probs (`logprobs` is missing): the server must support "
+            "`logprobs` on this endpoint (run `gnll doctor` against it)"
+        )
+    token_ids = choice.get("token_ids")
+    if isinstance(lp.get("content"), list):
+        entries = lp["content"]
+        tokens = [str(e.get("token", "")) for e in entries]
+        values = [e.get("logprob") for e in entries]
+        ids = [e.get("id") for e in entries]
+        if token_ids is None and ids and all(isinstance(i, int) for i in ids):
+            token_ids = ids
+        byte_lists = [e.get("bytes") for e in entries]
+        token_bytes = (
+            [len(b) for b in byte_lists]
+            if byte_lists and all(isinstance(b, list) for b in byte_lists)
+            else None
+        )
+        top1 = [_top1_content(e.get("top_logprobs")) for e in entries]
+    elif isinstance(lp.get("tokens"), list):
+        tokens = [str(t) for t in lp["tokens"]]
+        values = list(lp.get("token_logprobs") or [])
+        token_bytes = None
+        tops = lp.get("top_logprobs") or [None] * len(tokens)
+        top1 = [_top1_legacy(t) for t in tops]
+        if token_ids is None and tokens and all(t.startswith("token_id:") for t in tokens):
+            token_ids = [int(t.split(":", 1)[1]) for t in tokens]
+    else:
+        raise ServerError(
+            "unrecognised `logprobs` shape: expected `tokens`/`token_logprobs` or `content[]`"
+        )
+    if len(values) != len(tokens):
+        raise ServerError(f"{len(tokens)} tokens but {len(values)} log-probs in the response")
+    if token_ids is not None and len(token_ids) != len(tokens):
+        token_ids = None  # e.g. prompt ids mixed in; the strings still tell the split
+    return RawTokens(
+        text="" if text is None else str(text),
+        tokens=tokens,
+        token_ids=[int(i) for i in token_ids] if token_ids is not None else None,
+        logprobs=values,
+        token_bytes=token_bytes,
+        top1=top1 + [None] * (len(tokens) - len(top1)),
+        finish_reason=choice.get("finish_reason"),
+        stop_reason=choice.get("stop_reason"),
+        has_stop_reason="stop_reason" in choice,
+    )
+
+
+def _top1_legacy(top: Any) -> tuple[str, float] | None:
+    if not isinstance(top, dict) or not top:
+        return None
+    token, value = max(top.items(), key=lambda kv: -math.inf if kv[1] is None else kv[1])
+    return (str(token), float(value)) if value is not None else None
+
+
+def _top1_content(top: Any) -> tuple[str, float] | None:
+    if not isinstance(top, list) or not top:
+        return None
+    best = max(top, key=lambda e: -math.inf if e.get("logprob") is None else e["logprob"])
+    return (
+        (str(best.get("token", "")), float(best["logprob"]))
+        if best.get("logprob") is not None
+        else None
+    )
+
+
+def check_logprobs(values: list[float | None], tokens: list[str], where: str) -> list[float]:
+    """Finite, <= 0 log-probs or a clear error naming the prompt and the token.
+
+    Examples
+    --------
+    >>> check_logprobs([-0.5, 1e-7], ["a", "b"], "prompt 3")
+    [-0.5, 0.0]
+    >>> check_logprobs([-9999.0], ["x"], "prompt 3")
+    Traceback (most recent call last):
+    ...
+    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, the server's stand-in for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
+    """
+    out: list[float] = []
+    for i, (v, tok) in enumerate(zip(values, tokens, strict=True)):
+        if v is None:
+            raise ServerError(f"{where}: token {i} {tok!r} has no log-prob (null)")
+        v = float(v)
+        if math.isnan(v) or v > 1e-4:
+            raise ServerError(f"{where}: token {i} {tok!r} has an invalid log-prob {v}")
+        if v <= SENTINEL_LOGPROB:
+            raise ServerError(
+                f"{where}: token {i} {tok!r} has log-prob {v}, the server's stand-in for -inf "
+                "(probability 0): the token could not have been generated from the raw "
+                "distribution; check the server's logprobs mode and sampling settings"
+            )
+        out.append(min(v, 0.0))
+    return out
+
+
+def to_generation(
+    raw: RawTokens, config: GenerationConfig, *, eos_logprob: bool, where: str
+) -> Generation:
+    """Split a choice into answer and terminator tokens the way the hf backend does.
+
+    Answer tokens lie entirely inside the returned text (which the server already cut at the stop
+    string); the token(s) covering the stop string, or the final EOS token, are the terminator.
+
+    Examples
+    --------
+    >>> raw = read_choice({"text": " Paris", "finish_reason": "stop", "stop_reason": "\\n",
+    ...     "token_ids": [12, 7], "logprobs": {"tokens": [" Paris", "\\n"],
+    ...     "token_logprobs": [-0.5, -0.1]}})
+    >>> g = to_generation(raw, GenerationConfig.greedy(), eos_logprob=True, where="prompt 0")
+    >>> g.text, g.tokens, g.token_logprobs, g.terminator_logprobs, g.finish_reason
+    ('Paris', [' Paris'], [-0.5], [-0.1], 'stop')
+    """
+    n = len(raw.tokens)
+    if raw.token_bytes is not None:
+        lengths, cut = raw.token_bytes, len(raw.text.encode("utf-8"))
+    else:
+        lengths, cut = [len(t) for t in raw.tokens], len(raw.text)
+    ends: list[int] = []
+    pos = 0
+    for length in lengths:
+        pos += length
+        ends.append(pos)
+    k = 0
+    while k < n and ends[k] <= cut:
+        k += 1
+    full = "".join(raw.tokens)
+    stop_seq: str | None = None
+    if raw.finish_reason == "length" and k == n:
+        finish = "length"
+    elif isinstance(raw.stop_reason, str):
+        finish, stop_seq = "stop", raw.stop_reason
+    elif raw.has_stop_reason:
+        finish = "eos"  # vLLM: None (EOS) or an int stop-token id
+    else:
+        # No stop_reason field (llama.cpp): the stop string shows in the tokens past the text.
+        tail = full[len(raw.text) :] if full.startswith(raw.text) else ""
+        stop_seq = next((s for s in config.stop if tail.startswith(s)), None)
+        finish = "stop" if stop_seq is not None else "eos"
+        if stop_seq is None and raw.finish_reason == "length":
+            finish = "length"
+    if finish == "eos" and eos_logprob and n and k == n and (n == 1 or ends[n - 2] >= cut):
+        k = n - 1  # the EOS token adds no text, so it sits at the very end
+    if finish == "stop":
+        need = cut + (
+            len(stop_seq.encode()) if raw.token_bytes is not None else len(stop_seq or "")
+        )
+        t = k
+        while t < n and (t == k or ends[t - 1] < need):
+            t += 1
+        term = slice(k, t)
+    elif finish == "eos":
+        term = slice(k, min(n, k + 1))
+    else:
+        term = slice(k, k)
+    values = check_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
+    ids = raw.token_ids if raw.token_ids is not None else [-1] * n
+    answer_lp, term_lp = values[:k], values[term]
+    return Generation(
+        text=raw.text.strip(),
+        token_ids=ids[:k],
+        tokens=raw.tokens[:k],
+        token_logprobs=answer_lp + (term_lp if config.include_terminator else []),
+        finish_reason=finish,
+        stop_sequence=stop_seq,
+        terminator_token_ids=ids[term],
+        terminator_logprobs=term_lp,
+        sampling_logprobs=None,
+    )

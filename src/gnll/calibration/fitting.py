@@ -1,0 +1,351 @@
+"""``Calibrator``: a monotone map from an uncertainty score (default G-NLL) to P(correct).
+
+Two maps, both from scikit-learn: isotonic regression (non-increasing in the score: more uncertain
+never means more likely correct) and Platt scaling (a logistic regression on the score). With
+``method="auto"`` each is scored by stratified k-fold cross-validated log-loss and the better one is
+refitted on all rows; the out-of-fold predictions of the chosen method give the held-out ECE, Brier
+score, log-loss, AUROC and reliability diagram. (The choice itself was made on those folds, which
+makes the held-out figures of the chosen method very slightly optimistic; both methods' figures are
+kept in ``cv_`` so the choice can be checked.)
+
+Isotonic predictions are kept inside ``[1/(2n), 1 - 1/(2n)]`` (``n`` rows fitted on): a step fitted
+on finitely many rows never earns a probability of exactly 0 or 1, and log-loss stays finite.
+
+Examples
+--------
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> s = rng.exponential(1.0, 3000)
+>>> y = rng.uniform(size=3000) < 1 / (1 + np.exp(-(1.0 - 2.0 * s)))
+>>> cal = Calibrator(method="platt").fit(s, y)
+>>> p = cal.predict_proba([0.0, 0.5, 2.0])
+>>> bool(abs(p[0] - 0.731) < 0.05 and p[0] > p[1] > p[2])
+True
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.special import expit
+
+from gnll.calibration.metrics import log_loss, probability_metrics
+from gnll.calibration.thresholds import Threshold, accuracy_threshold, coverage_threshold
+
+__all__ = ["FORMAT", "CalibrationMismatchWarning", "Calibrator"]
+
+FORMAT = "gnll-calibration/1"
+METHODS = ("isotonic", "platt")
+
+
+class CalibrationMismatchWarning(UserWarning):
+    """A calibration file is used with another model or prompt format than it was fitted on."""
+
+
+def _fit_map(method: str, s: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    """Fit one map on (s, y); return it as plain numbers (what ``calibration.json`` stores)."""
+    if method == "isotonic":
+        from sklearn.isotonic import IsotonicRegression
+
+        eps = 1.0 / (2 * len(s))
+        iso = IsotonicRegression(increasing=False, y_min=eps, y_max=1 - eps, out_of_bounds="clip")
+        iso.fit(s, y)
+        return {
+            "kind": "isotonic",
+            "x": iso.X_thresholds_.tolist(),
+            "y": iso.y_thresholds_.tolist(),
+        }
+    if method == "platt":
+        from sklearn.linear_model import LogisticRegression
+
+        # Weak regularisation only: C is large so the fit is (nearly) plain maximum likelihood.
+        lr = LogisticRegression(C=1e6)
+        lr.fit(s.reshape(-1, 1), y.astype(int))
+        return {
+            "kind": "platt",
+            "coef": float(lr.coef_[0, 0]),
+            "intercept": float(lr.intercept_[0]),
+        }
+    raise ValueError(f"method must be one of {METHODS} or 'auto', got {method!r}")
+
+
+def _apply_map(m: dict[str, Any], s: np.ndarray) -> np.ndarray:
+    if m["kind"] == "isotonic":
+        # IsotonicRegression.predict with out_of_bounds="clip" is exactly this interpolation.
+        return np.interp(s, np.asarray(m["x"]), np.asarray(m["y"]))
+    if m["kind"] == "platt":
+        return expit(m["coef"] * s + m["intercept"])
+    raise ValueError(f"unknown map kind {m['kind']!r} in calibration file")
+
+
+class Calibrator:
+    """Map an uncertainty score to the probability that the answer is correct.
+
+    Parameters
+    ----------
+    method:
+        ``"auto"`` (the lower cross-validated log-loss of the two), ``"isotonic"`` or ``"platt"``.
+    cv:
+        Folds of the stratified cross-validation (held-out metrics and the choice of method).
+    target_accuracy, target_coverage, delta:
+        Abstention thresholds to fit (``None`` skips one): accuracy among answered >= target, or
+        fraction answered >= target, each with probability >= ``1 - delta``
+        (:mod:`gnll.calibration.thresholds`).
+    bins:
+        Bins of the ECE and of the reliability diagram.
+    random_state:
+        Seed of the fold assignment.
+
+    Attributes (after :meth:`fit`)
+    ------------------------------
+    method_, map_:
+        The chosen method and its fitted map (plain numbers).
+    cv_:
+        Per method: held-out (out-of-fold) metrics.
+    heldout_:
+        Out-of-fold predictions of the chosen method: ``{"p": ..., "y": ...}`` (for the diagram).
+    thresholds_:
+        ``{"accuracy": Threshold, "coverage": Threshold}`` (those asked for).
+    meta:
+        Free-form facts recorded in the file: measure, model, prompt fingerprint, data.
+    """
+
+    def __init__(
+        self,
+        method: str = "auto",
+        *,
+        cv: int = 5,
+        target_accuracy: float | None = 0.8,
+        target_coverage: float | None = 0.8,
+        delta: float = 0.1,
+        bins: int = 10,
+        random_state: int = 0,
+    ) -> None:
+        self.method = method
+        self.cv = cv
+        self.target_accuracy = target_accuracy
+        self.target_coverage = target_coverage
+        self.delta = delta
+        self.bins = bins
+        self.random_state = random_state
+        self.meta: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, scores: Any, labels: Any) -> Calibrator:
+        """Fit on uncertainty ``scores`` and 0/1 (or bool) ``labels`` (1 = correct)."""
+        from sklearn.model_selection import StratifiedKFold
+
+        s = np.asarray(scores, dtype=np.float64).ravel()
+        y = np.asarray(labels, dtype=np.float64).ravel()
+        if s.shape != y.shape:
+            raise ValueError(f"{len(s)} scores but {len(y)} labels")
+        if not np.all(np.isfinite(s)):
+            raise ValueError("scores contain NaN or inf; drop those rows before fitting")
+        if not np.all((y == 0) | (y == 1)):
+            raise ValueError("labels must be 0/1 or booleans (1 = correct)")
+        if self.method not in (*METHODS, "auto"):
+            raise ValueError(f"method must be one of {METHODS} or 'auto', got {self.method!r}")
+        n_pos = int(y.sum())
+        n_min = min(n_pos, len(y) - n_pos)
+        if n_min < 2:
+            raise ValueError(
+                f"need at least 2 correct and 2 incorrect rows to calibrate, got {n_pos} correct "
+                f"of {len(y)}; label more data (or use a task the model sometimes gets right)"
+            )
+        folds = max(2, min(self.cv, n_min))
+        skf = StratifiedKFold(n_splits=folds, shuffle=True, random_state=self.random_state)
+        candidates = METHODS if self.method == "auto" else (self.method,)
+        oof = {m: np.empty_like(s) for m in candidates}
+        for train, test in skf.split(s.reshape(-1, 1), y.astype(int)):
+            for m in candidates:
+                oof[m][test] = _apply_map(_fit_map(m, s[train], y[train]), s[test])
+        self.cv_ = {
+            m: {**probability_metrics(oof[m], y, bins=self.bins), "folds": folds}
+            for m in candidates
+        }
+        self.method_ = min(candidates, key=lambda m: log_loss(oof[m], y))
+        self.map_ = _fit_map(self.method_, s, y)
+        self.heldout_ = {"p": oof[self.method_], "y": y}
+        self.thresholds_: dict[str, Threshold] = {}
+        if self.target_accuracy is not None:
+            self.thresholds_["accuracy"] = accuracy_threshold(
+                s, y, target=self.target_accuracy, delta=self.delta
+            )
+        if self.target_coverage is not None:
+            self.thresholds_["coverage"] = coverage_threshold(
+                s, y, target=self.target_coverage, delta=self.delta
+            )
+        self.n_fit_ = len(s)
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "map_"):
+            raise RuntimeError("this Calibrator is not fitted yet: call fit() or Calibrator.load()")
+
+    # ------------------------------------------------------------------ using it
+    def predict_proba(self, scores: Any) -> np.ndarray:
+        """P(correct) for each score, a 1-D array (not sklearn's two columns: one number per answer).
+
+        NaN scores give NaN probabilities (they are never silently mapped to a number).
+        """
+        self._check_fitted()
+        s = np.atleast_1d(np.asarray(scores, dtype=np.float64))
+        out = np.full(s.shape, np.nan)
+        ok = np.isfinite(s)
+        out[ok] = _apply_map(self.map_, s[ok])
+        return out
+
+    def abstain(self, scores: Any, rule: str | None = None) -> np.ndarray:
+        """True where the abstention rule (``"accuracy"`` first, else ``"coverage"``) abstains."""
+        self._check_fitted()
+        if not self.thresholds_:
+            raise ValueError(
+                "no abstention threshold was fitted (target_accuracy and target_coverage were None)"
+            )
+        rule = rule or ("accuracy" if "accuracy" in self.thresholds_ else "coverage")
+        s = np.atleast_1d(np.asarray(scores, dtype=np.float64))
+        # A NaN score is not evidence of being right: abstain.
+        return ~(np.isfinite(s) & self.thresholds_[rule].answers(s))
+
+    @property
+    def heldout_metrics(self) -> dict[str, Any]:
+        self._check_fitted()
+        return self.cv_.get(self.method_, {})
+
+    def check(
+        self, *, model: str | None = None, prompt_fingerprint: str | None = None
+    ) -> list[str]:
+        """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt format.
+
+        Returns the mismatch messages (empty when everything matches or is unknown).
+        """
+        problems = []
+        fitted_model = self.meta.get("model")
+        if model and fitted_model and model != fitted_model:
+            problems.append(
+                f"calibration was fitted on model {fitted_model!r}, used with {model!r}"
+            )
+        fitted_fp = self.meta.get("prompt_fingerprint")
+        if prompt_fingerprint and fitted_fp and prompt_fingerprint != fitted_fp:
+            problems.append(
+                f"calibration was fitted on prompt format {fitted_fp!r} "
+                f"({self.meta.get('prompt_format', 'unknown')}), used with {prompt_fingerprint!r}"
+            )
+        for msg in problems:
+            warnings.warn(msg + ": P(correct) may be off", CalibrationMismatchWarning, stacklevel=2)
+        return problems
+
+    # ------------------------------------------------------------------ the file
+    def to_dict(self) -> dict[str, Any]:
+        self._check_fitted()
+        return {
+            "format": FORMAT,
+            "measure": self.meta.get("measure", "g-nll"),
+            "method": self.method_,
+            "method_choice": (
+                "lower cross-validated log-loss" if self.method == "auto" else "given by the user"
+            ),
+            "map": self.map_,
+            "heldout": self.heldout_metrics,
+            "cv": self.cv_,
+            "thresholds": {k: t.to_dict() for k, t in self.thresholds_.items()},
+            "params": {
+                "cv": self.cv,
+                "delta": self.delta,
+                "bins": self.bins,
+                "random_state": self.random_state,
+            },
+            "n_fit": self.n_fit_,
+            **{k: v for k, v in self.meta.items() if k != "measure"},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Calibrator:
+        if d.get("format") != FORMAT:
+            raise ValueError(
+                f"not a gnll calibration file (format {d.get('format')!r}, expected {FORMAT!r})"
+            )
+        params = d.get("params", {})
+        cal = cls(
+            method=d["method"],
+            cv=params.get("cv", 5),
+            delta=params.get("delta", 0.1),
+            bins=params.get("bins", 10),
+            random_state=params.get("random_state", 0),
+        )
+        cal.method_ = d["method"]
+        cal.map_ = d["map"]
+        _apply_map(cal.map_, np.zeros(1))  # fails now, not at first use, on an unknown map kind
+        cal.cv_ = d.get("cv", {})
+        cal.thresholds_ = {k: Threshold.from_dict(t) for k, t in d.get("thresholds", {}).items()}
+        cal.n_fit_ = d.get("n_fit")
+        known = {
+            "format",
+            "method",
+            "method_choice",
+            "map",
+            "heldout",
+            "cv",
+            "thresholds",
+            "params",
+            "n_fit",
+        }
+        cal.meta = {k: v for k, v in d.items() if k not in known}
+        return cal
+
+    def save(self, path: str | Path) -> Path:
+        """Write the calibration file (JSON; no pickles, so it is safe to share and read)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(
+            json.dumps(_finite(self.to_dict()), indent=2, ensure_ascii=False) + "\n",
+            encoding="utf-8",
+        )
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        model: str | None = None,
+        prompt_fingerprint: str | None = None,
+    ) -> Calibrator:
+        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"calibration file {path} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        try:
+            cal = cls.from_dict(d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        cal.meta.setdefault("path", str(path))
+        cal.check(model=model, prompt_fingerprint=prompt_fingerprint)
+        return cal
+
+    def __repr__(self) -> str:
+        if hasattr(self, "method_"):
+            return f"Calibrator(method={self.method_!r}, n_fit={self.n_fit_})"
+        return f"Calibrator(method={self.method!r}, unfitted)"
+
+
+def _finite(obj: Any) -> Any:
+    """NaN/inf -> None so the file is strict JSON (every consumer can read it)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj

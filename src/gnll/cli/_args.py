@@ -1,0 +1,215 @@
+"""The one parser of the CLI's ``key=value,...`` and comma-separated options.
+
+Values stay the strings the user typed (an API key ``1e3`` is not the number 1000.0) until the
+parameter that receives them says otherwise: :func:`typed_kwargs` converts a value only to the type
+annotated on the receiving function's parameter of that name (``batch_size: int`` -> ``8``,
+``chat_template: bool | None`` -> ``False``), and leaves every other value a string.
+
+Examples
+--------
+>>> parse_kv("device=cpu, batch_size=8,api_key=1e3")
+{'device': 'cpu', 'batch_size': '8', 'api_key': '1e3'}
+>>> def load(name: str, *, batch_size: int = 1, api_key: str | None = None): ...
+>>> typed_kwargs({"batch_size": "8", "api_key": "1e3"}, load)
+{'batch_size': 8, 'api_key': '1e3'}
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import typer
+
+__all__ = [
+    "clusterer_kwargs",
+    "coerce",
+    "model_kwargs",
+    "parse_csv",
+    "parse_kv",
+    "parse_list",
+    "typed_kwargs",
+]
+
+_TRUE = ("true", "yes", "1", "on")
+_FALSE = ("false", "no", "0", "off")
+_NONE = ("none", "null")
+
+
+def parse_kv(spec: str | None, option: str = "--model_args") -> dict[str, str]:
+    """``"a=1,b=x"`` -> ``{"a": "1", "b": "x"}`` (values verbatim; empty items are skipped).
+
+    A malformed item raises :class:`typer.BadParameter` naming ``option``.
+    """
+    if not spec:
+        return {}
+    out: dict[str, str] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(
+                f"expected key=value pairs separated by commas, got {part!r}", param_hint=option
+            )
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_csv(value: str | None) -> list[str] | None:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; ``None`` (or nothing but commas) -> ``None``."""
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    return items or None
+
+
+def parse_list(value: str | None, cast: Any, option: str) -> tuple[Any, ...] | None:
+    """``"1, 2,3"`` -> ``(1, 2, 3)`` with every item converted to ``cast`` (see :func:`coerce`).
+
+    ``None`` stays ``None``; an empty list or an item of the wrong type raises
+    :class:`typer.BadParameter` naming ``option``.
+    """
+    if value is None:
+        return None
+    items = parse_csv(value)
+    if not items:
+        raise typer.BadParameter("empty list", param_hint=option)
+    try:
+        return tuple(coerce(x, cast) for x in items)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc} (a comma-separated list)", param_hint=option) from None
+
+
+def coerce(value: str, annotation: Any) -> Any:
+    """Convert ``value`` to ``annotation`` (bool, int, float, str, Literal, unions and Optional).
+
+    An annotation it does not know (``Any``, a class) keeps the string. A value that fits none of the
+    allowed types raises ``ValueError``.
+
+    >>> coerce("none", int | None) is None, coerce("8", int), coerce("1e3", float)
+    (True, 8, 1000.0)
+    >>> coerce("off", bool)
+    False
+    """
+    origin = typing.get_origin(annotation)
+    if origin is typing.Union or origin is types.UnionType:
+        options = typing.get_args(annotation)
+        # None, then bools, then numbers, then strings: "none" is None for `int | None`, and "true"
+        # is True for `bool | str`.
+        rank = {type(None): 0, bool: 1, int: 2, float: 3}
+        errors = []
+        for opt in sorted(options, key=lambda o: rank.get(o, 4)):
+            try:
+                return coerce(value, opt)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError(" or ".join(errors))
+    if origin is typing.Literal:
+        choices = typing.get_args(annotation)
+        for choice in choices:
+            if value == str(choice):
+                return choice
+        raise ValueError(f"expected one of {', '.join(map(str, choices))}, got {value!r}")
+    if annotation is type(None):
+        if value.lower() in _NONE:
+            return None
+        raise ValueError(f"expected none, got {value!r}")
+    if annotation is bool:
+        low = value.lower()
+        if low in _TRUE or low in _FALSE:
+            return low in _TRUE
+        raise ValueError(f"expected true or false, got {value!r}")
+    if annotation is int:
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {value!r}") from None
+    if annotation is float:
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"expected a number, got {value!r}") from None
+    return value
+
+
+def _annotations(target: Callable[..., Any]) -> dict[str, Any]:
+    """Parameter name -> resolved annotation (unresolvable ones are left out)."""
+    fn = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # noqa: BLE001 - a TYPE_CHECKING-only name: resolve parameter by parameter
+        hints = {}
+        for name, param in inspect.signature(fn).parameters.items():
+            ann = param.annotation
+            if isinstance(ann, str):
+                try:
+                    ann = eval(ann, getattr(fn, "__globals__", {}))  # noqa: S307 - own source
+                except Exception:  # noqa: BLE001
+                    continue
+            if ann is not inspect.Parameter.empty:
+                hints[name] = ann
+    named = {
+        n
+        for n, p in inspect.signature(fn).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    return {n: a for n, a in hints.items() if n in named}
+
+
+def typed_kwargs(
+    raw: Mapping[str, str], *targets: Callable[..., Any], option: str = "--model_args"
+) -> dict[str, Any]:
+    """Convert each value to the type of the first target's parameter of the same name.
+
+    Keys that no target declares stay strings (the receiving function rejects unknown ones
+    itself). A value of the wrong type raises :class:`typer.BadParameter` naming the option and key.
+    """
+    hints = [_annotations(t) for t in targets]
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        ann = next((h[key] for h in hints if key in h), None)
+        try:
+            out[key] = value if ann is None else coerce(value, ann)
+        except ValueError as exc:
+            raise typer.BadParameter(f"{key}: {exc}", param_hint=option) from None
+    return out
+
+
+def model_kwargs(spec: str | None, option: str = "--model_args") -> dict[str, Any]:
+    """``--model_args`` for :func:`gnll.load_model`, typed by the chosen backend's parameters."""
+    from gnll.backends import load_model
+
+    raw = parse_kv(spec, option)
+    backend = raw.get("backend", "hf")
+    targets: list[Callable[..., Any]] = [load_model]
+    if backend == "hf":
+        from gnll.backends.hf import HFModel
+
+        targets += [HFModel.from_pretrained, HFModel]
+    elif backend == "openai":
+        from gnll.backends.openai import OpenAICompatModel
+
+        targets.append(OpenAICompatModel)
+    return typed_kwargs(raw, *targets, option=option)
+
+
+def clusterer_kwargs(
+    name: str, spec: str | None, option: str = "--clusterer_args"
+) -> dict[str, Any]:
+    """``--clusterer_args`` for :func:`gnll.semantic.load_clusterer`, typed by the clusterer's
+    parameters (``auto`` resolves to the clusterer it picks)."""
+    from gnll.semantic import CLUSTERERS, default_clusterer_name, load_clusterer
+
+    raw = parse_kv(spec, option)
+    key = name.strip().lower()
+    if key == "auto" and raw:
+        key = default_clusterer_name()
+    targets: list[Callable[..., Any]] = [load_clusterer]
+    if key in CLUSTERERS:
+        targets.append(CLUSTERERS[key])
+    return typed_kwargs(raw, *targets, option=option)

@@ -1,0 +1,186 @@
+"""``gnll score``: NLL, ``is_greedy`` and (optionally) P(correct) of answers that already exist.
+
+Example
+-------
+``gnll score --input answers.jsonl --output scored.jsonl --calibration calibration.json`` reads rows
+with ``question`` (or ``prompt`` or chat ``messages``) and ``answer``, and writes them back with
+``nll``, ``ln_nll``, ``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
+Exit status: 0 if every row was scored, 1 if some rows failed (see the errors file), 2 on bad usage.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["score_command"]
+
+
+def score_command(
+    input: Annotated[
+        str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
+    ],
+    output: Annotated[
+        str, typer.Option("--output", "-o", help=".jsonl or .csv file, or - for stdout (JSONL).")
+    ],
+    model: Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")] = (
+        "smollm2-135m-instruct"
+    ),
+    model_args: Annotated[
+        str | None,
+        typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
+    ] = None,
+    input_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="Input format: jsonl, csv or parquet (default: from the name)."
+        ),
+    ] = None,
+    errors: Annotated[
+        Path | None,
+        typer.Option(
+            "--errors", help="Errors file (default: OUTPUT.errors.jsonl; stderr for stdout output)."
+        ),
+    ] = None,
+    raw_prompt: Annotated[
+        bool,
+        typer.Option(
+            "--raw-prompt", help="'prompt' is the exact text the model sees (no chat template)."
+        ),
+    ] = False,
+    long: Annotated[
+        bool, typer.Option("--long", help="Render 'question' with gnll ask --long's instruction.")
+    ] = False,
+    logprobs: Annotated[
+        bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
+    ] = False,
+    with_greedy: Annotated[
+        bool,
+        typer.Option(
+            "--with-greedy", help="Also generate the model's greedy answer and its G-NLL."
+        ),
+    ] = False,
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-new-tokens", help="Cap of --with-greedy answers (50; 100 with --long)."
+        ),
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option("--calibration", help="calibration.json: adds p_correct and abstain."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Continue a partly written OUTPUT without duplicating rows."),
+    ] = False,
+    chunk_size: Annotated[
+        int, typer.Option("--chunk-size", help="Rows read and written per step.")
+    ] = 256,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", help="Rows per forward pass.")
+    ] = None,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
+    ] = True,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+) -> None:
+    """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
+    from rich.console import Console
+
+    from gnll import load_model
+    from gnll.calibration import Calibrator
+    from gnll.cli._args import model_kwargs
+    from gnll.cli.ask import ask_prompt
+    from gnll.scoring import ScoreJob, run_score_job
+    from gnll.scoring.rows import detect_format
+    from gnll.scoring.stream import CALIBRATED_COLUMNS
+
+    console = Console(stderr=True)
+
+    def fail(msg: str, exc: Exception | None = None) -> None:
+        if debug and exc is not None:
+            raise exc
+        console.print(f"[bold red]error:[/] {msg}")
+        raise typer.Exit(code=2)
+
+    if chunk_size < 1:
+        fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    try:
+        in_fmt = detect_format(input, input_format)
+        out_fmt = detect_format(output)
+    except ValueError as e:
+        fail(str(e), e)
+    if input != "-" and not Path(input).is_file():
+        fail(f"input file {input} does not exist")
+    if out_fmt == "parquet":
+        fail("output must be .jsonl or .csv (or - for stdout); Parquet output is not supported")
+    if resume and output == "-":
+        fail("--resume needs an output file, not stdout")
+    if errors is None and output != "-":
+        errors = Path(output + ".errors.jsonl")
+    cal = None
+    if calibration is not None:
+        try:
+            cal = Calibrator.load(calibration)
+        except (FileNotFoundError, ValueError) as e:
+            fail(str(e), e)
+        if cal.meta.get("measure", "g-nll") not in CALIBRATED_COLUMNS:
+            fail(
+                f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
+                f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
+            )
+    try:
+        lm = load_model(model, progress=progress, **model_kwargs(model_args))
+    except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
+        fail(f"cannot load model {model!r}: {e}", e)
+    if cal is not None:
+        cal.check(model=lm.name)
+    caps = getattr(lm, "capabilities", None)
+    if caps is not None and caps.missing(["scoring"]):
+        fail(f"{lm.name} cannot score given answers: its backend cannot teacher-force")
+    tok = getattr(lm, "tokenizer", None)
+    render_messages = None
+    if tok is not None and getattr(tok, "chat_template", None):
+
+        def render_messages(messages):
+            return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    job = ScoreJob(
+        input=input,
+        output=output,
+        input_format=in_fmt,
+        output_format=out_fmt,
+        errors=errors,
+        render_question=lambda q: ask_prompt(q, long=long),
+        render_messages=render_messages,
+        raw_prompt=raw_prompt,
+        logprobs=logprobs,
+        with_greedy=with_greedy,
+        max_new_tokens=max_new_tokens or (100 if long else 50),
+        calibrator=cal,
+        resume=resume,
+        chunk_size=chunk_size,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    if debug:
+        logging.basicConfig(level=logging.INFO)
+    try:
+        summary = run_score_job(lm, job)
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        fail(str(e), e)
+    rate = summary.scored / summary.seconds if summary.seconds else 0.0
+    msg = f"scored {summary.scored} rows in {summary.seconds:.1f} s ({rate:.1f} rows/s)"
+    if summary.skipped_resume:
+        msg += f"; {summary.skipped_resume} rows were already done (--resume)"
+    if summary.boundary_merged:
+        msg += f"; {summary.boundary_merged} with a token merged across the prompt/answer boundary"
+    console.print(msg)
+    if summary.failed:
+        where = summary.errors_path or "stderr"
+        console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {where}")
+        raise typer.Exit(code=1)

@@ -1,0 +1,172 @@
+"""``gnll serve``: an OpenAI-compatible server (or proxy) that adds G-NLL to every answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["serve"]
+
+
+def serve(
+    model: Annotated[
+        str, typer.Option("--model", help="Embedded name, hub id or local path (in-process mode).")
+    ] = ("smollm2-135m-instruct"),
+    model_args: Annotated[
+        str | None,
+        typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
+    ] = None,
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            "--upstream", help="Proxy mode: an OpenAI-compatible server, http://HOST:PORT/v1."
+        ),
+    ] = None,
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to bind (loopback by default).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8000,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            "--api_key",
+            envvar="GNLL_API_KEY",
+            show_default=False,
+            show_envvar=True,
+            help="Require 'Authorization: Bearer KEY'.",
+        ),
+    ] = None,
+    upstream_api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--upstream-api-key",
+            envvar="GNLL_UPSTREAM_API_KEY",
+            show_default=False,
+            help="Bearer token sent to the upstream server.",
+        ),
+    ] = None,
+    policy: Annotated[str, typer.Option("--policy", help="annotate, flag or refuse.")] = "annotate",
+    calibration: Annotated[
+        Path | None,
+        typer.Option("--calibration", help="A `gnll calibrate` file: p_correct and abstain."),
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option("--threshold", help="Without --calibration: abstain when G-NLL > this."),
+    ] = None,
+    min_p_correct: Annotated[
+        float | None,
+        typer.Option(
+            "--min_p_correct",
+            "--min-p-correct",
+            help="With --calibration: abstain below this p_correct.",
+        ),
+    ] = None,
+    rule: Annotated[
+        str | None,
+        typer.Option(
+            "--rule", help="With --calibration: the fitted threshold, accuracy or coverage."
+        ),
+    ] = None,
+    refusal: Annotated[
+        str | None, typer.Option("--refusal", help="Text that replaces refused answers.")
+    ] = None,
+    max_request_bytes: Annotated[
+        int, typer.Option("--max_request_bytes", "--max-request-bytes")
+    ] = 1_000_000,
+    max_tokens_limit: Annotated[
+        int, typer.Option("--max_tokens_limit", "--max-tokens-limit")
+    ] = 512,
+    default_max_tokens: Annotated[
+        int, typer.Option("--default_max_tokens", "--default-max-tokens")
+    ] = 100,
+    max_batch_prompts: Annotated[
+        int,
+        typer.Option(
+            "--max_batch_prompts", "--max-batch-prompts", help="Prompts per batched call."
+        ),
+    ] = 64,
+    batch_wait_ms: Annotated[
+        float,
+        typer.Option("--batch_wait_ms", "--batch-wait-ms", help="Wait this long for companions."),
+    ] = 5.0,
+    upstream_timeout: Annotated[
+        float, typer.Option("--upstream_timeout", "--upstream-timeout")
+    ] = 120.0,
+    log_prompts: Annotated[
+        bool,
+        typer.Option(
+            "--log-prompts", "--log_prompts", help="Put prompt/answer text in the access log."
+        ),
+    ] = False,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data_dir", "--data-dir", help="Example questions for the web page."),
+    ] = None,
+) -> None:
+    """Serve /v1/completions and /v1/chat/completions with an `uncertainty` object on every answer."""
+    from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
+    from gnll.serving.server import configure_logging, serve_forever
+
+    try:
+        extra = {"refusal": refusal} if refusal else {}
+        if calibration is not None:
+            if not calibration.is_file():
+                raise ValueError(f"--calibration {calibration} does not exist")
+            if threshold is not None:
+                raise ValueError("give --calibration or --threshold, not both")
+            pol = AbstentionPolicy.from_calibration(
+                calibration,
+                model=None if upstream else model,
+                mode=policy,
+                min_p_correct=min_p_correct,
+                rule=rule,
+                **extra,
+            )
+        else:
+            if min_p_correct is not None:
+                raise ValueError(
+                    "--min_p_correct needs --calibration (use --threshold on G-NLL without one)"
+                )
+            pol = AbstentionPolicy(mode=policy, threshold=threshold, **extra)
+        if pol.mode != "annotate" and not pol.active:
+            raise ValueError(f"--policy {pol.mode} needs --calibration FILE or --threshold G_NLL")
+        settings = ServeSettings(
+            api_key=api_key,
+            max_request_bytes=max_request_bytes,
+            default_max_tokens=default_max_tokens,
+            max_tokens_limit=max_tokens_limit,
+            log_prompts=log_prompts,
+            policy=pol,
+            data_dir=data_dir,
+            upstream_timeout=upstream_timeout,
+        )
+    except (ValueError, ImportError) as exc:
+        typer.echo(f"gnll serve: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    configure_logging()
+    if upstream:
+        from gnll.serving.proxy import ProxyService
+
+        service = ProxyService(upstream, api_key=upstream_api_key, timeout=upstream_timeout)
+        application = create_app(service, settings)
+        what = f"proxy to {upstream}"
+    else:
+        from gnll import load_model
+        from gnll.cli._args import model_kwargs
+
+        lm = load_model(model, **model_kwargs(model_args))
+        application = build_inprocess_app(
+            lm, settings, max_batch_prompts=max_batch_prompts, max_wait_ms=batch_wait_ms
+        )
+        what = f"{lm.name} in-process"
+    auth = "bearer auth on" if settings.api_key else "no auth"
+    typer.echo(
+        f"gnll serve: {what} on http://{host}:{port} ({auth}, policy {pol.mode}; {pol.source})",
+        err=True,
+    )
+    serve_forever(application, host, port)

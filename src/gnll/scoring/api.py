@@ -1,0 +1,96 @@
+"""``gnll.score``: teacher-forced NLL of answers that already exist, on any backend that can score.
+
+Example::
+
+    from gnll import load_model, score
+    model = load_model("smollm2-135m-instruct")
+    [s] = score(model, ["What is the capital of France?"], ["Paris"])
+    s.nll, s.is_greedy      # NLL of "Paris"; whether greedy decoding would produce it
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gnll.backends.base import Capabilities, Model, ScoredAnswer
+
+__all__ = ["ScoringError", "check_scored", "score"]
+
+
+class ScoringError(ValueError):
+    """A model cannot score, or returned something that is not a valid score."""
+
+
+def _capabilities(model: Model) -> Capabilities:
+    return getattr(model, "capabilities", None) or Capabilities()
+
+
+def check_scored(item: ScoredAnswer, answer: str) -> None:
+    """Refuse a score that is not a valid log-likelihood (NaN, inf, positive, or no tokens)."""
+    lps = item.token_logprobs
+    if not item.token_ids or len(lps) != len(item.token_ids):
+        raise ScoringError(
+            f"the backend returned {len(item.token_ids)} tokens and {len(lps)} log-probs for "
+            f"answer {answer[:40]!r}"
+        )
+    bad = [x for x in lps if not (math.isfinite(x) and x <= 1e-6)]
+    if bad:
+        raise ScoringError(f"invalid token log-prob(s) {bad[:3]} for answer {answer[:40]!r}")
+
+
+def score(
+    model: Model,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    *,
+    raw_prompt: bool = False,
+    batch_size: int | None = None,
+    progress: bool = False,
+) -> list[ScoredAnswer]:
+    """Score each ``answers[i]`` as the continuation of ``prompts[i]`` (teacher forcing, no sampling).
+
+    Parameters
+    ----------
+    model:
+        A loaded model whose ``capabilities.scoring`` is true (the in-process backend; vLLM-style
+        servers that echo prompt log-probs).
+    prompts:
+        User text, rendered exactly as :meth:`Model.generate` renders it (the model's chat template,
+        if any); with ``raw_prompt=True`` the exact string the model conditions on.
+    answers:
+        The answers to score; each must be a non-empty string.
+
+    Returns
+    -------
+    list of ScoredAnswer
+        ``nll``, ``ln_nll``, ``num_tokens``, per-token log-probs, ``is_greedy``, ``greedy_stops`` and
+        ``boundary_merged`` of each answer. The NLL of the model's own greedy answer is its G-NLL.
+    """
+    missing = _capabilities(model).missing(["scoring"])
+    if missing:
+        raise ScoringError(
+            f"{getattr(model, 'name', 'this model')} cannot score given answers (its backend cannot "
+            "teacher-force: no prompt log-probs); use the in-process backend or a vLLM server"
+        )
+    if isinstance(prompts, str) or isinstance(answers, str):
+        raise TypeError("prompts and answers must be sequences of strings; wrap one item as [item]")
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    for i, a in enumerate(answers):
+        if not isinstance(a, str) or not a.strip():
+            raise ValueError(f"answer {i} is empty or not a string: {a!r}")
+    if not answers:
+        return []
+    out = model.score(
+        list(prompts),
+        list(answers),
+        raw_prompt=raw_prompt,
+        batch_size=batch_size,
+        progress=progress,
+    )
+    if len(out) != len(answers):
+        raise ScoringError(f"the backend returned {len(out)} scores for {len(answers)} answers")
+    for item, a in zip(out, answers, strict=True):
+        check_scored(item, a)
+    return out

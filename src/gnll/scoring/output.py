@@ -1,0 +1,181 @@
+"""Output of ``gnll score``: JSONL or CSV rows appended and flushed per batch, resumable.
+
+Every output row carries ``input_line`` (its line in the input). ``--resume`` finds the last complete
+row of an existing output (a torn last line from a kill is cut off), drops error records past it
+(those rows are scored again) and continues with the input rows after it, so no row is written
+twice and none is lost.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["ErrorLog", "RowWriter", "resume_point"]
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Truncate a file after its last newline (what a kill mid-write leaves behind)."""
+    size = path.stat().st_size
+    if size == 0:
+        return
+    with path.open("rb+") as fh:
+        pos = size
+        while pos > 0:
+            step = min(1 << 16, pos)
+            fh.seek(pos - step)
+            block = fh.read(step)
+            nl = block.rfind(b"\n")
+            if nl >= 0:
+                end = pos - step + nl + 1
+                if end < size:
+                    fh.truncate(end)
+                return
+            pos -= step
+        fh.truncate(0)
+
+
+def _last_line_jsonl(path: Path) -> int:
+    last = 0
+    with path.open("rb") as fh:
+        for raw in fh:
+            try:
+                last = max(last, int(json.loads(raw)["input_line"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(
+                    f"{path}: cannot resume, a line is not a `gnll score` output row ({e})"
+                ) from None
+    return last
+
+
+def _last_line_csv(path: Path) -> int:
+    last = 0
+    with path.open(newline="", encoding="utf-8", errors="surrogateescape") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None:
+            return 0
+        if "input_line" not in reader.fieldnames:
+            raise ValueError(
+                f"{path}: cannot resume, no input_line column (not a `gnll score` output)"
+            )
+        for row in reader:
+            last = max(last, int(row["input_line"]))
+    return last
+
+
+def resume_point(output: Path, fmt: str, errors: Path | None) -> int:
+    """The input line after which scoring continues; trims ``output`` and ``errors`` to match."""
+    if not output.exists():
+        return 0
+    _cut_torn_tail(output)
+    last = _last_line_csv(output) if fmt == "csv" else _last_line_jsonl(output)
+    if errors is not None and errors.exists():
+        _cut_torn_tail(errors)
+        keep = []
+        with errors.open("rb") as fh:
+            for raw in fh:
+                try:
+                    if int(json.loads(raw)["line"]) <= last:
+                        keep.append(raw)
+                except (ValueError, KeyError, TypeError):
+                    continue
+        tmp = errors.with_name(f".{errors.name}.tmp")
+        tmp.write_bytes(b"".join(keep))
+        tmp.replace(errors)
+    return last
+
+
+class RowWriter:
+    """Append rows as JSONL (file or stdout) or CSV (columns fixed by the first row written)."""
+
+    def __init__(self, path: str, fmt: str, *, append: bool) -> None:
+        if fmt not in ("jsonl", "csv"):
+            raise ValueError(
+                "output must be .jsonl or .csv (Parquet output is not supported; convert with pandas)"
+            )
+        self.fmt = fmt
+        self.path = path
+        self._stdout = path == "-"
+        self._fh: TextIO = (
+            sys.stdout
+            if self._stdout
+            else open(path, "a" if append else "w", encoding="utf-8", newline="")  # noqa: SIM115
+        )
+        self._columns: list[str] | None = None
+        if fmt == "csv" and append and not self._stdout and Path(path).stat().st_size > 0:
+            with open(path, newline="", encoding="utf-8") as fh:
+                self._columns = next(csv.reader(fh))
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        if self.fmt == "jsonl":
+            payload = "".join(
+                json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False) + "\n"
+                for r in rows
+            )
+        else:
+            buf = io.StringIO()
+            if self._columns is None:
+                self._columns = list(rows[0])
+                csv.writer(buf).writerow(self._columns)
+            w = csv.writer(buf)
+            for r in rows:
+                w.writerow([_cell(r.get(c)) for c in self._columns])
+            payload = buf.getvalue()
+        self._fh.write(payload)
+        self._fh.flush()
+        if not self._stdout:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if not self._stdout:
+            self._fh.close()
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, list | dict):
+        return json.dumps(v, ensure_ascii=False)
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return ""
+    return v
+
+
+class ErrorLog:
+    """Bad rows as JSONL ``{"line", "id", "error"}`` in a file (or one line each on stderr)."""
+
+    def __init__(self, path: Path | None, *, append: bool) -> None:
+        self.path = path
+        self.count = 0
+        self._fh = open(path, "a" if append else "w", encoding="utf-8") if path else None  # noqa: SIM115
+
+    def write(self, line: int, error: str, row: dict[str, Any] | None = None) -> None:
+        self.count += 1
+        rec = {"line": line, "error": error}
+        if row and row.get("id") is not None:
+            rec["id"] = row["id"]
+        if self._fh is None:
+            print(f"gnll score: input line {line}: {error}", file=sys.stderr)
+            return
+        self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+
+    def flush(self) -> None:
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()

@@ -1,0 +1,185 @@
+"""Streaming input of ``gnll score``: JSONL, CSV or Parquet rows, one at a time, each checked.
+
+Every row comes out as ``(line, row, error)``: ``line`` is the 1-based line of the row in the file
+(JSONL, CSV: the physical line where the row ends; Parquet: the row number), ``row`` the parsed dict
+(``None`` if unreadable) and ``error`` a short message naming the field, or ``None``. Nothing is held
+beyond the current row, so memory does not grow with the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+__all__ = ["FORMATS", "Item", "count_rows", "detect_format", "iter_rows", "to_item"]
+
+FORMATS = ("jsonl", "csv", "parquet")
+PROMPT_FIELDS = ("messages", "prompt", "question")
+LABEL_FIELDS = ("correct", "label")
+
+Row = tuple[int, dict[str, Any] | None, str | None]
+
+
+def detect_format(path: str, given: str | None = None) -> str:
+    """The input/output format from ``given`` or the file name (stdin/stdout: JSONL)."""
+    if given:
+        if given not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {given!r}")
+        return given
+    if path == "-":
+        return "jsonl"
+    suffix = Path(path).suffix.lower()
+    fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv"}.get(suffix)
+    fmt = fmt or {".parquet": "parquet", ".pq": "parquet"}.get(suffix)
+    if fmt is None:
+        raise ValueError(
+            f"{path}: cannot tell the format from {suffix!r}; name it .jsonl/.csv/.parquet or pass --format"
+        )
+    return fmt
+
+
+def _open_binary(path: str) -> BinaryIO:
+    return sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+
+
+def _jsonl(fh: BinaryIO) -> Iterator[Row]:
+    for line, raw in enumerate(fh, 1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield line, None, f"not valid UTF-8 (byte {e.start})"
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as e:
+            yield line, None, f"not valid JSON ({e.msg} at column {e.colno})"
+            continue
+        if not isinstance(row, dict):
+            yield line, None, f"expected a JSON object, got {type(row).__name__}"
+            continue
+        yield line, row, None
+
+
+def _has_surrogates(values: Any) -> bool:
+    return any(isinstance(v, str) and any("\udc80" <= c <= "\udcff" for c in v) for v in values)
+
+
+def _csv(fh: BinaryIO) -> Iterator[Row]:
+    # surrogateescape keeps going past undecodable bytes; the row holding them is then reported.
+    text = io.TextIOWrapper(fh, encoding="utf-8", errors="surrogateescape", newline="")
+    reader = csv.DictReader(text)
+    for row in reader:
+        line = reader.line_num
+        if None in row:
+            yield line, None, f"{len(row[None])} more field(s) than the header has"
+            continue
+        if _has_surrogates(row.values()):
+            yield line, None, "not valid UTF-8"
+            continue
+        yield line, {k: v for k, v in row.items() if v is not None}, None
+
+
+def _parquet(path: str) -> Iterator[Row]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("reading Parquet needs pyarrow: pip install 'gnll[parquet]'") from None
+    line = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+        for row in batch.to_pylist():
+            line += 1
+            yield line, row, None
+
+
+def iter_rows(path: str, fmt: str) -> Iterator[Row]:
+    """Stream ``(line, row, error)`` from ``path`` (``-``: stdin, JSONL)."""
+    if fmt == "parquet":
+        if path == "-":
+            raise ValueError("Parquet cannot be read from stdin; give a file")
+        yield from _parquet(path)
+        return
+    fh = _open_binary(path)
+    try:
+        yield from (_jsonl(fh) if fmt == "jsonl" else _csv(fh))
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
+def count_rows(path: str, fmt: str) -> int | None:
+    """Rows in a file, for the progress bar's total (one cheap pass; ``None`` for stdin)."""
+    if path == "-":
+        return None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).metadata.num_rows
+    n = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            n += block.count(b"\n")
+    return n - 1 if fmt == "csv" else n
+
+
+@dataclass
+class Item:
+    """One valid input row, ready to score."""
+
+    line: int
+    row: dict[str, Any]
+    prompt: str
+    answer: str
+    raw_prompt: bool
+
+
+def to_item(
+    line: int,
+    row: dict[str, Any],
+    *,
+    render_question: Callable[[str], str],
+    render_messages: Callable[[list[dict[str, Any]]], str] | None,
+    raw_prompt: bool,
+) -> Item | str:
+    """Check a row and build its prompt; return an :class:`Item` or an error message."""
+    answer = row.get("answer")
+    if answer is None:
+        return "missing field 'answer'"
+    if not isinstance(answer, str):
+        return f"field 'answer' must be a string, got {type(answer).__name__}"
+    if not answer.strip():
+        return "field 'answer' is empty"
+    field = next((f for f in PROMPT_FIELDS if row.get(f) not in (None, "")), None)
+    if field is None:
+        return "missing field: one of 'question', 'prompt' or 'messages'"
+    value = row[field]
+    if field == "messages":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                return "field 'messages' is not a JSON list of {role, content} objects"
+        if not (
+            isinstance(value, list)
+            and value
+            and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+        ):
+            return "field 'messages' must be a non-empty list of {role, content} objects"
+        if render_messages is None:
+            return "field 'messages' needs a model with a chat template (or give 'prompt')"
+        try:
+            return Item(line, row, render_messages(value), answer, True)
+        except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
+            return f"field 'messages': the chat template rejected it ({e})"
+    if not isinstance(value, str):
+        return f"field {field!r} must be a string, got {type(value).__name__}"
+    if field == "question":
+        return Item(line, row, render_question(value), answer, False)
+    return Item(line, row, value, answer, raw_prompt)

@@ -1,0 +1,204 @@
+"""The ``gnll score`` loop: read a chunk of rows, score the valid ones, write, repeat.
+
+Memory holds one chunk (``chunk_size`` rows) at a time. A chunk the backend rejects as a whole is
+scored row by row, so one bad row (e.g. longer than the model's context) is reported with its line and
+the others are still scored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
+from gnll.scoring.api import ScoringError, check_scored, score
+from gnll.scoring.output import ErrorLog, RowWriter, resume_point
+from gnll.scoring.rows import Item, count_rows, iter_rows, to_item
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CALIBRATED_COLUMNS", "ScoreJob", "ScoreSummary", "run_score_job"]
+
+#: Which output column a calibration's measure is applied to.
+CALIBRATED_COLUMNS = {"g-nll": "nll", "nll": "nll", "ln-g-nll": "ln_nll", "ln_nll": "ln_nll"}
+
+
+@dataclass
+class ScoreJob:
+    """What ``gnll score`` was asked to do (the CLI maps its options onto this)."""
+
+    input: str
+    output: str
+    input_format: str
+    output_format: str
+    errors: Path | None
+    render_question: Callable[[str], str]
+    render_messages: Callable[[list[dict[str, Any]]], str] | None = None
+    raw_prompt: bool = False
+    logprobs: bool = False
+    with_greedy: bool = False
+    max_new_tokens: int = 50
+    calibrator: Any = None
+    resume: bool = False
+    chunk_size: int = 256
+    batch_size: int | None = None
+    progress: bool = True
+
+
+@dataclass
+class ScoreSummary:
+    rows_in: int = 0
+    scored: int = 0
+    failed: int = 0
+    skipped_resume: int = 0
+    boundary_merged: int = 0
+    seconds: float = 0.0
+    errors_path: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _chunks(it: Iterator, n: int) -> Iterator[list]:
+    while chunk := list(islice(it, n)):
+        yield chunk
+
+
+def _score_items(
+    model: Model, items: list[Item], batch_size: int | None
+) -> list[ScoredAnswer | str]:
+    """Score items (raw and rendered prompts in separate calls); per-row fallback on failure."""
+    out: list[ScoredAnswer | str] = [""] * len(items)
+    for raw in (False, True):
+        idx = [i for i, it in enumerate(items) if it.raw_prompt == raw]
+        if not idx:
+            continue
+        prompts = [items[i].prompt for i in idx]
+        answers = [items[i].answer for i in idx]
+        try:
+            res: list[ScoredAnswer | str] = list(
+                score(model, prompts, answers, raw_prompt=raw, batch_size=batch_size)
+            )
+        except (ScoringError, ValueError, RuntimeError, IndexError) as e:
+            if len(idx) == 1:
+                res = [_message(e)]
+            else:
+                res = []
+                for p, a in zip(prompts, answers, strict=True):
+                    try:
+                        [one] = model.score([p], [a], raw_prompt=raw, batch_size=1)
+                        check_scored(one, a)
+                        res.append(one)
+                    except (ScoringError, ValueError, RuntimeError, IndexError) as e1:
+                        res.append(_message(e1))
+        for i, r in zip(idx, res, strict=True):
+            out[i] = r
+    return out
+
+
+def _message(e: Exception) -> str:
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"cannot score: {text}"
+
+
+def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
+    """The model's own greedy answer per row (for ``g_nll``); raw prompts cannot be re-rendered."""
+    todo = [i for i, it in enumerate(items) if not it.raw_prompt]
+    out: list[Any] = [None] * len(items)
+    if todo:
+        gens = model.generate(
+            [items[i].prompt for i in todo], GenerationConfig.greedy(max_new_tokens=max_new_tokens)
+        )
+        for i, [g] in zip(todo, gens, strict=True):
+            out[i] = g
+    return out
+
+
+def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
+    row = dict(item.row)
+    row.update(
+        input_line=item.line,
+        nll=s.nll,
+        ln_nll=s.ln_nll,
+        num_tokens=s.num_tokens,
+        is_greedy=s.is_greedy,
+        greedy_stops=s.greedy_stops,
+        boundary_merged=s.boundary_merged,
+    )
+    if job.logprobs:
+        row["tokens"] = list(s.tokens)
+        row["token_logprobs"] = [float(x) for x in s.token_logprobs]
+    if job.with_greedy:
+        row["greedy_answer"] = None if greedy is None else greedy.text
+        row["g_nll"] = None if greedy is None else -greedy.logprob
+    if job.calibrator is not None:
+        col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
+        row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])
+        row["abstain"] = bool(job.calibrator.abstain([row[col]])[0])
+    return row
+
+
+def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
+    """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log."""
+    t0 = time.perf_counter()
+    summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
+    start = 0
+    if job.resume and job.output != "-":
+        start = resume_point(Path(job.output), job.output_format, job.errors)
+        if start:
+            logger.info("%s: resuming after input line %d", job.output, start)
+    append = job.resume and job.output != "-" and Path(job.output).exists()
+    writer = RowWriter(job.output, job.output_format, append=append)
+    errors = ErrorLog(job.errors, append=job.resume)
+    total = count_rows(job.input, job.input_format) if job.progress else None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit="rows", disable=not job.progress, desc="scoring", smoothing=0.1)
+    try:
+        for chunk in _chunks(iter_rows(job.input, job.input_format), job.chunk_size):
+            items: list[Item] = []
+            for line, row, err in chunk:
+                summary.rows_in += 1
+                if line <= start:
+                    summary.skipped_resume += 1
+                    continue
+                if err is None:
+                    res = to_item(
+                        line,
+                        row,
+                        render_question=job.render_question,
+                        render_messages=job.render_messages,
+                        raw_prompt=job.raw_prompt,
+                    )
+                    if isinstance(res, Item):
+                        items.append(res)
+                        continue
+                    err = res
+                errors.write(line, err, row)
+            scored = _score_items(model, items, job.batch_size) if items else []
+            greedy = _greedy(model, items, job.max_new_tokens) if job.with_greedy and items else []
+            rows = []
+            for k, (item, s) in enumerate(zip(items, scored, strict=True)):
+                if isinstance(s, str):
+                    errors.write(item.line, s, item.row)
+                    continue
+                summary.boundary_merged += bool(s.boundary_merged)
+                rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
+            # Errors first: a row past the last output row is re-scored on resume, never lost.
+            errors.flush()
+            writer.write(rows)
+            summary.scored += len(rows)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        writer.close()
+        errors.close()
+    summary.failed = errors.count
+    if job.errors is not None and job.resume and job.errors.exists():
+        with job.errors.open("rb") as fh:  # rows that failed before the resume count too
+            summary.failed = sum(1 for _ in fh)
+    summary.seconds = time.perf_counter() - t0
+    return summary

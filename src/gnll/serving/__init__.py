@@ -1,0 +1,39 @@
+"""``gnll serve``: an OpenAI-compatible server (or proxy) that puts G-NLL on every answer.
+
+Layers: this package sits beside ``gnll.cli`` on top of the library (measures, backends,
+evaluation); nothing below imports it. Modules: ``schemas`` (request bodies), ``engine`` (dynamic
+batching of the in-process model), ``inprocess`` and ``proxy`` (the two services), ``uncertainty``
+(the ``uncertainty`` object and the abstention policy), ``responses`` (OpenAI bodies and stream
+chunks), ``metrics`` (Prometheus), ``app`` (routes, auth, limits, access log), ``webui`` (the page
+at ``/``), ``server`` (uvicorn).
+"""
+
+from gnll.serving.settings import ServeSettings
+from gnll.serving.uncertainty import AbstentionPolicy
+
+__all__ = ["AbstentionPolicy", "ServeSettings", "build_inprocess_app", "create_app"]
+
+
+def create_app(service, settings=None):
+    """Build the FastAPI app around a service (see :mod:`gnll.serving.app`)."""
+    from gnll.serving.app import create_app as _create
+
+    return _create(service, settings)
+
+
+def build_inprocess_app(
+    model, settings=None, *, max_batch_prompts: int = 64, max_wait_ms: float = 5.0
+):
+    """The app serving an already loaded gnll model with dynamic batching."""
+    from gnll.serving.engine import BatchingEngine
+    from gnll.serving.inprocess import InProcessService
+
+    settings = settings or ServeSettings()
+    engine = BatchingEngine(model, max_batch_prompts=max_batch_prompts, max_wait_ms=max_wait_ms)
+    service = InProcessService(
+        model,
+        engine,
+        default_max_tokens=settings.default_max_tokens,
+        max_tokens_limit=settings.max_tokens_limit,
+    )
+    return create_app(service, settings)

@@ -1,0 +1,211 @@
+"""Dynamic batching: concurrent requests share the in-process model's ``generate`` calls.
+
+The model runs in one worker thread; the asyncio event loop only enqueues work and awaits futures,
+so it never blocks on a forward pass. Requests that arrive while a batch decodes wait in the queue
+and form the next batch; inside a batch the backend drops rows as they finish. Only requests with
+the same :class:`~gnll.backends.base.GenerationConfig` (and prompt rendering) can share a call, so
+the worker takes the oldest request's group first (no starvation) and leaves the others queued.
+
+Examples
+--------
+>>> from gnll.backends.base import Generation, GenerationConfig
+>>> class Echo:  # a stand-in model: answers each prompt with its own length
+...     name = "echo"
+...     def generate(self, prompts, config=None, **kw):
+...         return [[Generation(str(len(p)), [1], ["x"], [-0.5], "eos")] for p in prompts]
+>>> import asyncio
+>>> async def main():
+...     engine = BatchingEngine(Echo())
+...     engine.start()
+...     try:
+...         outs = await asyncio.gather(*(engine.submit([p], GenerationConfig()) for p in ["a", "bb"]))
+...     finally:
+...         engine.stop()
+...     return [o[0][0].text for o in outs]
+>>> asyncio.run(main())
+['1', '2']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnll.backends.base import Generation, GenerationConfig, Model
+
+log = logging.getLogger("gnll.serve")
+
+
+@dataclass
+class _Job:
+    prompts: list[str]
+    config: GenerationConfig
+    raw: bool
+    key: tuple
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class EngineStopped(RuntimeError):
+    """The engine is shutting down and takes no new work."""
+
+
+class BatchingEngine:
+    """Serialise a :class:`~gnll.backends.base.Model` behind a queue that batches compatible requests.
+
+    Parameters
+    ----------
+    model:
+        Any gnll model (the hf backend for ``gnll serve --model``).
+    max_batch_prompts:
+        Most prompts (rows / ``num_sequences``) in one ``generate`` call.
+    max_wait_ms:
+        After the first request of a batch arrives, wait at most this long for companions: clients
+        whose previous answers just came back send their next request within a few milliseconds.
+    on_batch:
+        Called with (number of prompts, seconds) after every call (for metrics).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_batch_prompts: int = 64,
+        max_wait_ms: float = 5.0,
+        on_batch: Callable[[int, float], None] | None = None,
+    ) -> None:
+        if max_batch_prompts < 1:
+            raise ValueError(f"max_batch_prompts must be >= 1, got {max_batch_prompts}")
+        self.model = model
+        self.max_batch_prompts = int(max_batch_prompts)
+        self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
+        self.on_batch = on_batch
+        self._queue: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._raw_model: Model | None = None
+        self.batches = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="gnll-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish every queued job, then end the worker thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    # ------------------------------------------------------------------ submitting
+    async def submit(
+        self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
+    ) -> list[list[Generation]]:
+        """Generate for ``prompts`` in some upcoming batch; ``raw`` skips the chat template."""
+        loop = asyncio.get_running_loop()
+        # Sampling with a client's seed is reproducible only alone in its call (the backend's random
+        # streams are indexed by the row's position), so such jobs get a key of their own.
+        alone = config.strategy == "sample" and config.seed is not None
+        key = (config, raw, secrets.token_hex(4) if alone else None)
+        job = _Job(list(prompts), config, raw, key, loop, loop.create_future())
+        with self._cond:
+            if self._stopping:
+                raise EngineStopped("the server is shutting down")
+            self._queue.append(job)
+            self._cond.notify()
+        return await job.future
+
+    # ------------------------------------------------------------------ worker
+    def _take_batch(self) -> list[_Job] | None:
+        with self._cond:
+            while not self._queue and not self._stopping:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            deadline = self._queue[0].enqueued + self.max_wait
+            while (
+                not self._stopping
+                and sum(len(j.prompts) for j in self._queue) < self.max_batch_prompts
+                and (left := deadline - time.perf_counter()) > 0
+            ):
+                self._cond.wait(left)
+            key = self._queue[0].key
+            batch, rest, size = [], deque(), 0
+            for job in self._queue:
+                if job.key == key and (
+                    not batch or size + len(job.prompts) <= self.max_batch_prompts
+                ):
+                    batch.append(job)
+                    size += len(job.prompts)
+                else:
+                    rest.append(job)
+            self._queue = rest
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            prompts = [p for job in batch for p in job.prompts]
+            started = time.perf_counter()
+            try:
+                outs = self._generate(prompts, batch[0].config, batch[0].raw)
+            except Exception as exc:  # delivered to every waiting request, the worker lives on
+                log.exception("generate failed for a batch of %d prompts", len(prompts))
+                for job in batch:
+                    job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+                continue
+            elapsed = time.perf_counter() - started
+            self.batches += 1
+            if self.on_batch is not None:
+                self.on_batch(len(prompts), elapsed)
+            start = 0
+            for job in batch:
+                part = outs[start : start + len(job.prompts)]
+                start += len(job.prompts)
+                job.loop.call_soon_threadsafe(_set_result, job.future, part)
+
+    def _generate(self, prompts: list[str], config: GenerationConfig, raw: bool) -> list:
+        if config.strategy == "sample" and config.seed is None:
+            config = config.replace(seed=secrets.randbelow(2**31))
+        model = self.model
+        if raw and getattr(model, "chat_template", False):
+            if "raw_prompt" in inspect.signature(model.generate).parameters:
+                return model.generate(prompts, config, raw_prompt=True)
+            model = self._raw_view()
+        return model.generate(prompts, config)
+
+    def _raw_view(self) -> Model:
+        """The same model (shared weights and tokenizer) rendering prompts verbatim."""
+        if self._raw_model is None:
+            view = copy.copy(self.model)
+            view.chat_template = False  # type: ignore[attr-defined]
+            self._raw_model = view
+        return self._raw_model
+
+
+def _set_result(future: asyncio.Future, value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,250 @@
+"""``gnll serve --model NAME``: answer OpenAI requests with an in-process gnll model.
+
+Requests become :class:`~gnll.backends.base.GenerationConfig` objects and go through the
+:class:`~gnll.serving.engine.BatchingEngine`. Temperature 0 or unset means greedy decoding (the
+answer G-NLL is defined for); a positive temperature samples from the unwarped, tempered model
+distribution. Options that would warp the distribution the log-probs describe (``top_p < 1``,
+penalties, ``logit_bias``) are refused with a 400 rather than ignored.
+
+Prompt rendering: ``/v1/completions`` prompts are raw text. A chat request with one user message
+is rendered exactly as ``gnll eval`` renders its prompts (the backend's chat template, a single
+user turn), so answers and G-NLL match the evaluation's; longer conversations go through the
+tokenizer's chat template; a model without one sees the messages' texts joined by blank lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.serving.engine import BatchingEngine
+from gnll.serving.responses import Answer
+from gnll.serving.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+
+
+@dataclass
+class Reply:
+    """What a service returns for one request: the body, or a stream that ends with it."""
+
+    body: dict[str, Any] | None
+    records: list[dict[str, Any]]
+    stream: Iterator[str] | AsyncIterator[str] | None = None
+    prompt: str | None = None
+    status: int = 200
+
+
+class RequestError(ValueError):
+    """A request gnll cannot serve as asked (HTTP 400, with this message and the parameter)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def generation_config(
+    req: CompletionRequest | ChatCompletionRequest,
+    *,
+    default_max_tokens: int,
+    max_tokens_limit: int,
+) -> GenerationConfig:
+    """The decoding a request asks for, or a :class:`RequestError` saying what cannot be honoured."""
+    if req.top_p is not None and req.top_p != 1.0:
+        raise RequestError(
+            "top_p < 1 is not supported: log-probs are reported under the full distribution",
+            "top_p",
+        )
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise RequestError(f"{name} is not supported by the in-process model", name)
+    if req.logit_bias:
+        raise RequestError("logit_bias is not supported by the in-process model", "logit_bias")
+    if isinstance(req, CompletionRequest) and req.echo:
+        raise RequestError("echo is not supported; use `gnll score` to score given text", "echo")
+    max_tokens = req.max_tokens_requested() or default_max_tokens
+    if max_tokens > max_tokens_limit:
+        raise RequestError(
+            f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}",
+            "max_tokens",
+        )
+    if req.greedy:
+        if req.n != 1:
+            raise RequestError("n > 1 needs temperature > 0: greedy decoding has one answer", "n")
+        return GenerationConfig.greedy(max_new_tokens=max_tokens, stop=req.stop_list)
+    return GenerationConfig.sample(
+        req.n,
+        temperature=req.temperature,
+        max_new_tokens=max_tokens,
+        stop=req.stop_list,
+        seed=req.seed,
+    )
+
+
+def chat_prompt(model: Model, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
+    """``(prompt, raw)``: the text to generate from and whether it is already rendered."""
+    texts = [m.text() for m in messages]
+    if len(messages) == 1 and messages[0].role == "user":
+        return texts[0], False
+    tokenizer = getattr(model, "tokenizer", None)
+    if getattr(model, "chat_template", False) and tokenizer is not None:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": m.role, "content": t} for m, t in zip(messages, texts, strict=True)],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        bos = getattr(tokenizer, "bos_token", None)
+        # The raw path tokenises with special tokens; a template that writes BOS itself would get two.
+        if bos and rendered.startswith(bos) and _adds_bos(tokenizer):
+            rendered = rendered[len(bos) :]
+        return rendered, True
+    return "\n\n".join(texts), True
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
+
+
+def to_answer(gen: Generation, decoding: str) -> Answer:
+    # The text the tokens spell (a completion's leading space included), as servers return it, so
+    # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
+    # single-token decoding does not reproduce it (split multi-byte characters).
+    joined = "".join(gen.tokens)
+    return Answer(
+        text=joined if joined.strip() == gen.text else gen.text,
+        finish_reason="length" if gen.finish_reason == "length" else "stop",
+        tokens=list(gen.tokens),
+        token_logprobs=list(gen.token_logprobs),
+        decoding=decoding,
+        top_logprobs=None,
+        completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
+    )
+
+
+class InProcessService:
+    """Generate answers for requests with a local model through a batching engine."""
+
+    mode = "model"
+
+    def __init__(
+        self,
+        model: Model,
+        engine: BatchingEngine,
+        *,
+        default_max_tokens: int = 100,
+        max_tokens_limit: int = 512,
+    ) -> None:
+        self.model = model
+        self.engine = engine
+        self.default_max_tokens = default_max_tokens
+        self.max_tokens_limit = max_tokens_limit
+
+    @property
+    def model_name(self) -> str:
+        return self.model.name
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": self.mode, "model": self.model_name, "top_logprobs": 0}
+
+    def check_model(self, requested: str | None) -> None:
+        if requested and requested != self.model_name:
+            raise RequestError(
+                f"model {requested!r} is not served here; this server serves {self.model_name!r}",
+                "model",
+            )
+
+    async def start(self) -> None:
+        self.engine.start()
+
+    async def stop(self) -> None:
+        self.engine.stop()
+
+    async def models(self) -> list[dict[str, Any]]:
+        return [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "gnll"}]
+
+    def prompt_tokens(self, prompt: str, raw: bool) -> int:
+        tokenizer = getattr(self.model, "tokenizer", None)
+        if tokenizer is None:
+            return 0
+        text = prompt if raw else self.model.render_prompt(prompt)
+        return len(tokenizer(text)["input_ids"])
+
+    async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+        """Answer a request: the response body (or its stream) and the uncertainty records."""
+        from gnll.serving import responses as R
+
+        answers, n_prompt, prompt = await self.generate(req)
+        chat = isinstance(req, ChatCompletionRequest)
+        records, texts, finishes = annotate(
+            answers, settings.policy, include_tokens=req.wants_logprobs
+        )
+        if chat:
+            body = R.chat_body(
+                self.model_name,
+                answers,
+                texts,
+                finishes,
+                records,
+                logprobs=req.wants_logprobs,
+                top_logprobs=req.num_top_logprobs,
+                prompt_tokens=n_prompt,
+            )
+        else:
+            body = R.completion_body(
+                self.model_name,
+                answers,
+                texts,
+                finishes,
+                records,
+                logprobs=req.logprobs,
+                prompt_tokens=n_prompt,
+            )
+        stream = R.stream_chunks(body, answers, chat=chat) if req.stream else None
+        return Reply(body=body, records=records, stream=stream, prompt=prompt)
+
+    async def generate(
+        self, req: CompletionRequest | ChatCompletionRequest
+    ) -> tuple[list[Answer], int, str]:
+        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
+        self.check_model(req.model)
+        config = generation_config(
+            req, default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
+        )
+        if isinstance(req, ChatCompletionRequest):
+            try:
+                prompt, raw = chat_prompt(self.model, req.messages)
+            except ValueError as exc:
+                raise RequestError(str(exc), "messages") from exc
+            prompts = [prompt]
+        else:
+            prompts, raw = req.prompts, True
+        outs = await self.engine.submit(prompts, config, raw=raw)
+        decoding = "greedy" if config.strategy == "greedy" else "sampled"
+        answers = [to_answer(g, decoding) for gens in outs for g in gens]
+        n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
+        return answers, n_prompt, prompts[0]
+
+
+def annotate(
+    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
+) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
+    """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
+    from gnll.serving.uncertainty import apply_policy, uncertainty_record
+
+    records, texts, finishes = [], [], []
+    for a in answers:
+        rec = uncertainty_record(
+            a.token_logprobs,
+            decoding=a.decoding,
+            policy=policy,
+            tokens=a.tokens,
+            top_logprobs=a.top_logprobs,
+            include_tokens=include_tokens,
+            source=source,
+        )
+        text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        records.append(rec)
+        texts.append(text)
+        finishes.append(finish)
+    return records, texts, finishes

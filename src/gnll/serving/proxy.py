@@ -1,0 +1,409 @@
+"""``gnll serve --upstream URL``: a proxy that adds G-NLL to any OpenAI-compatible server's answers.
+
+The client's request goes upstream with the changes G-NLL needs: per-token log-probs switched on,
+and, when the client asked for greedy decoding (temperature 0 or unset), every sampling parameter
+pinned to plain greedy in the upstream's own names (:mod:`gnll.backends.openai.servers`: llama.cpp
+defaults to temperature 0.8 with top-k/min-p, vLLM reads defaults from the model). The upstream's
+response is returned unchanged except for the ``uncertainty`` object on each choice (and, under
+``flag``/``refuse``, the finish reason / text), and log-probs the client did not ask for are removed
+again. Token log-probs are read with the server backend's parser
+(:mod:`gnll.backends.openai.parse`): the three response shapes and the answer/terminator split are
+handled in one place for ``gnll eval`` and ``gnll serve``.
+
+Errors: an unreachable upstream is a 502, a timeout a 504, an upstream 5xx a 502 and an upstream 4xx
+the same 4xx, each with the upstream's own message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gnll.backends.base import GenerationConfig
+from gnll.backends.openai.client import ServerError
+from gnll.backends.openai.parse import read_choice, to_generation
+from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
+from gnll.serving import responses as R
+from gnll.serving.app import HTTPError
+from gnll.serving.inprocess import Reply, RequestError, annotate
+from gnll.serving.responses import Answer
+from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.uncertainty import LogprobError
+
+
+class ProxyService:
+    """Forward requests to ``upstream`` and annotate its answers.
+
+    Parameters
+    ----------
+    upstream:
+        The upstream server's ``/v1`` root, e.g. ``http://127.0.0.1:8080/v1``.
+    api_key:
+        Bearer token for the upstream (not the proxy's own ``--api-key``).
+    timeout:
+        Seconds per upstream request (504 past it).
+    server:
+        A profile name of :data:`gnll.backends.openai.servers.PROFILES`, or ``"auto"`` to recognise
+        the upstream from its ``/v1/models`` answer.
+    """
+
+    mode = "proxy"
+    engine = None
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        server: str = "auto",
+    ) -> None:
+        if not upstream.startswith(("http://", "https://")):
+            raise ValueError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
+        self.upstream = upstream.rstrip("/")
+        self._api_key = api_key
+        self.timeout = float(timeout)
+        self.server = server
+        self.profile: ServerProfile | None = None if server == "auto" else PROFILES[server]
+        self.client: httpx.AsyncClient | None = None
+        self.model_name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ProxyService(upstream={self.upstream!r})"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "model": self.model_name,
+            "upstream": self.upstream,
+            "server": self.profile.name if self.profile else "unknown",
+        }
+
+    async def start(self) -> None:
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout, connect=min(10.0, self.timeout)),
+            headers=headers,
+            follow_redirects=False,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        # The upstream may come up later; requests say so with a 502 until then.
+        with contextlib.suppress(HTTPError):
+            await self._detect()
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def _detect(self) -> ServerProfile:
+        if self.profile is None or self.model_name is None:
+            models = await self._call("GET", "/models")
+            if self.profile is None:
+                self.profile = profile_from_models(models, self.upstream)
+            data = models.get("data") or []
+            if data and isinstance(data[0], dict):
+                self.model_name = data[0].get("id")
+        return self.profile
+
+    async def models(self) -> list[dict[str, Any]]:
+        return list((await self._call("GET", "/models")).get("data") or [])
+
+    # ------------------------------------------------------------------ upstream calls
+    async def _send(self, method: str, path: str, body: Any = None, *, stream: bool = False):
+        assert self.client is not None, "the proxy is not started"
+        url = self.upstream + path
+        try:
+            request = self.client.build_request(method, url, json=body)
+            response = await self.client.send(request, stream=stream)
+        except httpx.TimeoutException as exc:
+            raise HTTPError(
+                504,
+                f"the upstream server {url} did not answer within {self.timeout:g} s ({exc})",
+                "upstream_timeout",
+            ) from None
+        except httpx.HTTPError as exc:
+            raise HTTPError(
+                502,
+                f"cannot reach the upstream server {url}: {exc or type(exc).__name__}",
+                "upstream_error",
+            ) from None
+        if response.status_code >= 400:
+            text = (await response.aread()).decode(errors="replace")
+            await response.aclose()
+            message = _upstream_message(text) or f"HTTP {response.status_code}"
+            status = response.status_code if response.status_code < 500 else 502
+            raise HTTPError(
+                status,
+                f"upstream {url} answered {response.status_code}: {message}",
+                "upstream_error" if status == 502 else "invalid_request_error",
+            )
+        return response
+
+    async def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        response = await self._send(method, path, body)
+        try:
+            data = response.json()
+        except ValueError:
+            raise HTTPError(
+                502,
+                f"upstream {self.upstream}{path} sent a body that is not JSON",
+                "upstream_error",
+            ) from None
+        if not isinstance(data, dict):
+            raise HTTPError(
+                502, f"upstream {self.upstream}{path} sent a non-object JSON body", "upstream_error"
+            )
+        return data
+
+    # ------------------------------------------------------------------ requests
+    def upstream_body(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: Any, profile: ServerProfile
+    ) -> dict[str, Any]:
+        """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
+        body = req.model_dump(exclude_unset=True)
+        chat = isinstance(req, ChatCompletionRequest)
+        asked = req.max_tokens_requested()
+        if asked is not None and asked > settings.max_tokens_limit:
+            raise RequestError(
+                f"max_tokens={asked} is above this server's limit of {settings.max_tokens_limit}",
+                "max_tokens",
+            )
+        if asked is None:
+            key = profile.max_tokens_key if chat else "max_tokens"
+            body[key] = settings.default_max_tokens
+        if req.greedy:
+            if req.n != 1:
+                raise RequestError(
+                    "n > 1 needs temperature > 0: greedy decoding has one answer", "n"
+                )
+            body.update(temperature=0.0, **profile.pins)
+        else:
+            for k, v in profile.pins.items():
+                body.setdefault(k, v)
+        if chat:
+            body["logprobs"] = True
+        else:
+            body["logprobs"] = max(int(req.logprobs or 0), 1)
+            for k, v in profile.extras.items():
+                body.setdefault(k, v)
+        if req.model is None and self.model_name:
+            body["model"] = self.model_name
+        return body
+
+    async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+        profile = await self._detect()
+        chat = isinstance(req, ChatCompletionRequest)
+        body = self.upstream_body(req, settings, profile)
+        path = "/chat/completions" if chat else "/completions"
+        config = _config(req, body)
+        prompt = _prompt_text(req)
+        if req.stream and settings.policy.mode != "refuse":
+            response = await self._send("POST", path, body, stream=True)
+            stream = self._relay(response, req, settings, profile, config)
+            return Reply(body=None, records=[], stream=stream, prompt=prompt)
+        body["stream"] = False
+        body.pop("stream_options", None)
+        data = await self._call("POST", path, body)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise HTTPError(
+                502, f"upstream {self.upstream}{path} returned no choices", "upstream_error"
+            )
+        answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
+        records, texts, finishes = annotate(
+            answers, settings.policy, include_tokens=req.wants_logprobs, source="upstream"
+        )
+        for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
+            _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
+        if req.stream:  # refuse: the answer is known before its first piece is sent
+            stream = R.stream_chunks(_as_own_body(data, chat), answers, chat=chat)
+            return Reply(body=data, records=records, stream=stream, prompt=prompt)
+        return Reply(body=data, records=records, prompt=prompt)
+
+    def _answer(
+        self, choice: Any, req: Any, profile: ServerProfile, config: GenerationConfig, i: int
+    ) -> Answer:
+        try:
+            gen = to_generation(
+                read_choice(choice), config, eos_logprob=profile.eos_logprob, where=f"choice {i}"
+            )
+        except ServerError as exc:
+            raise LogprobError(f"upstream {self.upstream}: {exc}") from None
+        text = (
+            choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+        )
+        return Answer(
+            text=text or "",
+            finish_reason=choice.get("finish_reason"),
+            tokens=gen.tokens,
+            token_logprobs=gen.token_logprobs,
+            decoding="greedy" if req.greedy else "sampled",
+        )
+
+    async def _relay(
+        self,
+        response: httpx.Response,
+        req: Any,
+        settings: Any,
+        profile: ServerProfile,
+        config: GenerationConfig,
+    ) -> AsyncIterator[str]:
+        """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
+        chat = isinstance(req, ChatCompletionRequest)
+        acc: dict[int, dict[str, Any]] = {}
+        last: dict[str, Any] = {}
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                last = chunk
+                for choice in chunk.get("choices") or []:
+                    _accumulate(acc.setdefault(choice.get("index", 0), _empty(chat)), choice, chat)
+                    if not req.wants_logprobs:
+                        choice["logprobs"] = None
+                    choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
+                yield R.sse(chunk)
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            yield R.sse(R.error_body(f"upstream stream broke off: {exc}", "upstream_error"))
+            return
+        finally:
+            await response.aclose()
+        try:
+            answers = [
+                self._answer(_choice_of(acc[i], chat), req, profile, config, i) for i in sorted(acc)
+            ]
+            records, _, finishes = annotate(
+                answers, settings.policy, include_tokens=req.wants_logprobs, source="upstream"
+            )
+        except LogprobError as exc:
+            yield R.sse(R.error_body(str(exc), "upstream_error"))
+            return
+        base = {k: last.get(k) for k in ("id", "object", "created", "model")}
+        for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
+            c = {"index": i, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
+            c.update({"delta": {}} if chat else {"text": ""})
+            yield R.sse({**base, "choices": [c]})
+        yield R.sse("[DONE]")
+
+
+def _config(req: Any, body: dict[str, Any]) -> GenerationConfig:
+    """The decoding the upstream was asked for, as the parser needs it (stop strings, cap)."""
+    cap = body.get("max_tokens") or body.get("max_completion_tokens") or 1
+    if req.greedy:
+        return GenerationConfig.greedy(max_new_tokens=int(cap), stop=req.stop_list)
+    return GenerationConfig.sample(
+        req.n, temperature=float(req.temperature), max_new_tokens=int(cap), stop=req.stop_list
+    )
+
+
+def _prompt_text(req: Any) -> str:
+    if isinstance(req, ChatCompletionRequest):
+        return "\n".join(m.text() for m in req.messages)
+    return "\n".join(req.prompts)
+
+
+def _upstream_message(text: str) -> str:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:500]
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:500]
+    if err:
+        return str(err)[:500]
+    return (
+        str(data.get("detail") or data.get("message") or text) if isinstance(data, dict) else text
+    )[:500]
+
+
+def _decorate(
+    choice: dict, rec: dict, text: str, finish: Any, *, chat: bool, keep_logprobs: bool
+) -> None:
+    choice["uncertainty"] = rec
+    choice["finish_reason"] = finish
+    if chat:
+        if isinstance(choice.get("message"), dict):
+            choice["message"]["content"] = text
+    else:
+        choice["text"] = text
+    if not keep_logprobs or "original_text" in rec:
+        choice["logprobs"] = None
+
+
+def _as_own_body(data: dict, chat: bool) -> dict:
+    """An upstream body with the fields :func:`responses.stream_chunks` reads, filled if absent."""
+    import time
+
+    return {
+        "id": data.get("id") or R.new_id("chatcmpl" if chat else "cmpl"),
+        "created": data.get("created") or int(time.time()),
+        "model": data.get("model"),
+        "choices": data["choices"],
+        "usage": data.get("usage"),
+    }
+
+
+def _empty(chat: bool) -> dict[str, Any]:
+    return {
+        "text": [],
+        "content": [],
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "token_ids": [],
+        "finish_reason": None,
+        "stop_reason": None,
+        "has_stop_reason": False,
+    }
+
+
+def _accumulate(acc: dict[str, Any], choice: dict[str, Any], chat: bool) -> None:
+    if chat:
+        acc["text"].append((choice.get("delta") or {}).get("content") or "")
+    else:
+        acc["text"].append(choice.get("text") or "")
+    lp = choice.get("logprobs")
+    if isinstance(lp, dict):
+        if isinstance(lp.get("content"), list):
+            acc["content"].extend(lp["content"])
+        elif isinstance(lp.get("tokens"), list):
+            acc["tokens"].extend(lp["tokens"])
+            acc["token_logprobs"].extend(lp.get("token_logprobs") or [])
+            acc["top_logprobs"].extend(lp.get("top_logprobs") or [None] * len(lp["tokens"]))
+    if isinstance(choice.get("token_ids"), list):
+        acc["token_ids"].extend(choice["token_ids"])
+    if choice.get("finish_reason"):
+        acc["finish_reason"] = choice["finish_reason"]
+    if "stop_reason" in choice:
+        acc["has_stop_reason"] = True
+        if choice["stop_reason"] is not None:
+            acc["stop_reason"] = choice["stop_reason"]
+
+
+def _choice_of(acc: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """A non-streaming ``choices[i]`` rebuilt from the streamed pieces, for the shared parser."""
+    text = "".join(acc["text"])
+    if acc["content"]:
+        logprobs: dict[str, Any] = {"content": acc["content"]}
+    else:
+        logprobs = {
+            "tokens": acc["tokens"],
+            "token_logprobs": acc["token_logprobs"],
+            "top_logprobs": acc["top_logprobs"],
+        }
+    choice: dict[str, Any] = {"logprobs": logprobs, "finish_reason": acc["finish_reason"]}
+    choice.update({"message": {"content": text}} if chat else {"text": text})
+    if acc["token_ids"]:
+        choice["token_ids"] = acc["token_ids"]
+    if acc["has_stop_reason"]:
+        choice["stop_reason"] = acc["stop_reason"]
+    return choice

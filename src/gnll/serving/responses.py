@@ -1,0 +1,219 @@
+"""OpenAI-shaped response bodies and server-sent-event chunks for answers gnll generated itself.
+
+An :class:`Answer` is what either mode knows about one choice; the builders here turn answers and
+their ``uncertainty`` records into ``text_completion`` / ``chat.completion`` objects (and their
+streaming ``chunk`` counterparts) that the official ``openai`` client parses.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Answer:
+    """One choice: the answer text and the evidence its uncertainty is computed from."""
+
+    text: str
+    finish_reason: str | None
+    tokens: list[str]
+    token_logprobs: list[float]
+    decoding: str = "greedy"
+    top_logprobs: list[dict[str, float]] | None = None
+    completion_tokens: int | None = None
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def error_body(message: str, type_: str, *, param: str | None = None, code: Any = None) -> dict:
+    """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def completion_logprobs(answer: Answer, top: int) -> dict[str, Any]:
+    """Legacy completions ``logprobs``: parallel lists of tokens, log-probs and text offsets."""
+    offsets, pos = [], 0
+    for tok in answer.tokens:
+        offsets.append(pos)
+        pos += len(tok)
+    tops = None
+    if top and answer.top_logprobs is not None:
+        tops = [dict(list(t.items())[:top]) for t in answer.top_logprobs]
+    return {
+        "tokens": list(answer.tokens),
+        "token_logprobs": list(answer.token_logprobs),
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(answer: Answer, top: int) -> dict[str, Any]:
+    """Chat ``logprobs``: one ``content`` entry per token with its top alternatives."""
+    content = []
+    for t, (tok, lp) in enumerate(zip(answer.tokens, answer.token_logprobs, strict=True)):
+        alts = []
+        if top and answer.top_logprobs is not None:
+            alts = [
+                {"token": k, "logprob": v, "bytes": list(k.encode())}
+                for k, v in list(answer.top_logprobs[t].items())[:top]
+            ]
+        content.append(
+            {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": alts}
+        )
+    return {"content": content, "refusal": None}
+
+
+def usage(prompt_tokens: int, answers: Sequence[Answer]) -> dict[str, int]:
+    done = sum(
+        a.completion_tokens if a.completion_tokens is not None else len(a.tokens) for a in answers
+    )
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": done,
+        "total_tokens": prompt_tokens + done,
+    }
+
+
+def completion_body(
+    model: str,
+    answers: Sequence[Answer],
+    texts: Sequence[str],
+    finishes: Sequence[str | None],
+    records: Sequence[dict[str, Any]],
+    *,
+    logprobs: int | None,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    choices = []
+    for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
+        lp = completion_logprobs(a, logprobs or 0) if logprobs is not None else None
+        if "original_text" in rec:  # refused: the log-probs describe the text that was withheld
+            lp = None
+        choices.append(
+            {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "uncertainty": rec}
+        )
+    return {
+        "id": new_id("cmpl"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, answers),
+    }
+
+
+def chat_body(
+    model: str,
+    answers: Sequence[Answer],
+    texts: Sequence[str],
+    finishes: Sequence[str | None],
+    records: Sequence[dict[str, Any]],
+    *,
+    logprobs: bool,
+    top_logprobs: int,
+    prompt_tokens: int,
+) -> dict[str, Any]:
+    choices = []
+    for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
+        lp = chat_logprobs(a, top_logprobs) if logprobs and "original_text" not in rec else None
+        choices.append(
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": lp,
+                "finish_reason": finish,
+                "uncertainty": rec,
+            }
+        )
+    return {
+        "id": new_id("chatcmpl"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage(prompt_tokens, answers),
+    }
+
+
+def sse(data: Any) -> str:
+    """One server-sent event line (``[DONE]`` is sent verbatim, as OpenAI does)."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def _pieces(answer: Answer, text: str) -> list[tuple[str, int | None]]:
+    """The text cut at token boundaries (with each piece's token index) when the tokens spell it."""
+    joined = "".join(answer.tokens)
+    if answer.tokens and joined == text:
+        return [(tok, t) for t, tok in enumerate(answer.tokens)]
+    lead = len(joined) - len(joined.lstrip())
+    if answer.tokens and joined.strip() == text:
+        pieces, pos = [], 0
+        for t, tok in enumerate(answer.tokens):
+            start, end = max(pos, lead), min(pos + len(tok), lead + len(text))
+            pos += len(tok)
+            pieces.append((joined[start:end] if end > start else "", t))
+        return pieces
+    return [(text, None)]
+
+
+def stream_chunks(body: dict[str, Any], answers: Sequence[Answer], *, chat: bool) -> Iterator[str]:
+    """Replay a finished response as OpenAI streaming chunks; the uncertainty rides on the last one.
+
+    In-process generation finishes a whole batch before any token is known to the server, so the
+    pieces follow each other immediately; the stream still has the shape clients expect.
+    """
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    base = {"id": body["id"], "object": kind, "created": body["created"], "model": body["model"]}
+    for choice, answer in zip(body["choices"], answers, strict=True):
+        i = choice["index"]
+        text = choice["message"]["content"] if chat else choice["text"]
+        lp = choice.get("logprobs")
+        if chat:
+            yield sse(
+                {
+                    **base,
+                    "choices": [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
+        pieces = (
+            _pieces(answer, text)
+            if "original_text" not in choice["uncertainty"]
+            else [(text, None)]
+        )
+        for piece, t in pieces:
+            piece_lp = None
+            if lp is not None and t is not None:
+                if chat:
+                    piece_lp = {"content": [lp["content"][t]], "refusal": None}
+                else:
+                    piece_lp = {
+                        k: (v[t : t + 1] if isinstance(v, list) else v) for k, v in lp.items()
+                    }
+            delta = {"content": piece} if chat else None
+            c = {"index": i, "logprobs": piece_lp, "finish_reason": None}
+            c.update({"delta": delta} if chat else {"text": piece})
+            yield sse({**base, "choices": [c]})
+        last = {
+            "index": i,
+            "logprobs": None,
+            "finish_reason": choice["finish_reason"],
+            "uncertainty": choice["uncertainty"],
+        }
+        last.update({"delta": {}} if chat else {"text": ""})
+        yield sse({**base, "choices": [last]})
+    yield sse({**base, "choices": [], "usage": body.get("usage")})
+    yield sse("[DONE]")

@@ -1,0 +1,54 @@
+"""Start-up options of ``gnll serve`` that the app reads on every request."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gnll.serving.uncertainty import AbstentionPolicy
+
+
+@dataclass
+class ServeSettings:
+    """Operational limits, auth and the abstention policy.
+
+    Parameters
+    ----------
+    api_key:
+        Bearer token every ``/v1`` and ``/metrics`` request must carry (``None``: no auth).
+        Defaults to ``$GNLL_API_KEY``. Never logged, never echoed in errors.
+    max_request_bytes:
+        Request bodies above this are refused with 413 before they are parsed.
+    default_max_tokens, max_tokens_limit:
+        ``max_tokens`` when a request gives none, and the most a request may ask for (400 above).
+    log_prompts:
+        Put prompt and answer texts into the access log (off: only sizes and uncertainty).
+    data_dir:
+        Where the web page's example questions come from (``../shared/data`` layout).
+    """
+
+    api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
+    max_request_bytes: int = 1_000_000
+    default_max_tokens: int = 100
+    max_tokens_limit: int = 512
+    log_prompts: bool = False
+    policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
+    data_dir: Path | None = None
+    upstream_timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"--max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if not 1 <= self.default_max_tokens <= self.max_tokens_limit:
+            raise ValueError(
+                f"--default_max_tokens ({self.default_max_tokens}) must be between 1 and "
+                f"--max_tokens_limit ({self.max_tokens_limit})"
+            )
+
+    def __repr__(self) -> str:  # the key must not reach logs or tracebacks
+        return (
+            f"ServeSettings(auth={'on' if self.api_key else 'off'}, "
+            f"max_request_bytes={self.max_request_bytes}, max_tokens_limit={self.max_tokens_limit}, "
+            f"policy={self.policy.mode!r})"
+        )

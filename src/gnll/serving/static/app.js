@@ -1,0 +1,187 @@
+// gnll serve's page: asks /v1/chat/completions like any client and draws the uncertainty it returns.
+"use strict";
+const $ = (id) => document.getElementById(id);
+const state = { config: null, examples: [], history: [], auth: false };
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api-key").value.trim();
+  if (key) h.Authorization = "Bearer " + key;
+  return h;
+}
+
+async function getJSON(url) {
+  const r = await fetch(url, { headers: headers() });
+  const body = await r.json();
+  if (!r.ok) throw new Error((body.error && (body.error.message || body.error)) || r.statusText);
+  return body;
+}
+
+function showError(msg) {
+  $("error").textContent = msg || "";
+  $("error").hidden = !msg;
+}
+
+function fmt(x, digits = 4) {
+  return x === null || x === undefined ? "–" : Number(x).toFixed(digits);
+}
+
+// Probability 0 -> red, 1 -> green; light enough to read the token on it.
+function shade(p) {
+  return `hsl(${Math.round(120 * p)}, 75%, ${Math.round(88 - 18 * (1 - Math.abs(2 * p - 1)))}%)`;
+}
+
+async function init() {
+  try {
+    const health = await (await fetch("/health")).json();
+    state.auth = health.auth;
+    $("api-key").hidden = !health.auth;
+    if (health.auth && !$("api-key").value) {
+      $("server-info").textContent = `${health.model} (${health.mode}) — enter the API key`;
+      $("api-key").addEventListener("change", init, { once: true });
+      return;
+    }
+    state.config = await getJSON("/ui/api/config");
+    const c = state.config;
+    $("server-info").textContent = `${c.model} · ${c.mode === "proxy" ? "proxy to " + c.upstream : "in-process"} · policy ${c.policy.policy}`;
+    $("task").innerHTML = c.tasks.map((t) => `<option>${t}</option>`).join("");
+    await loadExamples();
+  } catch (e) {
+    showError("Cannot reach the server: " + e.message);
+  }
+}
+
+async function loadExamples() {
+  const sel = $("example");
+  sel.innerHTML = '<option value="">(choose a question)</option>';
+  try {
+    const body = await getJSON(`/ui/api/examples?task=${encodeURIComponent($("task").value)}&limit=25`);
+    state.examples = body.examples;
+    body.examples.forEach((ex, i) => {
+      const o = document.createElement("option");
+      o.value = String(i);
+      o.textContent = ex.question.length > 90 ? ex.question.slice(0, 87) + "…" : ex.question;
+      sel.appendChild(o);
+    });
+  } catch (e) {
+    state.examples = [];
+    sel.innerHTML = `<option value="">(no data: ${e.message})</option>`;
+  }
+}
+
+function currentPrompt() {
+  const i = $("example").value;
+  const typed = $("question").value.trim();
+  if (typed) {
+    return { question: typed, prompt: `${state.config.instruction}\nQuestion: ${typed}\nAnswer:`, gold: null };
+  }
+  if (i !== "") {
+    const ex = state.examples[Number(i)];
+    return { question: ex.question, prompt: ex.prompt, gold: ex.answers };
+  }
+  return null;
+}
+
+async function ask(ev) {
+  ev.preventDefault();
+  showError("");
+  const q = currentPrompt();
+  if (!q) return showError("Type a question or pick one.");
+  $("ask").disabled = true;
+  try {
+    const r = await fetch("/v1/chat/completions", {
+      method: "POST",
+      headers: headers(),
+      body: JSON.stringify({
+        messages: [{ role: "user", content: q.prompt }],
+        temperature: 0, max_tokens: state.config.max_tokens, stop: state.config.stop,
+        logprobs: true, top_logprobs: 5,
+      }),
+    });
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+    render(q, body.choices[0]);
+  } catch (e) {
+    showError(e.message);
+  } finally {
+    $("ask").disabled = false;
+  }
+}
+
+function render(q, choice) {
+  const u = choice.uncertainty;
+  const answer = $("answer");
+  answer.innerHTML = "";
+  const tops = (choice.logprobs && choice.logprobs.content) || [];
+  (u.tokens || []).forEach((tok, t) => {
+    const lp = u.token_logprobs[t];
+    const p = Math.exp(lp);
+    const span = document.createElement("span");
+    span.className = "tok";
+    span.textContent = t === 0 ? tok.replace(/^\s+/, "") : tok;
+    span.style.background = shade(p);
+    span.dataset.logprob = String(lp);
+    const alts = (tops[t] && tops[t].top_logprobs) || [];
+    span.dataset.tip = `token ${JSON.stringify(tok)}\nlog-prob ${lp.toFixed(4)}  (p = ${p.toFixed(3)})\n` +
+      (alts.length ? "top alternatives:\n" + alts.map((a) => `  ${JSON.stringify(a.token)}  ${a.logprob.toFixed(3)}`).join("\n")
+                   : "top alternatives: not reported by this model");
+    answer.appendChild(span);
+  });
+  if (u.original_text !== undefined) {
+    const note = document.createElement("div");
+    note.className = "muted";
+    note.textContent = `Refused; the model's answer was: ${u.original_text}`;
+    answer.appendChild(note);
+  }
+  $("gold").textContent = q.gold ? "Gold: " + q.gold.join(" | ") : "";
+  $("g-nll").textContent = fmt(u.g_nll);
+  $("g-nll").dataset.value = String(u.g_nll);
+  $("n-tokens").textContent = String(u.num_tokens);
+  const pol = state.config.policy;
+  const p = u.p_correct;
+  $("p-correct").textContent = p === null || p === undefined ? "not calibrated" : fmt(p, 3);
+  $("gauge-fill").style.width = p === null || p === undefined ? "0" : `${Math.round(100 * p)}%`;
+  $("calibration").textContent = pol.calibrated ? `calibration: ${pol.source}` : "start the server with --calibration FILE for p(correct)";
+  const d = $("decision");
+  d.className = "big " + (u.abstain ? "abstain" : "answer-ok");
+  d.textContent = u.abstain === null || u.abstain === undefined ? "no policy" : u.abstain ? "abstain" : "answer";
+  $("policy").textContent = `policy ${pol.policy}; ${pol.source}`;
+  $("result").hidden = false;
+  state.history.push({ g: u.g_nll, p, abstain: u.abstain, q: q.question, a: choice.message.content });
+  drawHistory();
+}
+
+function drawHistory() {
+  const rows = [...state.history].sort((a, b) => b.g - a.g);
+  $("history").querySelector("tbody").innerHTML = "";
+  for (const h of rows) {
+    const tr = document.createElement("tr");
+    for (const v of [fmt(h.g), p2(h.p), h.abstain === null || h.abstain === undefined ? "–" : h.abstain ? "abstain" : "answer", h.q, h.a]) {
+      const td = document.createElement("td");
+      td.textContent = v;
+      tr.appendChild(td);
+    }
+    $("history").querySelector("tbody").appendChild(tr);
+  }
+}
+
+function p2(p) {
+  return p === null || p === undefined ? "–" : fmt(p, 3);
+}
+
+document.addEventListener("mouseover", (e) => {
+  const tip = $("tooltip");
+  if (e.target.classList && e.target.classList.contains("tok")) {
+    tip.textContent = e.target.dataset.tip;
+    tip.hidden = false;
+    const r = e.target.getBoundingClientRect();
+    tip.style.left = `${r.left}px`;
+    tip.style.top = `${r.bottom + 6}px`;
+  } else {
+    tip.hidden = true;
+  }
+});
+$("ask-form").addEventListener("submit", ask);
+$("task").addEventListener("change", loadExamples);
+$("example").addEventListener("change", () => { if ($("example").value !== "") $("question").value = ""; });
+init();

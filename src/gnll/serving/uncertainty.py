@@ -1,0 +1,249 @@
+"""The ``uncertainty`` object attached to every answer, and the abstention policy that reads it.
+
+G-NLL is defined for the *greedy* answer: ``-sum_t log p(y_t | x, y_<t)`` along the greedy path. For
+a sampled answer the same sum is the NLL of that sample, a different quantity (it grows with the
+temperature's randomness, not only with the model's uncertainty), so it is reported as ``nll`` with
+``decoding: "sampled"`` and ``g_nll: null``, and no abstention decision is taken on it.
+
+Examples
+--------
+>>> policy = AbstentionPolicy(threshold=2.0)
+>>> u = uncertainty_record([-0.1, -0.2], decoding="greedy", policy=policy)
+>>> round(u["g_nll"], 3), u["num_tokens"], u["abstain"]
+(0.3, 2, False)
+>>> uncertainty_record([-0.1, -3.0], decoding="sampled", policy=policy)["g_nll"] is None
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from gnll.measures import g_nll as _g_nll
+from gnll.measures import ln_g_nll as _ln_g_nll
+
+Mode = Literal["annotate", "flag", "refuse"]
+MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
+DEFAULT_REFUSAL = "I am not confident enough to answer this."
+#: Log-probs a hair above 0 come from float rounding (log-softmax of a near-certain token).
+_LOGPROB_TOLERANCE = 1e-4
+
+
+class LogprobError(ValueError):
+    """A token log-prob that no G-NLL can be computed from (NaN, inf, a -9999 sentinel, > 0)."""
+
+
+def check_logprobs(values: Sequence[float], *, source: str = "model") -> list[float]:
+    """Validate token log-probs: finite, <= 0, and not a server's ``-9999`` stand-in for -inf."""
+    out = []
+    for t, v in enumerate(values):
+        if v is None:
+            raise LogprobError(f"{source} returned no log-prob for answer token {t}")
+        v = float(v)
+        if not math.isfinite(v) or v > _LOGPROB_TOLERANCE or v <= -9999.0:
+            raise LogprobError(f"{source} returned an unusable log-prob {v!r} for answer token {t}")
+        out.append(min(v, 0.0))
+    return out
+
+
+@dataclass
+class AbstentionPolicy:
+    """What to do with answers that are likely wrong, decided on their G-NLL.
+
+    Parameters
+    ----------
+    mode:
+        ``"annotate"`` (only add ``p_correct``/``abstain``), ``"flag"`` (also set the choice's
+        ``finish_reason`` to ``"abstain"``) or ``"refuse"`` (replace the answer text by ``refusal``;
+        the original stays in ``uncertainty.original_text``).
+    calibrator:
+        A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
+        by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
+        answered >= target with probability 1 - delta -- or ``"coverage"``).
+    min_p_correct:
+        With a calibrator: abstain when ``p_correct`` is below this instead of the fitted rule.
+    threshold:
+        Without a calibrator: abstain when G-NLL is above this.
+    source:
+        Where the decision comes from, shown to clients.
+
+    Examples
+    --------
+    >>> AbstentionPolicy(threshold=1.0).decide(1.5)
+    (None, True)
+    >>> AbstentionPolicy().decide(1.5)
+    (None, None)
+    """
+
+    mode: Mode = "annotate"
+    calibrator: Any = None
+    min_p_correct: float | None = None
+    threshold: float | None = None
+    refusal: str = DEFAULT_REFUSAL
+    source: str = "none"
+    rule: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(
+                f"abstention policy must be one of {', '.join(MODES)}, got {self.mode!r}"
+            )
+        if self.threshold is not None and not math.isfinite(self.threshold):
+            raise ValueError(f"--threshold must be a finite G-NLL value, got {self.threshold}")
+        if self.min_p_correct is not None and not 0.0 <= self.min_p_correct <= 1.0:
+            raise ValueError(f"--min_p_correct must be in [0, 1], got {self.min_p_correct}")
+        if self.calibrator is not None:
+            if self.threshold is not None:
+                raise ValueError("give --calibration or --threshold, not both")
+            fitted = getattr(self.calibrator, "thresholds_", {}) or {}
+            if self.rule is None and self.min_p_correct is None:
+                self.rule = "accuracy" if "accuracy" in fitted else next(iter(fitted), None)
+            if self.rule is not None and self.rule not in fitted:
+                raise ValueError(
+                    f"the calibration file has no {self.rule!r} threshold "
+                    f"(it has: {', '.join(fitted) or 'none'}); give --min_p_correct instead"
+                )
+        if self.source == "none" and self.threshold is not None:
+            self.source = f"threshold: abstain when G-NLL > {self.threshold:g}"
+
+    @classmethod
+    def from_calibration(
+        cls, path: str | Path, *, model: str | None = None, **kwargs: Any
+    ) -> AbstentionPolicy:
+        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file (warns on a model mismatch)."""
+        from gnll.calibration import Calibrator
+
+        calibrator = Calibrator.load(path, model=model)
+        measure = calibrator.meta.get("measure", "g-nll")
+        if measure != "g-nll":
+            raise ValueError(f"{path} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
+        policy = cls(calibrator=calibrator, **kwargs)
+        if policy.source == "none":
+            policy.source = Path(path).name + _rule_text(policy)
+        return policy
+
+    @property
+    def active(self) -> bool:
+        return self.calibrator is not None or self.threshold is not None
+
+    def decide(self, g_nll: float) -> tuple[float | None, bool | None]:
+        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured)."""
+        if self.calibrator is not None:
+            p = float(self.calibrator.predict_proba([g_nll])[0])
+            if self.min_p_correct is not None:
+                return p, bool(p < self.min_p_correct)
+            if self.rule is not None:
+                return p, bool(self.calibrator.abstain([g_nll], self.rule)[0])
+            return p, None
+        if self.threshold is not None:
+            return None, bool(g_nll > self.threshold)
+        return None, None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "policy": self.mode,
+            "source": self.source,
+            "calibrated": self.calibrator is not None,
+            "threshold_g_nll": self.threshold if self.calibrator is None else _fitted_g_nll(self),
+            "min_p_correct": self.min_p_correct,
+            "rule": self.rule,
+        }
+
+
+def _fitted_g_nll(policy: AbstentionPolicy) -> float | None:
+    if policy.rule is None:
+        return None
+    value = policy.calibrator.thresholds_[policy.rule].threshold
+    return float(value) if math.isfinite(value) else None
+
+
+def _rule_text(policy: AbstentionPolicy) -> str:
+    if policy.min_p_correct is not None:
+        return f" (abstain when p_correct < {policy.min_p_correct:g})"
+    if policy.rule is None:
+        return " (no abstention threshold fitted)"
+    t = policy.calibrator.thresholds_[policy.rule]
+    what = "accuracy among answered" if t.kind == "accuracy" else "fraction answered"
+    return (
+        f" ({what} >= {t.target:g} with probability {1 - t.delta:g}: "
+        f"answer when G-NLL <= {t.threshold:.3g})"
+    )
+
+
+def uncertainty_record(
+    token_logprobs: Sequence[float],
+    *,
+    decoding: Literal["greedy", "sampled"],
+    policy: AbstentionPolicy,
+    tokens: Sequence[str] | None = None,
+    top_logprobs: Sequence[dict[str, float]] | None = None,
+    include_tokens: bool = False,
+    source: str = "model",
+) -> dict[str, Any]:
+    """The ``uncertainty`` object of one answer (see the module docstring for the fields)."""
+    lps = check_logprobs(token_logprobs, source=source)
+    nll = _g_nll(lps) if lps else 0.0
+    ln = _ln_g_nll(lps) if lps else 0.0
+    greedy = decoding == "greedy"
+    record: dict[str, Any] = {
+        "measure": "g-nll",
+        "decoding": decoding,
+        "g_nll": nll if greedy else None,
+        "ln_g_nll": ln if greedy else None,
+        "nll": nll,
+        "num_tokens": len(lps),
+        "p_correct": None,
+        "abstain": None,
+    }
+    if greedy:
+        record["p_correct"], record["abstain"] = policy.decide(nll)
+    if include_tokens:
+        record["tokens"] = list(tokens) if tokens is not None else None
+        record["token_logprobs"] = lps
+        if top_logprobs is not None:
+            record["top_logprobs"] = [dict(t) for t in top_logprobs]
+    return record
+
+
+def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """``X-Uncertainty-*`` response headers: one comma-separated value per choice."""
+
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "none"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return f"{v:.6g}"
+        return str(v)
+
+    fields = {
+        "G-NLL": "g_nll",
+        "LN-G-NLL": "ln_g_nll",
+        "NLL": "nll",
+        "Tokens": "num_tokens",
+        "Decoding": "decoding",
+        "P-Correct": "p_correct",
+        "Abstain": "abstain",
+    }
+    return {
+        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records) for h, k in fields.items()
+    }
+
+
+def apply_policy(
+    policy: AbstentionPolicy, text: str, finish_reason: str | None, record: dict[str, Any]
+) -> tuple[str, str | None]:
+    """The answer text and finish reason a client sees under ``policy`` for one choice."""
+    if not record.get("abstain"):
+        return text, finish_reason
+    if policy.mode == "refuse":
+        record["original_text"] = text
+        return policy.refusal, "abstain"
+    if policy.mode == "flag":
+        return text, "abstain"
+    return text, finish_reason
