@@ -35,9 +35,9 @@ def plain_runner(model: Any, prompts: list[str], batch_size: int):
 
     from gnll import GenerationConfig
 
-    encoded = model._encode(prompts)
+    encoded = model.encode(prompts)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-    stop_ids = model._stop_token_ids(GenerationConfig.greedy().stop).tolist()
+    stop_ids = model.stop_rules(GenerationConfig.greedy().stop).ids.tolist()
     stop_set = set(stop_ids)
     hf = HFGenerationConfig(
         max_new_tokens=50,
@@ -67,16 +67,20 @@ def plain_runner(model: Any, prompts: list[str], batch_size: int):
 
 def gnll_runner(model: Any, prompts: list[str], batch_size: int, *, hf_path: bool = False):
     from gnll import GenerationConfig
+    from gnll.backends.hf import HFModel
 
     cfg = GenerationConfig.greedy()
+    if hf_path:  # the same weights behind transformers' generate
+        model = HFModel(
+            model.model,
+            model.tokenizer,
+            name=model.name,
+            chat_template=model.chat_template,
+            decoder="generate",
+        )
 
     def run() -> int:
-        if hf_path:
-            model.__dict__["_fast_decode"] = False  # the cached capability flag, overridden
-        try:
-            gens = model.generate(prompts, cfg, batch_size=batch_size)
-        finally:
-            model.__dict__.pop("_fast_decode", None)
+        gens = model.generate(prompts, cfg, batch_size=batch_size)
         return sum(len(g.token_ids) + len(g.terminator_token_ids) for [g] in gens)
 
     return run

@@ -1,19 +1,17 @@
 """gnll's own decoding loop (shared prefix, per-prompt prefill, dropped rows) changes no output.
 
-Reference: transformers' ``model.generate`` with the log-prob recording logits processor (the
-fallback path, forced by overriding the cached ``_fast_decode`` flag) and teacher-forced scoring.
+Reference: transformers' ``model.generate`` on plainly padded prompts (``decoder="generate"``, with
+the logits processor that chooses tokens and records log-probs) and teacher-forced scoring.
 """
 
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
 
 from gnll import GenerationConfig
-from gnll.backends.hf import MIN_SHARED_PREFIX
+from gnll.backends.hf import MIN_SHARED_PREFIX, HFModel
 
 pytestmark = pytest.mark.model
 
@@ -31,14 +29,18 @@ QUESTIONS = [
 PROMPTS = [FEW_SHOT.format(q=q) for q in QUESTIONS]
 
 
-@contextmanager
-def hf_path(model):
-    """Force the transformers ``generate`` path (no shared prefix, no dropped rows)."""
-    model.__dict__["_fast_decode"] = False
-    try:
-        yield
-    finally:
-        model.__dict__.pop("_fast_decode", None)
+def with_decoder(model: HFModel, decoder: str) -> HFModel:
+    """The same weights and tokenizer behind another decoder (``"generate"``: no shared prefix,
+    no own prefill, no dropped rows)."""
+    return HFModel(
+        model.model,
+        model.tokenizer,
+        name=model.name,
+        chat_template=model.chat_template,
+        batch_size=model.batch_size,
+        max_batch_tokens=model.max_batch_tokens,
+        decoder=decoder,
+    )
 
 
 class Counter:
@@ -59,11 +61,10 @@ class Counter:
 @pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
 def test_fast_greedy_equals_transformers_generate(model_fixture, request):
     model = request.getfixturevalue(model_fixture)
-    assert model._fast_decode
+    assert model.decoder == "loop"
     cfg = GenerationConfig.greedy(max_new_tokens=20)
     fast = model.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
-    with hf_path(model):
-        ref = model.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
+    ref = with_decoder(model, "generate").generate(PROMPTS, cfg, batch_size=len(PROMPTS))
     for [a], [b] in zip(fast, ref, strict=True):
         assert a.token_ids == b.token_ids and a.text == b.text
         assert a.finish_reason == b.finish_reason
@@ -73,8 +74,8 @@ def test_fast_greedy_equals_transformers_generate(model_fixture, request):
 
 
 def test_shared_prefix_is_computed_once_and_changes_nothing(smollm):
-    encoded = smollm._encode(PROMPTS)
-    prefix = smollm._shared_prefix(encoded)
+    encoded = smollm.encode(PROMPTS)
+    prefix = smollm.engine.shared_prefix(encoded)
     assert prefix is not None and len(prefix.ids) >= MIN_SHARED_PREFIX
     assert all(e[: len(prefix.ids)] == prefix.ids for e in encoded)
     cfg = GenerationConfig.greedy(max_new_tokens=12)
@@ -90,7 +91,9 @@ def test_shared_prefix_is_computed_once_and_changes_nothing(smollm):
         [[alone]] = smollm.generate([p], cfg)  # one prompt: no shared prefix
         assert g.token_ids == alone.token_ids
         np.testing.assert_allclose(g.token_logprobs, alone.token_logprobs, atol=1e-4)
-        np.testing.assert_allclose(g.token_logprobs, smollm.score([p], [g.token_ids])[0], atol=1e-4)
+        np.testing.assert_allclose(
+            g.token_logprobs, smollm.score_tokens([p], [g.token_ids])[0], atol=1e-4
+        )
 
 
 def test_sampling_independent_of_batching_and_matches_teacher_forcing(smollm):
@@ -100,10 +103,10 @@ def test_sampling_independent_of_batching_and_matches_teacher_forcing(smollm):
     assert [[g.token_ids for g in gs] for gs in big] == [[g.token_ids for g in gs] for gs in small]
     assert len({tuple(g.token_ids) for gs in big for g in gs}) > 1, "samples should differ"
     prompt = PROMPTS[0]
-    prompt_ids = smollm._encode([prompt])[0]
+    prompt_ids = smollm.encode([prompt])[0]
     for g in big[0]:
         np.testing.assert_allclose(
-            g.token_logprobs, smollm.score([prompt], [g.token_ids])[0], atol=1e-4
+            g.token_logprobs, smollm.score_tokens([prompt], [g.token_ids])[0], atol=1e-4
         )
         # The sampling log-probs are under the tempered distribution actually sampled from.
         ids = torch.tensor([prompt_ids + g.token_ids])
@@ -123,7 +126,7 @@ def test_inverse_cdf_sampling_follows_the_model_distribution(smollm):
     cfg = GenerationConfig.sample(n, temperature=1.0, max_new_tokens=1, seed=5, stop=())
     gens = smollm.generate([prompt], cfg, batch_size=n)[0]
     first = [g.token_ids[0] if g.token_ids else g.terminator_token_ids[0] for g in gens]
-    ids = torch.tensor([smollm._encode([prompt])[0]])
+    ids = torch.tensor([smollm.encode([prompt])[0]])
     with torch.inference_mode():
         probs = torch.softmax(smollm.model(input_ids=ids).logits[0, -1].float(), dim=-1)
     top = int(probs.argmax())
@@ -152,8 +155,7 @@ def test_finished_rows_leave_the_batch(smollm):
 def test_beams_with_shared_prefill_equal_plain_beams(smollm):
     cfg = GenerationConfig.beam(3, max_new_tokens=10)
     fast = smollm.generate(PROMPTS[:2], cfg, batch_size=6)
-    with hf_path(smollm):
-        ref = smollm.generate(PROMPTS[:2], cfg, batch_size=6)
+    ref = with_decoder(smollm, "generate").generate(PROMPTS[:2], cfg, batch_size=6)
     for fs, rs in zip(fast, ref, strict=True):
         assert [g.token_ids for g in fs] == [g.token_ids for g in rs]
         for a, b in zip(fs, rs, strict=True):
@@ -161,23 +163,23 @@ def test_beams_with_shared_prefill_equal_plain_beams(smollm):
 
 
 def test_sliding_window_models_share_a_prefix_only_when_exact(gemma):
-    window = gemma._sliding_window
+    window = gemma.engine.window
     assert window is not None
-    encoded = gemma._encode(PROMPTS)
-    prefix = gemma._shared_prefix(encoded)
+    encoded = gemma.encode(PROMPTS)
+    prefix = gemma.engine.shared_prefix(encoded)
     assert prefix is not None
     assert len({len(e) for e in encoded}) > 1  # rows of different lengths: a padding hole
     # Inside the window the hole is exact ...
-    assert gemma._prefix_usable(prefix, encoded, extra=10)
+    assert gemma.engine.prefix_fits(prefix, encoded, 10)
     # ... beyond it the window would count padding (and drop prefix keys): not used.
-    assert not gemma._prefix_usable(prefix, encoded, extra=window)
-    assert not gemma._prefix_usable(prefix, [encoded[0], encoded[0]], extra=window)
+    assert not gemma.engine.prefix_fits(prefix, encoded, window)
+    assert not gemma.engine.prefix_fits(prefix, [encoded[0], encoded[0]], window)
 
 
 def test_full_attention_models_share_any_prefix(smollm):
-    assert smollm._sliding_window is None
-    prefix = smollm._shared_prefix(smollm._encode(PROMPTS))
-    assert smollm._prefix_usable(prefix, smollm._encode(PROMPTS), extra=10**6)
+    assert smollm.engine.window is None
+    prefix = smollm.engine.shared_prefix(smollm.encode(PROMPTS))
+    assert smollm.engine.prefix_fits(prefix, smollm.encode(PROMPTS), 10**6)
 
 
 MIXED_QUESTIONS = [
@@ -197,8 +199,8 @@ def test_grouped_prefill_and_late_row_dropping_change_nothing(model_fixture, req
     """Suffixes of 5 to 40 tokens: prefill runs in length groups; outputs equal transformers'."""
     model = request.getfixturevalue(model_fixture)
     prompts = [FEW_SHOT.format(q=q) for q in MIXED_QUESTIONS]
-    encoded = model._encode(prompts)
-    prefix = model._shared_prefix(encoded)
+    encoded = model.encode(prompts)
+    prefix = model.engine.shared_prefix(encoded)
     assert prefix is not None
     cfg = GenerationConfig.greedy(max_new_tokens=16)
     counter = Counter(model.model)
@@ -212,12 +214,11 @@ def test_grouped_prefill_and_late_row_dropping_change_nothing(model_fixture, req
     assert prefills[0] == (1, len(prefix.ids)) and len(prefills) > 2
     assert sum(r * c for r, c in prefills[1:]) < len(prompts) * max(suffixes)
     assert sum(r for r, _ in prefills[1:]) == len(prompts)
-    with hf_path(model):
-        ref = model.generate(prompts, cfg, batch_size=len(prompts))
+    ref = with_decoder(model, "generate").generate(prompts, cfg, batch_size=len(prompts))
     for [a], [b] in zip(fast, ref, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
-    scored = model.score(prompts, [g.token_ids for [g] in fast])
+    scored = model.score_tokens(prompts, [g.token_ids for [g] in fast])
     for [g], lp in zip(fast, scored, strict=True):
         np.testing.assert_allclose(g.token_logprobs, lp, atol=1e-4)
 
@@ -259,7 +260,7 @@ def test_pack_batches_respects_rows_and_tokens():
 def test_token_budget_bounds_the_batch_and_changes_no_output(smollm):
     cfg = GenerationConfig.greedy(max_new_tokens=8)
     free = smollm.generate(PROMPTS, cfg, batch_size=64)
-    longest = max(len(e) for e in smollm._encode(PROMPTS))
+    longest = max(len(e) for e in smollm.encode(PROMPTS))
     old = smollm.max_batch_tokens
     smollm.max_batch_tokens = 2 * (longest + 8)  # two rows of the longest prompt
     counter = Counter(smollm.model)
@@ -272,3 +273,27 @@ def test_token_budget_bounds_the_batch_and_changes_no_output(smollm):
     for [a], [b] in zip(free, bounded, strict=True):
         assert a.token_ids == b.token_ids
         np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
+
+
+def test_samples_depend_on_the_prompt_not_on_its_batch_or_position(smollm):
+    """Sample j of a prompt is seeded by (seed, prompt, j): alone, inside a batch at another
+    position, or through transformers' generate, the same prompt gets the same samples."""
+    cfg = GenerationConfig.sample(3, temperature=1.0, max_new_tokens=8, seed=3)
+    target = PROMPTS[1]
+
+    def ids(gens):
+        return [g.token_ids + g.terminator_token_ids for g in gens]
+
+    alone = ids(smollm.generate([target], cfg)[0])
+    last = ids(smollm.generate([PROMPTS[2], PROMPTS[0], target], cfg, batch_size=9)[2])
+    first = ids(smollm.generate([target, PROMPTS[0]], cfg, batch_size=3)[0])
+    via_generate = ids(with_decoder(smollm, "generate").generate([PROMPTS[0], target], cfg)[1])
+    assert alone == last == first == via_generate
+    assert len({tuple(s) for s in alone}) > 1, "samples of one prompt should differ"
+    assert ids(smollm.generate([target], cfg.replace(seed=4))[0]) != alone
+
+
+def test_decoder_option_is_validated(smollm):
+    with pytest.raises(ValueError, match="decoder must be"):
+        with_decoder(smollm, "fast")
+    assert with_decoder(smollm, "generate").engine is None

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gnll import GenerationConfig, measures
-from gnll.backends.registry import EMBEDDED_MODELS, cache_dir, embedded_model_dir
+from gnll._util import cache_dir
+from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
 
 pytestmark = pytest.mark.model
 
@@ -28,7 +29,7 @@ FEW_SHOT = (
 
 def _full_logprobs(model, prompt: str, answer_ids: list[int]) -> torch.Tensor:
     """Teacher-forced full log-softmax rows for each answer position (test oracle, no batching)."""
-    prompt_ids = model._encode([prompt])[0]
+    prompt_ids = model.encode([prompt])[0]
     ids = torch.tensor([prompt_ids + answer_ids])
     with torch.inference_mode():
         logits = model.model(input_ids=ids).logits[0].float()
@@ -48,7 +49,9 @@ def test_greedy_logprobs_match_teacher_forcing_and_are_argmax(model_fixture, req
         np.testing.assert_allclose(g.token_logprobs, oracle, atol=1e-4)
         assert rows.argmax(dim=-1).tolist() == g.token_ids, "greedy token is not the argmax"
         # The backend's own scorer (batched, logits_to_keep) agrees too.
-        np.testing.assert_allclose(model.score([prompt], [g.token_ids])[0], oracle, atol=1e-4)
+        np.testing.assert_allclose(
+            model.score_tokens([prompt], [g.token_ids])[0], oracle, atol=1e-4
+        )
         # G-NLL is the sum of the max log-probs along the greedy path.
         assert measures.g_nll(g.token_logprobs) == pytest.approx(
             -rows.max(dim=-1).values.sum().item(), abs=1e-3
@@ -90,12 +93,12 @@ def test_length_cap(smollm):
 
 
 def test_multi_token_stop_string_is_cut(smollm):
-    """`_parse` cuts at a stop string that spans tokens and keeps only tokens entirely before it."""
+    """`StopRules.split` cuts at a stop string that spans tokens and keeps only tokens before it."""
     tok = smollm.tokenizer
     ids = tok(" Paris Question: Who", add_special_tokens=False)["input_ids"]
     raw = -np.arange(1, len(ids) + 1, dtype=float) / 10
     config = GenerationConfig.greedy()
-    g = smollm._parse(ids, raw, None, config, set(smollm._stop_token_ids(config.stop).tolist()))
+    g = smollm.stop_rules(config.stop).split(ids, raw, None, config)
     assert g.text == "Paris"
     assert g.finish_reason == "stop" and g.stop_sequence == "Question:"
     assert tok.decode(g.token_ids).strip() == "Paris"
@@ -113,7 +116,7 @@ def test_beam_search_returns_k_ranked_beams(smollm):
         assert lps == sorted(lps, reverse=True)
         for b in bs:
             np.testing.assert_allclose(
-                b.token_logprobs, smollm.score([prompt], [b.token_ids])[0], atol=1e-4
+                b.token_logprobs, smollm.score_tokens([prompt], [b.token_ids])[0], atol=1e-4
             )
             assert b.sampling_logprobs is None
         # Beam search explores a superset of the greedy path's prefixes; here it finds at least as likely.
@@ -133,7 +136,7 @@ def test_sampling_is_seeded_and_reports_both_logprobs(smollm):
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
     for g in a:
         np.testing.assert_allclose(
-            g.token_logprobs, smollm.score([prompt], [g.token_ids])[0], atol=1e-4
+            g.token_logprobs, smollm.score_tokens([prompt], [g.token_ids])[0], atol=1e-4
         )
         assert len(g.sampling_logprobs) == len(g.token_logprobs)
     # At temperature 1 the sampling distribution is the model's own.

@@ -10,6 +10,8 @@ from gnll import GenerationConfig, load_model
 from gnll.backends.hf import HFModel
 from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
@@ -47,7 +49,7 @@ def test_local_path_loads_and_generates_consistent_logprobs(tiny_checkpoint):
         assert len(g.token_ids) == len(g.token_logprobs)
         assert all(lp <= 0 for lp in g.token_logprobs)
         np.testing.assert_allclose(
-            g.token_logprobs, model.score([prompt], [g.token_ids])[0], atol=1e-4
+            g.token_logprobs, model.score_tokens([prompt], [g.token_ids])[0], atol=1e-4
         )
 
 
@@ -61,8 +63,8 @@ def test_bad_arguments_are_reported(tiny_checkpoint):
     model = load_model(str(tiny_checkpoint), progress=False)
     with pytest.raises(TypeError, match="list of strings"):
         model.generate("a bare string")
-    with pytest.raises(ValueError, match="continuations"):
-        model.score(["a", "b"], [[1]])
+    with pytest.raises(ValueError, match="token id lists"):
+        model.score_tokens(["a", "b"], [[1]])
     with pytest.raises(ValueError, match="unknown backend"):
         load_model(str(tiny_checkpoint), backend="nope")
     with pytest.raises(ValueError, match="greedy decoding returns exactly one"):

@@ -52,21 +52,30 @@ def test_bench_script_runs_quick(name, results_dir):
     assert "|" in proc.stdout  # printed its table
 
 
-def test_report_renders_quick_results(results_dir, tmp_path):
-    """bench/report.py turns whatever the quick runs above wrote into the BENCHMARKS.md section."""
-    if not any(results_dir.glob("*.json")):
-        pytest.skip("run together with test_bench_script_runs_quick")
+@pytest.mark.parametrize("source", ["committed", "quick"])
+def test_report_renders_results(source, results_dir, tmp_path):
+    """bench/report.py turns a results folder into the BENCHMARKS.md section: the committed full-run
+    results (always there), and whatever quick runs of this session wrote (they may run later, so
+    one script is run here when the folder is still empty: no dependence on test order)."""
+    if source == "committed":
+        folder = BENCH / "results"
+    else:
+        folder = results_dir
+        if not any(folder.glob("*.json")):
+            test_bench_script_runs_quick("load_times", folder)
+    names = sorted({json.loads(p.read_text())["benchmark"] for p in folder.glob("*.json")})
+    assert names
     doc = tmp_path / "BENCH.md"
     doc.write_text("# title\n\nprose\n")
     for _ in range(2):  # the second run replaces the section instead of appending another
         subprocess.run(
-            [sys.executable, str(BENCH / "report.py"), "--results", str(results_dir)]
+            [sys.executable, str(BENCH / "report.py"), "--results", str(folder)]
             + ["--update", str(doc)],
             check=True,
             capture_output=True,
             timeout=120,
         )
     text = doc.read_text()
-    assert text.startswith("# title") and text.count("bench/report.py: start") == 1
-    for name in (p.stem for p in results_dir.glob("*.json")):
-        assert f"bench/{name}.py" in text
+    assert text.startswith("# title\n\nprose") and text.count("bench/report.py: start") == 1
+    for name in names:
+        assert f"bench/{name}.py" in text, name

@@ -194,6 +194,8 @@ def test_full_run_outputs(data_dir, tmp_path):
         "se",
         "ln-se",
         "d-se",
+        "se-rb",
+        "ln-se-rb",
         "mcp",
         "g-nll",
         "ln-g-nll",

@@ -26,8 +26,12 @@ def test_hand_computed_values():
     lps = [[-1.0], [-2.0], [-1.0]]
     a, b = math.exp(-1) + math.exp(-2), math.exp(-1)
     pa, pb = a / (a + b), b / (a + b)
-    assert M.semantic_entropy(lps, [0, 0, 1]) == pytest.approx(
+    # plug-in form: -sum_c p(c) log p(c); the paper's Monte-Carlo form: mean of -log p(c_n)
+    assert M.semantic_entropy_plugin(lps, [0, 0, 1]) == pytest.approx(
         -(pa * math.log(pa) + pb * math.log(pb))
+    )
+    assert M.semantic_entropy(lps, [0, 0, 1]) == pytest.approx(
+        -(2 * math.log(pa) + math.log(pb)) / 3
     )
     assert M.max_cluster_probability(lps, [0, 0, 1]) == pytest.approx(-math.log(pa))
     assert M.discrete_semantic_entropy([0, 0, 1]) == pytest.approx(
@@ -35,6 +39,27 @@ def test_hand_computed_values():
     )
     # LN-SE uses per-token means: [-1, -3] -> -2, [-2] -> -2: equal masses.
     assert M.ln_semantic_entropy([[-1.0, -3.0], [-2.0]], [0, 1]) == pytest.approx(math.log(2))
+    assert M.ln_semantic_entropy_plugin([[-1.0, -3.0], [-2.0]], [0, 1]) == pytest.approx(
+        math.log(2)
+    )
+
+
+def test_semantic_entropy_forms_differ_on_few_samples():
+    """The review's example: 6 samples hold 90% of the mass, 4 samples 10%."""
+    lps = [[math.log(0.9 / 6)]] * 6 + [[math.log(0.1 / 4)]] * 4
+    ids = [0] * 6 + [1] * 4
+    plug_in = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1))
+    monte_carlo = -(0.6 * math.log(0.9) + 0.4 * math.log(0.1))
+    assert (round(plug_in, 3), round(monte_carlo, 3)) == (0.325, 0.984)
+    assert M.semantic_entropy_plugin(lps, ids) == pytest.approx(plug_in)
+    assert M.semantic_entropy(lps, ids) == pytest.approx(monte_carlo)
+    # cluster ids need not be 0..k-1 nor sorted
+    assert M.semantic_entropy(lps, [7] * 6 + [-2] * 4) == pytest.approx(monte_carlo)
+    # length normalisation: two-token answers, per-token means give the same masses
+    lps2 = [[x[0] / 2, x[0] / 2] for x in lps]
+    assert M.semantic_entropy(lps2, ids) == pytest.approx(monte_carlo)
+    assert M.ln_semantic_entropy(lps2, ids) != pytest.approx(monte_carlo)
+    assert M.get("se").label == "SE" and M.get("se-rb").label == "SE-RB"
 
 
 def test_empty_answer_is_legal():
@@ -157,6 +182,8 @@ def test_compute_calls_each_measure_with_what_it_needs():
         "se": M.semantic_entropy(SAMPLES, IDS),
         "ln-se": M.ln_semantic_entropy(SAMPLES, IDS),
         "d-se": M.discrete_semantic_entropy(IDS),
+        "se-rb": M.semantic_entropy_plugin(SAMPLES, IDS),
+        "ln-se-rb": M.ln_semantic_entropy_plugin(SAMPLES, IDS),
         "mcp": M.max_cluster_probability(SAMPLES, IDS),
         "g-nll": M.g_nll(GREEDY),
         "ln-g-nll": M.ln_g_nll(GREEDY),

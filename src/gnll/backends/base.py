@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -27,9 +28,10 @@ class ChatPrompt(str):
     (few-shot examples as user/assistant exchanges, as lm-eval-harness's ``--fewshot_as_multiturn``).
     String operations return plain ``str``: the turns go only where the object itself goes.
 
-    >>> p = ChatPrompt("Q: 1+1?\nA: 2\n\nQ: 2+2?\nA:", [{"role": "user", "content": "Q: 1+1?"},
-    ...     {"role": "assistant", "content": "2"}, {"role": "user", "content": "Q: 2+2?"}])
-    >>> p == "Q: 1+1?\nA: 2\n\nQ: 2+2?\nA:", len(chat_messages(p)), chat_messages("hi")
+    >>> turns = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+    ...          {"role": "user", "content": "2+2?"}]
+    >>> p = ChatPrompt("1+1? 2 2+2?", turns)
+    >>> p == "1+1? 2 2+2?", len(chat_messages(p)), chat_messages("hi")
     (True, 3, [{'role': 'user', 'content': 'hi'}])
     """
 
@@ -79,7 +81,9 @@ class GenerationConfig:
         appended to the answer's ``token_logprobs`` -- i.e. the probability of *ending* the answer there
         is counted. Off by default, as in the paper's reference code.
     seed:
-        Seed for sampling; with the same seed, prompts and batch size, samples are reproducible.
+        Seed for sampling (``None`` acts as 0). Sample j of a prompt depends on the seed, the prompt
+        and j only (see :func:`sample_seed`): not on the batch size, the other prompts of the call
+        or the prompt's position among them, so a resumed run draws the very same samples.
 
     Examples
     --------
@@ -137,6 +141,26 @@ class GenerationConfig:
         d = asdict(self)
         d["stop"] = list(self.stop)
         return d
+
+
+def sample_seed(seed: int | None, prompt: str | Sequence[int], index: int) -> int:
+    """The seed of sample ``index`` of ``prompt``: a function of its identity only.
+
+    ``prompt`` is the text or the token ids the model conditions on. Every backend seeds sample
+    ``index`` of a prompt with this number, so samples do not depend on how prompts are batched or
+    ordered (a prompt repeated within one call gets the same samples each time).
+
+    >>> sample_seed(0, [1, 2, 3], 0) == sample_seed(0, [1, 2, 3], 0) != sample_seed(0, [1, 2, 3], 1)
+    True
+    >>> 0 <= sample_seed(None, "Capital of France?", 4) < 2**63
+    True
+    """
+    h = hashlib.sha256(f"gnll-sample|{0 if seed is None else int(seed)}|{int(index)}|".encode())
+    if isinstance(prompt, str):
+        h.update(b"text|" + prompt.encode("utf-8"))
+    else:
+        h.update(b"ids|" + np.asarray(prompt, dtype=np.int64).tobytes())
+    return int.from_bytes(h.digest()[:8], "little") >> 1
 
 
 @dataclass

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gnll._util import cache_dir
 from gnll.backends.base import Model
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -70,11 +71,6 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         description="Gemma-3-270M pre-trained (Q4_K_M GGUF, de-quantised to float32)",
     ),
 }
-
-
-def cache_dir() -> Path:
-    """Root of gnll's cache: ``$GNLL_CACHE`` or ``~/.cache/gnll``."""
-    return Path(os.environ.get("GNLL_CACHE") or Path.home() / ".cache" / "gnll")
 
 
 def _package_version(module: str) -> str:

@@ -86,9 +86,11 @@ def ask(
         raise typer.BadParameter(str(exc), param_hint="--measures") from exc
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
-    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
+    _check_options(samples=samples, beams=beams, temperature=temperature, max_new=max_new_tokens)
+    options = model_kwargs(model_args)
+    lm = load_model(model, progress=not as_json, **options)
     prompt = ask_prompt(question, long=long)
-    cap = max_new_tokens or (100 if long else 50)
+    cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
     [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap))
 
     needs = M.requirements(wanted)
@@ -133,6 +135,22 @@ def ask(
     _print_report(question, greedy, values, calibrated)
 
 
+def _check_options(*, samples: int, beams: int, temperature: float, max_new: int | None) -> None:
+    """Refuse impossible options before the model loads (not after the greedy pass)."""
+    if samples < 1:
+        raise typer.BadParameter(f"must be >= 1, got {samples}", param_hint="--samples")
+    if beams < 1:
+        raise typer.BadParameter(f"must be >= 1, got {beams}", param_hint="--beams")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise typer.BadParameter(
+            f"must be a positive number, got {temperature} (temperature 0 is greedy decoding, "
+            "whose answer G-NLL already scores)",
+            param_hint="--temperature",
+        )
+    if max_new is not None and max_new < 1:
+        raise typer.BadParameter(f"must be >= 1, got {max_new}", param_hint="--max_new_tokens")
+
+
 def _calibrated(spec: str, model: str, long: bool, values: dict[str, float]) -> dict[str, object]:
     """p_correct and abstain from a calibration file; a model/prompt mismatch is one warning line."""
     import warnings
@@ -167,12 +185,20 @@ def _print_report(
 ) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from gnll import measures as M
+    from gnll.cli._errors import safe_text
 
     console = Console()
-    console.print(f"[bold]Q:[/bold] {question}")
-    console.print(f"[bold]A:[/bold] {greedy.text}  [dim]({greedy.finish_reason})[/dim]")
+    # Question, answer and tokens are untrusted text: rich Text (never markup) with terminal
+    # control characters escaped.
+    console.print(Text.assemble(("Q: ", "bold"), safe_text(question)))
+    console.print(
+        Text.assemble(
+            ("A: ", "bold"), safe_text(greedy.text), (f"  ({greedy.finish_reason})", "dim")
+        )
+    )
     scores = Table(title="Uncertainty", caption="higher = more uncertain", show_edge=False)
     scores.add_column("measure")
     scores.add_column("value", justify="right")
@@ -192,5 +218,5 @@ def _print_report(
     tokens.add_column("log-prob", justify="right")
     tokens.add_column("prob", justify="right")
     for i, (tok, lp) in enumerate(zip(greedy.tokens, greedy.token_logprobs, strict=True)):
-        tokens.add_row(str(i), repr(tok), f"{lp:.4f}", f"{math.exp(lp):.3f}")
+        tokens.add_row(str(i), Text(safe_text(repr(tok))), f"{lp:.4f}", f"{math.exp(lp):.3f}")
     console.print(tokens)

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -22,7 +22,12 @@ from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
 __all__ = ["evaluate"]
 
 
+#: CLI parameter -> EvalConfig field, where the names differ (for preset overrides).
+_CLI_TO_FIELD = {"bootstrap": "n_boot"}
+
+
 def evaluate(
+    ctx: typer.Context,
     model: Annotated[
         str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
     ] = ("smollm2-135m-instruct"),
@@ -210,14 +215,24 @@ def evaluate(
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
     ] = True,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="Run a paper grid (paper-table1, paper-table1-short, paper-llama-8b): one run per "
+            "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console
     from rich.logging import RichHandler
+    from rich.text import Text
 
     from gnll import measures as M
-    from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
+    from gnll.cli._errors import safe_text
+    from gnll.evaluation.runner import EvalConfig, Evaluator
     from gnll.evaluation.tasks import parse_task_list
 
     console = Console(stderr=True)
@@ -264,22 +279,43 @@ def evaluate(
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
+    if preset is not None:
+        _run_preset(ctx, preset, cfg, console, verbose)
+        return
     t0 = time.perf_counter()
-    try:
-        Evaluator(cfg).run()
-    except (FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
-        if verbose:
-            raise
-        console.print(f"[bold red]error:[/] {exc}")
-        console.print("(run with --verbose for the traceback)")
-        raise typer.Exit(code=2) from exc
+    Evaluator(cfg).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     table = (output_path / "table.md").read_text(encoding="utf-8")
     typer.echo(table.split("\n## AUROC averaged")[0].rstrip())
     timings = json.loads((output_path / "timings.json").read_text())
     console.print(
-        f"\n[green]done[/] in {dt:.1f} s -> {output_path}/ "
-        "(samples.jsonl, results.json, table.md, plots/)"
+        Text.assemble(
+            ("\ndone", "green"),
+            f" in {dt:.1f} s -> {safe_text(output_path)}/ "
+            "(samples.jsonl, results.json, table.md, plots/)",
+        )
     )
     if verbose:
         console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+
+
+def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:
+    from gnll.evaluation.presets import preset_configs, run_preset
+    from gnll.evaluation.runner import FingerprintMismatchError
+
+    given = {
+        _CLI_TO_FIELD.get(k, k)
+        for k in ctx.params
+        # by name: typer may bundle its own click, whose enum is not click.core's
+        if getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE"
+    }
+    models = parse_csv(cfg.model) if "model" in given else None
+    try:
+        configs = preset_configs(preset, cfg, given - {"model"}, models)
+        path = run_preset(configs, cfg.output_path)
+    except (KeyError, FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
+        if verbose:
+            raise
+        console.print(f"[bold red]error:[/] {str(exc).strip(chr(39))}")
+        raise typer.Exit(code=2) from exc
+    console.print(f"[green]done[/]: {len(configs)} runs -> {path}")

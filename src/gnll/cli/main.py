@@ -1,15 +1,19 @@
 """The ``gnll`` command: one Typer app, one module per sub-command, registered here explicitly.
 
 A command module defines a plain function and never imports this module (no import cycle); adding
-a command is one import and one ``app.command`` line below. Command modules import heavy libraries
+a command is one import and one ``command(...)`` line below. Command modules import heavy libraries
 inside the command, so ``gnll --help`` stays fast.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
 from gnll.cli import ask, calibrate, evaluate, score, serve, simulate, table
+from gnll.cli._errors import error_boundary
 
 app = typer.Typer(
     name="gnll",
@@ -20,10 +24,20 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-app.command("ask")(ask.ask)
-app.command("eval")(evaluate.evaluate)
-app.command("table")(table.table)
-app.command("simulate")(simulate.simulate)
-app.command("score")(score.score_command)
-app.command("calibrate")(calibrate.calibrate)
-app.command("serve")(serve.serve)
+
+def command(name: str, fn: Callable[..., Any]) -> None:
+    """Register ``fn`` as ``gnll NAME`` behind the one error boundary (``--debug``, exit codes)."""
+    app.command(name)(error_boundary(fn))
+
+
+command("ask", ask.ask)
+command("eval", evaluate.evaluate)
+command("table", table.table)
+command("simulate", simulate.simulate)
+command("score", score.score_command)
+command("calibrate", calibrate.calibrate)
+command("serve", serve.serve)
+
+
+if __name__ == "__main__":  # python -m gnll.cli.main
+    app()

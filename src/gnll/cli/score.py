@@ -11,6 +11,7 @@ Exit status: 0 if every row was scored, 1 if some rows failed (see the errors fi
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -70,8 +71,11 @@ def score_command(
         ),
     ] = None,
     calibration: Annotated[
-        Path | None,
-        typer.Option("--calibration", help="calibration.json: adds p_correct and abstain."),
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="calibration.json, or 'auto' (shipped for the model): adds p_correct, abstain.",
+        ),
     ] = None,
     resume: Annotated[
         bool,
@@ -92,7 +96,7 @@ def score_command(
     from rich.console import Console
 
     from gnll import load_model
-    from gnll.calibration import Calibrator
+    from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
     from gnll.cli.ask import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
@@ -122,23 +126,25 @@ def score_command(
         fail("--resume needs an output file, not stdout")
     if errors is None and output != "-":
         errors = Path(output + ".errors.jsonl")
+    try:
+        lm = load_model(model, progress=progress, **model_kwargs(model_args))
+    except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
+        fail(f"cannot load model {model!r}: {e}", e)
     cal = None
     if calibration is not None:
-        try:
-            cal = Calibrator.load(calibration)
-        except (FileNotFoundError, ValueError) as e:
-            fail(str(e), e)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                cal = load_calibration(calibration, model=lm.name)
+            except (FileNotFoundError, ValueError) as e:
+                fail(str(e), e)
+        for w in caught:
+            console.print(f"[yellow]warning:[/] {w.message}")
         if cal.meta.get("measure", "g-nll") not in CALIBRATED_COLUMNS:
             fail(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
                 f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
             )
-    try:
-        lm = load_model(model, progress=progress, **model_kwargs(model_args))
-    except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
-        fail(f"cannot load model {model!r}: {e}", e)
-    if cal is not None:
-        cal.check(model=lm.name)
     caps = getattr(lm, "capabilities", None)
     if caps is not None and caps.missing(["scoring"]):
         fail(f"{lm.name} cannot score given answers: its backend cannot teacher-force")

@@ -6,8 +6,13 @@ Modules (lower ones never import higher ones):
 - :mod:`~gnll.evaluation.prompts`, :mod:`~gnll.evaluation.tasks` -- prompts and the registered tasks;
 - :mod:`~gnll.evaluation.correctness` -- SQuAD F1, ``contains``, LLM-as-a-judge parsing, agreement;
 - :mod:`~gnll.evaluation.metrics` -- AUROC with bootstrap SE, ARA@80, AURAC, paired bootstrap test;
-- :mod:`~gnll.evaluation.cache` -- append-only JSONL stage caches;
-- :mod:`~gnll.evaluation.runner` -- :class:`EvalConfig` and :class:`Evaluator` (``gnll eval``);
+- :mod:`~gnll.evaluation.config` -- :class:`EvalConfig`, what defines a run;
+- :mod:`~gnll.evaluation.cache`, :mod:`~gnll.evaluation.store` -- append-only JSONL stage caches;
+  :class:`~gnll.evaluation.store.TaskRun` (a task's directory, fingerprint and caches);
+- :mod:`~gnll.evaluation.stages` -- greedy, judge, beam, sample and cluster stages;
+- :mod:`~gnll.evaluation.assemble`, :mod:`~gnll.evaluation.temperature` -- ``samples.jsonl``
+  records, held-out temperature choice;
+- :mod:`~gnll.evaluation.runner` -- :class:`Evaluator` (``gnll eval``), which runs them in order;
 - :mod:`~gnll.evaluation.report`, :mod:`~gnll.evaluation.plots` -- results.json, table.md, PNGs.
 
 >>> from gnll.evaluation import EvalConfig

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gnll.text import answer_tokens, normalize_answer
+from gnll.text import NUMBER, answer_tokens, as_number, normalize_answer, numbers_in
 
 __all__ = [
     "CORRECTNESS_METRICS",
@@ -85,36 +85,25 @@ def max_f1(prediction: str, golds: Sequence[str]) -> float:
 
 
 # ----------------------------------------------------------------------------------------- numbers
-_NUM = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[-+]?\.\d+"
-_NUM_RE = re.compile(_NUM)
+# The number grammar is gnll.text's (the embedding clusterer's number veto reads numbers the same way).
 _WHOLE_NUM_RE = re.compile(
-    rf"^\s*(?:answer\s*[:=]?\s*)?[$€£]?\s*(?P<num>{_NUM})\s*(?:%|[a-zA-Z][a-zA-Z .']*)?\.?\s*$",
+    rf"^\s*(?:answer\s*[:=]?\s*)?[$€£]?\s*(?P<num>{NUMBER})\s*(?:%|[a-zA-Z][a-zA-Z .']*)?\.?\s*$",
     flags=re.IGNORECASE,
 )
-
-
-def _to_float(token: str) -> float:
-    return float(token.replace(",", ""))
 
 
 def parse_number(text: str) -> float | None:
     """The number an answer *is*, or ``None``.
 
     An answer is a number if, apart from a currency sign, thousands separators, a trailing period
-    and
-    trailing unit words, it consists of one number: ``"51"``, ``"$51.00"``, ``"51 dollars."``,
+    and trailing unit words, it consists of one number: ``"51"``, ``"$51.00"``, ``"51 dollars."``,
     ``"1,200 pages"``. ``"The answer is 51"`` or ``"26 - 14 = 12"`` are not numbers.
 
     >>> parse_number("$1,200.50 dollars."), parse_number("12 apples"), parse_number("26 - 14 = 12")
     (1200.5, 12.0, None)
     """
     m = _WHOLE_NUM_RE.match(text)
-    return _to_float(m.group("num")) if m else None
-
-
-def numbers_in(text: str) -> list[float]:
-    """Every number that occurs in ``text``."""
-    return [_to_float(t) for t in _NUM_RE.findall(text)]
+    return as_number(m.group("num")) if m else None
 
 
 def _num_equal(a: float, b: float) -> bool:

@@ -343,7 +343,9 @@ def render_table(
         "standard error; best per row in bold; `*`: G-NLL significantly better than the best "
         "sampling-based measure of the "
         "paper (PE, LN-PE, SE, LN-SE, D-SE; one-sided paired bootstrap, p < 0.05). "
-        "PE…MCP use N sampled answers, G-NLL and LN-G-NLL the greedy answer only, BS-MSP K beams."
+        "PE…MCP use N sampled answers, G-NLL and LN-G-NLL the greedy answer only, BS-MSP K beams. "
+        "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
+        "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
     )
     out.append("")
     out += _header(["Model", "Task", "Metric", "n", "Acc."])

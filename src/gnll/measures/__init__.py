@@ -23,10 +23,12 @@ from gnll.measures.functions import (
     ln_g_nll,
     ln_predictive_entropy,
     ln_semantic_entropy,
+    ln_semantic_entropy_plugin,
     max_cluster_probability,
     msp_estimate,
     predictive_entropy,
     semantic_entropy,
+    semantic_entropy_plugin,
     sequence_logprob,
 )
 from gnll.measures.registry import (
@@ -54,6 +56,8 @@ __all__ = [
     "ln_predictive_entropy",
     "semantic_entropy",
     "ln_semantic_entropy",
+    "semantic_entropy_plugin",
+    "ln_semantic_entropy_plugin",
     "discrete_semantic_entropy",
     "max_cluster_probability",
     "cluster_log_probs",

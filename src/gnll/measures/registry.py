@@ -28,10 +28,12 @@ from gnll.measures.functions import (
     ln_g_nll,
     ln_predictive_entropy,
     ln_semantic_entropy,
+    ln_semantic_entropy_plugin,
     max_cluster_probability,
     msp_estimate,
     predictive_entropy,
     semantic_entropy,
+    semantic_entropy_plugin,
 )
 
 __all__ = [
@@ -196,6 +198,9 @@ _REGISTRY = (
     Measure("se", "SE", semantic_entropy, Needs.SAMPLES | Needs.CLUSTERS),
     Measure("ln-se", "LN-SE", ln_semantic_entropy, Needs.SAMPLES | Needs.CLUSTERS),
     Measure("d-se", "D-SE", discrete_semantic_entropy, Needs.CLUSTERS),
+    # The plug-in (Rao-Blackwellised) forms of Farquhar et al.'s code; "se"/"ln-se" are Eq. (5).
+    Measure("se-rb", "SE-RB", semantic_entropy_plugin, Needs.SAMPLES | Needs.CLUSTERS),
+    Measure("ln-se-rb", "LN-SE-RB", ln_semantic_entropy_plugin, Needs.SAMPLES | Needs.CLUSTERS),
     Measure("mcp", "MCP", max_cluster_probability, Needs.SAMPLES | Needs.CLUSTERS),
     Measure("g-nll", "G-NLL", g_nll, Needs.GREEDY),
     Measure("ln-g-nll", "LN-G-NLL", ln_g_nll, Needs.GREEDY),
@@ -205,8 +210,8 @@ _REGISTRY = (
 #: Every measure by name, in :data:`ORDER`.
 MEASURES: dict[str, Measure] = {m.name: m for m in _REGISTRY}
 
-#: Column order of tables and figures: the paper's Table 1 (PE ... D-SE, G-NLL), plus MCP,
-#: LN-G-NLL and BS-MSP.
+#: Column order of tables and figures: the paper's Table 1 (PE ... D-SE, G-NLL), plus the plug-in
+#: SE forms (SE-RB, LN-SE-RB), MCP, LN-G-NLL and BS-MSP.
 ORDER: tuple[str, ...] = tuple(MEASURES)
 
 #: The paper's sampling-based baselines (G-NLL's significance is tested against the best of them).

@@ -14,10 +14,27 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
 __all__ = ["ErrorLog", "RowWriter", "resume_point"]
+
+#: Rows are flushed every batch (a killed process loses nothing written); fsync, which only matters
+#: if the machine itself goes down, runs at most this often so small batches stay cheap.
+FSYNC_SECONDS = 2.0
+
+
+class _Syncer:
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def __call__(self, fh: TextIO, force: bool = False) -> None:
+        fh.flush()
+        now = time.monotonic()
+        if force or now - self._last >= FSYNC_SECONDS:
+            os.fsync(fh.fileno())
+            self._last = now
 
 
 def _jsonable(v: Any) -> Any:
@@ -114,6 +131,7 @@ class RowWriter:
             else open(path, "a" if append else "w", encoding="utf-8", newline="")  # noqa: SIM115
         )
         self._columns: list[str] | None = None
+        self._sync = _Syncer()
         if fmt == "csv" and append and not self._stdout and Path(path).stat().st_size > 0:
             with open(path, newline="", encoding="utf-8") as fh:
                 self._columns = next(csv.reader(fh))
@@ -136,12 +154,14 @@ class RowWriter:
                 w.writerow([_cell(r.get(c)) for c in self._columns])
             payload = buf.getvalue()
         self._fh.write(payload)
-        self._fh.flush()
-        if not self._stdout:
-            os.fsync(self._fh.fileno())
+        if self._stdout:
+            self._fh.flush()
+        else:
+            self._sync(self._fh)
 
     def close(self) -> None:
         if not self._stdout:
+            self._sync(self._fh, force=True)
             self._fh.close()
 
 
@@ -160,6 +180,7 @@ class ErrorLog:
         self.path = path
         self.count = 0
         self._fh = open(path, "a" if append else "w", encoding="utf-8") if path else None  # noqa: SIM115
+        self._sync = _Syncer()
 
     def write(self, line: int, error: str, row: dict[str, Any] | None = None) -> None:
         self.count += 1
@@ -173,9 +194,9 @@ class ErrorLog:
 
     def flush(self) -> None:
         if self._fh is not None:
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
+            self._sync(self._fh)
 
     def close(self) -> None:
         if self._fh is not None:
+            self._sync(self._fh, force=True)
             self._fh.close()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -36,6 +35,7 @@ import numpy as np
 
 from gnll.semantic.base import Clusterer, as_bool
 from gnll.semantic.partition import leader_partition_many
+from gnll.text import as_number, numbers_in
 
 __all__ = [
     "DEFAULT_EMBEDDING_THRESHOLD",
@@ -44,7 +44,6 @@ __all__ = [
     "HUB_EMBEDDING_MODEL",
     "SentenceEmbedder",
     "find_embedded_minilm",
-    "numbers_in",
 ]
 
 #: Cosine-similarity threshold of the default model on answers alone (chosen on TriviaQA answer
@@ -120,29 +119,6 @@ def find_embedded_minilm() -> Path | None:
         target = _cache_root() / "models" / f"all-MiniLM-L6-v2-{zip_path.stat().st_size}"
         return _extract_zip_once(zip_path, target)
     return None
-
-
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
-
-
-def numbers_in(text: str) -> frozenset[float]:
-    """The numbers written with digits in ``text`` (``1,000`` and ``1000`` are the same number).
-
-    >>> sorted(numbers_in("2 + 2.5 = 4.5, not 1,000"))
-    [2.0, 2.5, 4.5, 1000.0]
-    """
-    out = set()
-    for m in _NUMBER.findall(text):
-        token = m.replace(",", "") if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d+)?", m) else m
-        try:
-            out.add(float(token.replace(",", ".")) if "," in token else float(token))
-        except ValueError:
-            continue
-    return frozenset(out)
-
-
-def _is_pure_number(text: str) -> bool:
-    return _NUMBER.fullmatch(text.strip().rstrip(".").strip()) is not None
 
 
 class SentenceEmbedder:
@@ -321,7 +297,9 @@ class EmbeddingClusterer(Clusterer):
 
         numbers = None
         if self.number_veto:
-            numbers = [[(numbers_in(a), _is_pure_number(a)) for a in ts] for ts in texts]
+            numbers = [
+                [(frozenset(numbers_in(a)), as_number(a) is not None) for a in ts] for ts in texts
+            ]
 
         def judge(queries: list[tuple[int, int, int]]) -> list[bool]:
             self.stats.comparisons += len(queries)
