@@ -27,6 +27,8 @@ ORDER = [
     "simulation",
     "load_times",
     "profile_greedy",
+    "beam_stage",
+    "eval_speed",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -37,6 +39,8 @@ TITLES = {
     "simulation": "5. Simulation study (`gnll simulate`)",
     "load_times": "Load times and tokens/second (issue 2)",
     "profile_greedy": "Where one batched greedy call spends its time",
+    "beam_stage": "6. Beam stage: beam search in gnll's loop vs transformers' (issue 17.3a)",
+    "eval_speed": "7. The whole default `gnll eval`, before/after the beam loop (issue 17.3c)",
 }
 
 
@@ -204,6 +208,32 @@ def profile_greedy(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def beam_stage(r: dict[str, Any]) -> list[str]:
+    s, a = r["summary"], r["summary"]["agreement"]
+    return [
+        common.table(r["table"]),
+        "",
+        f"Speed-up generate/loop (median of paired runs): **{s['speedup_median_paired']:.2f}x** "
+        f"(target >= {s['target']:g}x). Same beams (token ids, order) for {a['same_beams']}/{a['n']}"
+        f" prompts, max |log-prob difference| {a['max_abs_logprob_diff']:.2g}.",
+        "",
+    ]
+
+
+def eval_speed(r: dict[str, Any]) -> list[str]:
+    s, same = r["summary"], r["summary"]["identical"]
+    return [
+        common.table(r["table"]),
+        "",
+        f"Speed-up before/after per question: **{s['speedup_median']:.2f}x** (target >= "
+        f"{s['target']:g}x); beam stage alone {s['beam_stage_speedup']:.2f}x. Identical outputs: "
+        f"greedy {same['same_greedy']}/{same['n']}, beams {same['same_beams']}/{same['n']}, "
+        f"samples {same['same_samples']}/{same['n']}, temperatures {same['same_temperature']}/"
+        f"{same['n']}; max |measure difference| {same['max_abs_measure_diff']:.2g}.",
+        "",
+    ]
+
+
 RENDER = {
     "overhead": overhead,
     "cost_per_method": cost,
@@ -212,6 +242,8 @@ RENDER = {
     "simulation": simulation,
     "load_times": load_times,
     "profile_greedy": profile_greedy,
+    "beam_stage": beam_stage,
+    "eval_speed": eval_speed,
 }
 
 
@@ -251,6 +283,23 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f"{sp['speedup_generation_median']:.2f}x)",
                 sp["met_end_to_end"],
             )
+    if "beam_stage" in found:
+        s = found["beam_stage"]["summary"]
+        add(
+            "6 beam stage",
+            "beam loop >= 2x transformers' beam search, same beams",
+            f"{s['speedup_median_paired']:.2f}x; same beams {s['agreement']['same_beams']}/"
+            f"{s['agreement']['n']}",
+            s["met"] and s["agreement"]["same_beams"] == s["agreement"]["n"],
+        )
+    if "eval_speed" in found:
+        s = found["eval_speed"]["summary"]
+        add(
+            "7 whole eval",
+            "default gnll eval >= 2x faster per question, identical outputs",
+            f"{s['speedup_median']:.2f}x",
+            s["met"],
+        )
     if "scaling" in found:
         s = found["scaling"]["summary"]
         add(

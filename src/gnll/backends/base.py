@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -319,9 +319,14 @@ class Model(ABC):
         config: GenerationConfig | None = None,
         *,
         batch_size: int | None = None,
-        progress: bool = False,
+        progress: bool | Callable[[float], None] = False,
     ) -> list[list[Generation]]:
-        """Generate for every prompt; returns one list of ``config.num_sequences`` generations per prompt."""
+        """Generate for every prompt; returns one list of ``config.num_sequences`` generations per prompt.
+
+        ``progress=True`` shows the backend's own bar; a callable instead hears how many prompts
+        have finished as they finish (fractions allowed), for a caller's bar. A backend that cannot
+        tell may stay silent: callers account for whatever was not reported when the call returns.
+        """
 
     @abstractmethod
     def score(

@@ -16,14 +16,15 @@ padding), because that makes savings possible that ``model.generate`` cannot off
 
 Samples are drawn by inverse-CDF sampling with one seeded uniform stream per (prompt, sample), so
 sample j of a prompt depends on the seed, the prompt and j only (:func:`~gnll.backends.base.sample_seed`).
-Beam search uses transformers' implementation (fed with the same shared-prefix cache) and its outputs
-are scored by one teacher-forced pass. Models whose cache is not a plain attention KV cache (recurrent
+Beam search runs in the same loop (:mod:`.beam`): transformers' search, with each prompt prefilled
+once and dropped from the batch when it is done. Models whose cache is not a plain attention KV cache (recurrent
 or chunked-attention layers) use ``model.generate`` with a logits processor that chooses the tokens
 with the same code as the loop and records their log-probs.
 
 The package, one concern per module: :mod:`.loading` (checkpoint, tokenizer, chat template),
 :mod:`.planning` (batches, prefill groups), :mod:`.kv_cache`, :mod:`.prefill`, :mod:`.selection`
-(token choice, log-probs, seeding), :mod:`.stopping`, :mod:`.decode` (the loop), :mod:`.hf_generate`
+(token choice, log-probs, seeding), :mod:`.stopping`, :mod:`.decode` (the loop), :mod:`.beam`
+(beam search in the loop), :mod:`.hf_generate`
 (the ``model.generate`` path) and :mod:`.scoring` (teacher forcing). :class:`HFModel` ties them together.
 """
 
@@ -39,6 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gnll._util import progress as show_progress_bar
 from gnll.backends.base import Capabilities, Generation, GenerationConfig, Model, chat_messages
+from gnll.backends.hf.beam import beam_search
 from gnll.backends.hf.decode import decode
 from gnll.backends.hf.hf_generate import generate_batch
 from gnll.backends.hf.kv_cache import plain_cache
@@ -95,7 +97,12 @@ class HFModel(Model):
         ``"loop"``: gnll's own decoding loop and prefill (shared prefix, dropped rows); ``"generate"``:
         transformers' ``model.generate`` on plainly padded prompts for everything (the reference the
         loop is tested against, and what models with other caches need); ``"auto"``: the loop when
-        the model's cache allows it. Beam search always uses ``model.generate``.
+        the model's cache allows it.
+    beam_decoder:
+        With the loop: ``"loop"`` runs beam search in gnll's loop (:mod:`.beam`: the beams of
+        transformers' beam search, the prompt prefilled once, done prompts dropped);
+        ``"generate"`` uses ``model.generate`` fed with the loop's prefill cache (the reference
+        the loop's beams are tested against).
 
     Attributes
     ----------
@@ -127,6 +134,7 @@ class HFModel(Model):
         max_batch_tokens: int | None = 20480,
         source: str | None = None,
         decoder: Decoder = "auto",
+        beam_decoder: Literal["loop", "generate"] = "loop",
     ) -> None:
         if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):
             raise ValueError(
@@ -134,6 +142,8 @@ class HFModel(Model):
             )
         if decoder not in ("auto", "loop", "generate"):
             raise ValueError(f"decoder must be 'auto', 'loop' or 'generate', got {decoder!r}")
+        if beam_decoder not in ("loop", "generate"):
+            raise ValueError(f"beam_decoder must be 'loop' or 'generate', got {beam_decoder!r}")
         loop_ok = plain_cache(model)
         if decoder == "loop" and not loop_ok:
             raise ValueError(
@@ -154,6 +164,9 @@ class HFModel(Model):
         if self.decoder == "auto":
             self.decoder = "generate"
         self.engine = Prefiller(model, tokenizer.pad_token_id) if self.decoder == "loop" else None
+        #: Beam search in gnll's loop (:mod:`.beam`); ``beam_decoder="generate"`` keeps
+        #: transformers' (the same beams, slower: the benchmarks compare the two).
+        self.own_beam_search = beam_decoder == "loop"
         self.capabilities = Capabilities(
             beams=True,
             scoring=True,
@@ -275,12 +288,15 @@ class HFModel(Model):
         results: list[list[Generation]] = [[] for _ in encoded]
         desc = f"{self.name} {config.strategy}"
         batches = [[order[j] for j in b] for b in batches]
-        for batch in show_progress_bar(batches, progress, desc, unit="batch"):
+        # A callable ``progress`` hears about every finished prompt (fractions: a prompt's finished
+        # samples) instead of a bar per batch, so a caller's bar moves within a batch.
+        on_done = progress if callable(progress) else None
+        for batch in show_progress_bar(batches, bool(progress) and not on_done, desc, unit="batch"):
             rows = [encoded[i] for i in batch]
             use = None
             if engine is not None and engine.prefix_fits(prefix, rows, config.max_new_tokens):
                 use = prefix
-            if config.strategy == "beam" or engine is None:
+            if engine is None or (config.strategy == "beam" and not self.own_beam_search):
                 outs = generate_batch(
                     self.model,
                     self.tokenizer,
@@ -291,8 +307,12 @@ class HFModel(Model):
                     prefix=use,
                     scorer=self._score_ids,
                 )
+                if on_done is not None:
+                    on_done(len(batch))
+            elif config.strategy == "beam":
+                outs = beam_search(engine, rows, config, use, stops, on_done=on_done)
             else:
-                outs = decode(engine, rows, config, use, stops)
+                outs = decode(engine, rows, config, use, stops, on_done=on_done)
             for i, gens in zip(batch, outs, strict=True):
                 results[i] = gens
         return results
