@@ -70,7 +70,7 @@ def child_load(name: str, cache: Path, log: Path) -> dict[str, Any]:
 
 def default_cache() -> Path:
     out = subprocess.run(
-        [sys.executable, "-c", "from gnll.backends.registry import cache_dir; print(cache_dir())"],
+        [sys.executable, "-c", "from gnll._util import cache_dir; print(cache_dir())"],
         capture_output=True,
         text=True,
         check=True,

@@ -29,6 +29,7 @@ ORDER = [
     "profile_greedy",
     "beam_stage",
     "eval_speed",
+    "serve_load",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -41,6 +42,7 @@ TITLES = {
     "profile_greedy": "Where one batched greedy call spends its time",
     "beam_stage": "6. Beam stage: beam search in gnll's loop vs transformers' (issue 17.3a)",
     "eval_speed": "7. The whole default `gnll eval`, before/after the beam loop (issue 17.3c)",
+    "serve_load": "`gnll serve` under concurrent clients (dynamic batching) and proxy overhead",
 }
 
 
@@ -234,6 +236,30 @@ def eval_speed(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def serve_load(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    a = s["agreement_with_eval"]
+    return [
+        f"{r['n']} TriviaQA short prompts per arm, {r['repeats']} interleaved repetitions "
+        "(medians; latencies pooled).",
+        "",
+        common.table(r["table"]),
+        "",
+        f"At {s['reference_arm'][1:]} clients: **{s['speedup_vs_one_at_a_time']:.2f}x** the "
+        f"one-at-a-time throughput (target >= 4x) and **{s['ratio_to_eval']:.2f}x** `gnll eval`'s "
+        f"questions/s (target >= 0.8x). Answers equal to `gnll eval`'s in {a['same_text']}/{a['n']}, "
+        f"max |G-NLL difference| {a['max_abs_g_nll_diff']:.2g}.",
+        "",
+        "Proxy (`gnll serve --upstream`) vs the same server called directly, one request at a time:",
+        "",
+        common.table(r["proxy"]),
+        "",
+        f"Overhead at p50: **{100 * s['proxy_overhead_p50']:.1f}%** (median of paired ratios "
+        f"{100 * s['proxy_overhead_paired_median']:.1f}%; target <= 5%).",
+        "",
+    ]
+
+
 RENDER = {
     "overhead": overhead,
     "cost_per_method": cost,
@@ -244,6 +270,7 @@ RENDER = {
     "profile_greedy": profile_greedy,
     "beam_stage": beam_stage,
     "eval_speed": eval_speed,
+    "serve_load": serve_load,
 }
 
 
@@ -324,6 +351,26 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             f"exact values {p['exact_share']:.1%} of the setting; largest: {p['bottleneck']}"
             + (f"; full run {full:.0f} s" if full else ""),
             not p["exact_is_bottleneck"],
+        )
+    if "serve_load" in found:
+        s = found["serve_load"]["summary"]
+        add(
+            "serve",
+            "16 clients >= 4x one-at-a-time (requests/s)",
+            f"{s['speedup_vs_one_at_a_time']:.2f}x",
+            s["met_speedup"],
+        )
+        add(
+            "serve",
+            "16 clients >= 0.8x gnll eval's questions/s",
+            f"{s['ratio_to_eval']:.2f}x",
+            s["met_eval"],
+        )
+        add(
+            "serve",
+            "proxy overhead <= 5% at p50",
+            f"{100 * s['proxy_overhead_p50']:.1f}%",
+            s["met_proxy"],
         )
     return rows
 

@@ -19,7 +19,8 @@ python - <<'PY'
 import json
 for line in open("runs/answers.scored.jsonl"):
     r = json.loads(line)
-    print(f"{r['id']:3} {r['answer'][:20]:20} nll={r['nll']:7.3f} is_greedy={r['is_greedy']!s:5} "
-          f"p_correct={r['p_correct']:.3f} abstain={r['abstain']} greedy={r['greedy_answer']!r}")
+    print(f"{r['id']:3} {r['answer'][:31]:31} nll={r['nll']:6.3f} tokens={r['num_tokens']:2} "
+          f"is_greedy={r['is_greedy']!s:5} greedy_stops={r['greedy_stops']!s:5} "
+          f"p_correct={r['p_correct']:.3f} abstain={r['abstain']}")
 PY
 gnll ask "What is the capital of France?" --calibration auto

@@ -22,7 +22,7 @@ class ToyModel(Model):
         self.calls = 0
 
     def render_prompt(self, prompt: str) -> str:
-        return f"<user>{prompt}</user>"
+        return f"<user>{prompt}</user>\n"
 
     def score(self, prompts, answers, *, raw_prompt=False, batch_size=None, progress=False):
         self.calls += 1

@@ -185,3 +185,63 @@ def test_fast_tokenizer_of_cached_models_equals_autotokenizer(model_fixture, req
         assert fast.apply_chat_template(
             chat, add_generation_prompt=True, tokenize=False
         ) == auto.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
+def test_scoring_own_greedy_answers_reproduces_g_nll(model_fixture, request):
+    """Text-level score of the model's own greedy answers (verbatim): the same tokens, G-NLL within
+    1e-4, every token the top-1, and greedy decoding stops right after them."""
+    model = request.getfixturevalue(model_fixture)
+    prompts = [FEW_SHOT.format(q=q) for q in QUESTIONS]
+    gens = [g for [g] in model.generate(prompts, GenerationConfig.greedy(max_new_tokens=24))]
+    answers = [model.tokenizer.decode(g.token_ids) for g in gens]
+    scored = model.score(prompts, answers, batch_size=2)  # several batches, shared prefix
+    for g, s in zip(gens, scored, strict=True):
+        assert not s.boundary_merged
+        assert s.token_ids == g.token_ids and s.num_tokens == len(g.token_ids)
+        assert s.nll == pytest.approx(measures.g_nll(g.token_logprobs), abs=1e-4)
+        np.testing.assert_allclose(s.token_logprobs, g.token_logprobs, atol=1e-4)
+        assert s.is_greedy is True
+        if g.finish_reason != "length":  # cut by max_new_tokens: greedy may or may not stop there
+            assert s.greedy_stops is True
+    # Batching changes nothing: one by one gives the same numbers.
+    for p, a, s in zip(prompts, answers, scored, strict=True):
+        [alone] = model.score([p], [a])
+        np.testing.assert_allclose(alone.token_logprobs, s.token_logprobs, atol=1e-5)
+
+
+def test_scoring_chat_answers_and_perturbations(smollm):
+    prompt = "What is the capital of France? Answer in one sentence."
+    [[g]] = smollm.generate([prompt], GenerationConfig.greedy(max_new_tokens=30))
+    [own, longer, wrong] = smollm.score(
+        [prompt] * 3, [g.text, g.text + " Berlin is nice.", "Berlin."]
+    )
+    assert own.nll == pytest.approx(-g.logprob, abs=1e-4) and own.is_greedy and own.greedy_stops
+    assert own.tokens == g.tokens
+    # Continuing past where greedy stops: no longer greedy, and every extra token costs NLL.
+    assert longer.is_greedy is False and longer.nll > own.nll + 1e-3
+    assert wrong.is_greedy is False and wrong.nll > own.nll
+    assert all(lp <= 0 and np.isfinite(lp) for s in (own, longer, wrong) for lp in s.token_logprobs)
+
+
+def test_scoring_flags_a_merged_boundary(smollm):
+    """A raw prompt ending in a space before the answer: the tokenizer merges " Paris" across the
+    boundary; the row is flagged and scored as the prompt's own tokens + the answer's tokens."""
+    tok = smollm.tokenizer
+    raw = "Question: What is the capital of France?\nAnswer: "
+    [merged, clean] = smollm.score([raw, raw.rstrip(" ")], ["Paris", " Paris"], raw_prompt=True)
+    assert merged.boundary_merged and not clean.boundary_merged
+    assert merged.token_ids == tok("Paris", add_special_tokens=False)["input_ids"]
+    assert clean.token_ids == tok(" Paris", add_special_tokens=False)["input_ids"]
+    # Oracle: the raw prompt's own tokens, then the answer's, through one plain forward pass.
+    prompt_ids = tok(raw, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt_ids + merged.token_ids])
+    with torch.inference_mode():
+        rows = torch.log_softmax(smollm.model(input_ids=ids).logits[0].float(), dim=-1)
+    pos = torch.arange(len(prompt_ids) - 1, ids.shape[1] - 1)
+    expect = rows[pos, torch.tensor(merged.token_ids)].numpy()
+    np.testing.assert_allclose(merged.token_logprobs, expect, atol=1e-4)
+    with pytest.raises(ValueError, match="2 prompts but 1 answers"):
+        smollm.score(["a", "b"], ["x"])
+    with pytest.raises(TypeError, match="lists of strings"):
+        smollm.score("a", "b")

@@ -222,3 +222,60 @@ def test_api_key_from_environment_never_recorded_nor_sent_on_redirects(monkeypat
         assert "sk-very-secret" not in json.dumps(model.info()) + repr(model) + repr(model.client)
     with pytest.raises(ValueError, match="base_url"):
         load_model("served-model", backend="openai")
+
+
+def test_eval_refuses_measures_the_server_cannot_compute_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    with vllm() as server:
+        args = ["eval", "--model", "served-model", "--tasks", "triviaqa_short", "--limit", "2",
+                "--model_args", f"backend=openai,base_url={server.url}",
+                "--measures", "g-nll,bs-msp,pe", "--output_path", str(tmp_path / "run")]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert "cannot compute bs-msp (needs beams)" in text and "--measures pe,g-nll" in text
+        assert [r[1] for r in server.requests] == ["/v1/models"]  # nothing generated
+
+
+def test_eval_keeps_the_prompts_that_worked_and_resume_retries_the_failed_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    bad: dict[str, str | None] = {"prompt": None}
+
+    def completions(body):
+        if bad["prompt"] is None:
+            bad["prompt"] = body["prompt"]  # the first question's prompt is rejected
+        if body["prompt"] == bad["prompt"] and not bad.get("fixed"):
+            return 400, {"error": "prompt rejected"}
+        return 200, fx("vllm/completion_stop_newline")
+
+    out = tmp_path / "run"
+    with vllm(**{"/v1/completions": completions}) as server:
+        args = ["eval", "--model", "served-model", "--tasks", "triviaqa_short", "--limit", "3",
+                "--model_args", f"backend=openai,base_url={server.url},concurrency=1",
+                "--measures", "g-nll", "--output_path", str(out), "--no-plots",
+                "--no-progress"]  # fmt: skip
+        first = CliRunner().invoke(app, args)
+        assert first.exit_code == 2, first.output
+        text = " ".join(first.output.split())
+        assert "1 question(s) failed at the greedy stage" in text and "--resume" in text
+        [failure] = [
+            json.loads(x) for x in next(out.rglob("failures.jsonl")).read_text().splitlines()
+        ]
+        assert "HTTP 400" in failure["error"] and failure["stage"] == "greedy"
+        greedy = [json.loads(x) for x in next(out.rglob("greedy*.jsonl")).read_text().splitlines()]
+        assert len([r for r in greedy if "gen" in r]) == 2  # the other two were kept
+        bad["fixed"] = "yes"
+        n_before = len(server.requests)
+        second = CliRunner().invoke(app, [*args, "--resume"])
+        assert second.exit_code == 0, second.output
+        retried = [r[2]["prompt"] for r in server.requests[n_before:] if r[1] == "/v1/completions"]
+        assert bad["prompt"] in retried
+        greedy = [json.loads(x) for x in next(out.rglob("greedy*.jsonl")).read_text().splitlines()]
+        assert len({tuple(r["k"]) for r in greedy if "gen" in r}) == 3
+        assert len([r for r in greedy if "gen" in r]) == 3  # nothing appended twice

@@ -27,6 +27,7 @@ SCRIPTS = {
     "profile_greedy": ["table", "forwards", "profile"],
     "beam_stage": ["table", "summary", "timing"],
     "eval_speed": ["table", "summary", "runs"],
+    "serve_load": ["table", "proxy", "summary"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {

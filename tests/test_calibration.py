@@ -193,3 +193,15 @@ def test_cli_calibrate_on_a_scored_csv_and_errors(tmp_path):
     res = CliRunner().invoke(app, ["calibrate", str(csv), "-o", str(out)])  # no g-nll column
     assert res.exit_code == 2 and "no column 'g-nll'" in res.output
     assert "Traceback" not in res.output
+
+
+def test_maps_never_increase_with_uncertainty_even_when_the_data_do():
+    rng = np.random.default_rng(8)
+    g = rng.uniform(0, 3, 2000)
+    y = rng.uniform(size=2000) < 0.1 + 0.2 * g / 3  # more uncertain, more often right
+    for method in ("platt", "isotonic"):
+        p = Calibrator(method=method).fit(g, y).predict_proba(np.linspace(0, 3, 50))
+        assert np.all(np.diff(p) <= 1e-12), method
+    platt = Calibrator(method="platt").fit(g, y)
+    assert platt.map_["coef"] == 0.0
+    assert platt.predict_proba([1.0])[0] == pytest.approx(y.mean())

@@ -217,7 +217,9 @@ def test_full_run_outputs(data_dir, tmp_path):
     # stages: heldout greedy 16 + eval 24 per task; samples at 3 temperatures on held-out, 1 on eval
     assert model.calls["greedy"] == 2 * (16 + 24)
     assert model.calls["beam"] == 2 * 24
-    assert model.calls["sample"] == 2 * (3 * 16 + 24)
+    # eval samples at every temperature some measure chose (per-measure selection)
+    n_temps = [len(set(t["temperature"]["per_measure"].values())) for t in res["tasks"].values()]
+    assert model.calls["sample"] == 2 * 3 * 16 + 24 * sum(n_temps)
 
 
 def test_gnll_only_skips_beams_samples_and_clustering(data_dir, tmp_path):
@@ -235,7 +237,9 @@ def test_fixed_temperature_skips_heldout(data_dir, tmp_path):
     model = FakeModel()
     res = Evaluator(cfg(data_dir, tmp_path / "t", temperature=0.7, beams=0), model=model).run()
     assert model.calls["greedy"] == 48 and model.calls["sample"] == 48 and "beam" not in model.calls
-    assert res["tasks"]["triviaqa_short"]["temperature"] == {"selected_by": "fixed", "value": 0.7}
+    sel = res["tasks"]["triviaqa_short"]["temperature"]
+    assert (sel["selected_by"], sel["value"]) == ("fixed", 0.7)
+    assert set(sel["per_measure"].values()) == {0.7}
     rec = json.loads((tmp_path / "t" / "samples.jsonl").open().readline())
     assert rec["temperature"] == 0.7 and "bs-msp" not in rec["measures"]
 
@@ -448,7 +452,7 @@ def test_table_says_when_the_heldout_pool_could_not_choose(data_dir, tmp_path):
 
     res = Evaluator(cfg(data_dir, tmp_path / "h", beams=0), model=FakeModel()).run()
     table = render_table([res])
-    assert "| heldout |" in table  # the fake model's held-out pool has both classes
+    assert "| held-out, per-measure |" in table  # the fake model's held-out pool has both classes
     sel = res["tasks"]["triviaqa_short"]["temperature"]
     for c in sel["candidates"].values():
         c["mean_auroc"] = None  # as written for a pool with one correctness class

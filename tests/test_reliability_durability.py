@@ -14,7 +14,7 @@ CONVERTER = textwrap.dedent(
     """
     import json, os, sys, time
     from pathlib import Path
-    from gnll.backends import registry
+    from gnll.backends import embedded as registry  # the catalogue and its conversion
 
     log = Path(sys.argv[1])
 

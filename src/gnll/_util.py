@@ -5,6 +5,7 @@ This module imports nothing from gnll, so any module can import it without creat
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -12,7 +13,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 T = TypeVar("T")
 
@@ -56,11 +57,40 @@ def package_version(module: str) -> str:
     return "unknown"
 
 
-def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, fsync: bool = True) -> Path:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename.
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make renames and new entries in directory ``path`` survive a power loss (POSIX only)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open a directory; renames there are durable anyway
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    Readers see the old file or the new one, never half of one; a crash leaves no partial file
-    under ``path``. The parent directory is created if needed.
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
+    """Open a uniquely named temporary file next to ``path``; on success fsync it, rename it to
+    ``path`` and fsync the directory. Readers see the old file or the new one, never half of one,
+    and two writers never share a temporary file. On error the temporary file is removed.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` with :func:`atomic_file`, creating the parent directory if needed.
 
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> atomic_write(f"{d}/a/b.txt", "hi").read_text()
@@ -68,26 +98,22 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes, *, fsync: bool
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
-            fh.flush()
-            if fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w") as fh:
+        fh.write(data)
     return path
 
 
-def write_json_atomic(
-    path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, allow_nan: bool = True
-) -> Path:
-    """Write ``obj`` as JSON (UTF-8, trailing newline) with :func:`atomic_write`."""
-    text = json.dumps(obj, ensure_ascii=False, indent=indent, allow_nan=allow_nan)
-    return atomic_write(path, text + "\n")
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) with :func:`atomic_file`."""
+    with atomic_file(path) as fh:
+        fh.write(text)
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
+    """Write JSON (NaN allowed, trailing newline) with :func:`atomic_file`."""
+    with atomic_file(path) as fh:
+        json.dump(obj, fh, ensure_ascii=False, indent=indent, allow_nan=True)
+        fh.write("\n")
 
 
 def jsonable(obj: Any, *, nan: str = "keep") -> Any:

@@ -330,9 +330,19 @@ class Model(ABC):
 
     @abstractmethod
     def score(
-        self, prompts: Sequence[str], continuations: Sequence[Sequence[int]]
-    ) -> list[np.ndarray]:
-        """Teacher-forced log-probs of ``continuations`` (token ids) given ``prompts``, one array each."""
+        self,
+        prompts: Sequence[str],
+        answers: Sequence[str],
+        *,
+        raw_prompt: bool = False,
+        batch_size: int | None = None,
+        progress: bool = False,
+    ) -> list[ScoredAnswer]:
+        """Teacher-forced scores of ``answers[i]`` (text) as the continuation of ``prompts[i]``.
+
+        Prompts are user text rendered exactly as :meth:`generate` renders them, unless
+        ``raw_prompt=True``. Backends that cannot score declare ``capabilities.scoring = False``.
+        """
 
     @abstractmethod
     def render_prompt(self, prompt: str) -> str:

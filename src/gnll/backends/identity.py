@@ -192,12 +192,13 @@ def model_identity(name: str, model_args: Mapping[str, Any] | None = None) -> di
     backend = args.get("backend", "hf")
     if backend != "hf":
         return {"kind": "server", "backend": backend, "model": name}
-    from gnll.backends.registry import EMBEDDED_MODELS, _package_version
+    from gnll._util import package_version
+    from gnll.backends.registry import EMBEDDED_MODELS
 
     ident: dict[str, Any] = {"libraries": _library_versions()}
     if name in EMBEDDED_MODELS:
         spec = EMBEDDED_MODELS[name]
-        ident.update(kind="embedded", name=name, package_version=_package_version(spec.package))
+        ident.update(kind="embedded", name=name, package_version=package_version(spec.package))
     elif Path(name).expanduser().is_dir():
         ident.update(kind="local", checkpoint=checkpoint_identity(Path(name).expanduser()))
     else:

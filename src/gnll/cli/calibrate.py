@@ -99,7 +99,7 @@ def calibrate(
     except (FileNotFoundError, ValueError) as exc:
         if debug:
             raise
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     plot = plot or output.with_suffix(".reliability.png")
     m = cal.heldout_metrics

@@ -211,6 +211,33 @@ def evaluate(
             help="F1 correctness: gt (F1 > 0.5, the paper's) or ge (>= 0.5, the reference code's).",
         ),
     ] = "gt",
+    temperature_selection: Annotated[
+        str,
+        typer.Option(
+            "--temperature_selection",
+            "--temperature-selection",
+            help="per-measure (each sampling measure its best held-out temperature, the paper's "
+            "protocol) or shared (one per task, best mean AUROC of the paper's baselines).",
+        ),
+    ] = "per-measure",
+    sample_logprobs: Annotated[
+        str,
+        typer.Option(
+            "--sample_logprobs",
+            "--sample-logprobs",
+            help="Log-probs of sampled answers for PE/SE/...: model (temperature 1) or sampling "
+            "(the tempered distribution they were drawn from, as the reference code).",
+        ),
+    ] = "model",
+    empty_answer: Annotated[
+        str,
+        typer.Option(
+            "--empty_answer",
+            "--empty-answer",
+            help="Likelihood of an empty answer: terminator (its stop token's log-prob, as the "
+            "reference code) or zero (log-likelihood 0).",
+        ),
+    ] = "terminator",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
@@ -273,6 +300,9 @@ def evaluate(
             fewshot_as_multiturn=fewshot_as_multiturn,
             n_boot=bootstrap,
             f1_rule=f1_rule,
+            temperature_selection=temperature_selection,
+            sample_logprobs=sample_logprobs,
+            empty_answer=empty_answer,
             plots=plots,
             progress=progress,
         )

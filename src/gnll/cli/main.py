@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from gnll.cli import ask, calibrate, evaluate, score, serve, simulate, table
+from gnll.cli import ask, calibrate, doctor, evaluate, score, serve, simulate, table
 from gnll.cli._errors import error_boundary
 
 app = typer.Typer(
@@ -37,6 +37,7 @@ command("simulate", simulate.simulate)
 command("score", score.score_command)
 command("calibrate", calibrate.calibrate)
 command("serve", serve.serve)
+command("doctor", doctor.doctor)
 
 
 if __name__ == "__main__":  # python -m gnll.cli.main

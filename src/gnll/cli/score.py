@@ -52,6 +52,14 @@ def score_command(
             "--raw-prompt", help="'prompt' is the exact text the model sees (no chat template)."
         ),
     ] = False,
+    verbatim: Annotated[
+        bool,
+        typer.Option(
+            "--verbatim",
+            help="Score answers exactly as given (default: a space goes back in front of an answer "
+            "after a prompt that ends without one, as the model wrote it).",
+        ),
+    ] = False,
     long: Annotated[
         bool, typer.Option("--long", help="Render 'question' with gnll ask --long's instruction.")
     ] = False,
@@ -108,7 +116,7 @@ def score_command(
     def fail(msg: str, exc: Exception | None = None) -> None:
         if debug and exc is not None:
             raise exc
-        console.print(f"[bold red]error:[/] {msg}")
+        console.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
         raise typer.Exit(code=2)
 
     if chunk_size < 1:
@@ -164,6 +172,7 @@ def score_command(
         render_question=lambda q: ask_prompt(q, long=long),
         render_messages=render_messages,
         raw_prompt=raw_prompt,
+        verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
         max_new_tokens=max_new_tokens or (100 if long else 50),

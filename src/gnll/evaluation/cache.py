@@ -17,13 +17,14 @@ is an error naming the file and line, since dropping it would lose the records a
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+# The atomic writers live in gnll._util (one home for every layer); re-exported for the run store.
+from gnll._util import atomic_file, fsync_dir, write_json_atomic, write_text_atomic
 
 __all__ = [
     "CacheDamagedError",
@@ -48,51 +49,6 @@ class CacheDamagedError(ValueError):
 
 def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=True)
-
-
-def fsync_dir(path: str | Path) -> None:
-    """Make renames and new entries in directory ``path`` survive a power loss (POSIX only)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open a directory; renames there are durable anyway
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Open a uniquely named temporary file next to ``path``; on success fsync it, rename it to
-    ``path`` and fsync the directory. Readers see the old file or the new one, never half of one,
-    and two writers never share a temporary file. On error the temporary file is removed.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) with :func:`atomic_file`."""
-    with atomic_file(path) as fh:
-        fh.write(text)
-
-
-def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 2) -> None:
-    """Write JSON with :func:`atomic_file`, so readers never see half a file."""
-    with atomic_file(path) as fh:
-        json.dump(obj, fh, ensure_ascii=False, indent=indent, allow_nan=True)
-        fh.write("\n")
 
 
 class JsonlCache:

@@ -62,6 +62,13 @@ class EvalConfig:
     fewshot_as_multiturn: bool = False  # chat models: few-shot examples as chat turns
     n_boot: int = 1000
     f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
+    # each sampling measure its own held-out temperature ("their optimal hyperparameter settings")
+    temperature_selection: str = "per-measure"
+    # log-probs of sampled answers: "model" (temperature 1) or "sampling" (the distribution they were
+    # drawn from, as the reference code scores them)
+    sample_logprobs: str = "model"
+    # an empty answer's likelihood: "terminator" (its stop token, as the reference code) or "zero"
+    empty_answer: str = "terminator"
     plots: bool = True
     progress: bool = True
 
@@ -91,6 +98,13 @@ class EvalConfig:
             raise ValueError("--limit must be >= 1")
         if self.chunk_size < 1:
             raise ValueError("--chunk_size must be >= 1")
+        for name, value, allowed in (
+            ("--temperature_selection", self.temperature_selection, ("per-measure", "shared")),
+            ("--sample_logprobs", self.sample_logprobs, ("model", "sampling")),
+            ("--empty_answer", self.empty_answer, ("terminator", "zero")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         if self.f1_rule not in F1_RULES:
             raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
 

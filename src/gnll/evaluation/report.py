@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util import jsonable
 from gnll.evaluation.correctness import agreement, f1_rule_disagreements
 from gnll.evaluation.metrics import averaged_paired_test, evaluate_measures
 
@@ -53,16 +54,6 @@ def versions() -> dict[str, str]:
         except Exception:  # noqa: BLE001 - a missing optional library is simply not recorded
             continue
     return out
-
-
-def _nan_to_none(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _nan_to_none(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_nan_to_none(v) for v in obj]
-    return obj
 
 
 def _read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
@@ -211,7 +202,7 @@ def build_results(
         "tasks": tasks_out,
     }
     results["averages"] = averaged_significance([results], [strata])
-    return _nan_to_none(results)
+    return jsonable(results, nan="none")
 
 
 def load_results(path: str | Path) -> dict[str, Any]:
@@ -453,22 +444,36 @@ def render_table(
             if sel.get("value") is None:
                 continue
             cand = sel.get("candidates") or {}
-            detail = ", ".join(f"T={t}: {_fmt(c.get('mean_auroc'))}" for t, c in cand.items())
+            per = sel.get("per_measure") or {}
             how = sel["selected_by"]
+            if how == "heldout":
+                how = f"held-out, {sel.get('mode', 'shared')}"
             if cand and all(_undefined(c.get("mean_auroc")) for c in cand.values()):
                 how = "default (held-out AUROC undefined)"
-            temps.append(
-                f"| {res['model']} | {task} | {sel['value']:g} | {how} | {detail or '–'} |"
+            chosen = (
+                ", ".join(f"{M.get(m).label} {t:g}" for m, t in per.items())
+                if per
+                else f"{sel['value']:g}"
             )
+            detail = "; ".join(
+                f"T={t}: "
+                + ", ".join(
+                    f"{M.get(m).label} {_fmt(a)}" for m, a in (c.get("auroc") or {}).items()
+                )
+                for t, c in cand.items()
+            )
+            temps.append(f"| {res['model']} | {task} | {chosen} | {how} | {detail or '–'} |")
     if temps:
         out += ["", "## Sampling temperature", ""]
         out.append(
-            "Chosen per task from the candidates by the mean held-out AUROC of the "
-            "sampling-based measures."
+            "Per measure (default, `--temperature_selection per-measure`): each sampling-based "
+            "measure is computed from the samples at the candidate with its own best held-out "
+            "AUROC (the paper's baselines use their optimal settings); `shared`: one temperature "
+            "per task, the best mean held-out AUROC of PE, LN-PE, SE, LN-SE, D-SE."
         )
         out.append("")
         out += [
-            "| Model | Task | T | Chosen by | Held-out mean AUROC |",
+            "| Model | Task | T per measure | Chosen by | Held-out AUROC per candidate |",
             "|---|---|---|---|---|",
         ] + temps
 

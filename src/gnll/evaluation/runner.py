@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util import progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.assemble import assemble_record
@@ -49,7 +49,7 @@ from gnll.evaluation.store import (
     prepare_output_dir,
 )
 from gnll.evaluation.tasks import get_task
-from gnll.evaluation.temperature import choose_temperature, heldout_size
+from gnll.evaluation.temperature import choose_temperatures, heldout_size
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class _TaskPlan:
 
     stages: TaskStages
     metrics: list[str]
-    temperature: float | None
+    temperature: dict[str, float] | None  # per sampling-based measure
     n: int
 
 
@@ -100,6 +100,8 @@ class Evaluator:
         self.config = config
         self.out = Path(config.output_path)
         self._model = model
+        if model is not None:
+            self._check_capabilities(model)
         self._identity: dict[str, Any] | None = None
         self._judge = judge
         self._clusterer = clusterer
@@ -120,6 +122,7 @@ class Evaluator:
                 self.config.model, progress=self.config.progress, **self.config.model_args
             )
             self.timer.add("load_model", time.perf_counter() - t)
+            self._check_capabilities(self._model)
         self._note_component("model", self._model)
         return self._model
 
@@ -229,7 +232,7 @@ class Evaluator:
             total=len(examples),
             desc=f"{stages.run.name} [{split}]",
             unit="q",
-            disable=not cfg.progress or os.environ.get("GNLL_NO_PROGRESS") == "1",
+            disable=not progress_enabled(cfg.progress),
             dynamic_ncols=True,
             mininterval=1.0,
             smoothing=0.1,
@@ -258,12 +261,15 @@ class Evaluator:
     # ------------------------------------------------------------------ temperature selection
     def _select_temperature(
         self, stages: TaskStages, metrics: list[str]
-    ) -> tuple[float | None, dict[str, Any]]:
+    ) -> tuple[dict[str, float] | None, dict[str, Any]]:
+        """The sampling temperature of every sampling-based measure, and how it was chosen."""
         cfg = self.config
         if not cfg.needs_samples:
             return None, {"selected_by": "not needed"}
+        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
         if cfg.temperature is not None:
-            return cfg.temperature, {"selected_by": "fixed", "value": cfg.temperature}
+            fixed = dict.fromkeys(sampling, cfg.temperature)
+            return fixed, {"selected_by": "fixed", "value": cfg.temperature, "per_measure": fixed}
         n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         primary = metrics[0]
         self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
@@ -273,13 +279,19 @@ class Evaluator:
             for pos, ex in enumerate(examples):
                 yield assemble_record(stages, ("heldout", pos), ex, [primary], temp, beams=False)
 
-        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
-        best, choice = choose_temperature(
-            cfg.temperatures, {t: records(t) for t in cfg.temperatures}, primary, sampling
+        temps, choice = choose_temperatures(
+            cfg.temperatures,
+            {t: list(records(t)) for t in cfg.temperatures},
+            primary,
+            sampling,
+            cfg.temperature_selection,
+            M.PAPER_BASELINES,
         )
-        return best, {
+        values = list(temps.values())
+        return temps, {
             "selected_by": "heldout",
-            "value": best,
+            # the temperature most measures use (all of them with --temperature_selection shared)
+            "value": max(sorted(set(values)), key=values.count),
             "metric": primary,
             "n_heldout": n,
             "measures": sampling,
@@ -287,6 +299,19 @@ class Evaluator:
         }
 
     # ------------------------------------------------------------------ main entry point
+    def _check_capabilities(self, model: Model) -> None:
+        """Refuse measures the backend cannot compute before any work (e.g. BS-MSP on a server)."""
+        caps = getattr(model, "capabilities", None)
+        bad = M.unsupported(self.config.active_measures, caps) if caps is not None else {}
+        if bad:
+            ok = [m for m in self.config.active_measures if m not in bad]
+            lacks = ", ".join(f"{m} (needs {'/'.join(c)})" for m, c in bad.items())
+            raise ValueError(
+                f"model {self.config.model!r} cannot compute {lacks} on this backend; it can run "
+                f"{', '.join(ok) or 'none of the selected measures'}: pass --measures "
+                f"{','.join(ok) or 'g-nll'}"
+            )
+
     def run(self) -> dict[str, Any]:
         cfg = self.config
         t0 = time.perf_counter()
@@ -333,7 +358,7 @@ class Evaluator:
             temp, selection = self._select_temperature(stages, metrics)
             n_pool = len(run.data.eval_idx)
             n = n_pool if cfg.limit is None else min(cfg.limit, n_pool)
-            temps = [temp] if temp is not None else []
+            temps = sorted(set(temp.values())) if temp else []
             self._run_split(stages, "eval", n, temps, metrics, beams=cfg.needs_beams)
             task_meta[task.name] = {
                 **{k: v for k, v in run.data.describe().items() if k != "prompt_prefix"},

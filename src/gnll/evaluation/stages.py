@@ -6,19 +6,20 @@ that its cache does not hold yet. :meth:`Stage.fill` runs it and appends the new
 interrupted run recomputes nothing that reached the disk. Stored generations come back as
 :class:`~gnll.backends.base.Generation` objects.
 
-Sampling is seeded per (task, split, temperature, chunk), so a resumed run reproduces an
-uninterrupted one.
+Sampling is seeded per (task, split, temperature) and, in the backend, per (prompt, sample), so a
+resumed run reproduces an uninterrupted one whatever was cut off and however it is re-chunked.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.base import Generation, GenerationConfig, GenerationErrors, Model
 from gnll.backends.identity import outcome_args
 from gnll.evaluation.cache import JsonlCache
 from gnll.evaluation.config import EvalConfig
@@ -30,6 +31,7 @@ from gnll.evaluation.store import TaskRun, derive_seed, stable_hash
 __all__ = [
     "JUDGE_CONFIG",
     "BeamStage",
+    "PromptsFailed",
     "Chunk",
     "ClusterStage",
     "Components",
@@ -88,6 +90,15 @@ class Chunk:
         return {"k": list(self.keys[i]), "id": self.examples[i].id, **data}
 
 
+class PromptsFailed(ValueError):
+    """Some questions of a stage failed (e.g. a server rejected their prompts); the others were kept.
+
+    A ``ValueError``: the cause is in the input or the server's configuration, not in gnll. The
+    failed questions are listed in ``failures.jsonl`` next to the stage's cache and are not in
+    the cache, so ``--resume`` computes them again.
+    """
+
+
 class Stage(ABC):
     """One cached step of the pipeline."""
 
@@ -107,18 +118,50 @@ class Stage(ABC):
         todo = [i for i, k in enumerate(chunk.keys) if not self.cache.has(k)]
         if todo:
             t = time.perf_counter()
-            self.cache.append(self.compute(chunk, todo))
+            self._failed: dict[int, str] = {}
+            # A chunk partly on disk was torn by a kill mid-append. Recompute all of it, in one
+            # call as the uninterrupted run did, so that even batch-dependent float rounding is
+            # the same, and append only the missing records: the resumed run is byte-identical.
+            # (Questions that failed are simply absent from the records; see _generate.)
+            batch = todo if len(todo) == len(chunk.keys) else list(range(len(chunk.keys)))
+            missing = {tuple(chunk.keys[i]) for i in todo}
+            records = self.compute(chunk, batch)
+            self.cache.append([r for r in records if (r["k"][0], int(r["k"][1])) in missing])
+            self._failed = {i: msg for i, msg in self._failed.items() if i in set(todo)}
             self.comps.timed(self.label, time.perf_counter() - t)
+            if self._failed:
+                self._report_failures(chunk)
         return self.cache.get_many(chunk.keys)
+
+    def _generate(
+        self, model: Model, todo: list[int], prompts: list[str], config: GenerationConfig
+    ) -> list[tuple[int, list[Generation]]]:
+        """``(question, generations)`` of the prompts that did not fail; failures are noted."""
+        try:
+            gens: list[list[Generation] | None] = list(self.comps.generate(model, prompts, config))
+        except GenerationErrors as exc:
+            gens = exc.results
+            self._failed.update({todo[j]: msg for j, msg in exc.errors.items()})
+        return [(i, g) for i, g in zip(todo, gens, strict=True) if g is not None]
+
+    def _report_failures(self, chunk: Chunk) -> None:
+        path = self.cache.path.parent / "failures.jsonl"
+        with path.open("a", encoding="utf-8") as fh:
+            for i, msg in sorted(self._failed.items()):
+                fh.write(json.dumps({**chunk.record(i, stage=self.label), "error": msg}) + "\n")
+        first = min(self._failed)
+        raise PromptsFailed(
+            f"{len(self._failed)} question(s) failed at the {self.label} stage of "
+            f"{self.run.name} (first: id {chunk.examples[first].id}: {self._failed[first]}); "
+            f"the others are saved, the failures listed in {path}: fix the cause and rerun "
+            "with --resume to retry them"
+        )
 
     def _generate_all(
         self, chunk: Chunk, todo: list[int], config: GenerationConfig
     ) -> list[dict[str, Any]]:
-        gens = self.comps.generate(self.comps.model, [chunk.prompts[i] for i in todo], config)
-        return [
-            chunk.record(i, gens=[g.to_dict() for g in gs])
-            for i, gs in zip(todo, gens, strict=True)
-        ]
+        done = self._generate(self.comps.model, todo, [chunk.prompts[i] for i in todo], config)
+        return [chunk.record(i, gens=[g.to_dict() for g in gs]) for i, gs in done]
 
     def generations(self, key: Key) -> list[Generation]:
         """The stored generations of question ``key``."""
@@ -143,11 +186,10 @@ class GreedyStage(Stage):
 
     def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
         model = self.comps.model
-        prompts = [chunk.prompts[i] for i in todo]
-        gens = self.comps.generate(model, prompts, self.config)
+        done = self._generate(model, todo, [chunk.prompts[i] for i in todo], self.config)
         return [
-            chunk.record(i, prompt=model.render_prompt(p), gen=g[0].to_dict())
-            for i, p, g in zip(todo, prompts, gens, strict=True)
+            chunk.record(i, prompt=model.render_prompt(chunk.prompts[i]), gen=g[0].to_dict())
+            for i, g in done
         ]
 
     def fill(self, chunk: Chunk) -> list[dict[str, Any]]:
@@ -198,10 +240,10 @@ class JudgeStage(Stage):
             )
             for i in todo
         ]
-        replies = self.comps.generate(self.comps.judge, prompts, JUDGE_CONFIG)
+        replies = self._generate(self.comps.judge, todo, prompts, JUDGE_CONFIG)
         return [
             chunk.record(i, reply=r[0].text, verdict=judge_verdict(r[0].text).detail)
-            for i, r in zip(todo, replies, strict=True)
+            for i, r in replies
         ]
 
     def reply(self, key: Key) -> str:
@@ -248,7 +290,9 @@ class SampleStage(Stage):
         super().__init__(run, comps, f"samples-t{temperature:g}", header)
 
     def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
-        seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature, chunk.number)
+        # Not the chunk: the backend seeds each (prompt, sample) from its identity, so a torn
+        # chunk, another --chunk_size or another batch size on resume draws the same samples.
+        seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature)
         return self._generate_all(chunk, todo, self.config.replace(seed=seed))
 
 

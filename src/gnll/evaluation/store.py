@@ -32,7 +32,7 @@ __all__ = [
     "stable_hash",
 ]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: samples seeded by (prompt, sample), not by chunk
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
 OUTPUT_ENTRIES = (
     "run.json",

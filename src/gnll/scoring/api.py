@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from gnll.backends.base import Capabilities, Model, ScoredAnswer
 
-__all__ = ["ScoringError", "check_scored", "score"]
+__all__ = ["ScoringError", "check_scored", "join_answer", "score"]
 
 
 class ScoringError(ValueError):
@@ -39,12 +40,31 @@ def check_scored(item: ScoredAnswer, answer: str) -> None:
         raise ScoringError(f"invalid token log-prob(s) {bad[:3]} for answer {answer[:40]!r}")
 
 
+def join_answer(rendered_prompt: str, answer: str) -> str:
+    r"""The answer as the model would have written it after ``rendered_prompt``.
+
+    ``gnll ask``/``gnll eval`` report answers stripped of surrounding white space, but after a prompt
+    that ends in a non-space character (``"...Answer:"`` without a chat template) the model wrote
+    ``" Paris"``: the space goes back in front. After a chat template's ``"assistant\n"`` nothing
+    changes, nor does an answer that already starts with white space.
+
+    >>> join_answer("Question: Capital of France?\nAnswer:", "Paris")
+    ' Paris'
+    >>> join_answer("<|im_start|>assistant\n", "Paris")
+    'Paris'
+    """
+    if rendered_prompt and not rendered_prompt[-1].isspace() and answer and not answer[0].isspace():
+        return " " + answer
+    return answer
+
+
 def score(
     model: Model,
     prompts: Sequence[str],
     answers: Sequence[str],
     *,
     raw_prompt: bool = False,
+    verbatim: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
 ) -> list[ScoredAnswer]:
@@ -59,7 +79,9 @@ def score(
         User text, rendered exactly as :meth:`Model.generate` renders it (the model's chat template,
         if any); with ``raw_prompt=True`` the exact string the model conditions on.
     answers:
-        The answers to score; each must be a non-empty string.
+        The answers to score; each must be a non-empty string. As ``gnll ask`` prints them (stripped):
+        a space is put back in front where the prompt ends without white space
+        (:func:`join_answer`), unless ``verbatim=True``.
 
     Returns
     -------
@@ -82,15 +104,17 @@ def score(
             raise ValueError(f"answer {i} is empty or not a string: {a!r}")
     if not answers:
         return []
+    joined = list(answers)
+    if not verbatim:
+        joined = [
+            join_answer(p if raw_prompt else model.render_prompt(p), a)
+            for p, a in zip(prompts, answers, strict=True)
+        ]
     out = model.score(
-        list(prompts),
-        list(answers),
-        raw_prompt=raw_prompt,
-        batch_size=batch_size,
-        progress=progress,
+        list(prompts), joined, raw_prompt=raw_prompt, batch_size=batch_size, progress=progress
     )
     if len(out) != len(answers):
         raise ScoringError(f"the backend returned {len(out)} scores for {len(answers)} answers")
     for item, a in zip(out, answers, strict=True):
         check_scored(item, a)
-    return out
+    return [replace(item, text=a) for item, a in zip(out, answers, strict=True)]

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from gnll._util import jsonable
+
 __all__ = ["ErrorLog", "RowWriter", "resume_point"]
 
 #: Rows are flushed every batch (a killed process loses nothing written); fsync, which only matters
@@ -35,12 +37,6 @@ class _Syncer:
         if force or now - self._last >= FSYNC_SECONDS:
             os.fsync(fh.fileno())
             self._last = now
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 def _cut_torn_tail(path: Path) -> None:
@@ -141,7 +137,7 @@ class RowWriter:
             return
         if self.fmt == "jsonl":
             payload = "".join(
-                json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False) + "\n"
+                json.dumps(jsonable(r, nan="none"), ensure_ascii=False, default=str) + "\n"
                 for r in rows
             )
         else:

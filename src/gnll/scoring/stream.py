@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
-from gnll.scoring.api import ScoringError, check_scored, score
+from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
 from gnll.scoring.rows import Item, count_rows, iter_rows, to_item
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CALIBRATED_COLUMNS", "ScoreJob", "ScoreSummary", "run_score_job"]
+
+#: What a row's scoring may raise that concerns that row only (over-long, untokenisable, ...).
+ERRORS = (ScoringError, ValueError, RuntimeError, IndexError, TypeError)
 
 #: Which output column a calibration's measure is applied to.
 CALIBRATED_COLUMNS = {"g-nll": "nll", "nll": "nll", "ln-g-nll": "ln_nll", "ln_nll": "ln_nll"}
@@ -40,6 +43,7 @@ class ScoreJob:
     render_question: Callable[[str], str]
     render_messages: Callable[[list[dict[str, Any]]], str] | None = None
     raw_prompt: bool = False
+    verbatim: bool = False
     logprobs: bool = False
     with_greedy: bool = False
     max_new_tokens: int = 50
@@ -68,7 +72,7 @@ def _chunks(it: Iterator, n: int) -> Iterator[list]:
 
 
 def _score_items(
-    model: Model, items: list[Item], batch_size: int | None
+    model: Model, items: list[Item], batch_size: int | None, verbatim: bool
 ) -> list[ScoredAnswer | str]:
     """Score items (raw and rendered prompts in separate calls); per-row fallback on failure."""
     out: list[ScoredAnswer | str] = [""] * len(items)
@@ -78,21 +82,20 @@ def _score_items(
             continue
         prompts = [items[i].prompt for i in idx]
         answers = [items[i].answer for i in idx]
+        kw = {"raw_prompt": raw, "verbatim": verbatim}
         try:
             res: list[ScoredAnswer | str] = list(
-                score(model, prompts, answers, raw_prompt=raw, batch_size=batch_size)
+                score(model, prompts, answers, batch_size=batch_size, **kw)
             )
-        except (ScoringError, ValueError, RuntimeError, IndexError) as e:
+        except ERRORS as e:
             if len(idx) == 1:
                 res = [_message(e)]
             else:
                 res = []
                 for p, a in zip(prompts, answers, strict=True):
                     try:
-                        [one] = model.score([p], [a], raw_prompt=raw, batch_size=1)
-                        check_scored(one, a)
-                        res.append(one)
-                    except (ScoringError, ValueError, RuntimeError, IndexError) as e1:
+                        res.append(score(model, [p], [a], batch_size=1, **kw)[0])
+                    except ERRORS as e1:
                         res.append(_message(e1))
         for i, r in zip(idx, res, strict=True):
             out[i] = r
@@ -178,7 +181,7 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
                         continue
                     err = res
                 errors.write(line, err, row)
-            scored = _score_items(model, items, job.batch_size) if items else []
+            scored = _score_items(model, items, job.batch_size, job.verbatim) if items else []
             greedy = _greedy(model, items, job.max_new_tokens) if job.with_greedy and items else []
             rows = []
             for k, (item, s) in enumerate(zip(items, scored, strict=True)):

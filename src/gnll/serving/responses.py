@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,17 @@ class Answer:
     decoding: str = "greedy"
     top_logprobs: list[dict[str, float]] | None = None
     completion_tokens: int | None = None
+
+
+@dataclass
+class Reply:
+    """What a service returns for one request: the body, or a stream that ends with it."""
+
+    body: dict[str, Any] | None
+    records: list[dict[str, Any]]
+    stream: Iterator[str] | AsyncIterator[str] | None = None
+    prompt: str | None = None
+    status: int = 200
 
 
 def new_id(prefix: str) -> str:

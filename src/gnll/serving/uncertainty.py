@@ -21,10 +21,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
+
+if TYPE_CHECKING:
+    from gnll.serving.responses import Answer
 
 Mode = Literal["annotate", "flag", "refuse"]
 MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
@@ -112,18 +115,24 @@ class AbstentionPolicy:
 
     @classmethod
     def from_calibration(
-        cls, path: str | Path, *, model: str | None = None, **kwargs: Any
+        cls, spec: str | Path, *, model: str | None = None, **kwargs: Any
     ) -> AbstentionPolicy:
-        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file (warns on a model mismatch)."""
-        from gnll.calibration import Calibrator
+        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file, or ``"auto"``: the file
+        shipped for an embedded ``model``. Warns when the file was fitted on another model."""
+        from gnll.calibration import load_calibration, shipped_calibration
 
-        calibrator = Calibrator.load(path, model=model)
+        calibrator = load_calibration(spec, model=model)
         measure = calibrator.meta.get("measure", "g-nll")
         if measure != "g-nll":
-            raise ValueError(f"{path} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
+            raise ValueError(f"{spec} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
         policy = cls(calibrator=calibrator, **kwargs)
         if policy.source == "none":
-            policy.source = Path(path).name + _rule_text(policy)
+            name = (
+                f"{shipped_calibration(model or '').name} (shipped)"
+                if str(spec) == "auto"
+                else Path(spec).name
+            )
+            policy.source = name + _rule_text(policy)
         return policy
 
     @property
@@ -168,6 +177,12 @@ def _rule_text(policy: AbstentionPolicy) -> str:
         return " (no abstention threshold fitted)"
     t = policy.calibrator.thresholds_[policy.rule]
     what = "accuracy among answered" if t.kind == "accuracy" else "fraction answered"
+    if not math.isfinite(t.threshold):
+        verdict = "abstains on every answer" if t.threshold < 0 else "answers everything"
+        return (
+            f" ({what} >= {t.target:g} with probability {1 - t.delta:g} is out of reach on the "
+            f"calibration data: the rule {verdict})"
+        )
     return (
         f" ({what} >= {t.target:g} with probability {1 - t.delta:g}: "
         f"answer when G-NLL <= {t.threshold:.3g})"
@@ -247,3 +262,25 @@ def apply_policy(
     if policy.mode == "flag":
         return text, "abstain"
     return text, finish_reason
+
+
+def annotate(
+    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
+) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
+    """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
+    records, texts, finishes = [], [], []
+    for a in answers:
+        rec = uncertainty_record(
+            a.token_logprobs,
+            decoding=a.decoding,
+            policy=policy,
+            tokens=a.tokens,
+            top_logprobs=a.top_logprobs,
+            include_tokens=include_tokens,
+            source=source,
+        )
+        text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        records.append(rec)
+        texts.append(text)
+        finishes.append(finish)
+    return records, texts, finishes

@@ -25,26 +25,16 @@ The package, one concern per module: :mod:`.loading` (checkpoint, tokenizer, cha
 :mod:`.planning` (batches, prefill groups), :mod:`.kv_cache`, :mod:`.prefill`, :mod:`.selection`
 (token choice, log-probs, seeding), :mod:`.stopping`, :mod:`.decode` (the loop), :mod:`.beam`
 (beam search in the loop), :mod:`.hf_generate`
-(the ``model.generate`` path) and :mod:`.scoring` (teacher forcing). :class:`HFModel` ties them together.
+(the ``model.generate`` path) and :mod:`.scoring` (teacher forcing). :class:`~.model.HFModel` in
+:mod:`.model` ties them together; importing this package registers it as the ``"hf"`` backend.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-from gnll._util import progress as show_progress_bar
-from gnll.backends.base import Capabilities, Generation, GenerationConfig, Model, chat_messages
-from gnll.backends.hf.beam import beam_search
-from gnll.backends.hf.decode import decode
-from gnll.backends.hf.hf_generate import generate_batch
-from gnll.backends.hf.kv_cache import plain_cache
-from gnll.backends.hf.loading import load_pretrained, load_tokenizer_json, use_chat_template
+from gnll.backends.hf.loading import load_tokenizer_json
+from gnll.backends.hf.model import HFModel
 from gnll.backends.hf.planning import (
     COMPACT_FRACTION,
     FORWARD_COST_POSITIONS,
@@ -52,304 +42,31 @@ from gnll.backends.hf.planning import (
     pack_batches,
     prefill_groups,
 )
-from gnll.backends.hf.prefill import Prefiller
-from gnll.backends.hf.scoring import score_ids
-from gnll.backends.hf.stopping import StopRules
+from gnll.backends.registry import register_backend
 
 __all__ = [
     "COMPACT_FRACTION",
     "FORWARD_COST_POSITIONS",
     "MIN_SHARED_PREFIX",
     "HFModel",
+    "load_hf",
     "load_tokenizer_json",
     "pack_batches",
     "prefill_groups",
 ]
 
-Decoder = Literal["auto", "loop", "generate"]
 
+@register_backend("hf", targets=(HFModel.from_pretrained, HFModel))
+def load_hf(name: str, *, progress: bool = True, **model_args: Any) -> HFModel:
+    """An embedded model (converted and cached on first use), a hub id or a local checkpoint."""
+    from gnll.backends.embedded import EMBEDDED_MODELS, embedded_model_dir, loading_status
 
-class HFModel(Model):
-    """A causal LM from transformers behind the :class:`~gnll.backends.base.Model` interface.
-
-    Parameters
-    ----------
-    model, tokenizer:
-        A loaded causal LM and its tokenizer.
-    name:
-        Name recorded in results.
-    chat_template:
-        Wrap prompts as a user turn of the tokenizer's chat template. ``None`` decides from the name
-        (instruction-tuned checkpoints) and whether the tokenizer has a template.
-    batch_size:
-        Default number of sequences (rows) per forward pass; sampling N per prompt uses N rows a prompt.
-        Decoding steps of a small model on CPU cost about as much for 64 rows as for 10 (per-step
-        overhead dominates), so wide batches are what make sampling and beams affordable.
-    max_batch_tokens:
-        Bound on ``rows x (longest prompt + max_new_tokens)`` of a batch: the KV cache positions it
-        holds. Batches of long prompts get fewer rows, so peak memory depends on this budget, not on
-        the longest prompt a run happens to meet. The default fits 64 rows of a 5-shot short-answer
-        prompt (about 270 tokens) and its answer in one batch: a leftover batch of a few rows would
-        pay the whole per-step cost of decoding again. ``None`` bounds by rows only.
-    source:
-        Where the weights came from, recorded by :meth:`info`.
-    decoder:
-        ``"loop"``: gnll's own decoding loop and prefill (shared prefix, dropped rows); ``"generate"``:
-        transformers' ``model.generate`` on plainly padded prompts for everything (the reference the
-        loop is tested against, and what models with other caches need); ``"auto"``: the loop when
-        the model's cache allows it.
-    beam_decoder:
-        With the loop: ``"loop"`` runs beam search in gnll's loop (:mod:`.beam`: the beams of
-        transformers' beam search, the prompt prefilled once, done prompts dropped);
-        ``"generate"`` uses ``model.generate`` fed with the loop's prefill cache (the reference
-        the loop's beams are tested against).
-
-    Attributes
-    ----------
-    decoder:
-        The decoder in use, ``"loop"`` or ``"generate"``.
-    engine:
-        The :class:`~.prefill.Prefiller` of the loop (shared prefix, prefill, forward passes);
-        ``None`` with ``decoder="generate"``.
-    capabilities:
-        What this backend computes (all of it; ``chat`` when prompts get the chat template).
-
-    Examples
-    --------
-    >>> from gnll import load_model
-    >>> model = load_model("smollm2-135m-instruct", progress=False)
-    >>> [[gen]] = model.generate(["What is the capital of France?"])
-    >>> len(gen.token_logprobs) == len(gen.token_ids) > 0, max(gen.token_logprobs) <= 0
-    (True, True)
-    """
-
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        name: str,
-        chat_template: bool | None = None,
-        batch_size: int = 64,
-        max_batch_tokens: int | None = 20480,
-        source: str | None = None,
-        decoder: Decoder = "auto",
-        beam_decoder: Literal["loop", "generate"] = "loop",
-    ) -> None:
-        if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):
-            raise ValueError(
-                f"batch_size ({batch_size}) and max_batch_tokens ({max_batch_tokens}) must be >= 1"
-            )
-        if decoder not in ("auto", "loop", "generate"):
-            raise ValueError(f"decoder must be 'auto', 'loop' or 'generate', got {decoder!r}")
-        if beam_decoder not in ("loop", "generate"):
-            raise ValueError(f"beam_decoder must be 'loop' or 'generate', got {beam_decoder!r}")
-        loop_ok = plain_cache(model)
-        if decoder == "loop" and not loop_ok:
-            raise ValueError(
-                f"decoder='loop' needs a plain attention KV cache, which {name!r} does not have; "
-                "use decoder='auto' or 'generate'"
-            )
-        self.model = model.eval()
-        self.tokenizer = tokenizer
-        self.name = name
-        self.batch_size = int(batch_size)
-        self.max_batch_tokens = None if max_batch_tokens is None else int(max_batch_tokens)
-        self.source = source or name
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        tokenizer.padding_side = "left"
-        self.chat_template = use_chat_template(chat_template, name, tokenizer)
-        self.decoder: str = "loop" if decoder == "auto" and loop_ok else decoder
-        if self.decoder == "auto":
-            self.decoder = "generate"
-        self.engine = Prefiller(model, tokenizer.pad_token_id) if self.decoder == "loop" else None
-        #: Beam search in gnll's loop (:mod:`.beam`); ``beam_decoder="generate"`` keeps
-        #: transformers' (the same beams, slower: the benchmarks compare the two).
-        self.own_beam_search = beam_decoder == "loop"
-        self.capabilities = Capabilities(
-            beams=True,
-            scoring=True,
-            terminator=True,
-            chat=self.chat_template,
-            sampling_logprobs=True,
-        )
-        self._stop_rules_cache: dict[tuple[str, ...], StopRules] = {}
-
-    @classmethod
-    def from_pretrained(
-        cls,
-        name_or_path: str,
-        *,
-        name: str | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
-        revision: str | None = None,
-        trust_remote_code: bool = False,
-        gguf_file: str | None = None,
-        fast_tokenizer: bool = False,
-        **kwargs: Any,
-    ) -> HFModel:
-        """Load any Hugging Face hub id or local directory (optionally a GGUF file inside it).
-
-        ``fast_tokenizer=True`` builds the tokenizer straight from a local ``tokenizer.json`` (see
-        :func:`~.loading.load_tokenizer_json`); gnll uses it for its own cached checkpoints. Other
-        keyword arguments go to :class:`HFModel`.
-        """
-        model, tokenizer = load_pretrained(
-            name_or_path,
-            device=device,
-            dtype=dtype,
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-            gguf_file=gguf_file,
-            fast_tokenizer=fast_tokenizer,
-        )
-        return cls(model, tokenizer, name=name or name_or_path, source=name_or_path, **kwargs)
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "source": self.source,
-            "architecture": type(self.model).__name__,
-            "dtype": str(next(self.model.parameters()).dtype),
-            "device": str(self.device),
-            "chat_template": self.chat_template,
-            "vocab_size": len(self.tokenizer),
-        }
-
-    # ------------------------------------------------------------------ prompts and stops
-    def render_prompt(self, prompt: str) -> str:
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompts must be strings, got {type(prompt).__name__}")
-        if not self.chat_template:
-            return prompt
-        # A ChatPrompt brings its own turns (few-shot exchanges); any other text is one user turn.
-        return self.tokenizer.apply_chat_template(
-            chat_messages(prompt), add_generation_prompt=True, tokenize=False
-        )
-
-    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """The token ids the model conditions on for each prompt (after :meth:`render_prompt`)."""
-        if isinstance(prompts, str):
-            raise TypeError("prompts must be a list of strings; wrap a single prompt as [prompt]")
-        texts = [self.render_prompt(p) for p in prompts]
-        # A chat template already contains the special tokens (BOS etc.); plain prompts get them here.
-        enc = self.tokenizer(texts, add_special_tokens=not self.chat_template)
-        return [list(ids) for ids in enc["input_ids"]]
-
-    @cached_property
-    def _eos_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            ids.add(gen_eos)
-        elif gen_eos:
-            ids.update(gen_eos)
-        return {i for i in ids if i is not None}
-
-    def stop_rules(self, stop: tuple[str, ...]) -> StopRules:
-        """The stopping rules (stop token ids, multi-token stop strings, answer split) for ``stop``."""
-        if stop not in self._stop_rules_cache:
-            self._stop_rules_cache[stop] = StopRules(
-                self.tokenizer, stop, self._eos_ids, device=self.device
-            )
-        return self._stop_rules_cache[stop]
-
-    # ------------------------------------------------------------------ generation
-    def generate(
-        self,
-        prompts: Sequence[str],
-        config: GenerationConfig | None = None,
-        *,
-        batch_size: int | None = None,
-        progress: bool = False,
-    ) -> list[list[Generation]]:
-        config = config or GenerationConfig.greedy()
-        encoded = self.encode(prompts)
-        stops = self.stop_rules(config.stop)
-        rows_per_batch = batch_size or self.batch_size
-        # Longest first: similar lengths share a batch (little padding) and memory peaks show early.
-        order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-        batches = pack_batches(
-            [len(encoded[i]) for i in order],
-            max_prompts=max(1, rows_per_batch // config.num_sequences),
-            rows_per_prompt=config.num_sequences,
-            extra=config.max_new_tokens,
-            max_tokens=self.max_batch_tokens,
-        )
-        engine = self.engine
-        # The few-shot block that every prompt of an evaluation chunk repeats is computed once here.
-        prefix = engine.shared_prefix(encoded) if engine is not None else None
-        results: list[list[Generation]] = [[] for _ in encoded]
-        desc = f"{self.name} {config.strategy}"
-        batches = [[order[j] for j in b] for b in batches]
-        # A callable ``progress`` hears about every finished prompt (fractions: a prompt's finished
-        # samples) instead of a bar per batch, so a caller's bar moves within a batch.
-        on_done = progress if callable(progress) else None
-        for batch in show_progress_bar(batches, bool(progress) and not on_done, desc, unit="batch"):
-            rows = [encoded[i] for i in batch]
-            use = None
-            if engine is not None and engine.prefix_fits(prefix, rows, config.max_new_tokens):
-                use = prefix
-            if engine is None or (config.strategy == "beam" and not self.own_beam_search):
-                outs = generate_batch(
-                    self.model,
-                    self.tokenizer,
-                    rows,
-                    config,
-                    stops,
-                    engine=engine,
-                    prefix=use,
-                    scorer=self._score_ids,
-                )
-                if on_done is not None:
-                    on_done(len(batch))
-            elif config.strategy == "beam":
-                outs = beam_search(engine, rows, config, use, stops, on_done=on_done)
-            else:
-                outs = decode(engine, rows, config, use, stops, on_done=on_done)
-            for i, gens in zip(batch, outs, strict=True):
-                results[i] = gens
-        return results
-
-    # ------------------------------------------------------------------ scoring
-    def score_tokens(
-        self, prompts: Sequence[str], token_ids: Sequence[Sequence[int]]
-    ) -> list[np.ndarray]:
-        """Teacher-forced ``log p(c_t | prompt, c_<t)`` of given token ids after each prompt, float64.
-
-        Prompts are rendered as :meth:`generate` renders them; ``token_ids[i]`` continue prompt i.
-
-        Examples
-        --------
-        >>> from gnll import load_model
-        >>> model = load_model("smollm2-135m-instruct", progress=False)
-        >>> [[g]] = model.generate(["Capital of France?"])
-        >>> lp = model.score_tokens(["Capital of France?"], [g.token_ids])[0]
-        >>> bool(np.allclose(lp, g.token_logprobs, atol=1e-4))
-        True
-        """
-        if len(prompts) != len(token_ids):
-            raise ValueError(
-                f"got {len(prompts)} prompts but {len(token_ids)} token id lists; pass one each"
-            )
-        return self._score_ids(self.encode(prompts), [list(c) for c in token_ids])
-
-    score = score_tokens  # the text-level score() replaces this
-
-    def _score_ids(self, prompt_ids: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
-        scored = score_ids(
-            self.model,
-            self.tokenizer,
-            prompt_ids,
-            conts,
-            engine=self.engine,
-            batch_size=self.batch_size,
-            max_batch_tokens=self.max_batch_tokens,
-        )
-        return [s.logprobs for s in scored]
+    if name in EMBEDDED_MODELS:
+        spec = EMBEDDED_MODELS[name]
+        path = embedded_model_dir(spec, progress=progress)
+        model_args.setdefault("chat_template", spec.instruction_tuned)
+        model_args.setdefault("fast_tokenizer", True)
+        with loading_status(f"Loading {name}", progress, quiet_transformers=True):
+            return HFModel.from_pretrained(str(path), name=name, **model_args)
+    with loading_status(f"Loading {name}", progress):
+        return HFModel.from_pretrained(name, **model_args)

@@ -87,4 +87,3 @@ def prefill_groups(
         groups.append(order[cut[j] : j])
         j = cut[j]
     return groups[::-1]
-

@@ -14,7 +14,10 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from gnll._util import progress as show_progress_bar
+from gnll.backends.base import ScoredAnswer
 from gnll.backends.hf.prefill import Prefiller
+from gnll.backends.hf.stopping import StopRules
 
 #: Bound on the float32 logits of one scoring batch, in elements (1 GiB): with Gemma's 262k vocabulary
 #: this is 1,024 scored positions, with SmolLM2's 49k about 5,400.
@@ -32,7 +35,7 @@ class TokenScores:
     top1:
         The argmax token at each continuation position and at the position after the last one
         (``len(logprobs) + 1`` ids): ``top1[t] == c_t`` says ``c_t`` is the greedy choice, and
-        ``top1[-1]`` is what greedy decoding would emit next.
+        ``top1[-1]`` is what greedy decoding would emit next. Empty unless asked for.
     """
 
     logprobs: np.ndarray
@@ -83,14 +86,18 @@ def score_ids(
     engine: Prefiller | None,
     batch_size: int,
     max_batch_tokens: int | None,
+    top1: bool = False,
+    progress: bool = False,
 ) -> list[TokenScores]:
     """Score ``conts[i]`` after ``prompt_ids[i]`` for every i; empty continuations score empty.
 
     With an ``engine`` the rows use gnll's prefill (shared prefix once, length groups); without,
-    plainly padded rows go through ``model`` (the reference path).
+    plainly padded rows go through ``model`` (the reference path). ``top1=False`` skips the
+    argmax (and the rows of empty continuations); ``progress`` shows a bar over batches.
     """
     out = [TokenScores(np.zeros(0), np.zeros(0, dtype=np.int64)) for _ in conts]
-    todo = [i for i in range(len(conts)) if conts[i]]
+    # An empty continuation is still run when its top-1 next token is wanted (``top1``).
+    todo = [i for i in range(len(conts)) if conts[i] or top1]
     if not todo:
         return out
     seqs = {i: list(prompt_ids[i]) + list(conts[i]) for i in todo}
@@ -109,7 +116,7 @@ def score_ids(
         max_tokens=max_batch_tokens,
         vocab=getattr(model.config, "vocab_size", None) or len(tokenizer),
     )
-    for batch in batches:
+    for batch in show_progress_bar(batches, progress, "scoring", unit="batch"):
         idx = [order[j] for j in batch]
         rows = [seqs[i] for i in idx]
         keep = max(len(conts[i]) for i in idx) + 1
@@ -129,8 +136,112 @@ def score_ids(
         targets = targets.to(logits.device)
         chosen = logits.gather(2, targets[:, :, None])[:, :, 0]
         lp = (chosen - torch.logsumexp(logits, dim=-1)).double().cpu().numpy()
-        top1 = logits.argmax(dim=-1).cpu().numpy()
+        best = logits.argmax(dim=-1).cpu().numpy() if top1 else None
         for row, i in enumerate(idx):
             c = len(conts[i])
-            out[i] = TokenScores(lp[row, keep - 1 - c : keep - 1], top1[row, keep - 1 - c :])
+            out[i] = TokenScores(
+                lp[row, keep - 1 - c : keep - 1],
+                best[row, keep - 1 - c :] if best is not None else np.zeros(0, dtype=np.int64),
+            )
     return out
+
+
+def tokenize_answers(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    answers: list[str],
+    *,
+    add_special_tokens: bool,
+) -> tuple[list[list[int]], list[list[int]], list[bool]]:
+    """Prompt ids, answer ids and boundary flags from one joint tokenisation of prompt + answer.
+
+    The prompt ids are the prompt's own tokenisation (what generation conditions on). When the joint
+    tokens start with them, the answer ids are the rest of the joint tokens. Otherwise the tokenizer
+    merged text across the boundary (a prompt ending in a space before a word, say); the answer is
+    then tokenised on its own and appended to the prompt's ids, as a generation from that prompt
+    would be laid out, and the row is flagged.
+
+    The answer is scored verbatim: after a few-shot prompt ending in ``"Answer:"`` a model's answer
+    is ``" Paris"`` (with its space), which is what :meth:`HFModel.generate` decodes before it
+    strips the text.
+    """
+    prompt_ids = tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    joint = tokenizer(
+        [t + a for t, a in zip(texts, answers, strict=True)], add_special_tokens=add_special_tokens
+    )["input_ids"]
+    answer_ids, merged = [], []
+    for p, j, a in zip(prompt_ids, joint, answers, strict=True):
+        if list(j[: len(p)]) == list(p):
+            answer_ids.append(list(j[len(p) :]))
+            merged.append(False)
+        else:
+            answer_ids.append(list(tokenizer(a, add_special_tokens=False)["input_ids"]))
+            merged.append(True)
+    return [list(p) for p in prompt_ids], answer_ids, merged
+
+
+def answer_end_ids(tokenizer: PreTrainedTokenizerBase, stops: StopRules) -> frozenset[int]:
+    """Tokens whose greedy choice ends an answer: the stop tokens (EOS, any token containing a stop
+    string) and the first token of each stop string, with or without a leading space."""
+    ids = set(stops.token_ids)
+    for s in stops.stop:
+        for text in (s, " " + s):
+            first = tokenizer(text, add_special_tokens=False)["input_ids"][:1]
+            if first and tokenizer.decode(first).strip():
+                ids.add(first[0])
+    return frozenset(ids)
+
+
+def score_answers(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: list[str],
+    answers: list[str],
+    *,
+    add_special_tokens: bool,
+    end_ids: frozenset[int],
+    engine: Prefiller | None,
+    batch_size: int,
+    max_batch_tokens: int | None,
+    progress: bool = False,
+) -> list[ScoredAnswer]:
+    """Score each answer (text) after its rendered prompt ``texts[i]``: what ``HFModel.score`` returns.
+
+    ``end_ids`` are the tokens that end an answer (:func:`answer_end_ids`): ``greedy_stops`` is
+    whether the top-1 token after the answer is one of them.
+    """
+    prompt_ids, answer_ids, merged = tokenize_answers(
+        tokenizer, texts, answers, add_special_tokens=add_special_tokens
+    )
+    limit = getattr(model.config, "max_position_embeddings", None)
+    for i, (p, a) in enumerate(zip(prompt_ids, answer_ids, strict=True)):
+        if not p:
+            raise ValueError(f"prompt {i} has no tokens: the answer has nothing to follow")
+        if limit and len(p) + len(a) > limit:
+            raise ValueError(
+                f"prompt {i} + answer are {len(p) + len(a)} tokens, over the model's "
+                f"{limit}-token context"
+            )
+    scored = score_ids(
+        model,
+        tokenizer,
+        prompt_ids,
+        answer_ids,
+        engine=engine,
+        batch_size=batch_size,
+        max_batch_tokens=max_batch_tokens,
+        top1=True,
+        progress=progress,
+    )
+    return [
+        ScoredAnswer(
+            text=a,
+            token_ids=ids,
+            tokens=[tokenizer.decode([t]) for t in ids],
+            token_logprobs=s.logprobs.tolist(),
+            is_greedy=bool(np.array_equal(s.top1[:-1], ids)),
+            greedy_stops=int(s.top1[-1]) in end_ids,
+            boundary_merged=m,
+        )
+        for a, ids, s, m in zip(answers, answer_ids, scored, merged, strict=True)
+    ]

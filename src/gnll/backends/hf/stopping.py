@@ -35,7 +35,7 @@ def stop_vocab_ids(tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...]) ->
         return json.loads(path.read_text())
     strings = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
     ids = [i for i, text in enumerate(strings) if any(st in text for st in stop)]
-    atomic_write(path, json.dumps(ids), fsync=False)
+    atomic_write(path, json.dumps(ids))
     return ids
 
 

@@ -6,9 +6,12 @@ Modules: :mod:`~gnll.backends.openai.client` (HTTP, retries, secrets),
 :mod:`~gnll.backends.openai.model` (the :class:`OpenAICompatModel` adapter).
 """
 
+from typing import Any
+
 from gnll.backends.openai.client import HTTPClient, ServerError, ServerUnavailable
 from gnll.backends.openai.model import OpenAICompatModel
 from gnll.backends.openai.servers import PROFILES, ServerProfile
+from gnll.backends.registry import register_backend
 
 __all__ = [
     "PROFILES",
@@ -18,3 +21,11 @@ __all__ = [
     "ServerProfile",
     "ServerUnavailable",
 ]
+
+
+@register_backend(
+    "openai", requires={"base_url": "http://HOST:PORT/v1"}, targets=(OpenAICompatModel,)
+)
+def load_openai(name: str, *, progress: bool = True, **model_args: Any) -> OpenAICompatModel:
+    """The ``"openai"`` backend: ``name`` served at ``base_url`` (nothing loads locally)."""
+    return OpenAICompatModel(name, **model_args)

@@ -25,7 +25,7 @@ from gnll.backends.base import (
     ScoredAnswer,
 )
 from gnll.backends.openai.client import HTTPClient, ServerError, resolve_api_key
-from gnll.backends.openai.parse import check_logprobs, read_choice, to_generation
+from gnll.backends.openai.parse import RawTokens, check_logprobs, read_choice, to_generation
 from gnll.backends.openai.servers import ServerProfile, get_profile, profile_from_models
 
 # Substrings of served names that mark instruction-tuned models (chat template on by default).
@@ -239,47 +239,68 @@ class OpenAICompatModel(Model):
         self, prompt: str, config: GenerationConfig, index: int, n: int, offset: int
     ) -> list[Generation]:
         where = f"prompt {index}"
+        try:
+            raws = self.request_raw(prompt, config, n=n, seed=self._seed(config, prompt, offset))
+            return [
+                to_generation(raw, config, eos_logprob=self.profile.eos_logprob, where=where)
+                for raw in raws
+            ]
+        except ServerError as exc:
+            raise ServerError(f"{where}: {exc}") from None
+
+    def request_raw(
+        self,
+        prompt: str,
+        config: GenerationConfig,
+        *,
+        n: int = 1,
+        seed: int | None = None,
+        top_logprobs: int = 1,
+        endpoint: str | None = None,
+        chat: bool | None = None,
+        overrides: dict[str, Any] | None = None,
+    ) -> list[RawTokens]:
+        """One request as :meth:`generate` sends it; the choices before the answer/terminator split.
+
+        ``overrides`` replace body fields (``None`` values remove them): ``gnll doctor`` uses this to
+        see what the server does with its own defaults.
+        """
+        endpoint = endpoint or self.endpoint
         body: dict[str, Any] = {"model": self.name, **self.sampling_parameters(config)}
         if config.stop:
             body["stop"] = list(config.stop)
         if n > 1:
             body["n"] = n
-        seed = self._seed(config, prompt, offset)
         if seed is not None:
             body["seed"] = seed
-        if self.endpoint == "chat":
+        if endpoint == "chat":
             body.update(
                 messages=[{"role": "user", "content": prompt}],
                 logprobs=True,
-                top_logprobs=1,
+                top_logprobs=top_logprobs,
             )
             body[self.profile.max_tokens_key] = config.max_new_tokens
-            response = self.client.post("/chat/completions", body)
+            path = "/chat/completions"
         else:
-            use_ids = self.chat and self.profile.chat_via_tokenize
+            use_ids = (self.chat if chat is None else chat) and self.profile.chat_via_tokenize
             body.update(
                 prompt=self._tokenize_prompt(prompt) if use_ids else prompt,
                 max_tokens=config.max_new_tokens,
-                logprobs=1,
+                logprobs=top_logprobs,
                 **self.profile.extras,
             )
-            response = self.client.post("/completions", body)
-        choices = response.get("choices")
+            path = "/completions"
+        for key, value in (overrides or {}).items():
+            if value is None:
+                body.pop(key, None)
+            else:
+                body[key] = value
+        choices = self.client.post(path, body).get("choices")
         if not isinstance(choices, list) or len(choices) != n:
             got = len(choices) if isinstance(choices, list) else "no"
-            raise ServerError(f"{where}: server returned {got} choices for n={n}")
+            raise ServerError(f"server returned {got} choices for n={n}")
         choices = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
-        try:
-            return [
-                to_generation(
-                    read_choice(c), config, eos_logprob=self.profile.eos_logprob, where=where
-                )
-                for c in choices
-            ]
-        except ServerError as exc:
-            raise ServerError(
-                str(exc) if str(exc).startswith(where) else f"{where}: {exc}"
-            ) from None
+        return [read_choice(c) for c in choices]
 
     def _tokenize_prompt(self, prompt: str) -> list[int]:
         """vLLM ``/tokenize`` of the chat-formatted prompt (cached: greedy and samples share it)."""

@@ -36,6 +36,7 @@ class RawTokens:
     logprobs: list[float | None]
     token_bytes: list[int] | None  # byte length of each token, when the server reports bytes
     top1: list[tuple[str, float] | None]
+    tops: list[dict[str, float]]  # the reported alternatives per position (token -> log-prob)
     finish_reason: str | None
     stop_reason: Any
     has_stop_reason: bool
@@ -77,12 +78,24 @@ def read_choice(choice: dict[str, Any]) -> RawTokens:
             else None
         )
         top1 = [_top1_content(e.get("top_logprobs")) for e in entries]
+        tops = [
+            {
+                str(a.get("token", "")): a["logprob"]
+                for a in (e.get("top_logprobs") or [])
+                if isinstance(a, dict) and a.get("logprob") is not None
+            }
+            for e in entries
+        ]
     elif isinstance(lp.get("tokens"), list):
         tokens = [str(t) for t in lp["tokens"]]
         values = list(lp.get("token_logprobs") or [])
         token_bytes = None
         tops = lp.get("top_logprobs") or [None] * len(tokens)
         top1 = [_top1_legacy(t) for t in tops]
+        tops = [
+            {str(k): v for k, v in t.items() if v is not None} if isinstance(t, dict) else {}
+            for t in tops
+        ]
         if token_ids is None and tokens and all(t.startswith("token_id:") for t in tokens):
             token_ids = [int(t.split(":", 1)[1]) for t in tokens]
     else:
@@ -100,6 +113,7 @@ def read_choice(choice: dict[str, Any]) -> RawTokens:
         logprobs=values,
         token_bytes=token_bytes,
         top1=top1 + [None] * (len(tokens) - len(top1)),
+        tops=tops + [{}] * (len(tokens) - len(tops)),
         finish_reason=choice.get("finish_reason"),
         stop_reason=choice.get("stop_reason"),
         has_stop_reason="stop_reason" in choice,

@@ -41,6 +41,9 @@ class ServerProfile:
         Reports the end-of-sequence token's log-prob when generation ends there.
     max_tokens_key:
         The chat endpoint's name for the token cap.
+    echo:
+        ``/v1/completions`` returns prompt log-probs with ``echo`` (used by ``gnll doctor`` to compare
+        generated log-probs with teacher-forced ones).
     capabilities:
         What the backend can compute through this server.
     """
@@ -53,6 +56,7 @@ class ServerProfile:
     supports_n: bool = False
     eos_logprob: bool = False
     max_tokens_key: str = "max_tokens"
+    echo: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
 
 
@@ -78,6 +82,7 @@ PROFILES: dict[str, ServerProfile] = {
         extras={"return_token_ids": True},
         chat_via_tokenize=True,
         supports_n=True,
+        echo=True,
         eos_logprob=True,
         capabilities=_caps(scoring=True, terminator=True, top_logprobs=20),
     ),
@@ -91,6 +96,7 @@ PROFILES: dict[str, ServerProfile] = {
             "repeat_penalty": 1.0,
             "mirostat_mode": 0,
         },
+        echo=True,
         # It drops the EOS token from the returned tokens, so "ending here" has no log-prob.
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
     ),

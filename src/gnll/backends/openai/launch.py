@@ -1,0 +1,139 @@
+"""Start a local llama.cpp server (``llama-cpp-python[server]``) on a GGUF file: tests, benchmarks, demos.
+
+The server runs as a child process on 127.0.0.1 and a free port, with ``logits_all`` (without it
+llama-cpp-python returns no log-probs), and is killed when the context exits or, at the latest, after
+``lifetime`` seconds (coreutils ``timeout``), so a crashed caller never leaves it behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+#: The llama-cpp-python version the tests and docs were run with (scripts/test.sh installs it).
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LlamaServer:
+    """A running (or stopped) llama-cpp-python server; :meth:`start` and :meth:`stop` may repeat.
+
+    Parameters
+    ----------
+    gguf:
+        The model file.
+    alias:
+        The model name the server answers to.
+    port:
+        Fixed port (a free one by default); kept across restarts so clients can resume.
+    threads:
+        CPU threads for llama.cpp.
+    n_ctx:
+        Context size. With ``logits_all`` llama-cpp-python turns its whole (n_ctx x vocabulary) logit
+        buffer into log-probs on every request, so a context no longer than needed is faster.
+    startup_timeout:
+        Seconds to wait for ``GET /v1/models`` to answer before giving up.
+    lifetime:
+        Hard upper bound on the process's life, in seconds.
+    """
+
+    gguf: Path
+    alias: str
+    port: int = field(default_factory=free_port)
+    threads: int = 2
+    n_ctx: int = 1024
+    startup_timeout: float = 120.0
+    lifetime: float = 3600.0
+    extra_args: tuple[str, ...] = ()
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "llama_cpp.server",
+            "--model", str(self.gguf), "--model_alias", self.alias,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--logits_all", "true", "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads),
+            "--n_threads_batch", str(self.threads), "--seed", "0",
+            "--interrupt_requests", "false", "--verbose", "false", *self.extra_args,
+        ]  # fmt: skip
+        if shutil.which("timeout"):
+            cmd = ["timeout", "-s", "KILL", str(int(self.lifetime)), *cmd]
+        return cmd
+
+    def start(self) -> LlamaServer:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.process = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"llama.cpp server exited with code {self.process.returncode} at startup:\n"
+                    + self.log_tail()
+                )
+            try:
+                if httpx.get(self.base_url + "/models", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(
+            f"llama.cpp server did not answer within {self.startup_timeout:.0f} s:\n"
+            + self.log_tail()
+        )
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the server (``SIGKILL`` simulates a crash); waits until the port is free."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=15)
+
+    def log_tail(self, lines: int = 20) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> LlamaServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
