@@ -156,3 +156,10 @@ def test_option_strings_stay_verbatim():
     args = model_kwargs("backend=openai,base_url=http://127.0.0.1:1/v1,api_key=1e3,timeout=5")
     assert args["api_key"] == "1e3"  # not the number 1000.0
     assert args["timeout"] == 5.0
+
+
+def test_file_names_with_markup_are_printed_as_text(tmp_path):
+    missing = tmp_path / "in[/b]put.jsonl"
+    result = runner.invoke(app, ["score", "-i", str(missing), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert "in[/b]put.jsonl" in result.output and "Traceback" not in result.output

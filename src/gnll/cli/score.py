@@ -17,6 +17,8 @@ from typing import Annotated
 
 import typer
 
+from gnll.cli._errors import plain
+
 __all__ = ["score_command"]
 
 
@@ -116,7 +118,7 @@ def score_command(
     def fail(msg: str, exc: Exception | None = None) -> None:
         if debug and exc is not None:
             raise exc
-        console.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {plain(msg)}", soft_wrap=True)
         raise typer.Exit(code=2)
 
     if chunk_size < 1:
@@ -147,7 +149,7 @@ def score_command(
             except (FileNotFoundError, ValueError) as e:
                 fail(str(e), e)
         for w in caught:
-            console.print(f"[yellow]warning:[/] {w.message}")
+            console.print(f"[yellow]warning:[/] {plain(w.message)}")
         if cal.meta.get("measure", "g-nll") not in CALIBRATED_COLUMNS:
             fail(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
@@ -197,5 +199,5 @@ def score_command(
     console.print(msg)
     if summary.failed:
         where = summary.errors_path or "stderr"
-        console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {where}")
+        console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")
         raise typer.Exit(code=1)
