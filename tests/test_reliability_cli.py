@@ -73,7 +73,7 @@ def test_terminal_escape_sequences_are_neutralised(monkeypatch):
         (["--temperature", "0", "--measures", "pe"], "--temperature"),
         (["--temperature", "nan", "--measures", "pe"], "--temperature"),
         (["--max_new_tokens", "-5"], "--max_new_tokens"),
-        (["--max_new_tokens", "0"], "--max_new_tokens"),  # was silently 50
+        (["--max-new-tokens", "0"], "--max_new_tokens"),  # was silently 50
         (["--beams", "0", "--measures", "bs-msp"], "--beams"),
     ],
 )
@@ -163,3 +163,12 @@ def test_file_names_with_markup_are_printed_as_text(tmp_path):
     result = runner.invoke(app, ["score", "-i", str(missing), "-o", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 2, result.output
     assert "in[/b]put.jsonl" in result.output and "Traceback" not in result.output
+
+
+def test_score_refuses_max_new_tokens_0_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setattr("gnll.load_model", _no_model)
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"question": "Q?", "answer": "A"}\n')
+    args = ["score", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--max-new-tokens", "0"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--max-new-tokens must be >= 1" in result.output

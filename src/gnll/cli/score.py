@@ -123,6 +123,8 @@ def score_command(
 
     if chunk_size < 1:
         fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     try:
         in_fmt = detect_format(input, input_format)
         out_fmt = detect_format(output)
@@ -177,7 +179,7 @@ def score_command(
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
-        max_new_tokens=max_new_tokens or (100 if long else 50),
+        max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
         calibrator=cal,
         resume=resume,
         chunk_size=chunk_size,
