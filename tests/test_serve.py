@@ -271,19 +271,32 @@ def test_policy_needs_a_threshold_on_the_cli(tmp_path):
     assert res.exit_code == 2 and "needs --calibration FILE or --threshold" in res.output
 
 
-def test_access_log_has_no_prompt_text_by_default(server, caplog):
+def _access_lines(srv, caplog, prompt):
     import logging
 
     logger = logging.getLogger("gnll.serve.access")
     logger.propagate = True
     try:
         with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
-            client(server).completions.create(model="scripted", prompt="secret question text")
+            client(srv).completions.create(model="scripted", prompt=prompt)
     finally:
         logger.propagate = False
-    lines = [r.getMessage() for r in caplog.records if r.name == "gnll.serve.access"]
+    return [r.getMessage() for r in caplog.records if r.name == "gnll.serve.access"]
+
+
+def test_access_log_has_no_prompt_text_by_default(server, caplog):
+    lines = _access_lines(server, caplog, "secret question text")
     assert lines and '"g_nll"' in lines[-1] and '"status": 200' in lines[-1]
     assert "secret question text" not in "\n".join(lines)
+
+
+@pytest.mark.parametrize("server", [{"log_prompts": True}], indirect=True)
+def test_access_log_with_log_prompts(server, caplog):
+    import json
+
+    entry = json.loads(_access_lines(server, caplog, "unsure")[-1])
+    assert entry["prompt"] == "unsure" and entry["answers"] == ["Maybe Lyon"]
+    assert entry["g_nll"] == [pytest.approx(5.0)]
 
 
 def test_upstream_down_is_502():
@@ -338,3 +351,69 @@ def test_calibration_of_another_measure_is_refused(tmp_path):
     path = cal.save(tmp_path / "pe.json")
     with pytest.raises(ValueError, match="needs a G-NLL calibration"):
         AbstentionPolicy.from_calibration(path)
+
+
+def test_engine_keeps_staggered_clients_in_one_batch():
+    """Clients that come back a few ms apart share a call, groups out of step merge again (adaptive
+    wait), and a lone client never waits."""
+    import asyncio
+    import random
+    import time
+
+    from gnll.backends.base import GenerationConfig
+    from gnll.serving.engine import BatchingEngine
+
+    model = ScriptedModel(delay=0.8)
+    # A 200 ms window (25% of a batch) covers the clients' think time and is plain to see below.
+    engine = BatchingEngine(model, max_wait_ms=200, wait_fraction=0.25)
+    cfg = GenerationConfig.greedy()
+    rng = random.Random(0)
+
+    async def client(rounds: int) -> None:
+        for _ in range(rounds):
+            await engine.submit(["q"], cfg)
+            await asyncio.sleep(rng.uniform(0.0, 0.03))  # the client's own think time
+
+    async def crowd() -> None:
+        # One client starts alone, three join while its batch decodes: the groups must merge.
+        first = asyncio.ensure_future(client(4))
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(asyncio.gather(first, *(client(4) for _ in range(3))), 60)
+
+    async def lone() -> list[float]:
+        out = []
+        for _ in range(3):
+            t = time.perf_counter()
+            await engine.submit(["q"], cfg)
+            out.append(time.perf_counter() - t)
+        return out
+
+    engine.start()
+    try:
+        asyncio.run(crowd())
+        calls = list(model.calls)
+        model.calls.clear()
+        asyncio.run(client(1))  # the first lone request may wait once for the others...
+        waits = asyncio.run(lone())  # ...then the previous batch had one prompt: no waiting
+    finally:
+        engine.stop()
+    assert sum(calls) == 16
+    # The lone starter's batch, then everyone together (the starter finishes one round early).
+    assert calls == [1, 4, 4, 4, 3], calls
+    assert max(waits) < 0.8 + 0.15, waits  # no 200 ms window
+
+
+def test_shipped_calibration_auto():
+    """`--calibration auto`: the file shipped for an embedded model; its rule is stated as fitted."""
+    from gnll.calibration import load_calibration
+
+    policy = AbstentionPolicy.from_calibration(
+        "auto", model="smollm2-135m-instruct", rule="coverage"
+    )
+    cal = load_calibration("auto", model="smollm2-135m-instruct")
+    p, abstain = policy.decide(2.0)
+    assert p == pytest.approx(cal.predict_proba([2.0])[0])
+    assert abstain == bool(cal.abstain([2.0], "coverage")[0])
+    assert policy.source.startswith("smollm2-135m-instruct.json (shipped) (fraction answered >= ")
+    with pytest.raises(FileNotFoundError, match="no shipped calibration"):
+        AbstentionPolicy.from_calibration("auto", model="no-such-model")

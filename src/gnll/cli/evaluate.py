@@ -231,6 +231,14 @@ def evaluate(
             "reference code) or zero (log-likelihood 0).",
         ),
     ] = "terminator",
+    reference: Annotated[
+        str,
+        typer.Option(
+            "--reference",
+            help="The answer judged and scored by G-NLL: greedy (Table 1) or beam (the most "
+            "likely of --beams K beams, the paper's Table 6).",
+        ),
+    ] = "greedy",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
@@ -295,6 +303,7 @@ def evaluate(
             temperature_selection=temperature_selection,
             sample_logprobs=sample_logprobs,
             empty_answer=empty_answer,
+            reference=reference,
             plots=plots,
             progress=progress,
         )

@@ -20,7 +20,7 @@ from gnll.backends.base import (
     ScoredAnswer,
 )
 from gnll.backends.hf.decode import decode
-from gnll.backends.hf.hf_generate import generate_batch
+from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_config
 from gnll.backends.hf.kv_cache import plain_cache
 from gnll.backends.hf.loading import load_pretrained, use_chat_template
 from gnll.backends.hf.planning import halving_on_oom, pack_batches
@@ -105,6 +105,9 @@ class HFModel(Model):
                 "use decoder='auto' or 'generate'"
             )
         self.model = model.eval()
+        # A checkpoint's generation_config.json (do_sample, top_k, repetition_penalty, ...) must not
+        # leak into generate(): what it asked for is recorded in info() and ignored.
+        self.ignored_generation_config = neutralise_generation_config(model)
         self.tokenizer = tokenizer
         self.name = name
         self.batch_size = int(batch_size)
@@ -171,6 +174,7 @@ class HFModel(Model):
             "device": str(self.device),
             "chat_template": self.chat_template,
             "vocab_size": len(self.tokenizer),
+            "ignored_generation_config": self.ignored_generation_config,
         }
 
     # ------------------------------------------------------------------ prompts and stops
