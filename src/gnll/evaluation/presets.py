@@ -154,8 +154,9 @@ def preset_configs(
 
 def run_preset(configs: Sequence[Any], output_path: str | Path) -> str:
     """Run every configuration in turn and write the merged ``table.md`` into ``output_path``."""
-    from gnll.evaluation.report import averaged_significance, read_strata, render_table
+    from gnll.evaluation.report import averaged_significance, read_strata
     from gnll.evaluation.runner import Evaluator
+    from gnll.evaluation.tables import render_table
 
     results = [Evaluator(cfg).run() for cfg in configs]
     strata = [read_strata(cfg.output_path) for cfg in configs]
