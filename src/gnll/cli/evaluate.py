@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
+from gnll.cli._errors import plain
 
 __all__ = ["evaluate"]
 
@@ -346,6 +347,6 @@ def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose
     except (KeyError, FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
         if verbose:
             raise
-        console.print(f"[bold red]error:[/] {str(exc).strip(chr(39))}")
+        console.print(f"[bold red]error:[/] {plain(str(exc).strip(chr(39)))}")
         raise typer.Exit(code=2) from exc
-    console.print(f"[green]done[/]: {len(configs)} runs -> {path}")
+    console.print(f"[green]done[/]: {len(configs)} runs -> {plain(path)}")
