@@ -338,3 +338,65 @@ def test_calibration_of_another_measure_is_refused(tmp_path):
     path = cal.save(tmp_path / "pe.json")
     with pytest.raises(ValueError, match="needs a G-NLL calibration"):
         AbstentionPolicy.from_calibration(path)
+
+
+def test_engine_keeps_staggered_clients_in_one_batch():
+    """Clients that come back a few ms apart still share a call (adaptive wait), and a lone client
+    never waits."""
+    import asyncio
+    import random
+    import time
+
+    from gnll.backends.base import GenerationConfig
+    from gnll.serving.engine import BatchingEngine
+
+    model = ScriptedModel(delay=0.8)
+    # A 200 ms window (25% of a batch) covers the clients' think time and is plain to see below.
+    engine = BatchingEngine(model, max_wait_ms=200, wait_fraction=0.25)
+    cfg = GenerationConfig.greedy()
+    rng = random.Random(0)
+
+    async def client(rounds: int) -> None:
+        for _ in range(rounds):
+            await engine.submit(["q"], cfg)
+            await asyncio.sleep(rng.uniform(0.0, 0.03))  # the client's own think time
+
+    async def crowd() -> None:
+        await asyncio.wait_for(asyncio.gather(*(client(4) for _ in range(4))), 60)
+
+    async def lone() -> list[float]:
+        out = []
+        for _ in range(3):
+            t = time.perf_counter()
+            await engine.submit(["q"], cfg)
+            out.append(time.perf_counter() - t)
+        return out
+
+    engine.start()
+    try:
+        asyncio.run(crowd())
+        calls = list(model.calls)
+        model.calls.clear()
+        asyncio.run(client(1))  # the first lone request may wait once for the others...
+        waits = asyncio.run(lone())  # ...then the previous batch had one prompt: no waiting
+    finally:
+        engine.stop()
+    assert sum(calls) == 16
+    assert calls[1:] == [4] * (len(calls) - 1) or calls[2:] == [4] * (len(calls) - 2), calls
+    assert max(waits) < 0.8 + 0.15, waits  # no 200 ms window
+
+
+def test_shipped_calibration_auto():
+    """`--calibration auto`: the file shipped for an embedded model; its rule is stated as fitted."""
+    from gnll.calibration import load_calibration
+
+    policy = AbstentionPolicy.from_calibration(
+        "auto", model="smollm2-135m-instruct", rule="coverage"
+    )
+    cal = load_calibration("auto", model="smollm2-135m-instruct")
+    p, abstain = policy.decide(2.0)
+    assert p == pytest.approx(cal.predict_proba([2.0])[0])
+    assert abstain == bool(cal.abstain([2.0], "coverage")[0])
+    assert policy.source.startswith("smollm2-135m-instruct.json (shipped) (fraction answered >= ")
+    with pytest.raises(FileNotFoundError, match="no shipped calibration"):
+        AbstentionPolicy.from_calibration("auto", model="no-such-model")

@@ -35,7 +35,10 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="module")
 def page_server(smollm):
-    settings = ServeSettings(policy=AbstentionPolicy(mode="annotate", threshold=2.0))
+    # The calibration shipped for the model (its coverage rule: the accuracy rule of SmolLM2's file
+    # abstains on everything, see docs/serving.md).
+    policy = AbstentionPolicy.from_calibration("auto", model=smollm.name, rule="coverage")
+    settings = ServeSettings(policy=policy)
     with ServerThread(build_inprocess_app(smollm, settings)) as srv:
         yield srv
 
@@ -112,6 +115,8 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     assert [_rgb(c) for c in colours] == [
         pytest.approx(_expected_rgb(math.exp(lp)), abs=2) for lp in u["token_logprobs"]
     ]
+    assert float(page.locator("#p-correct").inner_text()) == pytest.approx(u["p_correct"], abs=5e-4)
+    assert "smollm2-135m-instruct.json (shipped)" in page.locator("#calibration").inner_text()
     decision = page.locator("#decision").inner_text()
     assert decision == ("abstain" if u["abstain"] else "answer")
 

@@ -50,8 +50,12 @@ def serve(
     ] = None,
     policy: Annotated[str, typer.Option("--policy", help="annotate, flag or refuse.")] = "annotate",
     calibration: Annotated[
-        Path | None,
-        typer.Option("--calibration", help="A `gnll calibrate` file: p_correct and abstain."),
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="A `gnll calibrate` file, or 'auto' (the one shipped for an embedded model): "
+            "p_correct and abstain.",
+        ),
     ] = None,
     threshold: Annotated[
         float | None,
@@ -91,8 +95,12 @@ def serve(
     ] = 64,
     batch_wait_ms: Annotated[
         float,
-        typer.Option("--batch_wait_ms", "--batch-wait-ms", help="Wait this long for companions."),
-    ] = 5.0,
+        typer.Option(
+            "--batch_wait_ms",
+            "--batch-wait-ms",
+            help="Longest wait for companions (adaptive: at most 5% of the last batch's time).",
+        ),
+    ] = 200.0,
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
@@ -114,7 +122,7 @@ def serve(
     try:
         extra = {"refusal": refusal} if refusal else {}
         if calibration is not None:
-            if not calibration.is_file():
+            if calibration != "auto" and not Path(calibration).is_file():
                 raise ValueError(f"--calibration {calibration} does not exist")
             if threshold is not None:
                 raise ValueError("give --calibration or --threshold, not both")
@@ -144,7 +152,7 @@ def serve(
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
         )
-    except (ValueError, ImportError) as exc:
+    except (ValueError, ImportError, FileNotFoundError) as exc:
         typer.echo(f"gnll serve: {exc}", err=True)
         raise typer.Exit(2) from None
 

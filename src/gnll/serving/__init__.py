@@ -22,7 +22,7 @@ def create_app(service, settings=None):
 
 
 def build_inprocess_app(
-    model, settings=None, *, max_batch_prompts: int = 64, max_wait_ms: float = 5.0
+    model, settings=None, *, max_batch_prompts: int = 64, max_wait_ms: float = 200.0
 ):
     """The app serving an already loaded gnll model with dynamic batching."""
     from gnll.serving.engine import BatchingEngine

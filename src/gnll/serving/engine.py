@@ -70,8 +70,13 @@ class BatchingEngine:
     max_batch_prompts:
         Most prompts (rows / ``num_sequences``) in one ``generate`` call.
     max_wait_ms:
-        After the first request of a batch arrives, wait at most this long for companions: clients
-        whose previous answers just came back send their next request within a few milliseconds.
+        Upper bound on how long the first request of a batch waits for companions. The wait is
+        adaptive: it ends as soon as as many prompts are queued as the previous batch had (the
+        clients whose answers just came back send their next request a few milliseconds later), and
+        it never exceeds ``wait_fraction`` of the previous batch's duration, so it costs at most that
+        fraction of latency. A lone client (previous batch of one) never waits.
+    wait_fraction:
+        See ``max_wait_ms``.
     on_batch:
         Called with (number of prompts, seconds) after every call (for metrics).
     """
@@ -81,7 +86,8 @@ class BatchingEngine:
         model: Model,
         *,
         max_batch_prompts: int = 64,
-        max_wait_ms: float = 5.0,
+        max_wait_ms: float = 200.0,
+        wait_fraction: float = 0.05,
         on_batch: Callable[[int, float], None] | None = None,
     ) -> None:
         if max_batch_prompts < 1:
@@ -89,6 +95,9 @@ class BatchingEngine:
         self.model = model
         self.max_batch_prompts = int(max_batch_prompts)
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
+        self.wait_fraction = max(0.0, float(wait_fraction))
+        self._last_prompts = 1
+        self._last_seconds = 0.0
         self.on_batch = on_batch
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
@@ -141,10 +150,14 @@ class BatchingEngine:
                 self._cond.wait()
             if not self._queue:
                 return None
-            deadline = self._queue[0].enqueued + self.max_wait
+            # Companions expected: as many prompts as the previous batch had (their clients are
+            # likely to return); waiting costs at most wait_fraction of a batch's duration.
+            expect = min(self.max_batch_prompts, self._last_prompts)
+            window = min(self.max_wait, self.wait_fraction * self._last_seconds)
+            deadline = self._queue[0].enqueued + window
             while (
                 not self._stopping
-                and sum(len(j.prompts) for j in self._queue) < self.max_batch_prompts
+                and sum(len(j.prompts) for j in self._queue) < expect
                 and (left := deadline - time.perf_counter()) > 0
             ):
                 self._cond.wait(left)
@@ -174,6 +187,7 @@ class BatchingEngine:
                 continue
             elapsed = time.perf_counter() - started
             self.batches += 1
+            self._last_prompts, self._last_seconds = len(prompts), elapsed
             if self.on_batch is not None:
                 self.on_batch(len(prompts), elapsed)
             start = 0

@@ -185,7 +185,8 @@ class ProxyService:
             for k, v in profile.pins.items():
                 body.setdefault(k, v)
         if chat:
-            body["logprobs"] = True
+            # llama-cpp-python returns chat log-probs only with top_logprobs >= 1.
+            body.update(logprobs=True, top_logprobs=max(req.num_top_logprobs, 1))
         else:
             body["logprobs"] = max(int(req.logprobs or 0), 1)
             for k, v in profile.extras.items():

@@ -115,18 +115,24 @@ class AbstentionPolicy:
 
     @classmethod
     def from_calibration(
-        cls, path: str | Path, *, model: str | None = None, **kwargs: Any
+        cls, spec: str | Path, *, model: str | None = None, **kwargs: Any
     ) -> AbstentionPolicy:
-        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file (warns on a model mismatch)."""
-        from gnll.calibration import Calibrator
+        """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file, or ``"auto"``: the file
+        shipped for an embedded ``model``. Warns when the file was fitted on another model."""
+        from gnll.calibration import load_calibration, shipped_calibration
 
-        calibrator = Calibrator.load(path, model=model)
+        calibrator = load_calibration(spec, model=model)
         measure = calibrator.meta.get("measure", "g-nll")
         if measure != "g-nll":
-            raise ValueError(f"{path} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
+            raise ValueError(f"{spec} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
         policy = cls(calibrator=calibrator, **kwargs)
         if policy.source == "none":
-            policy.source = Path(path).name + _rule_text(policy)
+            name = (
+                f"{shipped_calibration(model or '').name} (shipped)"
+                if str(spec) == "auto"
+                else Path(spec).name
+            )
+            policy.source = name + _rule_text(policy)
         return policy
 
     @property
@@ -171,6 +177,12 @@ def _rule_text(policy: AbstentionPolicy) -> str:
         return " (no abstention threshold fitted)"
     t = policy.calibrator.thresholds_[policy.rule]
     what = "accuracy among answered" if t.kind == "accuracy" else "fraction answered"
+    if not math.isfinite(t.threshold):
+        verdict = "abstains on every answer" if t.threshold < 0 else "answers everything"
+        return (
+            f" ({what} >= {t.target:g} with probability {1 - t.delta:g} is out of reach on the "
+            f"calibration data: the rule {verdict})"
+        )
     return (
         f" ({what} >= {t.target:g} with probability {1 - t.delta:g}: "
         f"answer when G-NLL <= {t.threshold:.3g})"

@@ -176,7 +176,9 @@ document.addEventListener("mouseover", (e) => {
     tip.hidden = false;
     const r = e.target.getBoundingClientRect();
     tip.style.left = `${r.left}px`;
-    tip.style.top = `${r.bottom + 6}px`;
+    // Above the token where there is room, so the scores below stay readable.
+    const above = r.top - tip.offsetHeight - 6;
+    tip.style.top = `${above > 0 ? above : r.bottom + 6}px`;
   } else {
     tip.hidden = true;
   }
