@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import statistics
 import subprocess
@@ -162,6 +163,8 @@ def main() -> None:
                 got = asyncio.run(paired(url, purl, prompts[:pairs]))
                 for k in proxy_lat:
                     proxy_lat[k] += got[k]
+                # Written after every repetition, so a run cut short still leaves its figures.
+                report(args, info, n, levels, rep + 1, runs, proxy_lat)
         finally:
             for proc in (proxy, server):
                 if proc is not None:
@@ -170,6 +173,19 @@ def main() -> None:
                         proc.wait(60)
                     except subprocess.TimeoutExpired:
                         proc.kill()
+
+
+def report(
+    args: Any,
+    info: dict[str, Any],
+    n: int,
+    levels: list[int],
+    repeats: int,
+    runs: dict[str, list[dict[str, Any]]],
+    proxy_lat: dict[str, list[float]],
+) -> None:
+    """Summarise the repetitions done so far, print and write the JSON (after every repetition)."""
+    runs = copy.deepcopy(runs)
 
     def qps(arm: str) -> float:
         return n / statistics.median(r["wall_s"] for r in runs[arm])

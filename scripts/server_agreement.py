@@ -36,6 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=50)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--task", default="triviaqa_short")
+    ap.add_argument(
+        "--n-batch",
+        type=int,
+        default=1,
+        help="llama.cpp prompt batch (1: reproducible log-probs; 512: llama.cpp's default)",
+    )
+    ap.add_argument("--kv-f16", action="store_true", help="llama.cpp's default float16 KV cache")
     ap.add_argument("--output", type=Path, help="Write the figures as JSON here.")
     args = ap.parse_args(argv)
 
@@ -45,14 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     hf = load_model(MODEL, progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         gguf = EMBEDDED_MODELS[MODEL].gguf(Path(tmp))
-        with LlamaServer(gguf, MODEL) as server:
+        with LlamaServer(gguf, MODEL, n_batch=args.n_batch, kv_f32=not args.kv_f16) as server:
             served = load_model(MODEL, backend="openai", base_url=server.base_url, concurrency=1)
             t0 = time.perf_counter()
             a = [g[0] for g in hf.generate(prompts, cfg)]
             t_hf = time.perf_counter() - t0
+            print(f"hf backend: {t_hf:.0f} s", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
             b = [g[0] for g in served.generate(prompts, cfg)]
             t_server = time.perf_counter() - t0
+            print(f"llama.cpp server: {t_server:.0f} s", file=sys.stderr, flush=True)
             partings = []
             for i, (x, y) in enumerate(zip(a, b, strict=True)):
                 if x.text == y.text:
@@ -75,13 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     same = [(x, y) for x, y in zip(a, b, strict=True) if x.text == y.text]
     gnll = [(-sum(x.token_logprobs), -sum(y.token_logprobs)) for x, y in same]
     diffs = [abs(p - q) for p, q in gnll]
+    # Per token only where both tokenisations have the same length (split UTF-8 characters may not).
     tok = [
-        abs(u - v) for x, y in same for u, v in zip(x.token_logprobs, y.token_logprobs, strict=True)
+        abs(u - v)
+        for x, y in same
+        if len(x.token_logprobs) == len(y.token_logprobs)
+        for u, v in zip(x.token_logprobs, y.token_logprobs, strict=True)
     ]
     figures = {
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
+        "n_batch": args.n_batch,
         "answers_equal": len(same),
+        "equal_answers_with_other_token_count": sum(
+            len(x.token_logprobs) != len(y.token_logprobs) for x, y in same
+        ),
         "agreement": len(same) / len(prompts),
         "gnll_abs_diff_median": statistics.median(diffs) if diffs else None,
         "gnll_abs_diff_p90": float(np.quantile(diffs, 0.9)) if diffs else None,

@@ -448,7 +448,7 @@ def test_config_validation():
 
 
 def test_table_says_when_the_heldout_pool_could_not_choose(data_dir, tmp_path):
-    from gnll.evaluation.report import render_table
+    from gnll.evaluation.tables import render_table
 
     res = Evaluator(cfg(data_dir, tmp_path / "h", beams=0), model=FakeModel()).run()
     table = render_table([res])

@@ -154,3 +154,16 @@ def test_table_header_names_the_judge_fallback_and_counts_unparseable_replies(da
         model=FakeModel(),
     ).run()
     assert "**No judge**: triviaqa_long" in (tmp_path / "n" / "table.md").read_text()
+
+
+def test_table3_averages_ara80_over_datasets(data_dir, tmp_path):
+    res = Evaluator(
+        cfg(data_dir, tmp_path / "t3", measures=["g-nll", "pe"], temperature=1.0),
+        model=FakeModel(),
+    ).run()
+    table = (tmp_path / "t3" / "table.md").read_text()
+    section = table.split("the paper's Table 3)")[1].split("\n## ")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| fake-lm | short | F1"))
+    aras = [res["tasks"][t]["metrics"]["f1"]["measures"]["g-nll"]["ara80"] for t in res["tasks"]]
+    want = f"{sum(aras) / len(aras):.3f}".lstrip("0")
+    assert want in row.replace("**", "") and "| 2 |" in row

@@ -134,3 +134,36 @@ def test_empty_answers_get_their_stop_tokens_log_prob(data_dir, tmp_path):
         assert rt["measures"] == {"g-nll": 3.0, "ln-g-nll": 3.0}
         assert rz["measures"] == {"g-nll": 0.0, "ln-g-nll": 0.0}
     assert n_empty > 0
+
+
+class ReversedBeams(FakeModel):
+    """Beam search whose best beam is not the greedy answer."""
+
+    def generate(self, prompts, config=None, **kw):
+        out = super().generate(prompts, config, **kw)
+        if config is not None and config.strategy == "beam":
+            out = [list(reversed(gens)) for gens in out]
+        return out
+
+
+def test_reference_beam_judges_the_top_beam_and_scores_it(data_dir, tmp_path):
+    from gnll.evaluation.correctness import f1_verdict
+
+    kw = dict(samples=0, measures=["g-nll", "ln-g-nll"], beams=3, tasks=["triviaqa_short"])
+    res = Evaluator(
+        cfg(data_dir, tmp_path / "b", reference="beam", **kw), model=ReversedBeams()
+    ).run()
+    assert res["config"]["reference"] == "beam"
+    differ = 0
+    for rec in _recs(tmp_path / "b"):
+        top = rec["reference"]
+        assert top["text"] == rec["beams"][0]["text"]
+        assert rec["measures"]["g-nll"] == pytest.approx(-sum(top["token_logprobs"]))
+        want = f1_verdict(top["text"], rec["answers"]).correct
+        assert rec["correctness"]["f1"]["correct"] == want
+        differ += top["text"] != rec["greedy"]["text"]
+    assert differ > 0  # the test means something: the top beam is not the greedy answer
+    table = (tmp_path / "b" / "table.md").read_text()
+    assert "Reference answer: the most likely of the K beams" in table
+    with pytest.raises(ValueError, match="--reference beam needs"):
+        cfg(data_dir, tmp_path / "x", reference="beam", beams=0)

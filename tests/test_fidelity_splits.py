@@ -104,7 +104,7 @@ def test_a_sources_test_split_is_the_evaluation_pool(monkeypatch):
 
 
 def test_table_header_prints_pool_sizes(tmp_path):
-    from gnll.evaluation.report import render_table
+    from gnll.evaluation.tables import render_table
 
     res = {
         "model": "m",

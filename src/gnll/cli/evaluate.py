@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
+from gnll.cli._errors import plain
 
 __all__ = ["evaluate"]
 
@@ -230,6 +231,14 @@ def evaluate(
             "reference code) or zero (log-likelihood 0).",
         ),
     ] = "terminator",
+    reference: Annotated[
+        str,
+        typer.Option(
+            "--reference",
+            help="The answer judged and scored by G-NLL: greedy (Table 1) or beam (the most "
+            "likely of --beams K beams, the paper's Table 6).",
+        ),
+    ] = "greedy",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
     progress: Annotated[
         bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
@@ -294,6 +303,7 @@ def evaluate(
             temperature_selection=temperature_selection,
             sample_logprobs=sample_logprobs,
             empty_answer=empty_answer,
+            reference=reference,
             plots=plots,
             progress=progress,
         )
@@ -337,6 +347,6 @@ def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose
     except (KeyError, FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
         if verbose:
             raise
-        console.print(f"[bold red]error:[/] {str(exc).strip(chr(39))}")
+        console.print(f"[bold red]error:[/] {plain(str(exc).strip(chr(39)))}")
         raise typer.Exit(code=2) from exc
-    console.print(f"[green]done[/]: {len(configs)} runs -> {path}")
+    console.print(f"[green]done[/]: {len(configs)} runs -> {plain(path)}")

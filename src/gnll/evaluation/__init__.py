@@ -37,7 +37,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing gnll.evaluation stays chea
 
         return getattr(tasks, name)
     if name == "render_table":
-        from gnll.evaluation.report import render_table
+        from gnll.evaluation.tables import render_table
 
         return render_table
     raise AttributeError(f"module 'gnll.evaluation' has no attribute {name!r}")

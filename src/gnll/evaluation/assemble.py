@@ -102,7 +102,11 @@ def assemble_record(
     record["answers"] = list(example.answers)
     record["prompt"] = stages.greedy.rendered_prompt(key)
     record["greedy"] = greedy.to_dict()
-    record["correctness"] = correctness_of(stages, key, example, greedy.text, metrics)
+    # --reference beam (the paper's Table 6): the top beam is judged and is G-NLL's sequence
+    reference = greedy if cfg.reference == "greedy" else stages.reference.answer(key)
+    if cfg.reference == "beam":
+        record["reference"] = {"kind": "top beam", **reference.to_dict()}
+    record["correctness"] = correctness_of(stages, key, example, reference.text, metrics)
     cost = {"greedy": token_cost([greedy])}
     beam_gens = None
     if beams and stages.beams is not None:
@@ -116,7 +120,7 @@ def assemble_record(
         return [measure_logprobs(g, sampling=sampling, empty=cfg.empty_answer) for g in gens]
 
     active = list(cfg.active_measures)
-    base = M.Evidence.of(measure_logprobs(greedy, empty=cfg.empty_answer), lps(beam_gens))
+    base = M.Evidence.of(measure_logprobs(reference, empty=cfg.empty_answer), lps(beam_gens))
     values = M.compute(M.computable(active, base.available), base.greedy, base.beams)
     sampled = [m for m in active if M.get(m).uses_samples]
     if temperature is not None and cfg.needs_samples and sampled:

@@ -68,6 +68,9 @@ class EvalConfig:
     sample_logprobs: str = "model"
     # an empty answer's likelihood: "terminator" (its stop token, as the reference code) or "zero"
     empty_answer: str = "terminator"
+    # the answer whose correctness is judged and whose NLL is G-NLL: the greedy answer (Table 1) or
+    # the most likely of the K beams (the paper's Table 6)
+    reference: str = "greedy"
     plots: bool = True
     progress: bool = True
 
@@ -101,14 +104,19 @@ class EvalConfig:
             ("--temperature_selection", self.temperature_selection, ("per-measure", "shared")),
             ("--sample_logprobs", self.sample_logprobs, ("model", "sampling")),
             ("--empty_answer", self.empty_answer, ("terminator", "zero")),
+            ("--reference", self.reference, ("greedy", "beam")),
         ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.reference == "beam" and self.beams < 1:
+            raise ValueError("--reference beam needs --beams K >= 1")
         if self.f1_rule not in F1_RULES:
             raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
 
     @property
     def needs_beams(self) -> bool:
+        if self.reference == "beam":
+            return True  # the reference answer is the top beam
         return self.beams > 0 and M.Needs.BEAMS in M.requirements(self.measures)
 
     @property

@@ -58,7 +58,9 @@ def auroc(correct: Sequence, scores: Sequence) -> float:
 
     c, s = _arrays(correct, scores)
     y = (c < 0.5).astype(int)
-    if len(y) == 0 or y.min() == y.max():  # no decided question (e.g. every judge reply unparseable)
+    if (
+        len(y) == 0 or y.min() == y.max()
+    ):  # no decided question (e.g. every judge reply unparseable)
         return float("nan")
     return float(roc_auc_score(y, s))
 

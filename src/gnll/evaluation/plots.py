@@ -3,8 +3,6 @@ and AUROC against the number of generated tokens per question (what each measure
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ import numpy as np
 
 from gnll import measures as M
 from gnll.evaluation.metrics import accuracy_curve
+from gnll.evaluation.report import read_rows
 
 __all__ = ["make_plots"]
 
@@ -22,20 +21,6 @@ def _style(m: str) -> dict[str, Any]:
     if m in ("ln-g-nll", "bs-msp"):
         return {"lw": 1.4, "ls": "--"}
     return {"lw": 1.2}
-
-
-def _load(samples_path: Path) -> dict[str, list[dict[str, Any]]]:
-    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    with open(samples_path, encoding="utf-8") as fh:
-        for line in fh:
-            r = json.loads(line)
-            rows[r["task"]].append(
-                {
-                    "correct": {k: v.get("correct") for k, v in r["correctness"].items()},
-                    "measures": r["measures"],
-                }
-            )
-    return rows
 
 
 def make_plots(
@@ -51,7 +36,7 @@ def make_plots(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = _load(Path(samples_path))
+    rows = read_rows(samples_path)
     written: list[Path] = []
     for task, tres in results["tasks"].items():
         trs = rows.get(task, [])

@@ -96,6 +96,12 @@ PRESETS: dict[str, Preset] = {
         PAPER_MODELS,
         {**_PAPER, "tasks": [t for t in _ALL_TASKS if t.endswith("_short")], "judge": None},
     ),
+    "paper-table6": Preset(
+        "paper-table6",
+        "Table 6: the Table 1 grid with the most likely of 5 beams as the reference answer",
+        PAPER_MODELS,
+        {**_PAPER, "reference": "beam"},
+    ),
     "paper-llama-8b": Preset(
         "paper-llama-8b",
         "Table 1's two Llama-3.1-8B models (one GPU)",
@@ -148,8 +154,9 @@ def preset_configs(
 
 def run_preset(configs: Sequence[Any], output_path: str | Path) -> str:
     """Run every configuration in turn and write the merged ``table.md`` into ``output_path``."""
-    from gnll.evaluation.report import averaged_significance, read_strata, render_table
+    from gnll.evaluation.report import averaged_significance, read_strata
     from gnll.evaluation.runner import Evaluator
+    from gnll.evaluation.tables import render_table
 
     results = [Evaluator(cfg).run() for cfg in configs]
     strata = [read_strata(cfg.output_path) for cfg in configs]

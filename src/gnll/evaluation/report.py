@@ -1,23 +1,18 @@
-"""Results (``results.json``) and the paper-style tables (``table.md``).
+"""Results of a run (``results.json``), computed from its ``samples.jsonl``.
 
-``results.json`` holds, per task and correctness metric, the number of questions, the accuracy of
-the
+``results.json`` holds, per task and correctness metric, the number of questions, the accuracy of the
 greedy answers, and per measure its AUROC with bootstrap standard error, ARA@80, AURAC and the mean
-number of generated tokens it needs per question; the paired bootstrap test of G-NLL against the
-best
-sampling-based measure; the sampling temperature and how it was chosen; agreement between
-correctness
-metrics; and the full configuration with seeds and library versions. It is deterministic: run it
-twice
+number of generated tokens it needs per question; the paired bootstrap test of G-NLL against the best
+sampling-based measure; the sampling temperature and how it was chosen; agreement between correctness
+metrics; and the full configuration with seeds and library versions. It is deterministic: run it twice
 (or resume an interrupted run) and the file is byte-identical.
 
-:func:`render_table` lays one or more results out like the paper's Table 1.
+:func:`gnll.evaluation.tables.render_table` lays one or more results out like the paper's Table 1.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
@@ -34,8 +29,8 @@ __all__ = [
     "averaged_significance",
     "build_results",
     "load_results",
+    "read_rows",
     "read_strata",
-    "render_table",
     "versions",
 ]
 
@@ -56,7 +51,8 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
+def read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Per task, each question's verdicts, measures and token costs (one pass over ``samples.jsonl``)."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
     with open(samples_path, encoding="utf-8") as fh:
         for line in fh:
@@ -98,7 +94,20 @@ def read_strata(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[float],
         return None
     res = load_results(run_dir)
     meta = {t: {"correctness": list(v["metrics"])} for t, v in res["tasks"].items()}
-    return _strata(_read_rows(samples), meta)
+    return _strata(read_rows(samples), meta)
+
+
+def _metric_label(metric: str, results: dict[str, Any]) -> str:
+    if metric == "judge":
+        return f"LLM ({results['config'].get('judge')})"
+    return METRIC_LABELS.get(metric, metric)
+
+
+def _iter_rows(results_list: Sequence[dict[str, Any]]):
+    for res in results_list:
+        for task, tres in res["tasks"].items():
+            for metric, mres in tres["metrics"].items():
+                yield res, task, tres, metric, mres
 
 
 def _average_groups(
@@ -156,7 +165,7 @@ def build_results(
     samples_path: str | Path, config: Any, task_meta: dict[str, Any], components: dict[str, Any]
 ) -> dict[str, Any]:
     """Compute ``results.json`` from ``samples.jsonl`` (read once, keeping scores per question)."""
-    rows = _read_rows(samples_path)
+    rows = read_rows(samples_path)
     strata = _strata(rows, task_meta)
     tasks_out: dict[str, Any] = {}
     for task, meta in task_meta.items():
@@ -220,280 +229,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
-# ------------------------------------------------------------------------------------------ tables
-def _undefined(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+def __getattr__(name: str) -> Any:
+    # render_table moved to gnll.evaluation.tables; imports written before the move keep working.
+    if name == "render_table":
+        from gnll.evaluation.tables import render_table
 
-
-def _fmt(x: float | None) -> str:
-    if _undefined(x):
-        return "–"
-    s = f"{x:.3f}"
-    return s[1:] if s.startswith("0.") else ("-" + s[2:] if s.startswith("-0.") else s)
-
-
-def _metric_label(metric: str, results: dict[str, Any]) -> str:
-    if metric == "judge":
-        return f"LLM ({results['config'].get('judge')})"
-    return METRIC_LABELS.get(metric, metric)
-
-
-def _row_cells(
-    values: dict[str, float | None], ses: dict[str, float | None] | None, star: bool
-) -> list[str]:
-    present = {m: v for m, v in values.items() if v is not None}
-    best = max((round(v, 3) for v in present.values()), default=None)
-    cells = []
-    for m in M.ORDER:
-        v = values.get(m)
-        if v is None:
-            cells.append("–")
-            continue
-        txt = _fmt(v)
-        if ses is not None and ses.get(m) is not None:
-            txt += f" ± {_fmt(ses[m])}"
-        if best is not None and round(v, 3) == best:
-            txt = f"**{txt}**"
-        if star and m == "g-nll":
-            txt += "\\*"
-        cells.append(txt)
-    return cells
-
-
-def _header(first: Sequence[str]) -> list[str]:
-    head = list(first) + [M.get(m).label for m in M.ORDER]
-    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-
-
-def _iter_rows(results_list: Sequence[dict[str, Any]]):
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            for metric, mres in tres["metrics"].items():
-                yield res, task, tres, metric, mres
-
-
-def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
-    """Header lines: evaluation pools, correctness rules and fallbacks that change the numbers."""
-    out = []
-    pools, rules, fallback, unparseable = [], [], [], []
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            if tres.get("n_eval_pool") is not None:
-                pools.append(
-                    f"{task} {tres.get('n_eval', '?')} of {tres['n_eval_pool']:,} "
-                    f"(few-shot pool {tres.get('n_fewshot_pool', '?')}, held-out pool "
-                    f"{tres.get('n_heldout_pool', '?')})"
-                )
-            rule = tres.get("f1_rule")
-            if rule:
-                sym = ">" if rule["rule"] == "gt" else ">="
-                rules.append(f"{task}: F1 {sym} 0.5, {rule['disagreements']} of {rule['n']} differ")
-            if tres.get("mode") == "long" and "judge" not in tres.get("correctness", []):
-                fallback.append(task)
-            if tres.get("judge_unparseable") is not None:
-                unparseable.append(f"{task}: {tres['judge_unparseable']}")
-    if pools:
-        out.append(
-            "Evaluated questions of each evaluation pool: " + "; ".join(dict.fromkeys(pools))
-        )
-    if rules:
-        out.append(
-            "Correct if F1 > 0.5 (the paper's rule; `--f1_rule ge` gives the reference code's "
-            ">= 0.5); questions the two rules label differently: " + "; ".join(rules) + "."
-        )
-    if fallback:
-        out.append(
-            "**No judge**: " + ", ".join(dict.fromkeys(fallback)) + " are long-answer tasks scored "
-            'by substring containment ("Contains"), which is not the paper\'s metric; give '
-            "`--judge MODEL` for the paper's LLM-as-a-judge."
-        )
-    if unparseable:
-        out.append(
-            "Unparseable judge replies (left out of the judge rows): "
-            + "; ".join(unparseable)
-            + "."
-        )
-    return out
-
-
-def render_table(
-    results_list: Sequence[dict[str, Any]], significance: dict[str, Any] | None = None
-) -> str:
-    """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
-
-    ``significance`` is :func:`averaged_significance` of ``results_list``; without it the averaged
-    rows use each run's own tests (``results["averages"]``) and an overall average over several runs
-    carries no star.
-    """
-    out: list[str] = []
-    out += [line + "\n" for line in _notes(results_list)]
-    out.append("## AUROC (↑)")
-    out.append("")
-    out.append(
-        "Positives are incorrect greedy answers, the score is the uncertainty; ± bootstrap "
-        "standard error; best per row in bold; `*`: G-NLL significantly better than the best "
-        "sampling-based measure of the "
-        "paper (PE, LN-PE, SE, LN-SE, D-SE; one-sided paired bootstrap, p < 0.05). "
-        "PE…MCP use N sampled answers, G-NLL and LN-G-NLL the greedy answer only, BS-MSP K beams. "
-        "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
-        "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
-    )
-    out.append("")
-    out += _header(["Model", "Task", "Metric", "n", "Acc."])
-    for res, task, _tres, metric, mres in _iter_rows(results_list):
-        ms = mres["measures"]
-        values = {m: ms[m]["auroc"] for m in ms}
-        ses = {m: ms[m]["auroc_se"] for m in ms}
-        star = bool(mres.get("significance", {}).get("significant"))
-        cells = [
-            res["model"],
-            task,
-            _metric_label(metric, res),
-            str(mres["n"]),
-            _fmt(mres["accuracy"]),
-        ]
-        out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
-
-    # Averages over datasets, as in the paper's Table 1 (rows: model / generation length / metric).
-    # One group per run x generation length x metric (two runs of one model stay separate rows).
-    groups = _average_groups(results_list)
-    if significance is None:
-        significance = {"groups": {}}
-        for i, res in enumerate(results_list):
-            for key, test in ((res.get("averages") or {}).get("groups") or {}).items():
-                significance["groups"][f"{i}|{key.split('|', 1)[1]}"] = test
-            if len(results_list) == 1 and (res.get("averages") or {}).get("overall"):
-                significance["overall"] = res["averages"]["overall"]
-    out += ["", "## AUROC averaged over datasets (↑)", ""]
-    out.append(
-        "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
-        "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
-        "significantly better than the best sampling-based measure of the row (one-sided paired "
-        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05)."
-    )
-    out.append("")
-    out += _header(["Model", "Gen.", "Metric", "#tasks"])
-    all_vals: dict[str, list[float]] = defaultdict(list)
-    all_ses: dict[str, list[float]] = defaultdict(list)
-    for (run, model, mode, label), full_rows in groups.items():
-        full = [mres for _t, _m, mres in full_rows]
-        # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
-        lst = [x for x in full if _defined(x)]
-        vals, ses = {}, {}
-        for m in M.ORDER:
-            a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
-            s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
-            if a and len(a) == len(lst):
-                vals[m] = sum(a) / len(a)
-                all_vals[m] += a
-                if all(v is not None for v in s):
-                    ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
-                    all_ses[m] += s
-        n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
-        star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
-        out.append(
-            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
-        )
-    if len(groups) > 1:
-        n_rows = max((len(v) for v in all_vals.values()), default=0)
-        vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
-        ses = {
-            m: math.sqrt(sum(x * x for x in s)) / len(s)
-            for m, s in all_ses.items()
-            if len(s) == n_rows
-        }
-        star = bool((significance.get("overall") or {}).get("significant"))
-        out.append(
-            "| "
-            + " | ".join(["**Average**", "", "", str(n_rows)] + _row_cells(vals, ses, star))
-            + " |"
-        )
-        if "overall" not in significance:
-            out += [
-                "",
-                "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)",
-            ]
-
-    for key, title in (("ara80", "Rejection accuracy at 80% (↑)"), ("aurac", "AURAC (↑)")):
-        out += ["", f"## {title}", ""]
-        if key == "ara80":
-            out.append(
-                "Accuracy on the 80% of questions with the lowest uncertainty "
-                "(ties at expected value)."
-            )
-        else:
-            out.append("Area under the accuracy-vs-retained-fraction curve.")
-        out.append("")
-        out += _header(["Model", "Task", "Metric", "n", "Acc."])
-        for res, task, _tres, metric, mres in _iter_rows(results_list):
-            ms = mres["measures"]
-            values = {m: ms[m][key] for m in ms}
-            cells = [
-                res["model"],
-                task,
-                _metric_label(metric, res),
-                str(mres["n"]),
-                _fmt(mres["accuracy"]),
-            ]
-            out.append("| " + " | ".join(cells + _row_cells(values, None, False)) + " |")
-
-    temps = []
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            sel = tres.get("temperature") or {}
-            if sel.get("value") is None:
-                continue
-            cand = sel.get("candidates") or {}
-            per = sel.get("per_measure") or {}
-            how = sel["selected_by"]
-            if how == "heldout":
-                how = f"held-out, {sel.get('mode', 'shared')}"
-            if cand and all(_undefined(c.get("mean_auroc")) for c in cand.values()):
-                how = "default (held-out AUROC undefined)"
-            chosen = (
-                ", ".join(f"{M.get(m).label} {t:g}" for m, t in per.items())
-                if per
-                else f"{sel['value']:g}"
-            )
-            detail = "; ".join(
-                f"T={t}: "
-                + ", ".join(
-                    f"{M.get(m).label} {_fmt(a)}" for m, a in (c.get("auroc") or {}).items()
-                )
-                for t, c in cand.items()
-            )
-            temps.append(f"| {res['model']} | {task} | {chosen} | {how} | {detail or '–'} |")
-    if temps:
-        out += ["", "## Sampling temperature", ""]
-        out.append(
-            "Per measure (default, `--temperature_selection per-measure`): each sampling-based "
-            "measure is computed from the samples at the candidate with its own best held-out "
-            "AUROC (the paper's baselines use their optimal settings); `shared`: one temperature "
-            "per task, the best mean held-out AUROC of PE, LN-PE, SE, LN-SE, D-SE."
-        )
-        out.append("")
-        out += [
-            "| Model | Task | T per measure | Chosen by | Held-out AUROC per candidate |",
-            "|---|---|---|---|---|",
-        ] + temps
-
-    agree = []
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            for pair, a in (tres.get("agreement") or {}).items():
-                agree.append(
-                    f"| {res['model']} | {task} | {pair.replace('_vs_', ' vs ')} | {a['n']} | "
-                    f"{_fmt(a['agreement'])} | {_fmt(a['kappa'])} |"
-                )
-    if agree:
-        out += ["", "## Agreement between correctness metrics", ""]
-        out.append(
-            "How far to trust a small judge: agreement rate and Cohen's kappa on the "
-            "questions both metrics decided."
-        )
-        out.append("")
-        out += [
-            "| Model | Task | Metrics | n | Agreement | Cohen's κ |",
-            "|---|---|---|---|---|---|",
-        ] + agree
-    return "\n".join(out) + "\n"
+        return render_table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -333,7 +333,7 @@ class Evaluator:
             return self._run_tasks(runs, t0)
 
     def _run_tasks(self, runs: list[TaskRun], t0: float) -> dict[str, Any]:
-        from gnll.evaluation import report
+        from gnll.evaluation import report, tables
 
         cfg = self.config
         task_meta: dict[str, Any] = {}
@@ -375,7 +375,7 @@ class Evaluator:
         # results.json is the file people share: no paths of this machine in it
         results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
         write_json_atomic(self.out / "results.json", results)
-        write_text_atomic(self.out / "table.md", report.render_table([results]))
+        write_text_atomic(self.out / "table.md", tables.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
         if cfg.plots:
             from gnll.evaluation import plots

@@ -214,7 +214,8 @@ class JudgeStage(Stage):
 
     label = "judge"
 
-    def __init__(self, run: TaskRun, comps: Components, greedy: GreedyStage, cfg: EvalConfig):
+    def __init__(self, run: TaskRun, comps: Components, greedy: Any, cfg: EvalConfig):
+        # ``greedy``: the stage whose ``answer(key)`` is judged (the top beam for --reference beam)
         self.greedy = greedy
         header = {
             "fingerprint": run.cache_key,
@@ -333,6 +334,17 @@ class ClusterStage(Stage):
         return list(self.cache.get(key)["cluster_ids"])
 
 
+class TopBeam:
+    """The most likely of the K beams as the reference answer (the paper's Table 6)."""
+
+    def __init__(self, beams: BeamStage) -> None:
+        self.beams = beams
+        self.header = {**beams.header, "reference": "top beam"}
+
+    def answer(self, key: Key) -> Generation:
+        return self.beams.generations(key)[0]  # sorted best first by rescore_beams
+
+
 class TaskStages:
     """Every stage of one task, built once: which ones exist follows from the configuration."""
 
@@ -341,8 +353,9 @@ class TaskStages:
     ) -> None:
         self.run, self.comps, self.cfg, self.clusterer_name = run, comps, cfg, clusterer_name
         self.greedy = GreedyStage(run, comps)
-        self.judge = JudgeStage(run, comps, self.greedy, cfg) if cfg.judge else None
         self.beams = BeamStage(run, comps, cfg.beams) if cfg.needs_beams else None
+        self.reference: Any = self.greedy if cfg.reference == "greedy" else TopBeam(self.beams)
+        self.judge = JudgeStage(run, comps, self.reference, cfg) if cfg.judge else None
         self._samples: dict[float, SampleStage] = {}
         self._clusters: dict[float, ClusterStage] = {}
 
@@ -373,6 +386,9 @@ class TaskStages:
         """Fill every stage this chunk needs, in pipeline order."""
         status("greedy")
         self.greedy.fill(chunk)
+        if self.cfg.reference == "beam" and self.beams is not None:
+            status("beams")  # the reference answer, before it is judged
+            self.beams.fill(chunk)
         if "judge" in metrics and self.judge is not None:
             status("judge")
             self.judge.fill(chunk)

@@ -155,7 +155,7 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
             logger.info("%s: resuming after input line %d", job.output, start)
     append = job.resume and job.output != "-" and Path(job.output).exists()
     writer = RowWriter(job.output, job.output_format, append=append)
-    errors = ErrorLog(job.errors, append=job.resume)
+    errors = ErrorLog(job.errors, append=append)
     total = count_rows(job.input, job.input_format) if job.progress else None
     from tqdm.auto import tqdm
 
@@ -200,7 +200,7 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
         writer.close()
         errors.close()
     summary.failed = errors.count
-    if job.errors is not None and job.resume and job.errors.exists():
+    if job.errors is not None and append and job.errors.exists():
         with job.errors.open("rb") as fh:  # rows that failed before the resume count too
             summary.failed = sum(1 for _ in fh)
     summary.seconds = time.perf_counter() - t0

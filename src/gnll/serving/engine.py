@@ -71,10 +71,10 @@ class BatchingEngine:
         Most prompts (rows / ``num_sequences``) in one ``generate`` call.
     max_wait_ms:
         Upper bound on how long the first request of a batch waits for companions. The wait is
-        adaptive: it ends as soon as as many prompts are queued as the previous batch had (the
-        clients whose answers just came back send their next request a few milliseconds later), and
-        it never exceeds ``wait_fraction`` of the previous batch's duration, so it costs at most that
-        fraction of latency. A lone client (previous batch of one) never waits.
+        adaptive: it ends as soon as the queue holds what was queued when the previous batch ended
+        plus that batch's prompts (the clients whose answers just came back send their next request
+        a few milliseconds later), and it never exceeds ``wait_fraction`` of the previous batch's
+        duration, so it costs at most that fraction of latency. A lone client never waits.
     wait_fraction:
         See ``max_wait_ms``.
     on_batch:
@@ -96,7 +96,8 @@ class BatchingEngine:
         self.max_batch_prompts = int(max_batch_prompts)
         self.max_wait = max(0.0, float(max_wait_ms)) / 1000.0
         self.wait_fraction = max(0.0, float(wait_fraction))
-        self._last_prompts = 1
+        self._expect = 1
+        self._free_since = 0.0
         self._last_seconds = 0.0
         self.on_batch = on_batch
         self._queue: deque[_Job] = deque()
@@ -150,11 +151,15 @@ class BatchingEngine:
                 self._cond.wait()
             if not self._queue:
                 return None
-            # Companions expected: as many prompts as the previous batch had (their clients are
-            # likely to return); waiting costs at most wait_fraction of a batch's duration.
-            expect = min(self.max_batch_prompts, self._last_prompts)
+            # Companions expected: what was already queued when the previous batch ended plus that
+            # batch's own prompts (their clients are likely to return within milliseconds), so
+            # groups of clients that got out of step merge again; waiting costs at most
+            # wait_fraction of a batch's duration.
+            expect = min(self.max_batch_prompts, self._expect)
             window = min(self.max_wait, self.wait_fraction * self._last_seconds)
-            deadline = self._queue[0].enqueued + window
+            # From when the engine became free: requests that queued during the previous batch
+            # have waited anyway; the window is for the clients that batch just answered.
+            deadline = max(self._queue[0].enqueued, self._free_since) + window
             while (
                 not self._stopping
                 and sum(len(j.prompts) for j in self._queue) < expect
@@ -187,7 +192,10 @@ class BatchingEngine:
                 continue
             elapsed = time.perf_counter() - started
             self.batches += 1
-            self._last_prompts, self._last_seconds = len(prompts), elapsed
+            with self._cond:
+                queued = sum(len(j.prompts) for j in self._queue)
+            self._expect, self._last_seconds = queued + len(prompts), elapsed
+            self._free_since = time.perf_counter()
             if self.on_batch is not None:
                 self.on_batch(len(prompts), elapsed)
             start = 0

@@ -89,6 +89,31 @@ class ChooseAndRecord(LogitsProcessor):
         return raw, tempered
 
 
+#: What gnll keeps of a checkpoint's own ``generation_config``: the special token ids.
+_KEEP = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def neutralise_generation_config(model: PreTrainedModel) -> dict[str, Any]:
+    """Replace ``model.generation_config`` by a neutral one; return the settings it dropped.
+
+    transformers' ``generate`` fills every field a call leaves unset from the checkpoint's
+    ``generation_config.json``, which can switch on sampling, top-k/top-p or a repetition penalty
+    (processors that would run before gnll's log-prob recorder). gnll sets every decoding choice
+    itself, so only the special token ids survive.
+    """
+    original = getattr(model, "generation_config", None)
+    if original is None:
+        return {}
+    dropped = {
+        k: v
+        for k, v in original.to_diff_dict().items()
+        if k not in _KEEP and not k.startswith("transformers_version") and not k.startswith("_")
+    }
+    keep = {k: getattr(original, k) for k in _KEEP if getattr(original, k, None) is not None}
+    model.generation_config = HFGenerationConfig(**keep)
+    return dropped
+
+
 @torch.inference_mode()
 def generate_batch(
     model: PreTrainedModel,

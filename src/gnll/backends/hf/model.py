@@ -20,10 +20,10 @@ from gnll.backends.base import (
     ScoredAnswer,
 )
 from gnll.backends.hf.decode import decode
-from gnll.backends.hf.hf_generate import generate_batch
+from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_config
 from gnll.backends.hf.kv_cache import plain_cache
 from gnll.backends.hf.loading import load_pretrained, use_chat_template
-from gnll.backends.hf.planning import pack_batches
+from gnll.backends.hf.planning import halving_on_oom, pack_batches
 from gnll.backends.hf.prefill import Prefiller
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
@@ -105,6 +105,9 @@ class HFModel(Model):
                 "use decoder='auto' or 'generate'"
             )
         self.model = model.eval()
+        # A checkpoint's generation_config.json (do_sample, top_k, repetition_penalty, ...) must not
+        # leak into generate(): what it asked for is recorded in info() and ignored.
+        self.ignored_generation_config = neutralise_generation_config(model)
         self.tokenizer = tokenizer
         self.name = name
         self.batch_size = int(batch_size)
@@ -171,6 +174,7 @@ class HFModel(Model):
             "device": str(self.device),
             "chat_template": self.chat_template,
             "vocab_size": len(self.tokenizer),
+            "ignored_generation_config": self.ignored_generation_config,
         }
 
     # ------------------------------------------------------------------ prompts and stops
@@ -221,6 +225,7 @@ class HFModel(Model):
     ) -> list[list[Generation]]:
         config = config or GenerationConfig.greedy()
         encoded = self.encode(prompts)
+        self._check_context(encoded, config.max_new_tokens)
         stops = self.stop_rules(config.stop)
         rows_per_batch = batch_size or self.batch_size
         # Longest first: similar lengths share a batch (little padding) and memory peaks show early.
@@ -238,13 +243,14 @@ class HFModel(Model):
         results: list[list[Generation]] = [[] for _ in encoded]
         desc = f"{self.name} {config.strategy}"
         batches = [[order[j] for j in b] for b in batches]
-        for batch in show_progress_bar(batches, progress, desc, unit="batch"):
+
+        def run(batch: list[int]) -> list[list[Generation]]:
             rows = [encoded[i] for i in batch]
             use = None
             if engine is not None and engine.prefix_fits(prefix, rows, config.max_new_tokens):
                 use = prefix
             if config.strategy == "beam" or engine is None:
-                outs = generate_batch(
+                return generate_batch(
                     self.model,
                     self.tokenizer,
                     rows,
@@ -254,11 +260,26 @@ class HFModel(Model):
                     prefix=use,
                     scorer=self._score_ids,
                 )
-            else:
-                outs = decode(engine, rows, config, use, stops)
-            for i, gens in zip(batch, outs, strict=True):
+            return decode(engine, rows, config, use, stops)
+
+        for batch in show_progress_bar(batches, progress, desc, unit="batch"):
+            # An out-of-memory batch is retried in halves before the error reaches the user.
+            for i, gens in zip(batch, halving_on_oom(run, batch), strict=True):
                 results[i] = gens
         return results
+
+    def _check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """A clear error for a prompt the model's context cannot hold (before any computing)."""
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if not context:
+            return
+        for i, ids in enumerate(encoded):
+            if len(ids) + max_new_tokens > context:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that "
+                    f"exceeds {self.name}'s context of {context} tokens: shorten the prompt (e.g. "
+                    "fewer few-shot examples) or lower max_new_tokens"
+                )
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -343,6 +364,7 @@ class HFModel(Model):
         return self._score_ids(self.encode(prompts), [list(c) for c in token_ids])
 
     def _score_ids(self, prompt_ids: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
+        self._check_context([[*p, *c] for p, c in zip(prompt_ids, conts, strict=True)], 0)
         scored = score_ids(
             self.model,
             self.tokenizer,

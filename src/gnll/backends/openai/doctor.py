@@ -294,20 +294,33 @@ def _chat_check(model: OpenAICompatModel) -> Check:
     return Check("chat template", "pass", f"applied by {where}; answer {raw.text.strip()!r}")
 
 
+_DETERMINISM_FIX = {
+    "llama-cpp-python": "start it with --n_batch 1 --n_ubatch 1: llama.cpp computes a batch of prompt "
+    "tokens with other kernels than one token, and its prompt cache decides which",
+    "llama.cpp": "start it with -b 1 -ub 1 (batch-invariant prompt evaluation) and send "
+    "cache_prompt=false",
+    "vllm": "start it with --no-enable-prefix-caching, or run the eval with concurrency=1",
+}
+
+
 def _determinism_check(model: OpenAICompatModel) -> Check:
     cfg = GenerationConfig.greedy(max_new_tokens=16)
     a, b = (model.request_raw(PROBES[1], cfg)[0] for _ in range(2))
+    fix = _DETERMINISM_FIX.get(
+        model.profile.name, "make the server's numerics independent of batching and caching"
+    )
     if a.tokens != b.tokens:
         return Check(
-            "deterministic",
-            "fail",
-            f"two identical greedy requests gave {a.text!r} and {b.text!r}",
-            "disable request batching nondeterminism (vLLM: --no-enable-prefix-caching; "
-            "llama.cpp: cache_prompt=false) or run the eval with concurrency=1",
-        )
+            "deterministic", "fail",
+            f"two identical greedy requests gave {a.text!r} and {b.text!r}", fix,
+        )  # fmt: skip
     worst = max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0.0)
     if worst > TOLERANCE:
-        return Check("deterministic", "warn", f"same tokens, log-probs differ by {worst:.2g}")
+        return Check(
+            "deterministic", "warn",
+            f"same answer, but its log-probs differ by {worst:.2g} between two identical requests",
+            fix,
+        )  # fmt: skip
     return Check("deterministic", "pass", f"identical answers, log-probs within {worst:.1e}")
 
 

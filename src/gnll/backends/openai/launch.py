@@ -44,10 +44,20 @@ class LlamaServer:
     port:
         Fixed port (a free one by default); kept across restarts so clients can resume.
     threads:
-        CPU threads for llama.cpp.
+        CPU threads for llama.cpp. One by default: llama.cpp's threads spin while they wait, so on a
+        small shared machine two threads were measured 3-4x slower than one.
     n_ctx:
         Context size. With ``logits_all`` llama-cpp-python turns its whole (n_ctx x vocabulary) logit
         buffer into log-probs on every request, so a context no longer than needed is faster.
+    n_batch:
+        Prompt tokens evaluated per forward pass. One by default: llama.cpp computes a batch of
+        prompt tokens with other kernels than a single token, and the server re-evaluates only the
+        part of a prompt its cache does not hold, so with larger batches the same request's
+        log-probs (even its greedy answer) depend on the previous request. Measured on SmolLM2:
+        first-token log-prob -1.68 vs -1.97 and a different answer for one prompt sent twice.
+    kv_f32:
+        Keep the attention cache in float32 (llama.cpp's default is float16): closer to the
+        float32 in-process backend (greedy answers agreed on 7 instead of 4 of 10 hard prompts).
     startup_timeout:
         Seconds to wait for ``GET /v1/models`` to answer before giving up.
     lifetime:
@@ -57,8 +67,10 @@ class LlamaServer:
     gguf: Path
     alias: str
     port: int = field(default_factory=free_port)
-    threads: int = 2
+    threads: int = 1
     n_ctx: int = 1024
+    n_batch: int = 1
+    kv_f32: bool = True
     startup_timeout: float = 120.0
     lifetime: float = 3600.0
     extra_args: tuple[str, ...] = ()
@@ -74,7 +86,9 @@ class LlamaServer:
             sys.executable, "-m", "llama_cpp.server",
             "--model", str(self.gguf), "--model_alias", self.alias,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--logits_all", "true", "--n_ctx", str(self.n_ctx), "--n_threads", str(self.threads),
+            "--logits_all", "true", "--n_ctx", str(self.n_ctx),
+            "--n_batch", str(self.n_batch), "--n_ubatch", str(self.n_batch),
+            *(("--type_k", "0", "--type_v", "0") if self.kv_f32 else ()), "--n_threads", str(self.threads),
             "--n_threads_batch", str(self.threads), "--seed", "0",
             "--interrupt_requests", "false", "--verbose", "false", *self.extra_args,
         ]  # fmt: skip
