@@ -40,14 +40,12 @@ def _record_capacity(monkeypatch) -> list[int]:
 def test_kv_cache_grows_instead_of_reserving_max_new_tokens(smollm, monkeypatch):
     seen = _record_capacity(monkeypatch)
     prompt = ["What is the capital of France?"]
-    cfg = GenerationConfig.sample(4, temperature=0.1, max_new_tokens=1500, seed=0)
-    [gens] = smollm.generate(prompt, cfg)
-    longest = max(len(g.token_ids) for g in gens)
-    assert longest < 200, [g.text for g in gens]  # a short answer: what the bound is about
+    [[gen]] = smollm.generate(prompt, GenerationConfig.greedy(max_new_tokens=3000))
+    assert gen.finish_reason == "eos" and len(gen.token_ids) < 50  # a short answer
     assert seen, "the growing cache was not used"
     prompt_len = len(smollm.encode(prompt)[0])
-    # 4 rows x (prompt + answer + at most 64 reserved + 50 % growth), never 4 x 1500 positions
-    assert max(seen) <= 4 * int(1.5 * (prompt_len + longest + 64)) + 64, (max(seen), longest)
+    # prompt + answer + at most 64 reserved (+ 50 % growth), never 3000 positions
+    assert max(seen) <= int(1.5 * (prompt_len + len(gen.token_ids) + 64)) + 64, max(seen)
 
 
 def test_prompt_longer_than_the_context_is_a_clear_error(smollm):
