@@ -25,10 +25,15 @@ SCRIPTS = {
     "simulation": ["table", "profile_v100_t4", "full_run"],
     "load_times": ["loads", "tokens_per_second"],
     "profile_greedy": ["table", "forwards", "profile"],
+    "beam_stage": ["table", "summary", "timing"],
+    "eval_speed": ["table", "summary", "runs"],
     "serve_load": ["table", "proxy", "summary"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
-EXTRA = {"cost_per_method": ["--questions", "1", "--clusterers", "exact,embedding,nli,llm"]}
+EXTRA = {
+    "cost_per_method": ["--questions", "1", "--clusterers", "exact,embedding,nli,llm"],
+    "eval_speed": ["--heldout", "2"],
+}
 
 
 @pytest.fixture(scope="module")

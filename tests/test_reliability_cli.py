@@ -73,7 +73,7 @@ def test_terminal_escape_sequences_are_neutralised(monkeypatch):
         (["--temperature", "0", "--measures", "pe"], "--temperature"),
         (["--temperature", "nan", "--measures", "pe"], "--temperature"),
         (["--max_new_tokens", "-5"], "--max_new_tokens"),
-        (["--max_new_tokens", "0"], "--max_new_tokens"),  # was silently 50
+        (["--max-new-tokens", "0"], "--max_new_tokens"),  # was silently 50
         (["--beams", "0", "--measures", "bs-msp"], "--beams"),
     ],
 )
@@ -156,3 +156,19 @@ def test_option_strings_stay_verbatim():
     args = model_kwargs("backend=openai,base_url=http://127.0.0.1:1/v1,api_key=1e3,timeout=5")
     assert args["api_key"] == "1e3"  # not the number 1000.0
     assert args["timeout"] == 5.0
+
+
+def test_file_names_with_markup_are_printed_as_text(tmp_path):
+    missing = tmp_path / "in[/b]put.jsonl"
+    result = runner.invoke(app, ["score", "-i", str(missing), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert "in[/b]put.jsonl" in result.output and "Traceback" not in result.output
+
+
+def test_score_refuses_max_new_tokens_0_before_loading(tmp_path, monkeypatch):
+    monkeypatch.setattr("gnll.load_model", _no_model)
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"question": "Q?", "answer": "A"}\n')
+    args = ["score", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--max-new-tokens", "0"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "--max-new-tokens must be >= 1" in result.output

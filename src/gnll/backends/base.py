@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -17,6 +17,43 @@ FinishReason = Literal["stop", "eos", "length"]
 #: Stop sequences of the paper's QA protocol: an answer ends at a newline or where the model starts the
 #: next few-shot block.
 DEFAULT_STOP: tuple[str, ...] = ("\n", "Question:", "Context:")
+
+
+class ChatPrompt(str):
+    """A prompt's plain text that also carries its chat turns.
+
+    The string value is the prompt as a completion model (or a cache, or a fingerprint) sees it;
+    ``messages`` are the same content as ``[{"role": ..., "content": ...}, ...]`` turns, which a
+    backend with a chat template renders instead of wrapping the whole text as one user turn
+    (few-shot examples as user/assistant exchanges, as lm-eval-harness's ``--fewshot_as_multiturn``).
+    String operations return plain ``str``: the turns go only where the object itself goes.
+
+    >>> turns = [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+    ...          {"role": "user", "content": "2+2?"}]
+    >>> p = ChatPrompt("1+1? 2 2+2?", turns)
+    >>> p == "1+1? 2 2+2?", len(chat_messages(p)), chat_messages("hi")
+    (True, 3, [{'role': 'user', 'content': 'hi'}])
+    """
+
+    messages: tuple[dict[str, str], ...]
+
+    def __new__(cls, text: str, messages: Sequence[dict[str, str]]) -> ChatPrompt:
+        if not messages or messages[-1].get("role") != "user":
+            raise ValueError("a ChatPrompt's turns must end with a user turn")
+        obj = super().__new__(cls, text)
+        obj.messages = tuple(dict(m) for m in messages)
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChatPrompt, (str(self), list(self.messages)))
+
+
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """The chat turns of ``prompt``: its own (:class:`ChatPrompt`) or the whole text as one user turn."""
+    turns = getattr(prompt, "messages", None)
+    if turns:
+        return [dict(m) for m in turns]
+    return [{"role": "user", "content": str(prompt)}]
 
 
 @dataclass(frozen=True)
@@ -282,9 +319,14 @@ class Model(ABC):
         config: GenerationConfig | None = None,
         *,
         batch_size: int | None = None,
-        progress: bool = False,
+        progress: bool | Callable[[float], None] = False,
     ) -> list[list[Generation]]:
-        """Generate for every prompt; returns one list of ``config.num_sequences`` generations per prompt."""
+        """Generate for every prompt; returns one list of ``config.num_sequences`` generations per prompt.
+
+        ``progress=True`` shows the backend's own bar; a callable instead hears how many prompts
+        have finished as they finish (fractions allowed), for a caller's bar. A backend that cannot
+        tell may stay silent: callers account for whatever was not reported when the call returns.
+        """
 
     @abstractmethod
     def score(

@@ -33,7 +33,7 @@ try:  # typer >= 0.16 vendors its own click
 except ImportError:  # pragma: no cover - older typer uses click itself
     _TyperClickException = click.ClickException
 
-__all__ = ["error_boundary", "safe_text", "scrub"]
+__all__ = ["error_boundary", "plain", "safe_text", "scrub"]
 
 EXIT_USER = 2
 EXIT_FAILURE = 1
@@ -49,6 +49,13 @@ _ESCAPES = {c: f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" for c in _UNSAFE}
 def safe_text(text: Any) -> str:
     """``str(text)`` with terminal control characters replaced by visible escapes."""
     return str(text).translate(_ESCAPES)
+
+
+def plain(text: Any) -> str:
+    """:func:`safe_text` escaped for a rich markup string: ``f"[red]error:[/] {plain(msg)}"``."""
+    from rich.markup import escape
+
+    return escape(safe_text(text))
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from gnll.cli._errors import plain
+
 __all__ = ["calibrate"]
 
 
@@ -99,7 +101,7 @@ def calibrate(
     except (FileNotFoundError, ValueError) as exc:
         if debug:
             raise
-        console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {plain(exc)}", soft_wrap=True)
         raise typer.Exit(code=2) from exc
     plot = plot or output.with_suffix(".reliability.png")
     m = cal.heldout_metrics
@@ -161,4 +163,4 @@ def _print_summary(console, cal, data, output: Path, plot: Path) -> None:
             )
             th.add_row(label, thr, _fmt(t.coverage), _fmt(t.accuracy), _fmt(t.accuracy_lower))
         console.print(th)
-    console.print(f"[green]wrote[/] {output} and {plot}")
+    console.print(f"[green]wrote[/] {plain(output)} and {plain(plot)}")

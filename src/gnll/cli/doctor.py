@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from gnll.cli._errors import plain
+
 __all__ = ["doctor"]
 
 _STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
@@ -90,6 +92,8 @@ def doctor(
     console.print(table)
     failed = [c.name for c in checks if c.verdict == "fail"]
     if failed:
-        console.print(f"[bold red]G-NLL from this server would be wrong:[/] {', '.join(failed)}")
+        console.print(
+            f"[bold red]G-NLL from this server would be wrong:[/] {plain(', '.join(failed))}"
+        )
         raise typer.Exit(code=1)
     console.print("[green]G-NLL from this server is the model's own.[/]")

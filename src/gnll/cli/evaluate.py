@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
+from gnll.cli._errors import plain
 
 __all__ = ["evaluate"]
 
@@ -191,6 +192,14 @@ def evaluate(
             help="Held-out questions for temperature selection [default: min(100, limit)].",
         ),
     ] = None,
+    fewshot_as_multiturn: Annotated[
+        bool,
+        typer.Option(
+            "--fewshot_as_multiturn",
+            "--fewshot-as-multiturn",
+            help="Chat models: few-shot examples as user/assistant turns instead of one user turn.",
+        ),
+    ] = False,
     bootstrap: Annotated[
         int,
         typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
@@ -297,6 +306,7 @@ def evaluate(
             clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
             heldout_size=heldout_size,
+            fewshot_as_multiturn=fewshot_as_multiturn,
             n_boot=bootstrap,
             f1_rule=f1_rule,
             temperature_selection=temperature_selection,
@@ -346,6 +356,6 @@ def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose
     except (KeyError, FileNotFoundError, FingerprintMismatchError, ImportError, ValueError) as exc:
         if verbose:
             raise
-        console.print(f"[bold red]error:[/] {str(exc).strip(chr(39))}")
+        console.print(f"[bold red]error:[/] {plain(str(exc).strip(chr(39)))}")
         raise typer.Exit(code=2) from exc
-    console.print(f"[green]done[/]: {len(configs)} runs -> {path}")
+    console.print(f"[green]done[/]: {len(configs)} runs -> {plain(path)}")

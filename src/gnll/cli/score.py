@@ -17,6 +17,8 @@ from typing import Annotated
 
 import typer
 
+from gnll.cli._errors import plain
+
 __all__ = ["score_command"]
 
 
@@ -116,11 +118,13 @@ def score_command(
     def fail(msg: str, exc: Exception | None = None) -> None:
         if debug and exc is not None:
             raise exc
-        console.print(f"[bold red]error:[/] {msg}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {plain(msg)}", soft_wrap=True)
         raise typer.Exit(code=2)
 
     if chunk_size < 1:
         fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    if max_new_tokens is not None and max_new_tokens < 1:
+        fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     try:
         in_fmt = detect_format(input, input_format)
         out_fmt = detect_format(output)
@@ -147,7 +151,7 @@ def score_command(
             except (FileNotFoundError, ValueError) as e:
                 fail(str(e), e)
         for w in caught:
-            console.print(f"[yellow]warning:[/] {w.message}")
+            console.print(f"[yellow]warning:[/] {plain(w.message)}")
         if cal.meta.get("measure", "g-nll") not in CALIBRATED_COLUMNS:
             fail(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
@@ -175,7 +179,7 @@ def score_command(
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
-        max_new_tokens=max_new_tokens or (100 if long else 50),
+        max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
         calibrator=cal,
         resume=resume,
         chunk_size=chunk_size,
@@ -197,5 +201,5 @@ def score_command(
     console.print(msg)
     if summary.failed:
         where = summary.errors_path or "stderr"
-        console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {where}")
+        console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")
         raise typer.Exit(code=1)

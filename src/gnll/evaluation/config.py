@@ -59,6 +59,7 @@ class EvalConfig:
     clusterer_args: dict[str, Any] = field(default_factory=dict)
     semantic_relation: str | None = None
     heldout_size: int | None = None  # None: min(100, limit)
+    fewshot_as_multiturn: bool = False  # chat models: few-shot examples as chat turns
     n_boot: int = 1000
     f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
     # each sampling measure its own held-out temperature ("their optimal hyperparameter settings")

@@ -12,8 +12,11 @@ Short answers::
 
 Long answers: the sentence instruction and no few-shot block. SVAMP puts the problem body in a
 ``Context: {body}`` line before each ``Question:`` line. The prompt is the *user text*; the backend
-wraps
-it in the chat template of instruction-tuned models.
+wraps it in the chat template of instruction-tuned models, as one user turn (the paper's protocol).
+With ``fewshot_as_multiturn`` (:func:`build_messages`) the same text also carries chat turns: the
+instruction and the first few-shot question as the first user turn, each few-shot answer as an
+assistant turn, and each later question as a user turn, so a chat model sees worked exchanges
+instead of one long message (``docs/evaluation.md`` compares the formats).
 
 Example
 -------
@@ -38,6 +41,7 @@ __all__ = [
     "rank_aliases",
     "BRIEF_SHORT",
     "JUDGE_MAX_ANSWERS",
+    "build_messages",
     "build_prompt",
     "fewshot_prefix",
     "format_block",
@@ -114,6 +118,31 @@ def fewshot_prefix(instruction: str, fewshot: Sequence[Example]) -> str:
 def build_prompt(instruction: str, fewshot: Sequence[Example], example: Example) -> str:
     """The full user prompt for ``example``."""
     return fewshot_prefix(instruction, fewshot) + format_block(example)
+
+
+def build_messages(
+    instruction: str, fewshot: Sequence[Example], example: Example
+) -> list[dict[str, str]]:
+    """The prompt of :func:`build_prompt` as chat turns (few-shot answers as assistant turns).
+
+    Every user turn is a ``[Context: ..\n]Question: ..\nAnswer:`` block, the first one preceded by
+    the instruction line, so a model answers in the same format it was shown.
+
+    >>> m = build_messages(BRIEF_SHORT, [Example("0", "2+2?", ("4",))], Example("1", "3+3?", ("6",)))
+    >>> [t["role"] for t in m], m[1]["content"]
+    (['user', 'assistant', 'user'], '4')
+    >>> print(m[0]["content"])
+    Answer the following question as briefly as possible.
+    Question: 2+2?
+    Answer:
+    """
+    turns: list[dict[str, str]] = []
+    for ex in fewshot:
+        turns.append({"role": "user", "content": format_block(ex)})
+        turns.append({"role": "assistant", "content": canonical_answer(ex.answers)})
+    turns.append({"role": "user", "content": format_block(example)})
+    turns[0]["content"] = instruction + "\n" + turns[0]["content"]
+    return turns
 
 
 def judge_prompt(

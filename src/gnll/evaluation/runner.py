@@ -38,6 +38,7 @@ from gnll.evaluation.assemble import assemble_record
 from gnll.evaluation.cache import atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.config import TEMPERATURES, EvalConfig
 from gnll.evaluation.portable import without_local_paths
+from gnll.evaluation.progress import SplitProgress, stage_weights
 from gnll.evaluation.rundir import RunLock
 from gnll.evaluation.stages import Chunk, TaskStages
 from gnll.evaluation.store import (
@@ -107,6 +108,7 @@ class Evaluator:
         self._clusterer_name = self._resolve_clusterer_name()
         self.timer = _Timer()
         self._noted: set[str] = set()
+        self._progress: SplitProgress | None = None
 
     # ------------------------------------------------------------------ lazily loaded components
     @property
@@ -189,7 +191,14 @@ class Evaluator:
     def generate(
         self, model: Model, prompts: list[str], config: GenerationConfig
     ) -> list[list[Generation]]:
-        out = model.generate(prompts, config, batch_size=self.config.batch_size, progress=False)
+        hook: Any = False
+        if self._progress is not None:
+            progress, n = self._progress, len(prompts)
+
+            def hook(done: float) -> None:
+                progress.prompts_done(done, of=n)
+
+        out = model.generate(prompts, config, batch_size=self.config.batch_size, progress=hook)
         if len(out) != len(prompts):
             raise RuntimeError(f"model returned {len(out)} outputs for {len(prompts)} prompts")
         return out
@@ -227,7 +236,11 @@ class Evaluator:
             dynamic_ncols=True,
             mininterval=1.0,
             smoothing=0.1,
+            bar_format=SplitProgress.BAR_FORMAT,
         )
+        # The bar moves as the backend finishes prompts (SplitProgress), not once per chunk.
+        progress = self._progress = SplitProgress(bar, stage_weights(cfg.beams, cfg.samples))
+        labels = stages.plan(temperatures, metrics, beams=beams)
         try:
             for start in range(0, len(examples), cs):
                 part = examples[start : start + cs]
@@ -238,15 +251,11 @@ class Evaluator:
                     part,
                     [(split, start + i) for i in range(len(part))],
                 )
-                stages.run_chunk(
-                    chunk,
-                    temperatures,
-                    metrics,
-                    beams=beams,
-                    status=lambda label: bar.set_postfix_str(label, refresh=False),
-                )
-                bar.update(len(part))
+                progress.start_chunk(len(part), labels)
+                stages.run_chunk(chunk, temperatures, metrics, beams=beams, status=progress.stage)
+                progress.end_chunk()
         finally:
+            self._progress = None
             bar.close()
 
     # ------------------------------------------------------------------ temperature selection
@@ -319,6 +328,8 @@ class Evaluator:
             )
             for name in cfg.tasks
         ]
+        for td in datas:
+            td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
             prepare_output_dir(self.out, resume=cfg.resume)

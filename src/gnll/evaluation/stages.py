@@ -374,6 +374,21 @@ class TaskStages:
             )
         return self._clusters[temperature]
 
+    def plan(
+        self, temperatures: Sequence[float], metrics: Sequence[str], *, beams: bool
+    ) -> list[str]:
+        """The labels :meth:`run_chunk` will report, in order (for progress shares)."""
+        labels = ["greedy"]
+        if "judge" in metrics and self.judge is not None:
+            labels.append("judge")
+        if beams and self.beams is not None:
+            labels.append("beams")
+        for temp in temperatures:
+            labels.append(f"samples T={temp:g}")
+            if self.cfg.needs_clusters:
+                labels.append(f"clusters T={temp:g}")
+        return labels
+
     def run_chunk(
         self,
         chunk: Chunk,

@@ -87,8 +87,9 @@ def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
         )
     if rules:
         out.append(
-            "Correct if F1 > 0.5 (the paper's rule; `--f1_rule ge` gives the reference code's "
-            ">= 0.5); questions the two rules label differently: " + "; ".join(rules) + "."
+            "F1 correctness rule per task (F1 > 0.5 is the paper's, the default; `--f1_rule ge` "
+            "gives the reference code's >= 0.5) and how many questions the two rules label "
+            "differently: " + "; ".join(rules) + "."
         )
     if fallback:
         out.append(

@@ -33,8 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from gnll.backends.base import ChatPrompt
 from gnll.evaluation.datasets import DATASETS, Example, load_dataset
-from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, fewshot_prefix, format_block
+from gnll.evaluation.prompts import (
+    BRIEF_LONG,
+    BRIEF_SHORT,
+    build_messages,
+    fewshot_prefix,
+    format_block,
+)
 
 __all__ = [
     "TASKS",
@@ -167,6 +174,8 @@ class TaskData:
     data_info: dict[str, Any]
     seed: int
     fewshot_idx: list[int] = field(default_factory=list)
+    #: Few-shot examples as chat turns for chat models (:func:`gnll.evaluation.prompts.build_messages`).
+    fewshot_as_multiturn: bool = False
     prefix: str = field(init=False)
 
     def __post_init__(self) -> None:
@@ -179,8 +188,11 @@ class TaskData:
         return [self.examples[i] for i in idx]
 
     def prompt(self, example: Example) -> str:
-        """The user prompt; the few-shot prefix is built once per task."""
-        return self.prefix + format_block(example)
+        """The user prompt (a :class:`~gnll.backends.base.ChatPrompt` with multi-turn few-shot)."""
+        text = self.prefix + format_block(example)
+        if not (self.fewshot_as_multiturn and self.fewshot):
+            return text
+        return ChatPrompt(text, build_messages(self.task.instruction, self.fewshot, example))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -195,6 +207,8 @@ class TaskData:
             "fewshot_ids": [e.id for e in self.fewshot],
             "prompt_prefix": self.prefix,
             "max_new_tokens": self.task.max_new_tokens,
+            # Only when set, so the fingerprints of single-turn runs stay what they were.
+            **({"fewshot_as_multiturn": True} if self.fewshot_as_multiturn else {}),
         }
 
 

@@ -16,14 +16,15 @@ padding), because that makes savings possible that ``model.generate`` cannot off
 
 Samples are drawn by inverse-CDF sampling with one seeded uniform stream per (prompt, sample), so
 sample j of a prompt depends on the seed, the prompt and j only (:func:`~gnll.backends.base.sample_seed`).
-Beam search uses transformers' implementation (fed with the same shared-prefix cache) and its outputs
-are scored by one teacher-forced pass. Models whose cache is not a plain attention KV cache (recurrent
+Beam search runs in the same loop (:mod:`.beam`): transformers' search, with each prompt prefilled
+once and dropped from the batch when it is done. Models whose cache is not a plain attention KV cache (recurrent
 or chunked-attention layers) use ``model.generate`` with a logits processor that chooses the tokens
 with the same code as the loop and records their log-probs.
 
 The package, one concern per module: :mod:`.loading` (checkpoint, tokenizer, chat template),
 :mod:`.planning` (batches, prefill groups), :mod:`.kv_cache`, :mod:`.prefill`, :mod:`.selection`
-(token choice, log-probs, seeding), :mod:`.stopping`, :mod:`.decode` (the loop), :mod:`.hf_generate`
+(token choice, log-probs, seeding), :mod:`.stopping`, :mod:`.decode` (the loop), :mod:`.beam`
+(beam search in the loop), :mod:`.hf_generate`
 (the ``model.generate`` path) and :mod:`.scoring` (teacher forcing). :class:`~.model.HFModel` in
 :mod:`.model` ties them together; importing this package registers it as the ``"hf"`` backend.
 """

@@ -8,7 +8,7 @@ rows ended, :class:`LiveRows` keeps the batch, its mask and its cache, and drops
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -72,8 +72,13 @@ def decode(
     config: GenerationConfig,
     prefix: Prefix | None,
     stops: StopRules,
+    *,
+    on_done: Callable[[float], None] | None = None,
 ) -> list[list[Generation]]:
-    """Greedy decoding or sampling of one batch of encoded prompts; ``num_sequences`` per prompt."""
+    """Greedy decoding or sampling of one batch of encoded prompts; ``num_sequences`` per prompt.
+
+    ``on_done`` hears how many prompts finished at each step (a finished sample counts 1/N).
+    """
     n = config.num_sequences
     sampling = config.strategy == "sample"
     tau = config.temperature if sampling else 1.0
@@ -107,7 +112,11 @@ def decode(
         hits = stops.ended_by_text([tokens[rows.out[j]] for j in going])
         ended += [j for j, hit in zip(going, hits, strict=True) if hit]
         rows.finish(ended)
+        if on_done is not None and ended:
+            on_done(len(ended) / n)
         if rows.alive == 0 or step + 1 == config.max_new_tokens:
+            if on_done is not None and rows.alive:
+                on_done(rows.alive / n)  # rows cut off by max_new_tokens
             break
         logits = rows.step(engine, chosen)
 

@@ -110,6 +110,16 @@ def with_prefix(cache: DynamicCache, prefix: Prefix | None, rows: int) -> Dynami
     return cache
 
 
+#: Positions reserved up front for generated tokens; beyond them the cache grows by half its size
+#: as needed, so ``max_new_tokens=6000`` for an 8-token answer does not hold 6000 positions per row.
+INITIAL_RESERVE = 64
+
+
+def initial_reserve(max_new_tokens: int) -> int:
+    """Room to reserve for ``max_new_tokens`` generated tokens (the rest is grown on demand)."""
+    return max(0, min(int(max_new_tokens), INITIAL_RESERVE))
+
+
 def new_cache(model: PreTrainedModel, reserve: int = 0) -> DynamicCache:
     """The model's own cache layout, with in-place growing layers for full attention."""
     cache = DynamicCache(config=model.config)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any, Literal
 
@@ -18,12 +18,14 @@ from gnll.backends.base import (
     GenerationConfig,
     Model,
     ScoredAnswer,
+    chat_messages,
 )
+from gnll.backends.hf.beam import beam_search
 from gnll.backends.hf.decode import decode
 from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_config
 from gnll.backends.hf.kv_cache import plain_cache
 from gnll.backends.hf.loading import load_pretrained, use_chat_template
-from gnll.backends.hf.planning import pack_batches
+from gnll.backends.hf.planning import halving_on_oom, pack_batches
 from gnll.backends.hf.prefill import Prefiller
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
@@ -59,7 +61,12 @@ class HFModel(Model):
         ``"loop"``: gnll's own decoding loop and prefill (shared prefix, dropped rows); ``"generate"``:
         transformers' ``model.generate`` on plainly padded prompts for everything (the reference the
         loop is tested against, and what models with other caches need); ``"auto"``: the loop when
-        the model's cache allows it. Beam search always uses ``model.generate``.
+        the model's cache allows it.
+    beam_decoder:
+        With the loop: ``"loop"`` runs beam search in gnll's loop (:mod:`.beam`: the beams of
+        transformers' beam search, the prompt prefilled once, done prompts dropped);
+        ``"generate"`` uses ``model.generate`` fed with the loop's prefill cache (the reference
+        the loop's beams are tested against).
 
     Attributes
     ----------
@@ -91,6 +98,7 @@ class HFModel(Model):
         max_batch_tokens: int | None = 20480,
         source: str | None = None,
         decoder: Decoder = "auto",
+        beam_decoder: Literal["loop", "generate"] = "loop",
     ) -> None:
         if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):
             raise ValueError(
@@ -98,6 +106,8 @@ class HFModel(Model):
             )
         if decoder not in ("auto", "loop", "generate"):
             raise ValueError(f"decoder must be 'auto', 'loop' or 'generate', got {decoder!r}")
+        if beam_decoder not in ("loop", "generate"):
+            raise ValueError(f"beam_decoder must be 'loop' or 'generate', got {beam_decoder!r}")
         loop_ok = plain_cache(model)
         if decoder == "loop" and not loop_ok:
             raise ValueError(
@@ -121,6 +131,9 @@ class HFModel(Model):
         if self.decoder == "auto":
             self.decoder = "generate"
         self.engine = Prefiller(model, tokenizer.pad_token_id) if self.decoder == "loop" else None
+        #: Beam search in gnll's loop (:mod:`.beam`); ``beam_decoder="generate"`` keeps
+        #: transformers' (the same beams, slower: the benchmarks compare the two).
+        self.own_beam_search = beam_decoder == "loop"
         self.capabilities = Capabilities(
             beams=True,
             scoring=True,
@@ -183,8 +196,9 @@ class HFModel(Model):
             raise TypeError(f"prompts must be strings, got {type(prompt).__name__}")
         if not self.chat_template:
             return prompt
+        # A ChatPrompt brings its own turns (few-shot exchanges); any other text is one user turn.
         return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            chat_messages(prompt), add_generation_prompt=True, tokenize=False
         )
 
     def encode(self, prompts: Sequence[str]) -> list[list[int]]:
@@ -221,10 +235,11 @@ class HFModel(Model):
         config: GenerationConfig | None = None,
         *,
         batch_size: int | None = None,
-        progress: bool = False,
+        progress: bool | Callable[[float], None] = False,
     ) -> list[list[Generation]]:
         config = config or GenerationConfig.greedy()
         encoded = self.encode(prompts)
+        self._check_context(encoded, config.max_new_tokens)
         stops = self.stop_rules(config.stop)
         rows_per_batch = batch_size or self.batch_size
         # Longest first: similar lengths share a batch (little padding) and memory peaks show early.
@@ -242,12 +257,16 @@ class HFModel(Model):
         results: list[list[Generation]] = [[] for _ in encoded]
         desc = f"{self.name} {config.strategy}"
         batches = [[order[j] for j in b] for b in batches]
-        for batch in show_progress_bar(batches, progress, desc, unit="batch"):
+        # A callable ``progress`` hears about every finished prompt (fractions: a prompt's finished
+        # samples) instead of a bar per batch, so a caller's bar moves within a batch.
+        on_done = progress if callable(progress) else None
+
+        def run(batch: list[int]) -> list[list[Generation]]:
             rows = [encoded[i] for i in batch]
             use = None
             if engine is not None and engine.prefix_fits(prefix, rows, config.max_new_tokens):
                 use = prefix
-            if config.strategy == "beam" or engine is None:
+            if engine is None or (config.strategy == "beam" and not self.own_beam_search):
                 outs = generate_batch(
                     self.model,
                     self.tokenizer,
@@ -258,11 +277,31 @@ class HFModel(Model):
                     prefix=use,
                     scorer=self._score_ids,
                 )
-            else:
-                outs = decode(engine, rows, config, use, stops)
-            for i, gens in zip(batch, outs, strict=True):
+                if on_done is not None:
+                    on_done(len(batch))
+                return outs
+            if config.strategy == "beam":
+                return beam_search(engine, rows, config, use, stops, on_done=on_done)
+            return decode(engine, rows, config, use, stops, on_done=on_done)
+
+        for batch in show_progress_bar(batches, bool(progress) and not on_done, desc, unit="batch"):
+            # An out-of-memory batch is retried in halves before the error reaches the user.
+            for i, gens in zip(batch, halving_on_oom(run, batch), strict=True):
                 results[i] = gens
         return results
+
+    def _check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """A clear error for a prompt the model's context cannot hold (before any computing)."""
+        context = getattr(self.model.config, "max_position_embeddings", None)
+        if not context:
+            return
+        for i, ids in enumerate(encoded):
+            if len(ids) + max_new_tokens > context:
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that "
+                    f"exceeds {self.name}'s context of {context} tokens: shorten the prompt (e.g. "
+                    "fewer few-shot examples) or lower max_new_tokens"
+                )
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -347,6 +386,7 @@ class HFModel(Model):
         return self._score_ids(self.encode(prompts), [list(c) for c in token_ids])
 
     def _score_ids(self, prompt_ids: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
+        self._check_context([[*p, *c] for p, c in zip(prompt_ids, conts, strict=True)], 0)
         scored = score_ids(
             self.model,
             self.tokenizer,

@@ -5,7 +5,11 @@ Both plans trade padding against the fixed cost of an extra forward pass; neithe
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 #: Shared prompt prefixes shorter than this are not worth a separate forward pass and cache copy.
 MIN_SHARED_PREFIX = 16
@@ -87,3 +91,34 @@ def prefill_groups(
         groups.append(order[cut[j] : j])
         j = cut[j]
     return groups[::-1]
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure (torch's CUDA/MPS OOM or the CPU allocator's)."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
+
+
+def halving_on_oom(run: Callable[[list[T]], list[R]], batch: list[T]) -> list[R]:
+    """``run(batch)``; on an out-of-memory error, run each half (recursively) before giving up.
+
+    A single item that does not fit re-raises the error. Outputs keep the order of ``batch``.
+
+    >>> def run(b):
+    ...     if len(b) > 2:
+    ...         raise MemoryError
+    ...     return [x * 10 for x in b]
+    >>> halving_on_oom(run, [1, 2, 3, 4, 5])
+    [10, 20, 30, 40, 50]
+    """
+    try:
+        return run(batch)
+    except Exception as exc:
+        if len(batch) < 2 or not is_out_of_memory(exc):
+            raise
+    half = len(batch) // 2
+    return halving_on_oom(run, batch[:half]) + halving_on_oom(run, batch[half:])

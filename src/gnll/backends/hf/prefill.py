@@ -19,6 +19,7 @@ from gnll.backends.hf.kv_cache import (
     GrowingLayer,
     Prefix,
     fits_window,
+    initial_reserve,
     new_cache,
     sliding_window,
     with_prefix,
@@ -148,7 +149,7 @@ class Prefiller:
                 groups, input_ids, mask, position_ids, prefix, end=end, keep=keep, reserve=reserve
             )
             return Prefilled(input_ids, mask, position_ids, cache, logits)
-        cache = with_prefix(new_cache(self.model, reserve), prefix, batch)
+        cache = with_prefix(new_cache(self.model, initial_reserve(reserve)), prefix, batch)
         logits = None
         if end > plen:
             logits = self.forward(
@@ -177,7 +178,7 @@ class Prefiller:
         batch, width = input_ids.shape
         plen = len(prefix.ids) if prefix is not None else 0
         real = mask[:, plen:].sum(1).tolist()
-        final = new_cache(self.model, reserve)
+        final = new_cache(self.model, initial_reserve(reserve))
         # Per layer, the (keys, values) of the whole batch: views of the final cache's own buffers
         # where it has them (no second copy), else tensors handed to the layer at the end.
         targets: list[tuple[torch.Tensor, torch.Tensor]] = []

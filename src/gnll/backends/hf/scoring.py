@@ -1,14 +1,17 @@
 """Teacher-forced scoring: ``log p(c_t | prompt, c_<t)`` of given continuations, batched like generation.
 
 Rows are packed under the same position budget as generation (``max_batch_tokens``) and a bound
-on the logits tensor (rows x scored positions x vocab), the prompts' shared prefix runs once, and
-the log-probs come from ``logsumexp`` and a gather: no second rows x positions x vocab tensor.
+on the logits tensor (rows x scored positions x vocab); a continuation too long for that bound on
+its own is scored in pieces. The prompts' shared prefix runs once, the log-probs come from
+``logsumexp`` and a gather (no second rows x positions x vocab tensor), and a batch that runs out
+of memory is retried in halves.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,6 +19,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gnll._util import progress as show_progress_bar
 from gnll.backends.base import ScoredAnswer
+from gnll.backends.hf.planning import halving_on_oom
 from gnll.backends.hf.prefill import Prefiller
 from gnll.backends.hf.stopping import StopRules
 
@@ -100,6 +104,21 @@ def score_ids(
     todo = [i for i in range(len(conts)) if conts[i] or top1]
     if not todo:
         return out
+    vocab = getattr(model.config, "vocab_size", None) or len(tokenizer)
+    longest = max(1, MAX_LOGITS_ELEMENTS // vocab - 1)
+    if any(len(conts[i]) > longest for i in todo):
+        return _score_in_pieces(
+            model,
+            tokenizer,
+            prompt_ids,
+            conts,
+            longest,
+            engine=engine,
+            batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
+            top1=top1,
+            progress=progress,
+        )
     seqs = {i: list(prompt_ids[i]) + list(conts[i]) for i in todo}
     order = sorted(todo, key=lambda i: -len(seqs[i]))
     prefix = None
@@ -114,10 +133,10 @@ def score_ids(
         [len(conts[i]) + 1 for i in order],
         max_rows=batch_size,
         max_tokens=max_batch_tokens,
-        vocab=getattr(model.config, "vocab_size", None) or len(tokenizer),
+        vocab=vocab,
     )
-    for batch in show_progress_bar(batches, progress, "scoring", unit="batch"):
-        idx = [order[j] for j in batch]
+
+    def run(idx: list[int]) -> list[TokenScores]:
         rows = [seqs[i] for i in idx]
         keep = max(len(conts[i]) for i in idx) + 1
         if engine is not None:
@@ -137,12 +156,55 @@ def score_ids(
         chosen = logits.gather(2, targets[:, :, None])[:, :, 0]
         lp = (chosen - torch.logsumexp(logits, dim=-1)).double().cpu().numpy()
         best = logits.argmax(dim=-1).cpu().numpy() if top1 else None
+        scores = []
         for row, i in enumerate(idx):
             c = len(conts[i])
-            out[i] = TokenScores(
-                lp[row, keep - 1 - c : keep - 1],
-                best[row, keep - 1 - c :] if best is not None else np.zeros(0, dtype=np.int64),
+            scores.append(
+                TokenScores(
+                    lp[row, keep - 1 - c : keep - 1],
+                    best[row, keep - 1 - c :] if best is not None else np.zeros(0, dtype=np.int64),
+                )
             )
+        return scores
+
+    for batch in show_progress_bar(batches, progress, "scoring", unit="batch"):
+        idx = [order[j] for j in batch]
+        # An out-of-memory batch is retried in halves before the error reaches the user.
+        for i, scores in zip(idx, halving_on_oom(run, idx), strict=True):
+            out[i] = scores
+    return out
+
+
+def _score_in_pieces(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: list[list[int]],
+    conts: list[list[int]],
+    longest: int,
+    **options: Any,
+) -> list[TokenScores]:
+    """Score continuations longer than ``longest`` tokens piece by piece.
+
+    Each piece is scored after the prompt and the pieces before it, so no batch ever holds more
+    than ``longest + 1`` positions of full-vocabulary logits per row (at the cost of running the
+    earlier tokens again for each piece).
+    """
+    pieces: list[int] = []  # the row of each piece, in order
+    seg_prompts, seg_conts = [], []
+    for i, cont in enumerate(conts):
+        for start in range(0, max(len(cont), 1), longest):
+            pieces.append(i)
+            seg_prompts.append(list(prompt_ids[i]) + list(cont[:start]))
+            seg_conts.append(list(cont[start : start + longest]))
+    scored = score_ids(model, tokenizer, seg_prompts, seg_conts, **options)
+    out = []
+    for i in range(len(conts)):
+        parts = [s for row, s in zip(pieces, scored, strict=True) if row == i]
+        # top1 of a piece ends with the argmax after it, which the next piece repeats first.
+        best = [p.top1[:-1] for p in parts[:-1]] + [parts[-1].top1]
+        if not len(parts[-1].top1):
+            best = [parts[-1].top1]  # top1 not asked for
+        out.append(TokenScores(np.concatenate([p.logprobs for p in parts]), np.concatenate(best)))
     return out
 
 
