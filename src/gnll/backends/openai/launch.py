@@ -7,6 +7,7 @@ llama-cpp-python returns no log-probs), and is killed when the context exits or,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -135,11 +136,13 @@ class LlamaServer:
             os.killpg(self.process.pid, sig)
         except ProcessLookupError:
             return
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
+        # The wrapper (`timeout`) may exit while the server still finishes a request: kill the
+        # whole group for certain, so no server outlives its caller.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=15)
+        self.process.wait(timeout=15)
 
     def log_tail(self, lines: int = 20) -> str:
         if self.log_path is None or not self.log_path.exists():
