@@ -16,6 +16,10 @@ For large trees (``V=100, T=4`` has 10**6 last-level rows) the last level can be
 last-level node picks one of ``K`` pre-drawn Dirichlet rows (see :class:`LeafPool` and
 ``docs/simulation.md`` for why and what it changes).
 
+Why one module of ~590 lines: the tree's layout (base-``V`` numbering of prefixes), its sampling
+and the exact bottom-up recursions depend on each other's indexing; keeping them together keeps that
+one convention in one place, next to the brute-force reference that tests it.
+
 Example
 -------
 >>> import numpy as np
