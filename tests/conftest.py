@@ -25,6 +25,37 @@ def gemma():
     return load_model("gemma-3-270m", progress=False)
 
 
+# The references the loop is tested against: the same loaded weights behind transformers'
+# ``model.generate`` (``decoder="generate"``: plainly padded prompts for everything;
+# ``beam_decoder="generate"``: transformers' beam search fed with the loop's prefill).
+@pytest.fixture(scope="session")
+def smollm_generate(smollm):
+    from hf_helpers import variant
+
+    return variant(smollm, decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def gemma_generate(gemma):
+    from hf_helpers import variant
+
+    return variant(gemma, decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def smollm_generate_beams(smollm):
+    from hf_helpers import variant
+
+    return variant(smollm, beam_decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def gemma_generate_beams(gemma):
+    from hf_helpers import variant
+
+    return variant(gemma, beam_decoder="generate")
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Callable[..., Path]:
     """Factory of tiny checkpoints: a 2-layer random Llama with SmolLM2's tokenizer, saved like any
