@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 
@@ -19,3 +23,91 @@ def gemma():
     from gnll import load_model
 
     return load_model("gemma-3-270m", progress=False)
+
+
+# The references the loop is tested against: the same loaded weights behind transformers'
+# ``model.generate`` (``decoder="generate"``: plainly padded prompts for everything;
+# ``beam_decoder="generate"``: transformers' beam search fed with the loop's prefill).
+@pytest.fixture(scope="session")
+def smollm_generate(smollm):
+    from hf_helpers import variant
+
+    return variant(smollm, decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def gemma_generate(gemma):
+    from hf_helpers import variant
+
+    return variant(gemma, decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def smollm_generate_beams(smollm):
+    from hf_helpers import variant
+
+    return variant(smollm, beam_decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def gemma_generate_beams(gemma):
+    from hf_helpers import variant
+
+    return variant(gemma, beam_decoder="generate")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Callable[..., Path]:
+    """Factory of tiny checkpoints: a 2-layer random Llama with SmolLM2's tokenizer, saved like any
+    hub checkpoint (a stand-in for hub ids and the paper's models).
+
+    ``tiny_llama(max_position_embeddings=512, generation_config=None)`` returns the checkpoint's
+    directory, built once per session for each set of arguments. Every checkpoint has the same
+    weights (seed 0). ``generation_config=None`` keeps the ``generation_config.json`` transformers
+    derives from the model config; a dict replaces it by one with the tokenizer's BOS/EOS and these
+    entries (``{}``: BOS/EOS only).
+    """
+    built: dict[tuple[int, Any], Path] = {}
+
+    def make(
+        max_position_embeddings: int = 512, generation_config: dict[str, Any] | None = None
+    ) -> Path:
+        key = (
+            max_position_embeddings,
+            None if generation_config is None else tuple(sorted(generation_config.items())),
+        )
+        if key in built:
+            return built[key]
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+        from transformers import GenerationConfig as HFGenerationConfig
+
+        from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
+
+        tok = AutoTokenizer.from_pretrained(
+            embedded_model_dir(EMBEDDED_MODELS["smollm2-135m-instruct"])
+        )
+        config = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_position_embeddings,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config)
+        if generation_config is not None:
+            model.generation_config = HFGenerationConfig(
+                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, **generation_config
+            )
+        path = tmp_path_factory.mktemp("tiny-llama")
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+        built[key] = path
+        return path
+
+    return make

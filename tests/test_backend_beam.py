@@ -8,40 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hf_helpers import QUESTIONS, few_shot
 
 from gnll import GenerationConfig
-from gnll.backends.hf import HFModel
 
 pytestmark = pytest.mark.model
 
-FEW_SHOT = (
-    "Answer the following question as briefly as possible.\n"
-    "Question: What is the largest ocean?\nAnswer: The Pacific Ocean\n\n"
-    "Question: Who painted the Mona Lisa?\nAnswer: Leonardo da Vinci\n\n"
-    "Question: {q}\nAnswer:"
-)
-QUESTIONS = [
-    "What is the capital of France?",
-    "Which planet is known as the red planet?",
-    "Who wrote the novel Moby-Dick, published in 1851?",
-    "In which year did the Second World War end?",
-    "What is the chemical symbol for gold?",
-    "Which composer wrote the Moonlight Sonata?",
-]
-PROMPTS = [FEW_SHOT.format(q=q) for q in QUESTIONS]
-
-
-def variant(model: HFModel, **kwargs) -> HFModel:
-    """The same weights and tokenizer with other decoding options."""
-    return HFModel(
-        model.model,
-        model.tokenizer,
-        name=model.name,
-        chat_template=model.chat_template,
-        batch_size=model.batch_size,
-        max_batch_tokens=model.max_batch_tokens,
-        **kwargs,
-    )
+PROMPTS = few_shot(QUESTIONS)
 
 
 def assert_same_beams(fast, ref):
@@ -54,28 +27,28 @@ def assert_same_beams(fast, ref):
 
 
 @pytest.mark.parametrize("k", [2, 5])
-def test_loop_beams_equal_transformers_beams(smollm, k):
+def test_loop_beams_equal_transformers_beams(smollm, smollm_generate_beams, k):
     assert smollm.own_beam_search
     cfg = GenerationConfig.beam(k, max_new_tokens=20)
     fast = smollm.generate(PROMPTS, cfg)
-    ref = variant(smollm, beam_decoder="generate").generate(PROMPTS, cfg)
+    ref = smollm_generate_beams.generate(PROMPTS, cfg)
     assert all(len(bs) == k for bs in fast)
     assert_same_beams(fast, ref)
 
 
-def test_loop_beams_equal_plain_generate_beams_on_chat_prompts(smollm):
+def test_loop_beams_equal_plain_generate_beams_on_chat_prompts(smollm, smollm_generate):
     # Chat-template prompts, no shared prefix trick on the reference side, a length cut-off.
     cfg = GenerationConfig.beam(3, max_new_tokens=6)
     fast = smollm.generate(QUESTIONS[:3], cfg)
-    ref = variant(smollm, decoder="generate").generate(QUESTIONS[:3], cfg)
+    ref = smollm_generate.generate(QUESTIONS[:3], cfg)
     assert any(g.finish_reason == "length" for bs in fast for g in bs)
     assert_same_beams(fast, ref)
 
 
-def test_loop_beams_on_a_sliding_window_model(gemma):
+def test_loop_beams_on_a_sliding_window_model(gemma, gemma_generate_beams):
     cfg = GenerationConfig.beam(4, max_new_tokens=12)
     fast = gemma.generate(PROMPTS[:4], cfg)
-    ref = variant(gemma, beam_decoder="generate").generate(PROMPTS[:4], cfg)
+    ref = gemma_generate_beams.generate(PROMPTS[:4], cfg)
     assert_same_beams(fast, ref)
 
 

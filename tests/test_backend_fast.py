@@ -9,38 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hf_helpers import FEW_SHOT, QUESTIONS, few_shot, variant
 
 from gnll import GenerationConfig
-from gnll.backends.hf import MIN_SHARED_PREFIX, HFModel
+from gnll.backends.hf import MIN_SHARED_PREFIX
 
 pytestmark = pytest.mark.model
 
-FEW_SHOT = (
-    "Answer the following question as briefly as possible.\n"
-    "Question: What is the largest ocean?\nAnswer: The Pacific Ocean\n\n"
-    "Question: Who painted the Mona Lisa?\nAnswer: Leonardo da Vinci\n\n"
-    "Question: {q}\nAnswer:"
-)
-QUESTIONS = [
-    "What is the capital of France?",
-    "Which planet is known as the red planet?",
-    "Who wrote the novel Moby-Dick, published in 1851?",
-]
-PROMPTS = [FEW_SHOT.format(q=q) for q in QUESTIONS]
-
-
-def with_decoder(model: HFModel, decoder: str) -> HFModel:
-    """The same weights and tokenizer behind another decoder (``"generate"``: no shared prefix,
-    no own prefill, no dropped rows)."""
-    return HFModel(
-        model.model,
-        model.tokenizer,
-        name=model.name,
-        chat_template=model.chat_template,
-        batch_size=model.batch_size,
-        max_batch_tokens=model.max_batch_tokens,
-        decoder=decoder,
-    )
+PROMPTS = few_shot(QUESTIONS[:3])
 
 
 class Counter:
@@ -61,10 +37,11 @@ class Counter:
 @pytest.mark.parametrize("model_fixture", ["smollm", "gemma"])
 def test_fast_greedy_equals_transformers_generate(model_fixture, request):
     model = request.getfixturevalue(model_fixture)
+    reference = request.getfixturevalue(f"{model_fixture}_generate")
     assert model.decoder == "loop"
     cfg = GenerationConfig.greedy(max_new_tokens=20)
     fast = model.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
-    ref = with_decoder(model, "generate").generate(PROMPTS, cfg, batch_size=len(PROMPTS))
+    ref = reference.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
     for [a], [b] in zip(fast, ref, strict=True):
         assert a.token_ids == b.token_ids and a.text == b.text
         assert a.finish_reason == b.finish_reason
@@ -152,10 +129,10 @@ def test_finished_rows_leave_the_batch(smollm):
     assert decode_rows[-1] == 1 and decode_rows.count(2) == lengths[0] - 1
 
 
-def test_beams_with_shared_prefill_equal_plain_beams(smollm):
+def test_beams_with_shared_prefill_equal_plain_beams(smollm, smollm_generate):
     cfg = GenerationConfig.beam(3, max_new_tokens=10)
     fast = smollm.generate(PROMPTS[:2], cfg, batch_size=6)
-    ref = with_decoder(smollm, "generate").generate(PROMPTS[:2], cfg, batch_size=6)
+    ref = smollm_generate.generate(PROMPTS[:2], cfg, batch_size=6)
     for fs, rs in zip(fast, ref, strict=True):
         assert [g.token_ids for g in fs] == [g.token_ids for g in rs]
         for a, b in zip(fs, rs, strict=True):
@@ -198,6 +175,7 @@ MIXED_QUESTIONS = [
 def test_grouped_prefill_and_late_row_dropping_change_nothing(model_fixture, request):
     """Suffixes of 5 to 40 tokens: prefill runs in length groups; outputs equal transformers'."""
     model = request.getfixturevalue(model_fixture)
+    reference = request.getfixturevalue(f"{model_fixture}_generate")
     prompts = [FEW_SHOT.format(q=q) for q in MIXED_QUESTIONS]
     encoded = model.encode(prompts)
     prefix = model.engine.shared_prefix(encoded)
@@ -214,7 +192,7 @@ def test_grouped_prefill_and_late_row_dropping_change_nothing(model_fixture, req
     assert prefills[0] == (1, len(prefix.ids)) and len(prefills) > 2
     assert sum(r * c for r, c in prefills[1:]) < len(prompts) * max(suffixes)
     assert sum(r for r, _ in prefills[1:]) == len(prompts)
-    ref = with_decoder(model, "generate").generate(prompts, cfg, batch_size=len(prompts))
+    ref = reference.generate(prompts, cfg, batch_size=len(prompts))
     for [a], [b] in zip(fast, ref, strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
@@ -275,7 +253,7 @@ def test_token_budget_bounds_the_batch_and_changes_no_output(smollm):
         np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-4)
 
 
-def test_samples_depend_on_the_prompt_not_on_its_batch_or_position(smollm):
+def test_samples_depend_on_the_prompt_not_on_its_batch_or_position(smollm, smollm_generate):
     """Sample j of a prompt is seeded by (seed, prompt, j): alone, inside a batch at another
     position, or through transformers' generate, the same prompt gets the same samples."""
     cfg = GenerationConfig.sample(3, temperature=1.0, max_new_tokens=8, seed=3)
@@ -287,13 +265,13 @@ def test_samples_depend_on_the_prompt_not_on_its_batch_or_position(smollm):
     alone = ids(smollm.generate([target], cfg)[0])
     last = ids(smollm.generate([PROMPTS[2], PROMPTS[0], target], cfg, batch_size=9)[2])
     first = ids(smollm.generate([target, PROMPTS[0]], cfg, batch_size=3)[0])
-    via_generate = ids(with_decoder(smollm, "generate").generate([PROMPTS[0], target], cfg)[1])
+    via_generate = ids(smollm_generate.generate([PROMPTS[0], target], cfg)[1])
     assert alone == last == first == via_generate
     assert len({tuple(s) for s in alone}) > 1, "samples of one prompt should differ"
     assert ids(smollm.generate([target], cfg.replace(seed=4))[0]) != alone
 
 
-def test_decoder_option_is_validated(smollm):
+def test_decoder_option_is_validated(smollm, smollm_generate):
     with pytest.raises(ValueError, match="decoder must be"):
-        with_decoder(smollm, "fast")
-    assert with_decoder(smollm, "generate").engine is None
+        variant(smollm, decoder="fast")
+    assert smollm_generate.engine is None

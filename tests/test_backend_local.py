@@ -4,39 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from gnll import GenerationConfig, load_model
 from gnll.backends.hf import HFModel
-from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A 2-layer Llama with random weights and SmolLM2's tokenizer, saved like any hub checkpoint."""
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(
-        embedded_model_dir(EMBEDDED_MODELS["smollm2-135m-instruct"])
-    )
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    import torch
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def tiny_checkpoint(tiny_llama):
+    """The tiny random Llama of conftest, saved like any hub checkpoint."""
+    return tiny_llama(max_position_embeddings=512)
 
 
 def test_local_path_loads_and_generates_consistent_logprobs(tiny_checkpoint):

@@ -28,6 +28,7 @@ SCRIPTS = {
     "beam_stage": ["table", "summary", "timing"],
     "eval_speed": ["table", "summary", "runs"],
     "serve_load": ["table", "proxy", "summary"],
+    "stop_split": ["table", "summary"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_fidelity_presets import tiny_checkpoint  # noqa: F401 - the fixture
 
 from gnll import GenerationConfig, load_model
 from gnll.evaluation.next_tokens import next_token_distributions, plot_next_tokens
@@ -17,11 +16,15 @@ PROMPTS = [
 
 
 def test_greedy_token_is_the_top_of_each_step_and_its_probability_matches(
-    tiny_checkpoint,  # noqa: F811 - the imported fixture
+    tiny_llama,
     tmp_path,
 ):
     model = load_model(
-        str(tiny_checkpoint), progress=False, device="cpu", dtype="float32", chat_template=False
+        str(tiny_llama(max_position_embeddings=1024)),
+        progress=False,
+        device="cpu",
+        dtype="float32",
+        chat_template=False,
     )
     data = next_token_distributions(model, PROMPTS, k=5, max_new_tokens=6)
     gens = model.generate(PROMPTS, GenerationConfig.greedy(max_new_tokens=6))

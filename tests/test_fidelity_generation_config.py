@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-from transformers import GenerationConfig as HFGenerationConfig
 
 from gnll import GenerationConfig, load_model
-from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
 
 PROMPTS = [
     "Question: What is the capital of France?\nAnswer:",
@@ -17,48 +14,19 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(tiny_llama):
     """The same tiny random Llama twice: plain, and with a generation config that samples."""
-    import torch
-
-    tok = AutoTokenizer.from_pretrained(
-        embedded_model_dir(EMBEDDED_MODELS["smollm2-135m-instruct"])
-    )
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    paths = {}
-    for kind in ("plain", "sampling"):
-        path = tmp_path_factory.mktemp(kind)
-        model.generation_config = HFGenerationConfig(
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            **(
-                {
-                    "do_sample": True,
-                    "top_k": 5,
-                    "temperature": 3.0,
-                    "repetition_penalty": 2.0,
-                    "no_repeat_ngram_size": 2,
-                }
-                if kind == "sampling"
-                else {}
-            ),
-        )
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-        paths[kind] = str(path)
-    return paths
+    sampling = {
+        "do_sample": True,
+        "top_k": 5,
+        "temperature": 3.0,
+        "repetition_penalty": 2.0,
+        "no_repeat_ngram_size": 2,
+    }
+    return {
+        "plain": str(tiny_llama(max_position_embeddings=512, generation_config={})),
+        "sampling": str(tiny_llama(max_position_embeddings=512, generation_config=sampling)),
+    }
 
 
 def _load(path, decoder):

@@ -6,39 +6,18 @@ import json
 
 import pytest
 from test_eval_runner import make_data_dir
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from typer.testing import CliRunner
 
-from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
 from gnll.cli.main import app
 from gnll.evaluation.presets import PAPER_JUDGE, PAPER_MODELS, preset_configs, slug
 from gnll.evaluation.runner import EvalConfig
 
 
 @pytest.fixture(scope="module")
-def tiny_checkpoint(tmp_path_factory):
-    """A stand-in for the paper's models: a 2-layer random Llama with SmolLM2's tokenizer."""
-    import torch
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tok = AutoTokenizer.from_pretrained(
-        embedded_model_dir(EMBEDDED_MODELS["smollm2-135m-instruct"])
-    )
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+def tiny_checkpoint(tiny_llama):
+    """A stand-in for the paper's models: conftest's tiny random Llama, with a context long enough
+    for the presets' few-shot prompts."""
+    return tiny_llama(max_position_embeddings=1024)
 
 
 def test_paper_table1_expands_to_the_papers_grid(tmp_path):

@@ -1,14 +1,18 @@
-"""gnll's decoding loop: greedy decoding and sampling on the model's forward pass.
+"""gnll's decoding loop: greedy decoding and sampling with continuous batching.
 
-The loop itself (:func:`decode`) reads like any sampling loop -- choose a token, record its
-log-probs, check for stops, run the model on the new token -- with each job in a small piece:
+The loop (:meth:`Decoder.step`) reads like any sampling loop -- choose a token, record its log-probs,
+check for stops, run the model on the new token -- with each job in a small piece:
 :class:`~.selection.StepScores` chooses and scores tokens, :class:`~.stopping.StopRules` says which
-rows ended, :class:`LiveRows` keeps the batch, its mask and its cache, and drops finished rows.
+rows ended, :class:`Slots` keeps the batch (its rows, mask, positions and KV cache). A finished row
+frees its slot; a waiting prompt takes it (continuous batching), so a batch does not decode at a
+fraction of its width while its last rows finish. When nothing waits, finished rows leave the batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -21,109 +25,345 @@ from gnll.backends.hf.selection import StepScores, sample_uniforms
 from gnll.backends.hf.stopping import StopRules
 
 
-class LiveRows:
-    """The rows in the batch: which output row each one is, its mask, positions and KV cache.
+@dataclass
+class _Prompt:
+    """A prompt waiting for slots, with what may differ between the prompts of one loop."""
 
-    A finished row stays in the batch (costing one position per step) until finished rows make up
-    :data:`~.planning.COMPACT_FRACTION` of the live ones; then all of them leave every tensor and
-    the cache at once (one copy of the cache), so later steps cost only the live rows.
+    tag: Hashable
+    ids: list[int]
+    prefix: Prefix | None
+    seed: int | None
+    config: GenerationConfig  # its own max_new_tokens and stop strings
+    stops: StopRules
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded: sample ``j`` of ``prompt``."""
+
+    prompt: _Prompt
+    j: int
+    tokens: list[int] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    tempered: list[float] = field(default_factory=list)
+
+
+class Slots:
+    """The batch: per slot a row (or ``None`` when free), its mask, next position and KV cache.
+
+    Parameters
+    ----------
+    engine:
+        Runs the forward passes.
+    refill:
+        Whether new rows may enter free slots of a running batch (full-attention caches only: rows
+        are written into the cache's own buffers). Without it a new batch starts only when every
+        row of the last one has finished.
     """
 
-    def __init__(self, pre: Prefilled, repeats: int) -> None:
-        self.cache, self.mask = pre.cache, pre.attention_mask
-        self.next_pos = pre.position_ids[:, -1] + 1
+    def __init__(self, engine: Prefiller, *, refill: bool) -> None:
+        self.engine = engine
+        self.refill = refill
+        self.rows: list[_Row | None] = []
+        self.cache = self.mask = self.next_pos = self.logits = self.uniforms = None
+
+    def live(self) -> list[int]:
+        return [s for s, r in enumerate(self.rows) if r is not None]
+
+    def free(self) -> list[int]:
+        return [s for s, r in enumerate(self.rows) if r is None]
+
+    def admit(self, pre: Prefilled, rows: list[_Row], repeats: int, u: torch.Tensor | None) -> None:
+        """Take prefilled prompts (each repeated ``repeats`` times, rows in that order) into the
+        batch: as a new batch when no row is live, else into free slots."""
+        logits = pre.logits[:, -1]
+        mask, next_pos = pre.attention_mask, pre.position_ids[:, -1] + 1
         if repeats > 1:
-            # The prompt was prefilled once; its N samples share copies of that cache.
-            self.cache.batch_repeat_interleave(repeats)
-            self.mask = self.mask.repeat_interleave(repeats, dim=0)
-            self.next_pos = self.next_pos.repeat_interleave(repeats, dim=0)
-        self.out = list(range(self.mask.shape[0]))  # batch row -> output row
-        self.done = [False] * len(self.out)
-        self.alive = len(self.out)
+            logits = logits.repeat_interleave(repeats, dim=0)
+            mask = mask.repeat_interleave(repeats, dim=0)
+            next_pos = next_pos.repeat_interleave(repeats, dim=0)
+        if not self.live():
+            # The prompt was prefilled once; its samples share copies of that cache.
+            self.cache = pre.cache
+            if repeats > 1:
+                self.cache.batch_repeat_interleave(repeats)
+            self.rows, self.mask, self.next_pos, self.logits = list(rows), mask, next_pos, logits
+            self.uniforms = u
+            return
+        free = self.free()[: len(rows)]
+        if len(free) < len(rows):  # the batch grows by the missing slots (one copy of the cache)
+            more = len(rows) - len(free)
+            for layer in self.cache.layers:
+                layer.add_rows(more)
+            self.mask = torch.cat([self.mask, self.mask.new_zeros((more, self.mask.shape[1]))])
+            self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(more)])
+            self.logits = torch.cat(
+                [self.logits, self.logits.new_zeros((more, *self.logits.shape[1:]))]
+            )
+            if self.uniforms is not None:
+                pad = self.uniforms.new_full((more, self.uniforms.shape[1]), 0.5)
+                self.uniforms = torch.cat([self.uniforms, pad])
+            free += list(range(len(self.rows), len(self.rows) + more))
+            self.rows += [None] * more
+        width, length = self.mask.shape[1], mask.shape[1]
+        if length > width:  # a longer prompt than the window: pad every slot on the left
+            for layer in self.cache.layers:
+                layer.widen(length)
+            self.mask = torch.cat(
+                [self.mask.new_zeros((len(self.rows), length - width)), self.mask], 1
+            )
+            width = length
+        idx = torch.tensor(free, device=self.mask.device)
+        for layer, new in zip(self.cache.layers, pre.cache.layers, strict=True):
+            k, v = new.keys, new.values
+            if repeats > 1:
+                k, v = k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0)
+            layer.write_rows(idx, k, v)
+        self.mask[idx] = 0
+        self.mask[idx, width - length :] = mask
+        self.next_pos[idx] = next_pos
+        self.logits[idx] = logits
+        if u is not None:
+            have, need = self.uniforms.shape[1], u.shape[1]
+            if need > have:  # a prompt allowed more tokens: old rows never read the new columns
+                self.uniforms = torch.nn.functional.pad(self.uniforms, (0, need - have), value=0.5)
+            self.uniforms[idx, :need] = u
+        for s, row in zip(free, rows, strict=True):
+            self.rows[s] = row
 
-    def running(self) -> list[int]:
-        """Batch rows that have not finished."""
-        return [j for j, d in enumerate(self.done) if not d]
+    def release(self, slots: Sequence[int]) -> None:
+        for s in slots:
+            self.rows[s] = None
 
-    def finish(self, rows: Sequence[int]) -> None:
-        for j in rows:
-            self.done[j] = True
-        self.alive -= len(rows)
+    def step(self, chosen: torch.Tensor, *, keep_slots: bool) -> None:
+        """Feed each slot's chosen token to the model; :attr:`logits` becomes the next step's.
 
-    def step(self, engine: Prefiller, chosen: torch.Tensor) -> torch.Tensor:
-        """Feed each row's chosen token to the model; the next step's logits (rows x vocab)."""
-        if len(self.out) - self.alive >= max(1, self.alive * COMPACT_FRACTION):
-            keep = self.running()
-            idx = torch.tensor(keep, device=self.mask.device)
+        Finished rows stay (costing one position each per step) while ``keep_slots`` (prompts wait
+        for them) or until they make up :data:`~.planning.COMPACT_FRACTION` of the live ones; then
+        they all leave every tensor and the cache at once (one copy of the cache).
+        """
+        live = self.live()
+        if not keep_slots and len(self.rows) - len(live) >= max(1, len(live) * COMPACT_FRACTION):
+            idx = torch.tensor(live, device=self.mask.device)
             self.cache.batch_select_indices(idx)
             self.mask, self.next_pos, chosen = self.mask[idx], self.next_pos[idx], chosen[idx]
-            self.out = [self.out[j] for j in keep]
-            self.done = [False] * len(keep)
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.out), 1))], dim=1)
-        logits = engine.forward(chosen[:, None], self.mask, self.next_pos[:, None], self.cache, 1)
+            if self.uniforms is not None:
+                self.uniforms = self.uniforms[idx]
+            self.rows = [self.rows[s] for s in live]
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=1)
+        self.logits = self.engine.forward(
+            chosen[:, None], self.mask, self.next_pos[:, None], self.cache, 1
+        )[:, -1]
         self.next_pos = self.next_pos + 1
-        return logits[:, -1]
+
+    def trim(self) -> None:
+        """Drop leading columns that no live row attends to (no copy; refilled batches only)."""
+        live = self.live()
+        if not self.refill or not live:
+            return
+        idx = torch.tensor(live, device=self.mask.device)
+        first = int(self.mask[idx].argmax(dim=1).min())
+        if first > 0:
+            for layer in self.cache.layers:
+                layer.trim(first)
+            self.mask = self.mask[:, first:]
+
+
+class Decoder:
+    """Greedy decoding or sampling of prompts that may arrive while others decode.
+
+    Prompts wait in a queue; :meth:`step` decodes one token for every live row and admits waiting
+    prompts into free slots (a prompt's ``num_sequences`` samples take that many slots), so the
+    batch stays ``width`` rows wide as long as prompts wait.
+
+    Parameters
+    ----------
+    engine:
+        The model's :class:`~.prefill.Prefiller`.
+    config:
+        The decoding of every prompt (greedy or sampling, temperature, sequences per prompt; not
+        beams); a prompt may bring its own ``max_new_tokens`` and stop strings (:meth:`add`).
+    stops:
+        The stop rules of ``config.stop``.
+    width:
+        Rows decoded together.
+    refill:
+        Admit prompts into a running batch (needs a full-attention cache; see :class:`Slots`).
+    """
+
+    def __init__(
+        self,
+        engine: Prefiller,
+        config: GenerationConfig,
+        stops: StopRules,
+        *,
+        width: int,
+        refill: bool = True,
+    ) -> None:
+        if config.strategy not in ("greedy", "sample"):
+            raise ValueError(f"Decoder decodes greedily or samples, not {config.strategy!r}")
+        self.engine, self.config, self.stops = engine, config, stops
+        self.n = config.num_sequences
+        self.width = max(int(width), self.n)
+        self.sampling = config.strategy == "sample"
+        self.slots = Slots(engine, refill=refill)
+        self.waiting: deque[_Prompt] = deque()
+        self.results: dict[Hashable, list[Generation | None]] = {}
+        #: Sequences that have ended so far (progress reports count them).
+        self.ended_rows = 0
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting) or bool(self.slots.live())
+
+    def add(
+        self,
+        tag: Hashable,
+        ids: list[int],
+        prefix: Prefix | None = None,
+        *,
+        seed: int | None = None,
+        max_new_tokens: int | None = None,
+        stops: StopRules | None = None,
+    ) -> None:
+        """Queue one encoded prompt; its generations are reported under ``tag``.
+
+        ``prefix``: a shared prefix the prompt starts with (prefilled once for all prompts that
+        bring it). ``seed``: its own sampling seed instead of the configuration's (a server gives
+        every request one, so that two users asking the same question get independent samples).
+        ``max_new_tokens``, ``stops``: its own limit and stop rules instead of the loop's.
+        """
+        if tag in self.results:
+            raise ValueError(f"prompt tag {tag!r} is already decoding")
+        config = self.config
+        if stops is not None or max_new_tokens is not None:
+            config = config.replace(
+                max_new_tokens=max_new_tokens or config.max_new_tokens,
+                stop=stops.stop if stops is not None else config.stop,
+            )
+        seed = config.seed if seed is None else seed
+        self.results[tag] = [None] * self.n
+        self.waiting.append(_Prompt(tag, ids, prefix, seed, config, stops or self.stops))
+
+    def _admit(self, free: int) -> None:
+        take = []
+        while self.waiting and (len(take) + 1) * self.n <= free:
+            # Prompts prefilled together must bring the same shared prefix.
+            if take and self.waiting[0].prefix is not take[0].prefix:
+                break
+            take.append(self.waiting.popleft())
+        if not take:
+            return
+        steps = max(p.config.max_new_tokens for p in take)
+        pre = self.engine.prefill([p.ids for p in take], take[0].prefix, reserve=steps)
+        rows = [_Row(p, j) for p in take for j in range(self.n)]
+        u = None
+        if self.sampling:
+            u = torch.cat([sample_uniforms(p.seed, [p.ids], self.n, steps) for p in take])
+            u = u.to(pre.logits.device)
+        self.slots.admit(pre, rows, self.n, u)
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, list[Generation]]]:
+        """Decode one token for every live row (admitting prompts first if the batch is empty);
+        the prompts whose every sequence has ended, with their generations."""
+        slots = self.slots
+        if not slots.live():
+            self._admit(self.width)
+            if not slots.live():
+                return []
+        scores = StepScores(slots.logits, self.config.temperature if self.sampling else 1.0)
+        if self.sampling:
+            at = torch.tensor(
+                [len(r.tokens) if r is not None else 0 for r in slots.rows],
+                device=slots.uniforms.device,
+            )
+            chosen = scores.sample(slots.uniforms[torch.arange(len(at)), at])
+        else:
+            chosen = scores.greedy()
+        lp, lpt = scores.logprobs(chosen)
+        # One host transfer per step for ids and one per log-prob kind.
+        ids, lp = chosen.tolist(), lp.tolist()
+        lpt = lpt.tolist() if lpt is not None else None
+        ended, going = [], []
+        for s in slots.live():
+            row = slots.rows[s]
+            row.tokens.append(ids[s])
+            row.raw.append(lp[s])
+            if lpt is not None:
+                row.tempered.append(lpt[s])
+            p = row.prompt
+            if ids[s] in p.stops.token_ids or len(row.tokens) == p.config.max_new_tokens:
+                ended.append(s)
+            else:
+                going.append(s)
+        # Stop strings that span tokens ("Question:"): decode only the tails of rows still going.
+        for stops in {
+            id(slots.rows[s].prompt.stops): slots.rows[s].prompt.stops for s in going
+        }.values():
+            mine = [s for s in going if slots.rows[s].prompt.stops is stops]
+            hits = stops.ended_by_text([slots.rows[s].tokens for s in mine])
+            ended += [s for s, hit in zip(mine, hits, strict=True) if hit]
+        done = self._finish([slots.rows[s] for s in ended])
+        self.ended_rows += len(ended)
+        slots.release(ended)
+        if slots.live():
+            wait = slots.refill and bool(self.waiting)
+            slots.step(chosen, keep_slots=wait)
+            # Room: free slots, and slots the batch may still grow by (it opened narrower).
+            room = len(slots.free()) + max(0, self.width - len(slots.rows))
+            if wait and room >= max(self.n, self.width * COMPACT_FRACTION):
+                slots.trim()
+                self._admit(room)
+        return done
+
+    def _finish(self, rows: list[_Row]) -> list[tuple[Hashable, list[Generation]]]:
+        done = []
+        for row in rows:
+            p = row.prompt
+            out = self.results[p.tag]
+            tempered = np.asarray(row.tempered) if row.tempered else None
+            out[row.j] = p.stops.split(row.tokens, np.asarray(row.raw), tempered, p.config)
+            if all(g is not None for g in out):
+                done.append((p.tag, self.results.pop(p.tag)))
+        return done
 
 
 @torch.inference_mode()
 def decode(
     engine: Prefiller,
-    batch: list[list[int]],
+    prompts: list[list[int]],
     config: GenerationConfig,
     prefix: Prefix | None,
     stops: StopRules,
     *,
+    width: int | None = None,
+    refill: bool = True,
     on_done: Callable[[float], None] | None = None,
 ) -> list[list[Generation]]:
-    """Greedy decoding or sampling of one batch of encoded prompts; ``num_sequences`` per prompt.
+    """Greedy decoding or sampling of encoded prompts, ``num_sequences`` per prompt, ``width``
+    rows at a time (default: all at once).
 
     ``on_done`` hears how many prompts finished at each step (a finished sample counts 1/N).
     """
     n = config.num_sequences
-    sampling = config.strategy == "sample"
-    tau = config.temperature if sampling else 1.0
-    pre = engine.prefill(batch, prefix, reserve=config.max_new_tokens)
-    logits = pre.logits[:, -1].repeat_interleave(n, dim=0) if n > 1 else pre.logits[:, -1]
-    rows = LiveRows(pre, n)
-    u = sample_uniforms(config.seed, batch, n, config.max_new_tokens) if sampling else None
-    tokens: list[list[int]] = [[] for _ in rows.out]
-    raw: list[list[float]] = [[] for _ in rows.out]
-    tempered: list[list[float]] = [[] for _ in rows.out]
+    dec = Decoder(engine, config, stops, width=width or len(prompts) * n, refill=refill)
+    for i, ids in enumerate(prompts):
+        dec.add(i, ids, prefix)
+    results: list[list[Generation]] = [[] for _ in prompts]
+    reported = 0
+    while dec.busy:
+        for i, gens in dec.step():
+            results[i] = gens
+        if on_done is not None and dec.ended_rows > reported:
+            # Progress in samples: every sequence that ended counts 1/N of its prompt.
+            on_done((dec.ended_rows - reported) / n)
+            reported = dec.ended_rows
+    return results
 
-    for step in range(config.max_new_tokens):
-        scores = StepScores(logits, tau)
-        chosen = scores.sample(u[rows.out, step]) if sampling else scores.greedy()
-        lp, lpt = scores.logprobs(chosen)
-        # One host transfer per step for ids and one per log-prob kind.
-        ids, lp = chosen.tolist(), lp.tolist()
-        lpt = lpt.tolist() if lpt is not None else None
-        ended = []
-        for j in rows.running():
-            r = rows.out[j]
-            tokens[r].append(ids[j])
-            raw[r].append(lp[j])
-            if lpt is not None:
-                tempered[r].append(lpt[j])
-            if ids[j] in stops.token_ids:
-                ended.append(j)
-        # Stop strings that span tokens ("Question:"): decode only the tails of rows still going.
-        stopped = set(ended)
-        going = [j for j in rows.running() if j not in stopped]
-        hits = stops.ended_by_text([tokens[rows.out[j]] for j in going])
-        ended += [j for j, hit in zip(going, hits, strict=True) if hit]
-        rows.finish(ended)
-        if on_done is not None and ended:
-            on_done(len(ended) / n)
-        if rows.alive == 0 or step + 1 == config.max_new_tokens:
-            if on_done is not None and rows.alive:
-                on_done(rows.alive / n)  # rows cut off by max_new_tokens
-            break
-        logits = rows.step(engine, chosen)
 
-    gens = [
-        stops.split(
-            tokens[r], np.asarray(raw[r]), np.asarray(tempered[r]) if tempered[r] else None, config
-        )
-        for r in range(len(tokens))
-    ]
-    return [gens[i * n : (i + 1) * n] for i in range(len(batch))]
+def refillable(engine: Prefiller) -> bool:
+    """Whether prompts can join a running batch of this model: only with full attention, whose
+    layers are all :class:`~.kv_cache.GrowingLayer` (a sliding window counts columns, which the
+    padding of a joining row would shift)."""
+    return engine.window is None

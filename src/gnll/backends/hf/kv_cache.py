@@ -20,9 +20,13 @@ class GrowingLayer(DynamicLayer):
 
     ``DynamicLayer`` rebuilds keys and values with ``torch.cat`` at every step, copying the whole
     cache (batch x prompt length) per layer and token. This layer keeps a buffer with room for
-    ``reserve`` more tokens and exposes ``keys``/``values`` as views of its filled part. Anything
-    that replaces them (dropping finished rows, beam reordering, repeating rows) leaves a tensor
-    that is not a view of the buffer, and the next update starts a new buffer from it.
+    ``reserve`` more tokens and exposes ``keys``/``values`` as views of a window of it. Anything
+    that replaces them (beam reordering by another cache class, for instance) leaves a tensor that
+    is not a view of the buffer, and the next update starts a new buffer from it.
+
+    For continuous batching (:mod:`.decode`) the window can also lose leading columns without a
+    copy (:meth:`trim`), take new rows into given batch slots (:meth:`write_rows`) and gain leading
+    padding columns (:meth:`widen`).
     """
 
     def __init__(self, reserve: int = 0) -> None:
@@ -30,6 +34,7 @@ class GrowingLayer(DynamicLayer):
         self.reserve = max(0, int(reserve))
         self._kbuf: torch.Tensor | None = None
         self._vbuf: torch.Tensor | None = None
+        self._start = 0  # buffer column where the window (keys/values) begins
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -38,26 +43,51 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         have = self.get_seq_length()
         new = key_states.shape[-2]
-        buf = self._kbuf
         if (
             have == 0
             or not self._owns_buffer()
-            or buf.shape[0] != key_states.shape[0]
-            or have + new > buf.shape[-2]
+            or self._kbuf.shape[0] != key_states.shape[0]
+            or self._start + have + new > self._kbuf.shape[-2]
         ):
-            b, h, _, d = key_states.shape
-            cap = have + new + max(self.reserve, (have + new) // 2 if buf is not None else 0)
-            kbuf = key_states.new_empty((b, h, cap, d))
-            vbuf = value_states.new_empty((b, value_states.shape[1], cap, value_states.shape[-1]))
-            if have:
-                kbuf[:, :, :have] = self.keys
-                vbuf[:, :, :have] = self.values
-            self._kbuf, self._vbuf = kbuf, vbuf
-        self._kbuf[:, :, have : have + new] = key_states
-        self._vbuf[:, :, have : have + new] = value_states
-        self.keys = self._kbuf[:, :, : have + new]
-        self.values = self._vbuf[:, :, : have + new]
+            grow = (have + new) // 2 if self._kbuf is not None else 0
+            self._rebuffer(
+                key_states.shape[0],
+                have + new + max(self.reserve, grow),
+                like=(key_states, value_states),
+            )
+        end = self._start + have
+        self._kbuf[:, :, end : end + new] = key_states
+        self._vbuf[:, :, end : end + new] = value_states
+        self._show(self._start, end + new)
         return self.keys, self.values
+
+    def _show(self, start: int, end: int) -> None:
+        self._start = start
+        self.keys = self._kbuf[:, :, start:end]
+        self.values = self._vbuf[:, :, start:end]
+
+    def _rebuffer(
+        self,
+        batch: int,
+        cap: int,
+        left: int = 0,
+        like: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """A new buffer of ``cap`` columns holding the window after ``left`` zero columns."""
+        have = self.get_seq_length()
+        k, v = self.keys, self.values
+        like_k, like_v = like if like is not None else (k, v)
+        shape_k = (batch, like_k.shape[1], max(cap, left + have), like_k.shape[3])
+        shape_v = (batch, like_v.shape[1], shape_k[2], like_v.shape[3])
+        self._kbuf, self._vbuf = like_k.new_empty(shape_k), like_v.new_empty(shape_v)
+        if left:
+            # Padding must be finite zeros: masked keys still enter q.k before the mask.
+            self._kbuf[:, :, :left].zero_()
+            self._vbuf[:, :, :left].zero_()
+        if have:
+            self._kbuf[:, :, left : left + have] = k
+            self._vbuf[:, :, left : left + have] = v
+        self._show(0, left + have)
 
     def allocate(self, like: torch.Tensor, batch: int, length: int) -> None:
         """Make ``keys``/``values`` uninitialised ``batch x heads x length x dim`` views to fill."""
@@ -65,33 +95,80 @@ class GrowingLayer(DynamicLayer):
         b, h, _, d = like.shape
         self._kbuf = like.new_empty((batch, h, length + self.reserve, d))
         self._vbuf = like.new_empty((batch, h, length + self.reserve, d))
-        self.keys, self.values = self._kbuf[:, :, :length], self._vbuf[:, :, :length]
+        self._show(0, length)
 
     def _owns_buffer(self) -> bool:
+        if self._kbuf is None or not self.is_initialized:
+            return False
+        k, v = self._kbuf, self._vbuf
+        at_k = k.data_ptr() + self._start * k.stride(2) * k.element_size()
+        at_v = v.data_ptr() + self._start * v.stride(2) * v.element_size()
         return (
-            self._kbuf is not None
-            and self.is_initialized
-            and self.keys.data_ptr() == self._kbuf.data_ptr()
-            and self.values.data_ptr() == self._vbuf.data_ptr()
+            self.keys.data_ptr() == at_k
+            and self.values.data_ptr() == at_v
+            and self.keys.shape[0] == k.shape[0]
         )
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        # Selecting rows of the whole buffer is one copy and keeps the room reserved for the answer;
-        # selecting the filled view would copy once here and once more at the next update.
+        # Selecting rows of the buffer from the window on is one copy and keeps the room reserved
+        # for the answer; selecting the filled view would copy once here and once more at the next
+        # update.
         if not self._owns_buffer():
             return super().batch_select_indices(indices)
         have = self.get_seq_length()
-        self._kbuf = self._kbuf[indices]
-        self._vbuf = self._vbuf[indices]
-        self.keys, self.values = self._kbuf[:, :, :have], self._vbuf[:, :, :have]
+        self._kbuf = self._kbuf[indices, :, self._start :]
+        self._vbuf = self._vbuf[indices, :, self._start :]
+        self._show(0, have)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if not self._owns_buffer():
             return super().batch_repeat_interleave(repeats)
         have = self.get_seq_length()
-        self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
-        self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
-        self.keys, self.values = self._kbuf[:, :, :have], self._vbuf[:, :, :have]
+        self._kbuf = self._kbuf[:, :, self._start :].repeat_interleave(repeats, dim=0)
+        self._vbuf = self._vbuf[:, :, self._start :].repeat_interleave(repeats, dim=0)
+        self._show(0, have)
+
+    # -------------------------------------------------------------- continuous batching
+    def _own(self) -> None:
+        if not self._owns_buffer():
+            self._rebuffer(self.keys.shape[0], self.get_seq_length() + self.reserve)
+
+    def trim(self, columns: int) -> None:
+        """Drop the window's first ``columns`` columns (no copy: the buffer keeps them until it is
+        next rebuilt)."""
+        if columns > 0:
+            self._own()
+            self._show(self._start + columns, self._start + self.get_seq_length())
+
+    def widen(self, width: int) -> None:
+        """Give the window zero columns on the left until it is ``width`` columns wide (one copy)."""
+        have = self.get_seq_length()
+        if width > have:
+            cap = width + max(self.reserve, width // 2)
+            self._rebuffer(self.keys.shape[0], cap, left=width - have)
+
+    def add_rows(self, count: int) -> None:
+        """Append ``count`` batch rows of zeros (one copy of the buffer from the window on)."""
+        if count > 0:
+            self._own()
+            have = self.get_seq_length()
+            k, v = self._kbuf[:, :, self._start :], self._vbuf[:, :, self._start :]
+            self._kbuf = torch.cat([k, k.new_zeros((count, *k.shape[1:]))])
+            self._vbuf = torch.cat([v, v.new_zeros((count, *v.shape[1:]))])
+            self._show(0, have)
+
+    def write_rows(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put rows of another cache (``len(slots) x heads x length x dim``, length at most the
+        window's) into batch ``slots``, right-aligned, with zero columns before them."""
+        self._own()
+        have, length = self.get_seq_length(), keys.shape[-2]
+        if length > have:
+            raise ValueError(f"rows of {length} columns do not fit a window of {have}: widen first")
+        start, end = self._start, self._start + have
+        self._kbuf[slots, :, start : end - length] = 0
+        self._vbuf[slots, :, start : end - length] = 0
+        self._kbuf[slots, :, end - length : end] = keys
+        self._vbuf[slots, :, end - length : end] = values
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gnll._util import progress as show_progress_bar
+from gnll._util import progress_enabled
 from gnll.backends.base import (
     DEFAULT_STOP,
     Capabilities,
@@ -21,7 +22,7 @@ from gnll.backends.base import (
     chat_messages,
 )
 from gnll.backends.hf.beam import beam_search
-from gnll.backends.hf.decode import decode
+from gnll.backends.hf.decode import Decoder, decode, refillable
 from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_config
 from gnll.backends.hf.kv_cache import plain_cache
 from gnll.backends.hf.loading import load_pretrained, use_chat_template
@@ -30,7 +31,7 @@ from gnll.backends.hf.prefill import Prefiller
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
 
-Decoder = Literal["auto", "loop", "generate"]
+DecoderName = Literal["auto", "loop", "generate"]
 
 
 class HFModel(Model):
@@ -67,6 +68,11 @@ class HFModel(Model):
         transformers' beam search, the prompt prefilled once, done prompts dropped);
         ``"generate"`` uses ``model.generate`` fed with the loop's prefill cache (the reference
         the loop's beams are tested against).
+    continuous_batching:
+        With the loop, for greedy decoding and sampling of a model with full attention: all prompts
+        of a call share one batch of ``batch_size`` rows, and a prompt waiting for room takes the
+        slots of rows that finished (continuous batching). ``False``: fixed batches, each decoded
+        until its last row finishes (finished rows leave, nothing joins).
 
     Attributes
     ----------
@@ -97,8 +103,9 @@ class HFModel(Model):
         batch_size: int = 64,
         max_batch_tokens: int | None = 20480,
         source: str | None = None,
-        decoder: Decoder = "auto",
+        decoder: DecoderName = "auto",
         beam_decoder: Literal["loop", "generate"] = "loop",
+        continuous_batching: bool = True,
     ) -> None:
         if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):
             raise ValueError(
@@ -134,6 +141,9 @@ class HFModel(Model):
         #: Beam search in gnll's loop (:mod:`.beam`); ``beam_decoder="generate"`` keeps
         #: transformers' (the same beams, slower: the benchmarks compare the two).
         self.own_beam_search = beam_decoder == "loop"
+        #: Greedy decoding and sampling as one loop over all prompts of a call, where a waiting
+        #: prompt takes the slot of a finished row (full-attention models; see :mod:`.decode`).
+        self.continuous_batching = bool(continuous_batching)
         self.capabilities = Capabilities(
             beams=True,
             scoring=True,
@@ -201,13 +211,15 @@ class HFModel(Model):
             chat_messages(prompt), add_generation_prompt=True, tokenize=False
         )
 
-    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """The token ids the model conditions on for each prompt (after :meth:`render_prompt`)."""
+    def encode(self, prompts: Sequence[str], *, raw_prompt: bool = False) -> list[list[int]]:
+        """The token ids the model conditions on for each prompt (after :meth:`render_prompt`;
+        ``raw_prompt=True``: the text as it is, with the tokenizer's special tokens)."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings; wrap a single prompt as [prompt]")
-        texts = [self.render_prompt(p) for p in prompts]
+        templated = self.chat_template and not raw_prompt
+        texts = [self.render_prompt(p) for p in prompts] if templated else list(prompts)
         # A chat template already contains the special tokens (BOS etc.); plain prompts get them here.
-        enc = self.tokenizer(texts, add_special_tokens=not self.chat_template)
+        enc = self.tokenizer(texts, add_special_tokens=not templated)
         return [list(ids) for ids in enc["input_ids"]]
 
     @cached_property
@@ -239,6 +251,8 @@ class HFModel(Model):
     ) -> list[list[Generation]]:
         config = config or GenerationConfig.greedy()
         encoded = self.encode(prompts)
+        if not encoded:
+            return []
         self._check_context(encoded, config.max_new_tokens)
         stops = self.stop_rules(config.stop)
         rows_per_batch = batch_size or self.batch_size
@@ -256,10 +270,32 @@ class HFModel(Model):
         prefix = engine.shared_prefix(encoded) if engine is not None else None
         results: list[list[Generation]] = [[] for _ in encoded]
         desc = f"{self.name} {config.strategy}"
-        batches = [[order[j] for j in b] for b in batches]
         # A callable ``progress`` hears about every finished prompt (fractions: a prompt's finished
         # samples) instead of a bar per batch, so a caller's bar moves within a batch.
         on_done = progress if callable(progress) else None
+
+        continuous = (
+            engine is not None
+            and self.continuous_batching
+            and config.strategy != "beam"
+            and refillable(engine)
+            and (prefix is None or engine.prefix_fits(prefix, encoded, config.max_new_tokens))
+        )
+        if continuous:
+            # One decoding loop for every prompt: a finished row's slot goes to a waiting prompt.
+            width = max(1, rows_per_batch // config.num_sequences)
+            if self.max_batch_tokens is not None:
+                per_prompt = config.num_sequences * (len(encoded[order[0]]) + config.max_new_tokens)
+                width = max(1, min(width, self.max_batch_tokens // per_prompt))
+            batches = [[order[j] for b in batches for j in b]]
+        else:
+            batches = [[order[j] for j in b] for b in batches]
+        bar = None
+        if continuous and on_done is None and progress_enabled(bool(progress)):
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(encoded), desc=desc, unit="prompt")
+            on_done = bar.update
 
         def run(batch: list[int]) -> list[list[Generation]]:
             rows = [encoded[i] for i in batch]
@@ -282,13 +318,56 @@ class HFModel(Model):
                 return outs
             if config.strategy == "beam":
                 return beam_search(engine, rows, config, use, stops, on_done=on_done)
-            return decode(engine, rows, config, use, stops, on_done=on_done)
+            if continuous:
+                n = config.num_sequences
+                return decode(engine, rows, config, use, stops, width=width * n, on_done=on_done)
+            return decode(engine, rows, config, use, stops, refill=False, on_done=on_done)
 
-        for batch in show_progress_bar(batches, bool(progress) and not on_done, desc, unit="batch"):
-            # An out-of-memory batch is retried in halves before the error reaches the user.
-            for i, gens in zip(batch, halving_on_oom(run, batch), strict=True):
-                results[i] = gens
+        loop_bar = bool(progress) and not on_done
+        try:
+            for batch in show_progress_bar(batches, loop_bar, desc, unit="batch"):
+                # An out-of-memory batch is retried in halves before the error reaches the user.
+                for i, gens in zip(batch, halving_on_oom(run, batch), strict=True):
+                    results[i] = gens
+        finally:
+            if bar is not None:
+                bar.close()
         return results
+
+    def open_decoder(self, config: GenerationConfig, *, width: int | None = None) -> Decoder | None:
+        """A decoding loop that prompts can join while it runs (continuous batching for servers).
+
+        Prompts go in encoded (:meth:`encode`; check them with :meth:`check_context`) with
+        :meth:`~.decode.Decoder.add`, and each :meth:`~.decode.Decoder.step` returns the prompts
+        that finished. ``None`` when this model cannot run one: beam search, ``decoder="generate"``,
+        ``continuous_batching=False`` or a sliding-window cache.
+
+        Examples
+        --------
+        >>> from gnll import load_model
+        >>> model = load_model("smollm2-135m-instruct", progress=False)
+        >>> dec = model.open_decoder(GenerationConfig.greedy(), width=8)
+        >>> dec.add("q1", model.encode(["What is the capital of France?"])[0])
+        >>> done = []
+        >>> while dec.busy:
+        ...     done += dec.step()
+        >>> [(tag, len(gens)) for tag, gens in done]
+        [('q1', 1)]
+        """
+        engine = self.engine
+        if (
+            engine is None
+            or not self.continuous_batching
+            or config.strategy == "beam"
+            or not refillable(engine)
+        ):
+            return None
+        rows = width or self.batch_size
+        return Decoder(engine, config, self.stop_rules(config.stop), width=rows)
+
+    def check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """A clear error for a prompt the model's context cannot hold (before any computing)."""
+        self._check_context(encoded, max_new_tokens)
 
     def _check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
         """A clear error for a prompt the model's context cannot hold (before any computing)."""

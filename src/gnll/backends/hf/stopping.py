@@ -39,6 +39,11 @@ def stop_vocab_ids(tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...]) ->
     return ids
 
 
+def _is_byte_token(name: str | None) -> bool:
+    """A SentencePiece byte-fallback token (``<0xE2>``): its bytes join a run of such tokens."""
+    return name is not None and len(name) == 6 and name.startswith("<0x") and name.endswith(">")
+
+
 class StopRules:
     """The stopping rules of one set of stop strings, for one tokenizer.
 
@@ -88,6 +93,46 @@ class StopRules:
         texts = self.tokenizer.batch_decode([t[-self.window :] for t in tails])
         return [any(s in t for s in self.strings) for t in texts]
 
+    def prefix_lengths(self, ids: Sequence[int], text: str | None = None) -> list[int]:
+        """``len(decode(ids[:j]))`` for ``j = 0 .. len(ids)``, in linear time.
+
+        ``text`` is ``decode(ids)`` if the caller has it. Decoding every prefix costs time
+        quadratic in the answer's length. Instead, prefixes are decoded from an *anchor*: the last
+        token before ``j`` whose own text is complete (not empty, no U+FFFD, not a byte-fallback
+        ``<0xNN>`` token). Byte-level decoding is back at a character boundary after such a token,
+        and a byte-fallback run or a leading-space strip cannot reach across it, so with the anchor
+        as context ``len(decode(ids[:j])) = len(decode(ids[:a + 1])) + len(decode(ids[a:j])) -
+        len(decode([ids[a]]))``: the same lengths as decoding each prefix. Tokenizers that clean up
+        spaces after decoding (a rule that reaches across tokens) decode each prefix, as does any
+        row whose pieces do not add up to ``text``.
+        """
+        ids, tok = list(ids), self.tokenizer
+        if not ids:
+            return [0]
+        if getattr(tok, "clean_up_tokenization_spaces", False):
+            return self._decoded_prefix_lengths(ids)
+        pieces = tok.batch_decode([[i] for i in ids])
+        names = tok.convert_ids_to_tokens(ids)
+        anchors, last = [], -1  # anchors[j - 1]: the anchor of prefix j (< j - 1; -1: none yet)
+        for t, (piece, name) in enumerate(zip(pieces, names, strict=True)):
+            anchors.append(last)
+            if piece and "\ufffd" not in piece and not _is_byte_token(name):
+                last = t
+        decoded = tok.batch_decode([ids[max(a, 0) : j] for j, a in enumerate(anchors, start=1)])
+        length = [0]
+        for a, seg in zip(anchors, decoded, strict=True):
+            length.append(len(seg) if a < 0 else length[a + 1] + len(seg) - len(pieces[a]))
+        if length[-1] != len(tok.decode(ids) if text is None else text):
+            # A decoder this reasoning does not cover.
+            return self._decoded_prefix_lengths(ids)
+        return length
+
+    def _decoded_prefix_lengths(self, ids: list[int]) -> list[int]:
+        """``len(decode(ids[:j]))`` by decoding every prefix (quadratic time)."""
+        return [0] + [
+            len(t) for t in self.tokenizer.batch_decode([ids[:j] for j in range(1, len(ids) + 1)])
+        ]
+
     def split(
         self,
         ids: list[int],
@@ -100,23 +145,23 @@ class StopRules:
         ``raw``/``tempered`` are the log-probs of ``ids`` (``None``: not known yet, e.g. beams that
         are scored afterwards).
         """
-        decode = self.tokenizer.decode
         # Everything after the first stop/EOS token is padding.
         end = next((t + 1 for t, i in enumerate(ids) if i in self.token_ids), len(ids))
         ids = ids[:end]
         eos_at = next((t for t, i in enumerate(ids) if i in self.eos_ids), None)
         body = ids[:eos_at] if eos_at is not None else ids
-        text = decode(body)
+        text = self.tokenizer.decode(body)
         hits = [(text.find(s), s) for s in config.stop if s in text]
         if hits:
             cut, stop_seq = min(hits)
             finish = "stop"
             # Answer tokens: those whose text lies entirely before the stop string.
+            length = self.prefix_lengths(body, text)
             k = 0
-            while k < len(body) and len(decode(body[: k + 1])) <= cut:
+            while k < len(body) and length[k + 1] <= cut:
                 k += 1
             term_end = k + 1
-            while term_end < len(body) and len(decode(body[:term_end])) < cut + len(stop_seq):
+            while term_end < len(body) and length[term_end] < cut + len(stop_seq):
                 term_end += 1
             term_end = min(term_end, len(body))
         elif eos_at is not None:
@@ -136,7 +181,7 @@ class StopRules:
         return Generation(
             text=text[:cut].strip(),
             token_ids=answer_ids,
-            tokens=[decode([i]) for i in answer_ids],
+            tokens=self.tokenizer.batch_decode([[i] for i in answer_ids]) if answer_ids else [],
             token_logprobs=token_lp,
             finish_reason=finish,
             stop_sequence=stop_seq,
