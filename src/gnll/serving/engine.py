@@ -272,6 +272,8 @@ class BatchingEngine:
                 )
             open_jobs[number] = [job, [None] * len(ids), len(ids)]
             served += len(ids)
+            if job.events is not None:  # the loop reports its tokens only when someone listens
+                decoder.on_token = heard
 
         def heard(tokens: list[tuple[Any, int, int, float]]) -> None:
             # One hand-off per streaming job and step: the event loop wakes once per chunk batch.
@@ -283,7 +285,6 @@ class BatchingEngine:
                 job = open_jobs[jid][0]
                 job.loop.call_soon_threadsafe(job.events.put_nowait, ("tokens", items))
 
-        decoder.on_token = heard
         for job in batch:
             join(job)
         while decoder.busy:
