@@ -90,7 +90,10 @@ def test_proxy_stream_carries_uncertainty_in_the_last_chunk_not_in_headers(upstr
             assert not [h for h in r.headers if h.lower().startswith("x-uncertainty")]
             lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
         plain = httpx.post(px.url + "/v1/completions", json={**body, "stream": False}, timeout=30)
+        metrics = httpx.get(px.url + "/metrics").text
     assert plain.headers["x-uncertainty-g-nll"] == "5"
+    # The streamed answer counts in the metrics once its stream has ended (the plain one too).
+    assert "gnll_answer_g_nll_count 2.0" in metrics
     assert lines[-1] == "data: [DONE]" and '"uncertainty"' in lines[-2]
 
 

@@ -164,6 +164,15 @@ def test_live_stream_has_no_uncertainty_headers_and_counts_metrics(counted):
     assert count and float(count[0].split()[-1]) >= 1
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_too_long_a_prompt_is_a_400_before_any_chunk(counted, stream):
+    with pytest.raises(openai.BadRequestError) as err:
+        counted.client.completions.create(
+            model="smollm2-135m-instruct", prompt="word " * 9000, max_tokens=10, stream=stream
+        )
+    assert "context" in err.value.message and "max_new_tokens=10" in err.value.message
+
+
 @pytest.mark.parametrize("threshold", [0.0, 1e9])
 def test_refuse_policy_buffers_the_stream(smollm, threshold):
     counter = StepCounter()

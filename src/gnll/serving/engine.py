@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.serving.errors import RequestError
 
 log = logging.getLogger("gnll.serve")
 
@@ -250,7 +251,10 @@ class BatchingEngine:
             try:
                 ids = self.model.encode(job.prompts, raw_prompt=job.raw)
                 self.model.check_context(ids, job.config.max_new_tokens)
-            except Exception as exc:  # this request's problem only (e.g. too long a prompt)
+            except ValueError as exc:  # this request's problem only (too long a prompt): a 400
+                job.reject(RequestError(str(exc), "prompt"))
+                return
+            except Exception as exc:  # this request's problem only
                 job.reject(exc)
                 return
             # A seed per request: two unseeded requests with the same prompt sample independently.

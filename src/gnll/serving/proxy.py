@@ -204,8 +204,9 @@ class ProxyService:
         prompt = _prompt_text(req)
         if req.stream and settings.policy.mode != "refuse":
             response = await self._send("POST", path, body, stream=True)
-            stream = self._relay(response, req, settings, profile, config)
-            return Reply(body=None, records=[], stream=stream, prompt=prompt)
+            records: list[dict[str, Any]] = []  # filled when the stream ends (for metrics)
+            stream = self._relay(response, req, settings, profile, config, records)
+            return Reply(body=None, records=records, stream=stream, prompt=prompt)
         body["stream"] = False
         body.pop("stream_options", None)
         data = await self._call("POST", path, body)
@@ -252,6 +253,7 @@ class ProxyService:
         settings: Any,
         profile: ServerProfile,
         config: GenerationConfig,
+        out: list[dict[str, Any]],
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
         chat = isinstance(req, ChatCompletionRequest)
@@ -285,6 +287,7 @@ class ProxyService:
         except LogprobError as exc:
             yield R.sse(R.error_body(str(exc), "upstream_error"))
             return
+        out.extend(records)
         base = {k: last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
             c = {"index": i, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
