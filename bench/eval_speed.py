@@ -1,46 +1,65 @@
-"""The whole default ``gnll eval`` per question, before and after beam search moved into gnll's loop.
+"""The whole default ``gnll eval`` per question: today's code against the code issue 17 was filed on.
 
-Both arms run ``gnll eval --model M --tasks triviaqa_short --limit N`` with every default (all
-measures, 10 samples, 5 beams, the temperature chosen from {0.5, 1.0, 1.5} on held-out questions,
-the default clusterer) as separate processes, interleaved; they differ only in
-``--model_args beam_decoder=...``:
+Every arm runs ``gnll eval --model M --tasks triviaqa_short --limit N`` with every default (all
+measures, 10 samples, 5 beams, the temperature chosen on held-out questions, the default clusterer)
+as a separate process, on the same questions:
 
-- ``after``: ``beam_decoder=loop`` (the default): beam search in gnll's loop;
-- ``before``: ``beam_decoder=generate``: transformers' beam search, as ``gnll eval`` ran before
-  (the rest of the pipeline is the same code in both arms).
+- ``after``: this checkout, defaults (beam search in gnll's loop, continuous batching);
+- ``options``: this checkout with ``--model_args beam_decoder=generate,continuous_batching=false``
+  (transformers' beam search, fixed batches): the decoding of before, the rest of today's pipeline;
+- ``filed``: the source tree of ``--filed-commit`` (default ``1066f18``, the head when issue 17 was
+  filed: beam search in transformers' ``generate``, fixed batches), exported with ``git archive`` and
+  run with its own ``src`` first on ``PYTHONPATH``. Its protocol defaults differ in places that do
+  not change the work done (temperature chosen once per task, SE estimator, F1 rule) and its
+  samples are seeded differently, so only its greedy answers and beams are compared.
 
 Reported: wall time end to end and per stage (``timings.json``), seconds per question, and whether
-the outputs are identical (greedy answers, beams, samples, temperatures, measures): the change must
-not alter a single deterministic output. Target (issue 17.3c): after >= 2x faster per question.
+the outputs are identical (``after`` vs ``options``: greedy answers, beams, samples, temperatures,
+measures; ``after`` vs ``filed``: greedy answers and beams). Target (issue 17.3c): ``after`` at least
+2x faster per question than ``filed``.
+
+``--parallel`` runs the arms of a repetition at the same time, one thread each (both cores busy, each
+arm slowed alike): half the wall time of running them one after another.
 
 Usage::
 
-    python bench/eval_speed.py --n 200 --output bench/results/eval_speed.json
+    python bench/eval_speed.py --n 200 --parallel --output bench/results/eval_speed.json
     python bench/eval_speed.py --quick
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import common
 
-ARMS = {"after": "beam_decoder=loop", "before": "beam_decoder=generate"}
+ARGS = {"after": None, "options": "beam_decoder=generate,continuous_batching=false", "filed": None}
 
 
-def run_eval(arm: str, n: int, heldout: int, model: str, workdir: Path) -> dict[str, Any]:
-    out = workdir / "run"
-    cmd = [
+def export_commit(commit: str, dest: Path) -> Path:
+    """``src`` of ``commit`` (from this repository) under ``dest``."""
+    repo = Path(__file__).resolve().parent.parent
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", commit, "src"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "src"
+
+
+def eval_command(arm: str, n: int, heldout: int, model: str, out: Path) -> list[str]:
+    model_args = ["--model_args", ARGS[arm]] if ARGS[arm] else []
+    return [
         *common.gnll_cli(),
         "eval",
         "--model",
         model,
-        "--model_args",
-        ARMS[arm],
+        *model_args,
         "--tasks",
         "triviaqa_short",
         "--limit",
@@ -52,12 +71,16 @@ def run_eval(arm: str, n: int, heldout: int, model: str, workdir: Path) -> dict[
         "--no-progress",
         "--no-plots",
     ]
-    res = common.run_measured(cmd, log=workdir / "eval.log")
+
+
+def collect(arm: str, res: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    out = workdir / "run"
     if res["returncode"] != 0:
         raise RuntimeError(f"{arm} failed: {(workdir / 'eval.log').read_text()[-2000:]}")
     res["stage_seconds"] = json.loads((out / "timings.json").read_text())["seconds"]
     res["records"] = [
         {
+            "id": r["id"],
             "greedy": r["greedy"]["token_ids"],
             "beams": [b["token_ids"] for b in r.get("beams", [])],
             "samples": [s["token_ids"] for s in r.get("samples", [])],
@@ -69,10 +92,17 @@ def run_eval(arm: str, n: int, heldout: int, model: str, workdir: Path) -> dict[
     return res
 
 
-def identical(a: list[dict], b: list[dict]) -> dict[str, Any]:
+def identical(
+    a: list[dict], b: list[dict], keys=("greedy", "beams", "samples", "temperature"), measures=True
+) -> dict[str, Any]:
+    by_id = {r["id"]: r for r in b}
+    pairs = [(x, by_id[x["id"]]) for x in a if x["id"] in by_id]
+    a, b = [x for x, _ in pairs], [y for _, y in pairs]
     out: dict[str, Any] = {"n": len(a)}
-    for key in ("greedy", "beams", "samples", "temperature"):
+    for key in keys:
         out[f"same_{key}"] = sum(x[key] == y[key] for x, y in zip(a, b, strict=True))
+    if not measures:
+        return out
     diffs = [
         abs(x["measures"][m] - y["measures"][m])
         for x, y in zip(a, b, strict=True)
@@ -83,6 +113,40 @@ def identical(a: list[dict], b: list[dict]) -> dict[str, Any]:
     return out
 
 
+def run_arms(
+    arms: list[str], rep: int, args: Any, n: int, heldout: int, tmp: Path, filed_src: Path | None
+) -> dict[str, dict[str, Any]]:
+    """One repetition of every arm: in turn (order alternating per repetition) or all at once."""
+    order = arms if rep % 2 == 0 else arms[::-1]
+    jobs = {}
+    for arm in order:
+        wd = tmp / f"{arm}{rep}"
+        wd.mkdir()
+        env = {}
+        if arm == "filed":
+            env["PYTHONPATH"] = os.pathsep.join([str(filed_src), os.environ.get("PYTHONPATH", "")])
+        threads = args.threads or (1 if args.parallel else None)
+        if threads:
+            env["OMP_NUM_THREADS"] = str(threads)
+        cmd = eval_command(arm, n, heldout, args.model, wd / "run")
+        jobs[arm] = (wd, cmd, env)
+    if args.parallel:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            futs = {
+                arm: pool.submit(common.run_measured, cmd, env=env, log=wd / "eval.log")
+                for arm, (wd, cmd, env) in jobs.items()
+            }
+            results = {arm: f.result() for arm, f in futs.items()}
+    else:
+        results = {
+            arm: common.run_measured(cmd, env=env, log=wd / "eval.log")
+            for arm, (wd, cmd, env) in jobs.items()
+        }
+    return {arm: collect(arm, results[arm], jobs[arm][0]) for arm in arms}
+
+
 def main() -> None:
     ap = common.parser(__doc__)
     ap.add_argument("--n", type=int, default=None, help="questions (default 200; quick 3)")
@@ -91,28 +155,36 @@ def main() -> None:
     )
     ap.add_argument("--repeats", type=int, default=None, help="default 1")
     ap.add_argument("--model", default=common.DEFAULT_MODEL)
+    ap.add_argument("--arms", default="after,options,filed", help="comma-separated arms")
+    ap.add_argument("--filed-commit", default="1066f18", help="the 'filed' arm's commit")
+    ap.add_argument("--parallel", action="store_true", help="run a repetition's arms at once")
     args = ap.parse_args()
     n = args.n or (3 if args.quick else 200)
     heldout = args.heldout or min(n, 100)
-    if args.threads:
-        import os
-
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    arms = [a for a in args.arms.split(",") if a]
+    if "after" not in arms or any(a not in ARGS for a in arms):
+        raise SystemExit(f"--arms: 'after' plus any of {', '.join(ARGS)}")
     info = common.machine()
-    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in ARMS}
+    runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="gnll-eval-speed-") as tmp:
+        filed_src = export_commit(args.filed_commit, Path(tmp)) if "filed" in arms else None
         for rep in range(args.repeats or 1):
-            for arm in list(ARMS) if rep % 2 == 0 else list(ARMS)[::-1]:
-                wd = Path(tmp) / f"{arm}{rep}"
-                wd.mkdir()
-                runs[arm].append(run_eval(arm, n, heldout, args.model, wd))
-                print(f"  {arm} rep {rep}: {runs[arm][-1]['wall_s']:.1f} s", flush=True)
-    same = identical(runs["after"][0]["records"], runs["before"][0]["records"])
+            for arm, res in run_arms(arms, rep, args, n, heldout, Path(tmp), filed_src).items():
+                runs[arm].append(res)
+                print(f"  {arm} rep {rep}: {res['wall_s']:.1f} s", flush=True)
+    after = runs["after"][0]["records"]
+    same = {}
+    if "options" in runs:
+        same["options"] = identical(after, runs["options"][0]["records"])
+    if "filed" in runs:
+        same["filed"] = identical(
+            after, runs["filed"][0]["records"], keys=("greedy", "beams"), measures=False
+        )
     for arm in runs.values():
         for r in arm:
             r.pop("records")
     rows = []
-    for arm in ARMS:
+    for arm in arms:
         wall = statistics.median(r["wall_s"] for r in runs[arm])
         stages = runs[arm][0]["stage_seconds"]
         rows.append(
@@ -125,26 +197,41 @@ def main() -> None:
                 "beams s": sum(v for k, v in stages.items() if k.startswith("beams")),
                 "samples s": sum(v for k, v in stages.items() if k.startswith("samples")),
                 "greedy s": stages.get("greedy", float("nan")),
+                "peak RSS MB": max(r["peak_rss_mb"] for r in runs[arm]),
                 "load 1-min": statistics.median(r["load_before"][0] for r in runs[arm]),
             }
         )
-    ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(runs["after"], runs["before"], strict=True)]
-    beam_ratio = rows[1]["beams s"] / rows[0]["beams s"] if rows[0]["beams s"] else float("nan")
+    by_arm = {r["arm"]: r for r in rows}
+    speedups = {
+        arm: [b["wall_s"] / a["wall_s"] for a, b in zip(runs["after"], runs[arm], strict=True)]
+        for arm in arms
+        if arm != "after"
+    }
+    stage = {
+        arm: {
+            k: by_arm[arm][k] / by_arm["after"][k] if by_arm["after"][k] else float("nan")
+            for k in ("beams s", "samples s", "greedy s")
+        }
+        for arm in speedups
+    }
+    baseline = "filed" if "filed" in speedups else next(iter(speedups), None)
+    median = statistics.median(speedups[baseline]) if baseline else float("nan")
     summary = {
-        "speedup_median": statistics.median(ratios),
-        "speedups": ratios,
-        "beam_stage_speedup": beam_ratio,
+        "baseline": baseline,
+        "speedup_median": median,
+        "speedups": speedups,
+        "stage_speedups": stage,
         "target": 2.0,
-        "met": statistics.median(ratios) >= 2.0,
+        "met": median >= 2.0,
         "identical": same,
     }
     print(common.table(rows))
-    print(
-        f"\nwhole eval, before/after: {summary['speedup_median']:.2f}x per question (target >= 2x);"
-        f" beam stage {beam_ratio:.2f}x; identical greedy {same['same_greedy']}/{n}, beams "
-        f"{same['same_beams']}/{n}, samples {same['same_samples']}/{n}, max |measure diff| "
-        f"{same['max_abs_measure_diff']:.2g}"
-    )
+    for arm, ratios in speedups.items():
+        st = ", ".join(f"{k.split()[0]} {v:.2f}x" for k, v in stage[arm].items())
+        print(f"\nafter vs {arm}: {statistics.median(ratios):.2f}x per question ({st})")
+    for arm, sm in same.items():
+        print(f"identical with {arm}: " + ", ".join(f"{k} {v}" for k, v in sm.items()))
+    print(f"target (after vs {baseline}) >= 2x: {'met' if summary['met'] else 'NOT met'}")
     common.finish(
         "eval_speed", args, {"n": n, "table": rows, "summary": summary, "runs": runs}, info
     )

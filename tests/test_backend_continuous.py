@@ -174,3 +174,25 @@ def test_sliding_window_models_keep_fixed_batches(gemma, smollm):
     assert_same(
         got, variant(gemma, batch_size=2, continuous_batching=False).generate(PROMPTS[:4], cfg)
     )
+
+
+def test_a_narrow_batch_grows_when_prompts_join(smollm):
+    """A loop that opened with one prompt takes a second one into a new slot at the next step
+    (a server's lone request, then another), instead of queueing it behind the first."""
+    cfg = GenerationConfig.greedy(max_new_tokens=20, stop=())
+    texts = ["Count from one to twenty: one, two,", "What is H2O?"]
+    enc = smollm.encode(texts)
+    ref = variant(smollm, continuous_batching=False).generate(texts, cfg)
+    dec = smollm.open_decoder(cfg, width=4)
+    got: dict[int, list] = {}
+    dec.add(0, enc[0])
+    got.update(dec.step())
+    got.update(dec.step())
+    dec.add(1, enc[1], max_new_tokens=6)
+    got.update(dec.step())
+    assert len(dec.slots.live()) == 2
+    while dec.busy:
+        got.update(dec.step())
+    assert_same([got[0]], [ref[0]])
+    [short] = got[1]
+    assert short.token_ids == ref[1][0].token_ids[:6] and short.finish_reason == "length"

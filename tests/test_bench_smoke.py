@@ -33,7 +33,7 @@ SCRIPTS = {
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {
     "cost_per_method": ["--questions", "1", "--clusterers", "exact,embedding,nli,llm"],
-    "eval_speed": ["--heldout", "2"],
+    "eval_speed": ["--heldout", "2", "--arms", "after,options"],
 }
 
 

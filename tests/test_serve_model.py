@@ -87,6 +87,55 @@ def test_concurrent_requests_are_batched_and_give_the_same_answers(served):
         )
 
 
+def test_a_request_joins_a_running_decoding_loop(served):
+    """Continuous batching: a short request sent while a long one decodes joins that loop at its
+    next step and is answered first, in the same batched run."""
+    runs_before = served_engine_batches(served)
+    done: dict[str, float] = {}
+
+    def long() -> None:
+        served.client.completions.create(
+            model="smollm2-135m-instruct",
+            prompt="Count from one to one hundred in words: one, two,",
+            max_tokens=120,
+            temperature=0,
+        )
+        done["long"] = time.perf_counter()
+
+    t = threading.Thread(target=long)
+    t.start()
+    time.sleep(1.0)  # the long request is decoding now
+    short = ask(served, QUESTIONS[4])
+    done["short"] = time.perf_counter()
+    t.join(300)
+    assert short.message.content and done["short"] < done["long"]
+    assert served_engine_batches(served) - runs_before == 1
+
+
+def test_unseeded_samples_of_one_prompt_are_independent_between_requests(served):
+    def sample(seed=None):
+        return [
+            c.text
+            for c in served.client.completions.create(
+                model="smollm2-135m-instruct",
+                prompt="Here is a list of random unusual words:",
+                max_tokens=8,
+                temperature=1.5,
+                n=2,
+                seed=seed,
+            ).choices
+        ]
+
+    outs: list[list[str]] = []
+    threads = [threading.Thread(target=lambda: outs.append(sample())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(outs) == 2 and outs[0] != outs[1]
+    assert sample(seed=7) == sample(seed=7)
+
+
 def served_engine_batches(srv) -> int:
     text = httpx.get(srv.url + "/metrics").text
     line = next(ln for ln in text.splitlines() if ln.startswith("gnll_batch_prompts_count"))

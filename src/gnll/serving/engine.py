@@ -1,10 +1,15 @@
-"""Dynamic batching: concurrent requests share the in-process model's ``generate`` calls.
+"""Dynamic batching: concurrent requests share the in-process model's forward passes.
 
 The model runs in one worker thread; the asyncio event loop only enqueues work and awaits futures,
-so it never blocks on a forward pass. Requests that arrive while a batch decodes wait in the queue
-and form the next batch; inside a batch the backend drops rows as they finish. Only requests with
-the same :class:`~gnll.backends.base.GenerationConfig` (and prompt rendering) can share a call, so
-the worker takes the oldest request's group first (no starvation) and leaves the others queued.
+so it never blocks on a forward pass. Only requests with the same
+:class:`~gnll.backends.base.GenerationConfig` can share forward passes; the worker serves the
+oldest request's group first and leaves the others queued (no starvation). Two ways:
+
+- **continuous** (models with :meth:`~gnll.backends.hf.HFModel.open_decoder`, the hf backend): a
+  request that arrives while the group decodes joins at the next step, taking the slots of rows
+  that finished, and each request is answered as soon as its own rows end;
+- **per call** (any other model): requests that arrive while a batch decodes wait in the queue and
+  form the next ``generate`` call.
 
 Examples
 --------
@@ -31,12 +36,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import inspect
+import itertools
 import logging
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +60,17 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
+    #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob), ...])`` per decoding step,
+    #: then ``("done", generations)`` or ``("error", exception)``.
+    events: asyncio.Queue | None = None
+
+    def resolve(self, value: Any) -> None:
+        """Deliver the job's generations (from the worker thread)."""
+        self.loop.call_soon_threadsafe(_settle, self, value, None)
+
+    def reject(self, exc: BaseException) -> None:
+        """Deliver the job's failure (from the worker thread)."""
+        self.loop.call_soon_threadsafe(_settle, self, None, exc)
 
 
 class EngineStopped(RuntimeError):
@@ -105,6 +122,7 @@ class BatchingEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._raw_model: Model | None = None
+        self._continuous = callable(getattr(model, "open_decoder", None))
         self.batches = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -131,18 +149,42 @@ class BatchingEngine:
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
     ) -> list[list[Generation]]:
         """Generate for ``prompts`` in some upcoming batch; ``raw`` skips the chat template."""
+        return await self._enqueue(prompts, config, raw, stream=False).future
+
+    def stream(
+        self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """Like :meth:`submit`, as events while decoding runs (called from the event loop).
+
+        Yields ``("tokens", [(prompt, j, token_id, raw log-prob), ...])`` once per decoding step
+        of the job's rows (models with ``open_decoder`` only; others decode a whole batch at
+        once), then ``("done", generations)`` as :meth:`submit` returns them. Failures are raised
+        from the iterator; :class:`EngineStopped` is raised here, before anything is queued.
+        """
+        job = self._enqueue(prompts, config, raw, stream=True)
+        return _events(job)
+
+    def _enqueue(
+        self, prompts: Sequence[str], config: GenerationConfig, raw: bool, *, stream: bool
+    ) -> _Job:
         loop = asyncio.get_running_loop()
-        # Sampling with a client's seed is reproducible only alone in its call (the backend's random
-        # streams are indexed by the row's position), so such jobs get a key of their own.
+        # Sampling with a client's seed is reproducible to the bit only alone in its batch (other
+        # rows change the padding, which moves logits in the last digits and can flip a sampled
+        # token), so such jobs get a key of their own.
         alone = config.strategy == "sample" and config.seed is not None
         key = (config, raw, secrets.token_hex(4) if alone else None)
+        if self._continuous:
+            # One decoding loop takes prompts of any length limit, stop strings and rendering.
+            key = (config.replace(max_new_tokens=1, stop=()), None, key[2])
         job = _Job(list(prompts), config, raw, key, loop, loop.create_future())
+        if stream:
+            job.events = asyncio.Queue()
         with self._cond:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
             self._queue.append(job)
             self._cond.notify()
-        return await job.future
+        return job
 
     # ------------------------------------------------------------------ worker
     def _take_batch(self) -> list[_Job] | None:
@@ -157,6 +199,8 @@ class BatchingEngine:
             # wait_fraction of a batch's duration.
             expect = min(self.max_batch_prompts, self._expect)
             window = min(self.max_wait, self.wait_fraction * self._last_seconds)
+            if self._continuous:
+                window = 0.0  # companions join the running loop at its next step instead
             # From when the engine became free: requests that queued during the previous batch
             # have waited anyway; the window is for the clients that batch just answered.
             deadline = max(self._queue[0].enqueued, self._free_since) + window
@@ -181,28 +225,116 @@ class BatchingEngine:
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
-            prompts = [p for job in batch for p in job.prompts]
-            started = time.perf_counter()
+            decoder = self._decoder(batch[0])
+            if decoder is not None:
+                self._run_continuous(decoder, batch)
+            else:
+                self._run_call(batch)
+
+    def _decoder(self, job: _Job) -> Any:
+        make = getattr(self.model, "open_decoder", None)
+        if make is None or not callable(make):
+            return None
+        rows = self.max_batch_prompts * job.config.num_sequences
+        return make(job.config, width=rows)
+
+    def _run_continuous(self, decoder: Any, batch: list[_Job]) -> None:
+        """Decode the group of ``batch[0]``: jobs of the same group that queue meanwhile join it
+        (up to the first job of another group, which runs next), each answered when done."""
+        key, started, served = batch[0].key, time.perf_counter(), 0
+        open_jobs: dict[int, list[Any]] = {}  # number -> [job, outputs, prompts left]
+        numbers = itertools.count()
+
+        def join(job: _Job) -> None:
+            nonlocal served
             try:
-                outs = self._generate(prompts, batch[0].config, batch[0].raw)
-            except Exception as exc:  # delivered to every waiting request, the worker lives on
-                log.exception("generate failed for a batch of %d prompts", len(prompts))
-                for job in batch:
-                    job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
-                continue
-            elapsed = time.perf_counter() - started
-            self.batches += 1
+                ids = self.model.encode(job.prompts, raw_prompt=job.raw)
+                self.model.check_context(ids, job.config.max_new_tokens)
+            except Exception as exc:  # this request's problem only (e.g. too long a prompt)
+                job.reject(exc)
+                return
+            # A seed per request: two unseeded requests with the same prompt sample independently.
+            seed = job.config.seed
+            if job.config.strategy == "sample" and seed is None:
+                seed = secrets.randbelow(2**31)
+            if not ids:
+                job.resolve([])
+                return
+            number = next(numbers)
+            stops = self.model.stop_rules(job.config.stop)
+            for i, row in enumerate(ids):
+                decoder.add(
+                    (number, i),
+                    row,
+                    seed=seed,
+                    max_new_tokens=job.config.max_new_tokens,
+                    stops=stops,
+                )
+            open_jobs[number] = [job, [None] * len(ids), len(ids)]
+            served += len(ids)
+            if job.events is not None:  # the loop reports its tokens only when someone listens
+                decoder.on_token = heard
+
+        def heard(tokens: list[tuple[Any, int, int, float]]) -> None:
+            # One hand-off per streaming job and step: the event loop wakes once per chunk batch.
+            per_job: dict[int, list[tuple[int, int, int, float]]] = {}
+            for (jid, i), j, token, lp in tokens:
+                if open_jobs[jid][0].events is not None:
+                    per_job.setdefault(jid, []).append((i, j, token, lp))
+            for jid, items in per_job.items():
+                job = open_jobs[jid][0]
+                job.loop.call_soon_threadsafe(job.events.put_nowait, ("tokens", items))
+
+        for job in batch:
+            join(job)
+        while decoder.busy:
+            try:
+                finished = decoder.step()
+            except Exception as exc:  # delivered to every request in the loop; the worker lives on
+                log.exception("decoding failed with %d requests in flight", len(open_jobs))
+                for job, _, _ in open_jobs.values():
+                    job.reject(exc)
+                break
+            for (jid, i), gens in finished:
+                entry = open_jobs[jid]
+                entry[1][i], entry[2] = gens, entry[2] - 1
+                if entry[2] == 0:
+                    open_jobs.pop(jid)[0].resolve(entry[1])
             with self._cond:
-                queued = sum(len(j.prompts) for j in self._queue)
-            self._expect, self._last_seconds = queued + len(prompts), elapsed
-            self._free_since = time.perf_counter()
-            if self.on_batch is not None:
-                self.on_batch(len(prompts), elapsed)
-            start = 0
+                joining = []
+                while self._queue and self._queue[0].key == key:
+                    joining.append(self._queue.popleft())
+            for job in joining:
+                join(job)
+        self.batches += 1
+        elapsed = time.perf_counter() - started
+        self._last_seconds, self._free_since = elapsed, time.perf_counter()
+        if self.on_batch is not None:
+            self.on_batch(served, elapsed)
+
+    def _run_call(self, batch: list[_Job]) -> None:
+        prompts = [p for job in batch for p in job.prompts]
+        started = time.perf_counter()
+        try:
+            outs = self._generate(prompts, batch[0].config, batch[0].raw)
+        except Exception as exc:  # delivered to every waiting request, the worker lives on
+            log.exception("generate failed for a batch of %d prompts", len(prompts))
             for job in batch:
-                part = outs[start : start + len(job.prompts)]
-                start += len(job.prompts)
-                job.loop.call_soon_threadsafe(_set_result, job.future, part)
+                job.reject(exc)
+            return
+        elapsed = time.perf_counter() - started
+        self.batches += 1
+        with self._cond:
+            queued = sum(len(j.prompts) for j in self._queue)
+        self._expect, self._last_seconds = queued + len(prompts), elapsed
+        self._free_since = time.perf_counter()
+        if self.on_batch is not None:
+            self.on_batch(len(prompts), elapsed)
+        start = 0
+        for job in batch:
+            part = outs[start : start + len(job.prompts)]
+            start += len(job.prompts)
+            job.resolve(part)
 
     def _generate(self, prompts: list[str], config: GenerationConfig, raw: bool) -> list:
         if config.strategy == "sample" and config.seed is None:
@@ -223,11 +355,24 @@ class BatchingEngine:
         return self._raw_model
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+def _settle(job: _Job, value: Any, exc: BaseException | None) -> None:
+    """Resolve a job's future (and end its event stream), on the job's event loop."""
+    if job.future.done():
+        return
+    if exc is not None:
+        job.future.set_exception(exc)
+    else:
+        job.future.set_result(value)
+    if job.events is not None:
+        job.future.exception()  # read here: a stream reports it through its queue instead
+        job.events.put_nowait(("error", exc) if exc is not None else ("done", value))
 
 
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+async def _events(job: _Job) -> AsyncIterator[tuple[str, Any]]:
+    while True:
+        kind, value = await job.events.get()
+        if kind == "error":
+            raise value
+        yield kind, value
+        if kind == "done":
+            return

@@ -61,7 +61,7 @@ class Metrics:
         )
         self.batch_size = Histogram(
             "gnll_batch_prompts",
-            "Prompts per model.generate call (dynamic batching)",
+            "Prompts per batched run: a generate call, or a continuous decoding loop from start to idle",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=r,
         )

@@ -6,8 +6,10 @@ padding), because that makes savings possible that ``model.generate`` cannot off
 * **log-probs in the same pass** -- each step's raw logits are already at hand for choosing the token,
   so ``log_softmax(raw_logits)[chosen]`` is one ``logsumexp`` and one gather; no logits processor,
   no extra copy, nothing of size steps x vocab is stored;
-* **finished rows leave the batch** -- a row that hit a stop token is dropped from the batch and the
-  KV cache, so a batch costs what its live rows cost, not ``rows x longest answer``;
+* **continuous batching** -- a row that hit a stop token frees its slot and a waiting prompt takes
+  it (its prompt prefilled and written into the running cache); when nothing waits, finished rows
+  leave the batch and the KV cache, so a batch costs what its live rows cost, not ``rows x longest
+  answer``. Prompts can also join while the loop runs (:meth:`~.model.HFModel.open_decoder`: servers);
 * **no repeated prompt work** -- the prompt tokens that all prompts of a call share (the instruction
   and few-shot examples of an evaluation task) are run through the model once and their KV cache is
   reused by every row; the N samples of one prompt prefill the prompt once and copy its cache N times;
@@ -15,7 +17,10 @@ padding), because that makes savings possible that ``model.generate`` cannot off
   (:class:`~.kv_cache.GrowingLayer`) instead of ``torch.cat``-ing the whole cache at every step.
 
 Samples are drawn by inverse-CDF sampling with one seeded uniform stream per (prompt, sample), so
-sample j of a prompt depends on the seed, the prompt and j only (:func:`~gnll.backends.base.sample_seed`).
+sample j of a prompt depends on the seed, the prompt and j only (:func:`~gnll.backends.base.sample_seed`),
+not on the batch it shares -- up to floating-point noise: a batch of other lengths pads the prompt
+differently, which moves its logits by ~1e-5, and at temperature 1 a uniform that falls that close
+to a boundary of the CDF picks the neighbouring token (rare per token, but a long sample can part).
 Beam search runs in the same loop (:mod:`.beam`): transformers' search, with each prompt prefilled
 once and dropped from the batch when it is done. Models whose cache is not a plain attention KV cache (recurrent
 or chunked-attention layers) use ``model.generate`` with a logits processor that chooses the tokens
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gnll.backends.hf.decode import Decoder
 from gnll.backends.hf.loading import load_tokenizer_json
 from gnll.backends.hf.model import HFModel
 from gnll.backends.hf.planning import (
@@ -48,6 +54,7 @@ __all__ = [
     "COMPACT_FRACTION",
     "FORWARD_COST_POSITIONS",
     "MIN_SHARED_PREFIX",
+    "Decoder",
     "HFModel",
     "load_hf",
     "load_tokenizer_json",

@@ -26,10 +26,22 @@ from gnll.backends.hf.stopping import StopRules
 
 
 @dataclass
-class _Row:
-    """One sequence being decoded: sample ``j`` of the prompt tagged ``tag``."""
+class _Prompt:
+    """A prompt waiting for slots, with what may differ between the prompts of one loop."""
 
     tag: Hashable
+    ids: list[int]
+    prefix: Prefix | None
+    seed: int | None
+    config: GenerationConfig  # its own max_new_tokens and stop strings
+    stops: StopRules
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded: sample ``j`` of ``prompt``."""
+
+    prompt: _Prompt
     j: int
     tokens: list[int] = field(default_factory=list)
     raw: list[float] = field(default_factory=list)
@@ -79,8 +91,20 @@ class Slots:
             self.uniforms = u
             return
         free = self.free()[: len(rows)]
-        if len(free) < len(rows):
-            raise ValueError(f"{len(rows)} rows do not fit {len(free)} free slots")
+        if len(free) < len(rows):  # the batch grows by the missing slots (one copy of the cache)
+            more = len(rows) - len(free)
+            for layer in self.cache.layers:
+                layer.add_rows(more)
+            self.mask = torch.cat([self.mask, self.mask.new_zeros((more, self.mask.shape[1]))])
+            self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(more)])
+            self.logits = torch.cat(
+                [self.logits, self.logits.new_zeros((more, *self.logits.shape[1:]))]
+            )
+            if self.uniforms is not None:
+                pad = self.uniforms.new_full((more, self.uniforms.shape[1]), 0.5)
+                self.uniforms = torch.cat([self.uniforms, pad])
+            free += list(range(len(self.rows), len(self.rows) + more))
+            self.rows += [None] * more
         width, length = self.mask.shape[1], mask.shape[1]
         if length > width:  # a longer prompt than the window: pad every slot on the left
             for layer in self.cache.layers:
@@ -100,7 +124,10 @@ class Slots:
         self.next_pos[idx] = next_pos
         self.logits[idx] = logits
         if u is not None:
-            self.uniforms[idx] = u
+            have, need = self.uniforms.shape[1], u.shape[1]
+            if need > have:  # a prompt allowed more tokens: old rows never read the new columns
+                self.uniforms = torch.nn.functional.pad(self.uniforms, (0, need - have), value=0.5)
+            self.uniforms[idx, :need] = u
         for s, row in zip(free, rows, strict=True):
             self.rows[s] = row
 
@@ -154,7 +181,8 @@ class Decoder:
     engine:
         The model's :class:`~.prefill.Prefiller`.
     config:
-        One configuration for every prompt (greedy or sampling; not beams).
+        The decoding of every prompt (greedy or sampling, temperature, sequences per prompt; not
+        beams); a prompt may bring its own ``max_new_tokens`` and stop strings (:meth:`add`).
     stops:
         The stop rules of ``config.stop``.
     width:
@@ -179,50 +207,76 @@ class Decoder:
         self.width = max(int(width), self.n)
         self.sampling = config.strategy == "sample"
         self.slots = Slots(engine, refill=refill)
-        self.waiting: deque[tuple[Hashable, list[int], Prefix | None]] = deque()
+        self.waiting: deque[_Prompt] = deque()
         self.results: dict[Hashable, list[Generation | None]] = {}
         #: Sequences that have ended so far (progress reports count them).
         self.ended_rows = 0
+        #: Hears each step's new tokens, ``[(tag, j, token_id, raw log-prob), ...]`` for every row
+        #: that decoded one (the token that ends a row included), before the row's answer is cut;
+        #: a server streams answers with it. ``None``: nothing to call.
+        self.on_token: Callable[[list[tuple[Hashable, int, int, float]]], None] | None = None
 
     @property
     def busy(self) -> bool:
         return bool(self.waiting) or bool(self.slots.live())
 
-    def add(self, tag: Hashable, ids: list[int], prefix: Prefix | None = None) -> None:
-        """Queue one encoded prompt; its generations are reported under ``tag``. ``prefix``: a
-        shared prefix it starts with (prefilled once for all prompts that bring it)."""
+    def add(
+        self,
+        tag: Hashable,
+        ids: list[int],
+        prefix: Prefix | None = None,
+        *,
+        seed: int | None = None,
+        max_new_tokens: int | None = None,
+        stops: StopRules | None = None,
+    ) -> None:
+        """Queue one encoded prompt; its generations are reported under ``tag``.
+
+        ``prefix``: a shared prefix the prompt starts with (prefilled once for all prompts that
+        bring it). ``seed``: its own sampling seed instead of the configuration's (a server gives
+        every request one, so that two users asking the same question get independent samples).
+        ``max_new_tokens``, ``stops``: its own limit and stop rules instead of the loop's.
+        """
         if tag in self.results:
             raise ValueError(f"prompt tag {tag!r} is already decoding")
+        config = self.config
+        if stops is not None or max_new_tokens is not None:
+            config = config.replace(
+                max_new_tokens=max_new_tokens or config.max_new_tokens,
+                stop=stops.stop if stops is not None else config.stop,
+            )
+        seed = config.seed if seed is None else seed
         self.results[tag] = [None] * self.n
-        self.waiting.append((tag, ids, prefix))
+        self.waiting.append(_Prompt(tag, ids, prefix, seed, config, stops or self.stops))
 
     def _admit(self, free: int) -> None:
         take = []
         while self.waiting and (len(take) + 1) * self.n <= free:
             # Prompts prefilled together must bring the same shared prefix.
-            if take and self.waiting[0][2] is not take[0][2]:
+            if take and self.waiting[0].prefix is not take[0].prefix:
                 break
             take.append(self.waiting.popleft())
         if not take:
             return
-        ids = [t[1] for t in take]
-        pre = self.engine.prefill(ids, take[0][2], reserve=self.config.max_new_tokens)
-        rows = [_Row(tag, j) for tag, _, _ in take for j in range(self.n)]
+        steps = max(p.config.max_new_tokens for p in take)
+        pre = self.engine.prefill([p.ids for p in take], take[0].prefix, reserve=steps)
+        rows = [_Row(p, j) for p in take for j in range(self.n)]
         u = None
         if self.sampling:
-            u = sample_uniforms(self.config.seed, ids, self.n, self.config.max_new_tokens)
+            u = torch.cat([sample_uniforms(p.seed, [p.ids], self.n, steps) for p in take])
             u = u.to(pre.logits.device)
         self.slots.admit(pre, rows, self.n, u)
 
+    @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, list[Generation]]]:
         """Decode one token for every live row (admitting prompts first if the batch is empty);
         the prompts whose every sequence has ended, with their generations."""
-        slots, cfg = self.slots, self.config
+        slots = self.slots
         if not slots.live():
             self._admit(self.width)
             if not slots.live():
                 return []
-        scores = StepScores(slots.logits, cfg.temperature if self.sampling else 1.0)
+        scores = StepScores(slots.logits, self.config.temperature if self.sampling else 1.0)
         if self.sampling:
             at = torch.tensor(
                 [len(r.tokens) if r is not None else 0 for r in slots.rows],
@@ -242,33 +296,44 @@ class Decoder:
             row.raw.append(lp[s])
             if lpt is not None:
                 row.tempered.append(lpt[s])
-            if ids[s] in self.stops.token_ids or len(row.tokens) == cfg.max_new_tokens:
+            p = row.prompt
+            if ids[s] in p.stops.token_ids or len(row.tokens) == p.config.max_new_tokens:
                 ended.append(s)
             else:
                 going.append(s)
+        if self.on_token is not None:
+            self.on_token(
+                [(slots.rows[s].prompt.tag, slots.rows[s].j, ids[s], lp[s]) for s in slots.live()]
+            )
         # Stop strings that span tokens ("Question:"): decode only the tails of rows still going.
-        hits = self.stops.ended_by_text([slots.rows[s].tokens for s in going])
-        ended += [s for s, hit in zip(going, hits, strict=True) if hit]
+        for stops in {
+            id(slots.rows[s].prompt.stops): slots.rows[s].prompt.stops for s in going
+        }.values():
+            mine = [s for s in going if slots.rows[s].prompt.stops is stops]
+            hits = stops.ended_by_text([slots.rows[s].tokens for s in mine])
+            ended += [s for s, hit in zip(mine, hits, strict=True) if hit]
         done = self._finish([slots.rows[s] for s in ended])
         self.ended_rows += len(ended)
         slots.release(ended)
         if slots.live():
             wait = slots.refill and bool(self.waiting)
             slots.step(chosen, keep_slots=wait)
-            free = len(slots.free())
-            if wait and free >= max(self.n, self.width * COMPACT_FRACTION):
+            # Room: free slots, and slots the batch may still grow by (it opened narrower).
+            room = len(slots.free()) + max(0, self.width - len(slots.rows))
+            if wait and room >= max(self.n, self.width * COMPACT_FRACTION):
                 slots.trim()
-                self._admit(free)
+                self._admit(room)
         return done
 
     def _finish(self, rows: list[_Row]) -> list[tuple[Hashable, list[Generation]]]:
         done = []
         for row in rows:
-            out = self.results[row.tag]
+            p = row.prompt
+            out = self.results[p.tag]
             tempered = np.asarray(row.tempered) if row.tempered else None
-            out[row.j] = self.stops.split(row.tokens, np.asarray(row.raw), tempered, self.config)
+            out[row.j] = p.stops.split(row.tokens, np.asarray(row.raw), tempered, p.config)
             if all(g is not None for g in out):
-                done.append((row.tag, self.results.pop(row.tag)))
+                done.append((p.tag, self.results.pop(p.tag)))
         return done
 
 

@@ -147,6 +147,16 @@ class GrowingLayer(DynamicLayer):
             cap = width + max(self.reserve, width // 2)
             self._rebuffer(self.keys.shape[0], cap, left=width - have)
 
+    def add_rows(self, count: int) -> None:
+        """Append ``count`` batch rows of zeros (one copy of the buffer from the window on)."""
+        if count > 0:
+            self._own()
+            have = self.get_seq_length()
+            k, v = self._kbuf[:, :, self._start :], self._vbuf[:, :, self._start :]
+            self._kbuf = torch.cat([k, k.new_zeros((count, *k.shape[1:]))])
+            self._vbuf = torch.cat([v, v.new_zeros((count, *v.shape[1:]))])
+            self._show(0, have)
+
     def write_rows(self, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Put rows of another cache (``len(slots) x heads x length x dim``, length at most the
         window's) into batch ``slots``, right-aligned, with zero columns before them."""

@@ -22,7 +22,7 @@ from gnll.backends.base import (
     chat_messages,
 )
 from gnll.backends.hf.beam import beam_search
-from gnll.backends.hf.decode import decode, refillable
+from gnll.backends.hf.decode import Decoder, decode, refillable
 from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_config
 from gnll.backends.hf.kv_cache import plain_cache
 from gnll.backends.hf.loading import load_pretrained, use_chat_template
@@ -31,7 +31,7 @@ from gnll.backends.hf.prefill import Prefiller, pad_token_id
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
 
-Decoder = Literal["auto", "loop", "generate"]
+DecoderName = Literal["auto", "loop", "generate"]
 
 
 class HFModel(Model):
@@ -103,7 +103,7 @@ class HFModel(Model):
         batch_size: int = 64,
         max_batch_tokens: int | None = 20480,
         source: str | None = None,
-        decoder: Decoder = "auto",
+        decoder: DecoderName = "auto",
         beam_decoder: Literal["loop", "generate"] = "loop",
         continuous_batching: bool = True,
     ) -> None:
@@ -211,13 +211,15 @@ class HFModel(Model):
             chat_messages(prompt), add_generation_prompt=True, tokenize=False
         )
 
-    def encode(self, prompts: Sequence[str]) -> list[list[int]]:
-        """The token ids the model conditions on for each prompt (after :meth:`render_prompt`)."""
+    def encode(self, prompts: Sequence[str], *, raw_prompt: bool = False) -> list[list[int]]:
+        """The token ids the model conditions on for each prompt (after :meth:`render_prompt`;
+        ``raw_prompt=True``: the text as it is, with the tokenizer's special tokens)."""
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings; wrap a single prompt as [prompt]")
-        texts = [self.render_prompt(p) for p in prompts]
+        templated = self.chat_template and not raw_prompt
+        texts = [self.render_prompt(p) for p in prompts] if templated else list(prompts)
         # A chat template already contains the special tokens (BOS etc.); plain prompts get them here.
-        enc = self.tokenizer(texts, add_special_tokens=not self.chat_template)
+        enc = self.tokenizer(texts, add_special_tokens=not templated)
         return [list(ids) for ids in enc["input_ids"]]
 
     @cached_property
@@ -331,6 +333,41 @@ class HFModel(Model):
             if bar is not None:
                 bar.close()
         return results
+
+    def open_decoder(self, config: GenerationConfig, *, width: int | None = None) -> Decoder | None:
+        """A decoding loop that prompts can join while it runs (continuous batching for servers).
+
+        Prompts go in encoded (:meth:`encode`; check them with :meth:`check_context`) with
+        :meth:`~.decode.Decoder.add`, and each :meth:`~.decode.Decoder.step` returns the prompts
+        that finished. ``None`` when this model cannot run one: beam search, ``decoder="generate"``,
+        ``continuous_batching=False`` or a sliding-window cache.
+
+        Examples
+        --------
+        >>> from gnll import load_model
+        >>> model = load_model("smollm2-135m-instruct", progress=False)
+        >>> dec = model.open_decoder(GenerationConfig.greedy(), width=8)
+        >>> dec.add("q1", model.encode(["What is the capital of France?"])[0])
+        >>> done = []
+        >>> while dec.busy:
+        ...     done += dec.step()
+        >>> [(tag, len(gens)) for tag, gens in done]
+        [('q1', 1)]
+        """
+        engine = self.engine
+        if (
+            engine is None
+            or not self.continuous_batching
+            or config.strategy == "beam"
+            or not refillable(engine)
+        ):
+            return None
+        rows = width or self.batch_size
+        return Decoder(engine, config, self.stop_rules(config.stop), width=rows)
+
+    def check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """A clear error for a prompt the model's context cannot hold (before any computing)."""
+        self._check_context(encoded, max_new_tokens)
 
     def _check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
         """A clear error for a prompt the model's context cannot hold (before any computing)."""
