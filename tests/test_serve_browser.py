@@ -98,8 +98,14 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
 
     question = "What is the capital of France?"
     page.fill("#question", question)
+    # The page streams: count the token spans drawn while the answer arrives.
+    page.evaluate(
+        """() => { window.liveSpans = 0; new MutationObserver((ms) => { for (const m of ms)
+             for (const n of m.addedNodes) if (n.classList && n.classList.contains('live'))
+               window.liveSpans++; }).observe(document.querySelector('#answer'), {childList: true}); }"""
+    )
     page.click("#ask")
-    page.wait_for_selector("#result:not([hidden])", timeout=120_000)
+    page.wait_for_selector("#answer[data-state=done]", timeout=120_000)
     texts, lps, g_shown = shown(page)
     config = httpx.get(page_server.url + "/ui/api/config").json()
     api = api_answer(page_server.url, f"{config['instruction']}\nQuestion: {question}\nAnswer:")
@@ -107,6 +113,7 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     assert "Paris" in "".join(texts)
     assert "".join(texts) == "".join(u["tokens"]).lstrip()
     assert lps == pytest.approx(u["token_logprobs"], abs=1e-9)
+    assert page.evaluate("window.liveSpans") == len(u["tokens"])  # drawn as they came
     assert g_shown == pytest.approx(u["g_nll"], abs=5e-5)  # shown with 4 decimals
     # Each token's shade is its probability's colour (red at p=0 to green at p=1).
     colours = page.eval_on_selector_all(

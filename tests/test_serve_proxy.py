@@ -81,6 +81,19 @@ def test_proxy_streams_through_with_uncertainty_last(upstream, chat):
         assert len(last) == 1 and last[0].choices[0].uncertainty["g_nll"] == pytest.approx(5.0)
 
 
+def test_proxy_stream_carries_uncertainty_in_the_last_chunk_not_in_headers(upstream):
+    # Headers precede the relayed body, whose uncertainty is known only at its end.
+    body = {"model": "scripted", "prompt": "unsure", "stream": True}
+    with proxy(upstream.url) as px:
+        with httpx.stream("POST", px.url + "/v1/completions", json=body, timeout=30) as r:
+            assert r.status_code == 200
+            assert not [h for h in r.headers if h.lower().startswith("x-uncertainty")]
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        plain = httpx.post(px.url + "/v1/completions", json={**body, "stream": False}, timeout=30)
+    assert plain.headers["x-uncertainty-g-nll"] == "5"
+    assert lines[-1] == "data: [DONE]" and '"uncertainty"' in lines[-2]
+
+
 def test_proxy_policy_refuse(upstream):
     with proxy(upstream.url, policy=AbstentionPolicy(mode="refuse", threshold=1.0)) as px:
         r = client(px).chat.completions.create(

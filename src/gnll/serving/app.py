@@ -72,6 +72,18 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {err.get('msg')}", where or None
 
 
+async def _observed(stream: Any, records: list[dict[str, Any]], metrics: Metrics) -> Any:
+    """``stream``, then the answers' metrics once ``records`` has been filled."""
+    if hasattr(stream, "__aiter__"):
+        async for chunk in stream:
+            yield chunk
+    else:
+        for chunk in stream:
+            yield chunk
+    for record in records:
+        metrics.observe_answer(record)
+
+
 def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
     """Build the app around a service (see the module docstring)."""
     settings = settings or ServeSettings()
@@ -178,7 +190,10 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
             metrics.observe_answer(record)
         headers = headers_for(reply.records) if reply.records else {}
         if reply.stream is not None:
-            return StreamingResponse(reply.stream, media_type="text/event-stream", headers=headers)
+            stream = reply.stream
+            if not reply.records:  # known when the stream has ended (see gnll.serving.live)
+                stream = _observed(stream, reply.records, metrics)
+            return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
     @app.post("/v1/completions")

@@ -42,7 +42,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,17 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
     enqueued: float = field(default_factory=time.perf_counter)
+    #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob), ...])`` per decoding step,
+    #: then ``("done", generations)`` or ``("error", exception)``.
+    events: asyncio.Queue | None = None
+
+    def resolve(self, value: Any) -> None:
+        """Deliver the job's generations (from the worker thread)."""
+        self.loop.call_soon_threadsafe(_settle, self, value, None)
+
+    def reject(self, exc: BaseException) -> None:
+        """Deliver the job's failure (from the worker thread)."""
+        self.loop.call_soon_threadsafe(_settle, self, None, exc)
 
 
 class EngineStopped(RuntimeError):
@@ -138,6 +149,24 @@ class BatchingEngine:
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
     ) -> list[list[Generation]]:
         """Generate for ``prompts`` in some upcoming batch; ``raw`` skips the chat template."""
+        return await self._enqueue(prompts, config, raw, stream=False).future
+
+    def stream(
+        self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """Like :meth:`submit`, as events while decoding runs (called from the event loop).
+
+        Yields ``("tokens", [(prompt, j, token_id, raw log-prob), ...])`` once per decoding step
+        of the job's rows (models with ``open_decoder`` only; others decode a whole batch at
+        once), then ``("done", generations)`` as :meth:`submit` returns them. Failures are raised
+        from the iterator; :class:`EngineStopped` is raised here, before anything is queued.
+        """
+        job = self._enqueue(prompts, config, raw, stream=True)
+        return _events(job)
+
+    def _enqueue(
+        self, prompts: Sequence[str], config: GenerationConfig, raw: bool, *, stream: bool
+    ) -> _Job:
         loop = asyncio.get_running_loop()
         # Sampling with a client's seed is reproducible to the bit only alone in its batch (other
         # rows change the padding, which moves logits in the last digits and can flip a sampled
@@ -148,12 +177,14 @@ class BatchingEngine:
             # One decoding loop takes prompts of any length limit, stop strings and rendering.
             key = (config.replace(max_new_tokens=1, stop=()), None, key[2])
         job = _Job(list(prompts), config, raw, key, loop, loop.create_future())
+        if stream:
+            job.events = asyncio.Queue()
         with self._cond:
             if self._stopping:
                 raise EngineStopped("the server is shutting down")
             self._queue.append(job)
             self._cond.notify()
-        return await job.future
+        return job
 
     # ------------------------------------------------------------------ worker
     def _take_batch(self) -> list[_Job] | None:
@@ -220,14 +251,14 @@ class BatchingEngine:
                 ids = self.model.encode(job.prompts, raw_prompt=job.raw)
                 self.model.check_context(ids, job.config.max_new_tokens)
             except Exception as exc:  # this request's problem only (e.g. too long a prompt)
-                job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+                job.reject(exc)
                 return
             # A seed per request: two unseeded requests with the same prompt sample independently.
             seed = job.config.seed
             if job.config.strategy == "sample" and seed is None:
                 seed = secrets.randbelow(2**31)
             if not ids:
-                job.loop.call_soon_threadsafe(_set_result, job.future, [])
+                job.resolve([])
                 return
             number = next(numbers)
             stops = self.model.stop_rules(job.config.stop)
@@ -241,6 +272,18 @@ class BatchingEngine:
                 )
             open_jobs[number] = [job, [None] * len(ids), len(ids)]
             served += len(ids)
+            if job.events is not None:  # the loop reports its tokens only when someone listens
+                decoder.on_token = heard
+
+        def heard(tokens: list[tuple[Any, int, int, float]]) -> None:
+            # One hand-off per streaming job and step: the event loop wakes once per chunk batch.
+            per_job: dict[int, list[tuple[int, int, int, float]]] = {}
+            for (jid, i), j, token, lp in tokens:
+                if open_jobs[jid][0].events is not None:
+                    per_job.setdefault(jid, []).append((i, j, token, lp))
+            for jid, items in per_job.items():
+                job = open_jobs[jid][0]
+                job.loop.call_soon_threadsafe(job.events.put_nowait, ("tokens", items))
 
         for job in batch:
             join(job)
@@ -250,14 +293,13 @@ class BatchingEngine:
             except Exception as exc:  # delivered to every request in the loop; the worker lives on
                 log.exception("decoding failed with %d requests in flight", len(open_jobs))
                 for job, _, _ in open_jobs.values():
-                    job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+                    job.reject(exc)
                 break
             for (jid, i), gens in finished:
                 entry = open_jobs[jid]
                 entry[1][i], entry[2] = gens, entry[2] - 1
                 if entry[2] == 0:
-                    job = open_jobs.pop(jid)[0]
-                    job.loop.call_soon_threadsafe(_set_result, job.future, entry[1])
+                    open_jobs.pop(jid)[0].resolve(entry[1])
             with self._cond:
                 joining = []
                 while self._queue and self._queue[0].key == key:
@@ -278,7 +320,7 @@ class BatchingEngine:
         except Exception as exc:  # delivered to every waiting request, the worker lives on
             log.exception("generate failed for a batch of %d prompts", len(prompts))
             for job in batch:
-                job.loop.call_soon_threadsafe(_set_exception, job.future, exc)
+                job.reject(exc)
             return
         elapsed = time.perf_counter() - started
         self.batches += 1
@@ -292,7 +334,7 @@ class BatchingEngine:
         for job in batch:
             part = outs[start : start + len(job.prompts)]
             start += len(job.prompts)
-            job.loop.call_soon_threadsafe(_set_result, job.future, part)
+            job.resolve(part)
 
     def _generate(self, prompts: list[str], config: GenerationConfig, raw: bool) -> list:
         if config.strategy == "sample" and config.seed is None:
@@ -313,11 +355,24 @@ class BatchingEngine:
         return self._raw_model
 
 
-def _set_result(future: asyncio.Future, value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+def _settle(job: _Job, value: Any, exc: BaseException | None) -> None:
+    """Resolve a job's future (and end its event stream), on the job's event loop."""
+    if job.future.done():
+        return
+    if exc is not None:
+        job.future.set_exception(exc)
+    else:
+        job.future.set_result(value)
+    if job.events is not None:
+        job.future.exception()  # read here: a stream reports it through its queue instead
+        job.events.put_nowait(("error", exc) if exc is not None else ("done", value))
 
 
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+async def _events(job: _Job) -> AsyncIterator[tuple[str, Any]]:
+    while True:
+        kind, value = await job.events.get()
+        if kind == "error":
+            raise value
+        yield kind, value
+        if kind == "done":
+            return

@@ -91,10 +91,12 @@ def _adds_bos(tokenizer: Any) -> bool:
 def to_answer(gen: Generation, decoding: str) -> Answer:
     # The text the tokens spell (a completion's leading space included), as servers return it, so
     # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
-    # single-token decoding does not reproduce it (split multi-byte characters).
+    # single-token decoding does not reproduce it (split multi-byte characters), with the leading
+    # whitespace the tokens have (so that a stream that sent " Z" before "ürich" completed agrees).
     joined = "".join(gen.tokens)
+    lead = joined[: len(joined) - len(joined.lstrip())]
     return Answer(
-        text=joined if joined.strip() == gen.text else gen.text,
+        text=joined if joined.strip() == gen.text else lead + gen.text,
         finish_reason="length" if gen.finish_reason == "length" else "stop",
         tokens=list(gen.tokens),
         token_logprobs=list(gen.token_logprobs),
@@ -152,10 +154,21 @@ class InProcessService:
         text = prompt if raw else self.model.render_prompt(prompt)
         return len(tokenizer(text)["input_ids"])
 
+    def streams_live(self) -> bool:
+        """Whether streamed answers go out while they are decoded (the model has a decoding loop
+        that reports its tokens, :meth:`~gnll.backends.hf.HFModel.open_decoder`); otherwise a
+        stream replays the finished answer."""
+        return callable(getattr(self.model, "open_decoder", None)) and hasattr(
+            self.model, "stop_rules"
+        )
+
     async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
         from gnll.serving import responses as R
 
+        # Under `refuse` the text is known only when the answer is: its stream is a replay.
+        if req.stream and settings.policy.mode != "refuse" and self.streams_live():
+            return await self._stream(req, settings)
         answers, n_prompt, prompt = await self.generate(req)
         chat = isinstance(req, ChatCompletionRequest)
         records, texts, finishes = annotate(
@@ -185,10 +198,44 @@ class InProcessService:
         stream = R.stream_chunks(body, answers, chat=chat) if req.stream else None
         return Reply(body=body, records=records, stream=stream, prompt=prompt)
 
-    async def generate(
+    async def _stream(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+        """A reply whose chunks go out as the tokens are decoded (see :mod:`gnll.serving.live`);
+        its ``records`` fill in when the stream ends."""
+        from gnll.serving import responses as R
+        from gnll.serving.live import LiveStream, relay
+
+        config, prompts, raw = self._plan(req)
+        events = self.engine.stream(prompts, config, raw=raw)
+        # Up to the first decoded step: a request that fails before it (too long a prompt) is
+        # answered with an HTTP error, as without streaming.
+        first = await anext(events)
+        n = config.num_sequences
+        live = LiveStream(
+            self.model,
+            config.stop,
+            choices=len(prompts) * n,
+            n=n,
+            chat=isinstance(req, ChatCompletionRequest),
+            logprobs=req.wants_logprobs,
+        )
+        records: list[dict[str, Any]] = []
+
+        def finish(outs: list[list[Generation]]) -> tuple:
+            answers = self._answers(outs, config)
+            recs, _, finishes = annotate(
+                answers, settings.policy, include_tokens=req.wants_logprobs
+            )
+            records.extend(recs)
+            n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
+            return answers, recs, finishes, R.usage(n_prompt, answers)
+
+        stream = relay(live, events, first, finish)
+        return Reply(body=None, records=records, stream=stream, prompt=prompts[0])
+
+    def _plan(
         self, req: CompletionRequest | ChatCompletionRequest
-    ) -> tuple[list[Answer], int, str]:
-        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
+    ) -> tuple[GenerationConfig, list[str], bool]:
+        """The decoding, the prompts and whether they are already rendered."""
         self.check_model(req.model)
         config = generation_config(
             req, default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
@@ -201,8 +248,19 @@ class InProcessService:
             prompts = [prompt]
         else:
             prompts, raw = req.prompts, True
-        outs = await self.engine.submit(prompts, config, raw=raw)
+        return config, prompts, raw
+
+    @staticmethod
+    def _answers(outs: list[list[Generation]], config: GenerationConfig) -> list[Answer]:
         decoding = "greedy" if config.strategy == "greedy" else "sampled"
-        answers = [to_answer(g, decoding) for gens in outs for g in gens]
+        return [to_answer(g, decoding) for gens in outs for g in gens]
+
+    async def generate(
+        self, req: CompletionRequest | ChatCompletionRequest
+    ) -> tuple[list[Answer], int, str]:
+        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
+        config, prompts, raw = self._plan(req)
+        outs = await self.engine.submit(prompts, config, raw=raw)
+        answers = self._answers(outs, config)
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]

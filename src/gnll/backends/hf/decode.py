@@ -218,6 +218,10 @@ class Decoder:
         self.results: dict[Hashable, list[Generation | None]] = {}
         #: Sequences that have ended so far (progress reports count them).
         self.ended_rows = 0
+        #: Hears each step's new tokens, ``[(tag, j, token_id, raw log-prob), ...]`` for every row
+        #: that decoded one (the token that ends a row included), before the row's answer is cut;
+        #: a server streams answers with it. ``None``: nothing to call.
+        self.on_token: Callable[[list[tuple[Hashable, int, int, float]]], None] | None = None
 
     @property
     def busy(self) -> bool:
@@ -304,6 +308,10 @@ class Decoder:
                 ended.append(s)
             else:
                 going.append(s)
+        if self.on_token is not None:
+            self.on_token(
+                [(slots.rows[s].prompt.tag, slots.rows[s].j, ids[s], lp[s]) for s in slots.live()]
+            )
         # Stop strings that span tokens ("Question:"): decode only the tails of rows still going.
         for stops in {
             id(slots.rows[s].prompt.stops): slots.rows[s].prompt.stops for s in going

@@ -95,17 +95,63 @@ async function ask(ev) {
       body: JSON.stringify({
         messages: [{ role: "user", content: q.prompt }],
         temperature: 0, max_tokens: state.config.max_tokens, stop: state.config.stop,
-        logprobs: true, top_logprobs: 5,
+        logprobs: true, top_logprobs: 5, stream: true,
       }),
     });
-    const body = await r.json();
-    if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
-    render(q, body.choices[0]);
+    if (!r.ok) {
+      const body = await r.json();
+      throw new Error(body.error ? body.error.message : r.statusText);
+    }
+    render(q, await readStream(r));
   } catch (e) {
     showError(e.message);
   } finally {
     $("ask").disabled = false;
   }
+}
+
+// Reads the server-sent events of a streamed answer, showing its tokens as they arrive; resolves
+// to the choice as a non-streamed response has it (the uncertainty comes with the last chunk).
+async function readStream(r) {
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  const answer = $("answer");
+  answer.innerHTML = "";
+  answer.dataset.state = "streaming";
+  $("result").hidden = false;
+  const choice = { message: { content: "" }, logprobs: { content: [] }, uncertainty: null };
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
+      const chunk = JSON.parse(event.slice(6));
+      if (chunk.error) throw new Error(chunk.error.message || String(chunk.error));
+      for (const c of chunk.choices || []) {
+        const text = (c.delta && c.delta.content) || "";
+        const entries = (c.logprobs && c.logprobs.content) || [];
+        choice.logprobs.content.push(...entries);
+        if (text) {
+          const span = document.createElement("span");
+          span.className = "tok live";
+          span.textContent = choice.message.content ? text : text.replace(/^\s+/, "");
+          const lp = entries.reduce((s, e) => s + e.logprob, 0);
+          if (entries.length) span.style.background = shade(Math.exp(lp));
+          answer.appendChild(span);
+          choice.message.content += text;
+        }
+        if (c.finish_reason) choice.finish_reason = c.finish_reason;
+        if (c.uncertainty) choice.uncertainty = c.uncertainty;
+      }
+    }
+  }
+  if (!choice.uncertainty) throw new Error("the answer's stream ended without its uncertainty");
+  return choice;
 }
 
 function render(q, choice) {
@@ -147,6 +193,7 @@ function render(q, choice) {
   d.textContent = u.abstain === null || u.abstain === undefined ? "no policy" : u.abstain ? "abstain" : "answer";
   $("policy").textContent = `policy ${pol.policy}; ${pol.source}`;
   $("result").hidden = false;
+  answer.dataset.state = "done";
   state.history.push({ g: u.g_nll, p, abstain: u.abstain, q: q.question, a: choice.message.content });
   drawHistory();
 }
