@@ -34,6 +34,7 @@ def plain_runner(model: Any, prompts: list[str], batch_size: int):
     from transformers import GenerationConfig as HFGenerationConfig
 
     from gnll import GenerationConfig
+    from gnll.backends.hf.prefill import left_padded
 
     encoded = model.encode(prompts)
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
@@ -42,12 +43,16 @@ def plain_runner(model: Any, prompts: list[str], batch_size: int):
     hf = HFGenerationConfig(
         max_new_tokens=50,
         eos_token_id=stop_ids,
-        pad_token_id=model.tokenizer.pad_token_id,
+        pad_token_id=model.pad_token_id,
         do_sample=False,
     )
     batches = [
-        model.tokenizer.pad(
-            {"input_ids": [encoded[i] for i in order[s : s + batch_size]]}, return_tensors="pt"
+        dict(
+            zip(
+                ("input_ids", "attention_mask"),
+                left_padded([encoded[i] for i in order[s : s + batch_size]], model.pad_token_id),
+                strict=True,
+            )
         )
         for s in range(0, len(order), batch_size)
     ]

@@ -31,6 +31,7 @@ ORDER = [
     "beam_stage",
     "eval_speed",
     "serve_load",
+    "stop_split",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -44,6 +45,7 @@ TITLES = {
     "beam_stage": "6. Beam stage: beam search in gnll's loop vs transformers' (issue 17.3a)",
     "eval_speed": "7. The whole default `gnll eval`, today vs the code issue 17 was filed on (issue 17.3c)",
     "serve_load": "`gnll serve` under concurrent clients (dynamic batching) and proxy overhead",
+    "stop_split": "Cutting an answer at its stop string (`StopRules.split`), before/now",
 }
 
 
@@ -264,6 +266,20 @@ def serve_load(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def stop_split(r: dict[str, Any]) -> list[str]:
+    longest = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in r["summary"].items())
+    return [
+        f"{r['repeats']} interleaved repetitions per arm; medians. Before: decoding every prefix of "
+        "the answer; now: `StopRules.prefix_lengths` (the same results, checked in "
+        "`tests/test_backend_stopping.py`).",
+        "",
+        common.table(r["table"]),
+        "",
+        f"Before/now at the longest answer: {longest}.",
+        "",
+    ]
+
+
 RENDER = {
     "overhead": overhead,
     "cost_per_method": cost,
@@ -275,6 +291,7 @@ RENDER = {
     "beam_stage": beam_stage,
     "eval_speed": eval_speed,
     "serve_load": serve_load,
+    "stop_split": stop_split,
 }
 
 

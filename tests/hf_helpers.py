@@ -28,13 +28,13 @@ def few_shot(questions: Sequence[str]) -> list[str]:
 
 
 def variant(model: HFModel, **kwargs) -> HFModel:
-    """The same weights and tokenizer with other decoding options (``decoder``, ``beam_decoder``)."""
-    return HFModel(
-        model.model,
-        model.tokenizer,
-        name=model.name,
-        chat_template=model.chat_template,
-        batch_size=model.batch_size,
-        max_batch_tokens=model.max_batch_tokens,
+    """The same weights and tokenizer with other decoding or batching options (``decoder``,
+    ``beam_decoder``, ``batch_size``, ...)."""
+    options = {
+        "name": model.name,
+        "chat_template": model.chat_template,
+        "batch_size": model.batch_size,
+        "max_batch_tokens": model.max_batch_tokens,
         **kwargs,
-    )
+    }
+    return HFModel(model.model, model.tokenizer, **options)

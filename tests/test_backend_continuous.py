@@ -9,19 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hf_helpers import FEW_SHOT, variant
 
 from gnll import GenerationConfig
-from gnll.backends.hf import HFModel
 from gnll.backends.hf.decode import Decoder, refillable
 
 pytestmark = pytest.mark.model
 
-FEW_SHOT = (
-    "Answer the following question as briefly as possible.\n"
-    "Question: What is the largest ocean?\nAnswer: The Pacific Ocean\n\n"
-    "Question: Who painted the Mona Lisa?\nAnswer: Leonardo da Vinci\n\n"
-    "Question: {q}\nAnswer:"
-)
 QUESTIONS = [
     "What is the capital of France?",
     "Which planet is known as the red planet?",
@@ -32,15 +26,6 @@ QUESTIONS = [
     "What is H2O?",
 ]
 PROMPTS = [FEW_SHOT.format(q=q) for q in QUESTIONS]
-
-
-def variant(model: HFModel, **kwargs) -> HFModel:
-    """The same weights and tokenizer with other batching options."""
-    opts = {"batch_size": model.batch_size, "max_batch_tokens": model.max_batch_tokens}
-    opts.update(kwargs)
-    return HFModel(
-        model.model, model.tokenizer, name=model.name, chat_template=model.chat_template, **opts
-    )
 
 
 class Shapes:

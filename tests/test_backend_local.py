@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from gnll import GenerationConfig, load_model
 from gnll.backends.hf import HFModel
@@ -49,3 +50,44 @@ def test_bad_arguments_are_reported(tiny_checkpoint):
         GenerationConfig(strategy="greedy", num_sequences=3)
     with pytest.raises(ValueError, match="temperature"):
         GenerationConfig.sample(2, temperature=0.0)
+
+
+def test_the_callers_tokenizer_is_not_changed(tiny_checkpoint):
+    """HFModel pads by itself (left, pad id or else EOS): the tokenizer passed in keeps its state."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gnll.backends.hf.prefill import left_padded
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    tok.pad_token = None  # padding falls back to EOS
+    tok.padding_side = "right"
+    state = (tok.pad_token, tok.padding_side, dict(tok.special_tokens_map), len(tok))
+    prompts = ["Question: a?\nAnswer:", "Question: something longer here?\nAnswer:"]
+    cfg = GenerationConfig.sample(2, temperature=1.0, max_new_tokens=6, stop=(), seed=0)
+    outputs = {}
+    for decoder in ("loop", "generate"):
+        hf = HFModel(model, tok, name="tiny", chat_template=False, decoder=decoder)
+        assert hf.pad_token_id == tok.eos_token_id
+        outputs[decoder] = hf.generate(prompts, cfg)  # one padded batch
+        alone = [hf.generate([p], cfg)[0] for p in prompts]  # no padding at all
+        answers = ["yes", "no"]
+        scores = hf.score(prompts, answers)
+        assert (tok.pad_token, tok.padding_side, dict(tok.special_tokens_map), len(tok)) == state
+        for padded, single in zip(outputs[decoder], alone, strict=True):
+            assert [g.token_ids for g in padded] == [g.token_ids for g in single]
+            for a, b in zip(padded, single, strict=True):
+                np.testing.assert_allclose(a.token_logprobs, b.token_logprobs, atol=1e-5)
+        singles = [hf.score([p], [a])[0].nll for p, a in zip(prompts, answers, strict=True)]
+        assert [s.nll for s in scores] == pytest.approx(singles, abs=1e-5)
+    assert [[g.token_ids for g in gs] for gs in outputs["loop"]] == [
+        [g.token_ids for g in gs] for gs in outputs["generate"]
+    ]
+    # The padding is what the tokenizer made once HFModel had set it up (the former way).
+    old = AutoTokenizer.from_pretrained(tiny_checkpoint)
+    old.pad_token, old.padding_side = old.eos_token, "left"
+    rows = [hf.encode([p])[0] for p in prompts]
+    expect = old.pad({"input_ids": rows}, return_tensors="pt")
+    ids, mask = left_padded(rows, hf.pad_token_id)
+    assert ids.tolist() == expect["input_ids"].tolist()
+    assert mask.tolist() == expect["attention_mask"].tolist()

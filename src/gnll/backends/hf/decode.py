@@ -91,27 +91,11 @@ class Slots:
             self.uniforms = u
             return
         free = self.free()[: len(rows)]
-        if len(free) < len(rows):  # the batch grows by the missing slots (one copy of the cache)
-            more = len(rows) - len(free)
-            for layer in self.cache.layers:
-                layer.add_rows(more)
-            self.mask = torch.cat([self.mask, self.mask.new_zeros((more, self.mask.shape[1]))])
-            self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(more)])
-            self.logits = torch.cat(
-                [self.logits, self.logits.new_zeros((more, *self.logits.shape[1:]))]
-            )
-            if self.uniforms is not None:
-                pad = self.uniforms.new_full((more, self.uniforms.shape[1]), 0.5)
-                self.uniforms = torch.cat([self.uniforms, pad])
-            free += list(range(len(self.rows), len(self.rows) + more))
-            self.rows += [None] * more
+        if len(free) < len(rows):  # the batch grows by the missing slots
+            free += self._grow(len(rows) - len(free))
         width, length = self.mask.shape[1], mask.shape[1]
         if length > width:  # a longer prompt than the window: pad every slot on the left
-            for layer in self.cache.layers:
-                layer.widen(length)
-            self.mask = torch.cat(
-                [self.mask.new_zeros((len(self.rows), length - width)), self.mask], 1
-            )
+            self._widen(length)
             width = length
         idx = torch.tensor(free, device=self.mask.device)
         for layer, new in zip(self.cache.layers, pre.cache.layers, strict=True):
@@ -130,6 +114,29 @@ class Slots:
             self.uniforms[idx, :need] = u
         for s, row in zip(free, rows, strict=True):
             self.rows[s] = row
+
+    def _grow(self, more: int) -> list[int]:
+        """``more`` new free slots at the end of the batch (one copy of the cache)."""
+        for layer in self.cache.layers:
+            layer.add_rows(more)
+        self.mask = torch.cat([self.mask, self.mask.new_zeros((more, self.mask.shape[1]))])
+        self.next_pos = torch.cat([self.next_pos, self.next_pos.new_zeros(more)])
+        self.logits = torch.cat(
+            [self.logits, self.logits.new_zeros((more, *self.logits.shape[1:]))]
+        )
+        if self.uniforms is not None:
+            pad = self.uniforms.new_full((more, self.uniforms.shape[1]), 0.5)
+            self.uniforms = torch.cat([self.uniforms, pad])
+        new = list(range(len(self.rows), len(self.rows) + more))
+        self.rows += [None] * more
+        return new
+
+    def _widen(self, width: int) -> None:
+        """Zero columns on the left of every slot until the window is ``width`` wide."""
+        for layer in self.cache.layers:
+            layer.widen(width)
+        extra = self.mask.new_zeros((len(self.rows), width - self.mask.shape[1]))
+        self.mask = torch.cat([extra, self.mask], 1)
 
     def release(self, slots: Sequence[int]) -> None:
         for s in slots:

@@ -26,7 +26,7 @@ from transformers import (
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.hf.kv_cache import Prefix
-from gnll.backends.hf.prefill import Prefiller
+from gnll.backends.hf.prefill import Prefiller, left_padded, pad_token_id
 from gnll.backends.hf.selection import StepScores, sample_uniforms
 from gnll.backends.hf.stopping import StopRules, StopStringCriteria
 
@@ -143,8 +143,7 @@ def generate_batch(
         input_ids, mask = pre.input_ids, pre.attention_mask
         kwargs["past_key_values"] = pre.cache
     else:
-        padded = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(model.device)
-        input_ids, mask = padded["input_ids"], padded["attention_mask"]
+        input_ids, mask = left_padded(batch, pad_token_id(tokenizer), model.device)
     prompt_len = input_ids.shape[1]
     chooser = None
     if beam:
@@ -171,7 +170,7 @@ def generate_batch(
     hf_config = HFGenerationConfig(
         max_new_tokens=config.max_new_tokens,
         eos_token_id=stops.ids.tolist(),
-        pad_token_id=tokenizer.pad_token_id,
+        pad_token_id=pad_token_id(tokenizer),
         return_dict_in_generate=True,
         **strategy,
     )

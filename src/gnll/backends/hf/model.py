@@ -27,7 +27,7 @@ from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_c
 from gnll.backends.hf.kv_cache import plain_cache
 from gnll.backends.hf.loading import load_pretrained, use_chat_template
 from gnll.backends.hf.planning import halving_on_oom, pack_batches
-from gnll.backends.hf.prefill import Prefiller
+from gnll.backends.hf.prefill import Prefiller, pad_token_id
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
 
@@ -130,14 +130,14 @@ class HFModel(Model):
         self.batch_size = int(batch_size)
         self.max_batch_tokens = None if max_batch_tokens is None else int(max_batch_tokens)
         self.source = source or name
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        tokenizer.padding_side = "left"
+        # The caller's tokenizer is not touched (no pad token or padding side set on it): gnll
+        # lays out padding itself, left, with this id.
+        self.pad_token_id = pad_token_id(tokenizer)
         self.chat_template = use_chat_template(chat_template, name, tokenizer)
         self.decoder: str = "loop" if decoder == "auto" and loop_ok else decoder
         if self.decoder == "auto":
             self.decoder = "generate"
-        self.engine = Prefiller(model, tokenizer.pad_token_id) if self.decoder == "loop" else None
+        self.engine = Prefiller(model, self.pad_token_id) if self.decoder == "loop" else None
         #: Beam search in gnll's loop (:mod:`.beam`); ``beam_decoder="generate"`` keeps
         #: transformers' (the same beams, slower: the benchmarks compare the two).
         self.own_beam_search = beam_decoder == "loop"

@@ -27,6 +27,39 @@ from gnll.backends.hf.kv_cache import (
 from gnll.backends.hf.planning import MIN_SHARED_PREFIX, prefill_groups
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id written into padding columns: the tokenizer's pad token, else its EOS token.
+
+    Padding is always masked, so any id would do; gnll lays out padding itself (left, see
+    :func:`left_padded`) rather than set ``pad_token``/``padding_side`` on a caller's tokenizer.
+    """
+    for i in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if i is not None:
+            return int(i)
+    return 0
+
+
+def left_padded(
+    rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` of ``rows`` padded on the left to the longest row.
+
+    Examples
+    --------
+    >>> ids, mask = left_padded([[5, 6, 7], [8]], pad_id=0)
+    >>> ids.tolist(), mask.tolist()
+    ([[5, 6, 7], [0, 0, 8]], [[1, 1, 1], [0, 0, 1]])
+    """
+    width = max((len(r) for r in rows), default=0)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row):
+            input_ids[i, width - len(row) :] = torch.tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return input_ids.to(device), mask.to(device)
+
+
 @dataclass
 class Prefilled:
     """A batch after its prompts went through the model: the layout, its cache and last logits."""

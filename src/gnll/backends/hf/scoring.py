@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from gnll._util import progress as show_progress_bar
 from gnll.backends.base import ScoredAnswer
 from gnll.backends.hf.planning import halving_on_oom
-from gnll.backends.hf.prefill import Prefiller
+from gnll.backends.hf.prefill import Prefiller, left_padded, pad_token_id
 from gnll.backends.hf.stopping import StopRules
 
 #: Bound on the float32 logits of one scoring batch, in elements (1 GiB): with Gemma's 262k vocabulary
@@ -143,9 +143,9 @@ def score_ids(
             use = prefix if engine.prefix_fits(prefix, rows, 0) else None
             logits = engine.prefill(rows, use, keep=keep).logits
         else:
-            padded = tokenizer.pad({"input_ids": rows}, return_tensors="pt").to(model.device)
+            ids, mask = left_padded(rows, pad_token_id(tokenizer), model.device)
             kwargs = {"logits_to_keep": keep} if to_keep else {}
-            logits = model(**padded, **kwargs).logits[:, -keep:].float()
+            logits = model(input_ids=ids, attention_mask=mask, **kwargs).logits[:, -keep:].float()
         # Rows are right-aligned: column keep-1-c predicts c_1 and the last column predicts what
         # would follow the continuation. Token ids are laid out the same way (0 where unused).
         targets = torch.zeros((len(idx), keep), dtype=torch.long)
