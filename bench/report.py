@@ -128,7 +128,9 @@ def throughput(r: dict[str, Any]) -> list[str]:
         out += [
             f"Speed-up eval/{arm} (median of paired runs): end-to-end "
             f"**{sp['speedup_end_to_end_median']:.2f}x**, generation only "
-            f"**{sp['speedup_generation_median']:.2f}x** (target >= {sp['target']:g}x). Same "
+            f"**{sp['speedup_generation_median']:.2f}x**"
+            + (f" (target >= {sp['target']:g}x)" if sp.get("target") else "")
+            + ". Same "
             f"answers in {a['same_text']}/{a['n']} questions, max |G-NLL difference| "
             f"{a['max_abs_g_nll_diff']:.2g}"
             + (

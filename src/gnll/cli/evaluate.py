@@ -143,9 +143,11 @@ def evaluate(
     chunk_size: Annotated[
         int,
         typer.Option(
-            "--chunk_size", "--chunk-size", help="Questions per generate call and per cache flush."
+            "--chunk_size",
+            "--chunk-size",
+            help="Questions per generate call and per cache flush (smaller: finer-grained resume).",
         ),
-    ] = 64,
+    ] = 256,
     seed: Annotated[
         int,
         typer.Option(

@@ -52,7 +52,7 @@ class EvalConfig:
     temperatures: tuple[float, ...] = TEMPERATURES
     measures: list[str] = field(default_factory=lambda: list(M.ORDER))
     batch_size: int | None = None
-    chunk_size: int = 64
+    chunk_size: int = 256
     seed: int = 0
     resume: bool = False
     clusterer: str = "auto"
