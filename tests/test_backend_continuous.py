@@ -181,3 +181,29 @@ def test_a_narrow_batch_grows_when_prompts_join(smollm):
     assert_same([got[0]], [ref[0]])
     [short] = got[1]
     assert short.token_ids == ref[1][0].token_ids[:6] and short.finish_reason == "length"
+
+
+def test_prompts_arriving_one_by_one_reuse_their_shared_prefix(smollm):
+    """Prefix caching: a server's requests share a few-shot block; it runs through the model once
+    (when the second request arrives) and later requests prefill only their own suffix."""
+    cfg = GenerationConfig.greedy(max_new_tokens=8)
+    texts = [FEW_SHOT.format(q=q) for q in QUESTIONS[:4]]
+    enc = smollm.encode(texts)
+    ref = variant(smollm, continuous_batching=False).generate(texts, cfg)
+    dec = smollm.open_decoder(cfg, width=8)
+    shapes = Shapes(smollm.model)
+    got: dict[int, list] = {}
+    try:
+        for i, ids in enumerate(enc):  # one request per step, as clients come and go
+            dec.add(i, ids)
+            got.update(dec.step())
+        while dec.busy:
+            got.update(dec.step())
+    finally:
+        shapes.handle.remove()
+    assert_same([got[i] for i in range(4)], ref)
+    prefills = [cols for _, cols, _ in shapes.calls if cols > 1]
+    shortest = min(len(e) for e in enc)
+    assert prefills[0] >= shortest  # the first request: the whole prompt
+    # The second request computes the shared block once; every later one runs its suffix only.
+    assert all(cols < shortest // 2 for cols in prefills[-2:]), prefills

@@ -216,6 +216,8 @@ class Decoder:
         self.slots = Slots(engine, refill=refill)
         self.waiting: deque[_Prompt] = deque()
         self.results: dict[Hashable, list[Generation | None]] = {}
+        self._prefix: Prefix | None = None  # the last shared prefix computed (prefix caching)
+        self._previous: list[int] | None = None  # the last admitted group's first prompt
         #: Sequences that have ended so far (progress reports count them).
         self.ended_rows = 0
         #: Hears each step's new tokens, ``[(tag, j, token_id, raw log-prob), ...]`` for every row
@@ -266,13 +268,37 @@ class Decoder:
         if not take:
             return
         steps = max(p.config.max_new_tokens for p in take)
-        pre = self.engine.prefill([p.ids for p in take], take[0].prefix, reserve=steps)
+        ids = [p.ids for p in take]
+        prefix = take[0].prefix
+        if prefix is None:
+            prefix = self._reusable_prefix(ids, steps)
+        pre = self.engine.prefill(ids, prefix, reserve=steps)
         rows = [_Row(p, j) for p in take for j in range(self.n)]
         u = None
         if self.sampling:
             u = torch.cat([sample_uniforms(p.seed, [p.ids], self.n, steps) for p in take])
             u = u.to(pre.logits.device)
         self.slots.admit(pre, rows, self.n, u)
+
+    def _reusable_prefix(self, rows: list[list[int]], steps: int) -> Prefix | None:
+        """Prefix caching for prompts that arrive over time (a server's few-shot or system prompt):
+        the last shared prefix if every row starts with it, else the prefix these rows share with
+        each other and with the previous admission's first prompt (run once, then kept)."""
+        last = self._prefix
+        if last is not None and all(
+            len(r) > len(last.ids) and r[: len(last.ids)] == last.ids for r in rows
+        ):
+            return last
+        found = None
+        candidates = rows if self._previous is None else [*rows, self._previous]
+        if len(candidates) > 1:
+            found = self.engine.shared_prefix(candidates)
+            if found is not None and not self.engine.prefix_fits(found, rows, steps):
+                found = None
+        self._previous = rows[0]
+        if found is not None:
+            self._prefix = found
+        return found
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Hashable, list[Generation]]]:
