@@ -326,6 +326,8 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 )
     if "throughput" in found:
         for arm, sp, _ in _throughput_pairs(found["throughput"]):
+            if not sp.get("target"):
+                continue  # an informative arm (eval-chunk64), no target
             add(
                 "3 throughput",
                 f"eval >= {sp['target']:g}x {arm} (questions/s, end to end)",
