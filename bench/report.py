@@ -32,6 +32,7 @@ ORDER = [
     "eval_speed",
     "serve_load",
     "stop_split",
+    "continuous_batching",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -46,6 +47,7 @@ TITLES = {
     "eval_speed": "7. The whole default `gnll eval`, today vs the code issue 17 was filed on (issue 17.3c)",
     "serve_load": "`gnll serve` under concurrent clients (dynamic batching) and proxy overhead",
     "stop_split": "Cutting an answer at its stop string (`StopRules.split`), before/now",
+    "continuous_batching": "Continuous batching vs fixed batches, greedy and sampling (issue 17.3b)",
 }
 
 
@@ -268,6 +270,21 @@ def serve_load(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def continuous_batching(r: dict[str, Any]) -> list[str]:
+    return [
+        f"{r['n']} TriviaQA prompts, {r['repeats']} interleaved repetitions per arm; medians.",
+        "",
+        common.table(r["table"]),
+        "",
+        "Greedy: 64 prompts fill one 64-row batch, so nothing waits and nothing can join; with more "
+        "prompts than rows the greedy stage gains too (section 3, `eval` vs `eval-chunk64`). "
+        "Sampling: 10 rows per prompt, six prompts per batch; continuous batching keeps the batch "
+        "full while the long samples of a batch finish. Sampled sequences that differ do so by "
+        "float noise (another padding moves logits in the last digits).",
+        "",
+    ]
+
+
 def stop_split(r: dict[str, Any]) -> list[str]:
     longest = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in r["summary"].items())
     return [
@@ -294,6 +311,7 @@ RENDER = {
     "eval_speed": eval_speed,
     "serve_load": serve_load,
     "stop_split": stop_split,
+    "continuous_batching": continuous_batching,
 }
 
 

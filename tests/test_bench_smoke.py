@@ -29,6 +29,7 @@ SCRIPTS = {
     "eval_speed": ["table", "summary", "runs"],
     "serve_load": ["table", "proxy", "summary"],
     "stop_split": ["table", "summary"],
+    "continuous_batching": ["table", "summary"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {
