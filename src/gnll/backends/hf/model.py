@@ -278,8 +278,7 @@ class HFModel(Model):
             engine is not None
             and self.continuous_batching
             and config.strategy != "beam"
-            and refillable(engine)
-            and (prefix is None or engine.prefix_fits(prefix, encoded, config.max_new_tokens))
+            and refillable(engine)  # full attention: any shared prefix fits
         )
         if continuous:
             # One decoding loop for every prompt: a finished row's slot goes to a waiting prompt.
@@ -287,7 +286,7 @@ class HFModel(Model):
             if self.max_batch_tokens is not None:
                 per_prompt = config.num_sequences * (len(encoded[order[0]]) + config.max_new_tokens)
                 width = max(1, min(width, self.max_batch_tokens // per_prompt))
-            batches = [[order[j] for b in batches for j in b]]
+            batches = [order]
         else:
             batches = [[order[j] for j in b] for b in batches]
         bar = None
