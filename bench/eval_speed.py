@@ -25,12 +25,16 @@ Usage::
 
     python bench/eval_speed.py --n 200 --parallel --output bench/results/eval_speed.json
     python bench/eval_speed.py --quick
+
+``--keep DIR`` keeps each arm's run directory (``results.json``, ``table.md``, ``samples.jsonl``): the
+``after`` arm is the default protocol on the model's first 200 TriviaQA questions.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -158,6 +162,9 @@ def main() -> None:
     ap.add_argument("--arms", default="after,options,filed", help="comma-separated arms")
     ap.add_argument("--filed-commit", default="1066f18", help="the 'filed' arm's commit")
     ap.add_argument("--parallel", action="store_true", help="run a repetition's arms at once")
+    ap.add_argument(
+        "--keep", type=Path, default=None, help="copy every arm's run directory (ARM REP) here"
+    )
     args = ap.parse_args()
     n = args.n or (3 if args.quick else 200)
     heldout = args.heldout or min(n, 100)
@@ -172,6 +179,8 @@ def main() -> None:
             for arm, res in run_arms(arms, rep, args, n, heldout, Path(tmp), filed_src).items():
                 runs[arm].append(res)
                 print(f"  {arm} rep {rep}: {res['wall_s']:.1f} s", flush=True)
+                if args.keep:
+                    shutil.copytree(Path(tmp) / f"{arm}{rep}", args.keep / f"{arm}{rep}")
     after = runs["after"][0]["records"]
     same = {}
     if "options" in runs:

@@ -233,6 +233,27 @@ def test_gnll_only_skips_beams_samples_and_clustering(data_dir, tmp_path):
     assert not list((tmp_path / "g" / "tasks" / "svamp_short" / "cache").glob("clusters*"))
 
 
+class AlwaysWrong(FakeModel):
+    def _answer(self, prompt, key):
+        text, lps = super()._answer(prompt, key)
+        return "nobody", lps
+
+
+def test_single_class_heldout_is_not_sampled(data_dir, tmp_path):
+    # Every held-out answer wrong: no candidate temperature has a defined AUROC, so the default is
+    # taken without sampling the held-out questions (the choice sampling would have led to).
+    model = AlwaysWrong()
+    out = tmp_path / "w"
+    res = Evaluator(cfg(data_dir, out, beams=0), model=model).run()
+    assert model.calls["greedy"] == 2 * (16 + 24)
+    assert model.calls["sample"] == 2 * 24  # the evaluation questions only, at one temperature
+    sel = res["tasks"]["triviaqa_short"]["temperature"]
+    assert sel["single_class"] and sel["value"] == 1.0 and sel["candidates"] == {}
+    assert set(sel["per_measure"].values()) == {1.0}
+    assert "all 16 judged held-out answers are wrong" in sel["notes"]["pe"]
+    assert "default (held-out AUROC undefined)" in (out / "table.md").read_text()
+
+
 def test_fixed_temperature_skips_heldout(data_dir, tmp_path):
     model = FakeModel()
     res = Evaluator(cfg(data_dir, tmp_path / "t", temperature=0.7, beams=0), model=model).run()

@@ -49,7 +49,7 @@ from gnll.evaluation.store import (
     prepare_output_dir,
 )
 from gnll.evaluation.tasks import get_task
-from gnll.evaluation.temperature import choose_temperatures, heldout_size
+from gnll.evaluation.temperature import choose_temperatures, default_temperature, heldout_size
 
 logger = logging.getLogger(__name__)
 
@@ -272,13 +272,19 @@ class Evaluator:
             return fixed, {"selected_by": "fixed", "value": cfg.temperature, "per_measure": fixed}
         n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         primary = metrics[0]
-        self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
         examples = stages.run.data.split("heldout", n)
 
-        def records(temp: float) -> Iterator[dict[str, Any]]:
+        def records(temp: float | None) -> Iterator[dict[str, Any]]:
             for pos, ex in enumerate(examples):
                 yield assemble_record(stages, ("heldout", pos), ex, [primary], temp, beams=False)
 
+        # The held-out answers are judged before any sampling: when every verdict is the same no
+        # candidate's AUROC is defined, and sampling them would not change the choice.
+        self._run_split(stages, "heldout", n, [], [primary], beams=False)
+        verdicts = [r["correctness"][primary]["correct"] for r in records(None)]
+        if len(set(verdicts) - {None}) < 2:
+            return self._default_temperature(sampling, primary, n, verdicts)
+        self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
         temps, choice = choose_temperatures(
             cfg.temperatures,
             {t: list(records(t)) for t in cfg.temperatures},
@@ -296,6 +302,33 @@ class Evaluator:
             "n_heldout": n,
             "measures": sampling,
             **choice,
+        }
+
+    def _default_temperature(
+        self, sampling: list[str], metric: str, n: int, verdicts: list[bool | None]
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The fallback of :func:`~.temperature.choose_temperatures` for a held-out pool whose
+        answers are all right or all wrong, chosen without sampling it."""
+        cfg = self.config
+        best = default_temperature(cfg.temperatures)
+        temps = dict.fromkeys(sampling, best)
+        judged = [v for v in verdicts if v is not None]
+        note = (
+            f"all {len(judged)} judged held-out answers are "
+            f"{'right' if judged and judged[0] else 'wrong'}: no temperature can be ranked, so "
+            "the default was used and the held-out questions were not sampled"
+        )
+        return temps, {
+            "selected_by": "heldout",
+            "value": best,
+            "metric": metric,
+            "n_heldout": n,
+            "measures": sampling,
+            "mode": cfg.temperature_selection,
+            "single_class": True,
+            "candidates": {},
+            "per_measure": temps,
+            "notes": dict.fromkeys(sampling, note),
         }
 
     # ------------------------------------------------------------------ main entry point

@@ -264,7 +264,9 @@ def render_table(
             how = sel["selected_by"]
             if how == "heldout":
                 how = f"held-out, {sel.get('mode', 'shared')}"
-            if cand and all(_undefined(c.get("mean_auroc")) for c in cand.values()):
+            if sel.get("single_class") or (
+                cand and all(_undefined(c.get("mean_auroc")) for c in cand.values())
+            ):
                 how = "default (held-out AUROC undefined)"
             chosen = (
                 ", ".join(f"{M.get(m).label} {t:g}" for m, t in per.items())

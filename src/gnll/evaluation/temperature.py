@@ -5,7 +5,9 @@ held-out AUROC under the primary correctness metric (the paper's baselines use "
 hyperparameter settings", Sec. 5.2; App. D tunes the temperature per dataset). ``shared``: one
 temperature per task, the best mean AUROC of the paper's baselines (PE, LN-PE, SE, LN-SE, D-SE; MCP
 and the plug-in SE forms are not among them). Ties go to the first candidate; an undefined AUROC (a
-single correctness class) falls back to 1.0.
+single correctness class) falls back to 1.0 (:func:`default_temperature`). The runner judges the
+held-out answers first and, when they are all right or all wrong, takes that fallback without
+sampling them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import Any
 from gnll.evaluation.config import EvalConfig
 from gnll.evaluation.metrics import auroc
 
-__all__ = ["SELECTION_MODES", "choose_temperature", "choose_temperatures", "heldout_size"]
+__all__ = [
+    "SELECTION_MODES",
+    "choose_temperature",
+    "choose_temperatures",
+    "default_temperature",
+    "heldout_size",
+]
 
 SELECTION_MODES = ("per-measure", "shared")
 
@@ -32,6 +40,16 @@ def heldout_size(cfg: EvalConfig, available: int) -> int:
             "temperature selection needs a held-out pool; give --temperature or --heldout_size >= 2"
         )
     return n
+
+
+def default_temperature(candidates: Sequence[float]) -> float:
+    """The temperature used when the held-out AUROCs cannot rank the candidates: 1.0 (the model's
+    own distribution) if it is one of them, else the first.
+
+    >>> default_temperature((0.5, 1.0, 1.5)), default_temperature((0.7, 1.3))
+    (1.0, 0.7)
+    """
+    return 1.0 if 1.0 in candidates else candidates[0]
 
 
 def choose_temperature(
@@ -79,7 +97,7 @@ def _best(candidates: Sequence[float], table: dict[str, Any], *key: str) -> tupl
         best = max(finite_t, key=value)  # first of ties
         note = "best held-out AUROC"
     else:
-        best = 1.0 if 1.0 in candidates else candidates[0]
+        best = default_temperature(candidates)
         note = "held-out pool has a single correctness class; fell back to the default temperature"
     return best, {"candidates": table, "note": note}
 
