@@ -95,6 +95,8 @@ def bookkeeping_micro(model: Any, rows: int, reps: int) -> dict[str, float]:
     """Seconds per step of the log-prob bookkeeping alone, next to one decode forward pass."""
     from transformers import DynamicCache
 
+    from gnll.backends.hf.kv_cache import cache_argument
+
     vocab = model.model.config.vocab_size
     logits = torch.randn(rows, vocab)
     with torch.inference_mode():
@@ -123,11 +125,10 @@ def bookkeeping_micro(model: Any, rows: int, reps: int) -> dict[str, float]:
         steps = []
         for _ in range(max(3, reps // 50)):
             cache = DynamicCache(config=model.model.config)
-            model.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            kv = {cache_argument(model.model): cache}
+            model.model(input_ids=ids, use_cache=True, logits_to_keep=1, **kv)
             t = time.perf_counter()
-            model.model(
-                input_ids=ids[:, :1], past_key_values=cache, use_cache=True, logits_to_keep=1
-            )
+            model.model(input_ids=ids[:, :1], use_cache=True, logits_to_keep=1, **kv)
             steps.append(time.perf_counter() - t)
     step_s = statistics.median(steps)
     return {

@@ -43,5 +43,6 @@ def test_bar_moves_within_chunks_and_ends_on_every_question(tmp_path, monkeypatc
     # The greedy stage's share of each chunk moves the bar prompt by prompt.
     for chunk, start in ((greedy[:8], 0), (greedy[8:], 8)):
         assert all(start < a < b < start + 8 for a, b in zip(chunk, chunk[1:], strict=False))
-    # Every chunk ends exactly on its last question: held-out (16 in 2 chunks), evaluation (16).
-    assert ends == [8.0, 16.0, 8.0, 16.0]
+    # Every chunk ends exactly on its last question: held-out answers judged first (16 in 2
+    # chunks; sampling waits until they are not all one class), then sampled, then evaluation.
+    assert ends == [8.0, 16.0, 8.0, 16.0, 8.0, 16.0]

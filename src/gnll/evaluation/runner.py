@@ -222,7 +222,10 @@ class Evaluator:
         metrics: list[str],
         *,
         beams: bool,
+        what: str | None = None,
     ) -> None:
+        """Run ``split``'s first ``n`` questions in chunks, with a progress bar labelled ``what``
+        (default: the split's name)."""
         from tqdm.auto import tqdm
 
         cfg = self.config
@@ -230,7 +233,7 @@ class Evaluator:
         cs = cfg.chunk_size
         bar = tqdm(
             total=len(examples),
-            desc=f"{stages.run.name} [{split}]",
+            desc=f"{stages.run.name} [{what or split}]",
             unit="q",
             disable=not progress_enabled(cfg.progress),
             dynamic_ncols=True,
@@ -280,7 +283,7 @@ class Evaluator:
 
         # The held-out answers are judged before any sampling: when every verdict is the same no
         # candidate's AUROC is defined, and sampling them would not change the choice.
-        self._run_split(stages, "heldout", n, [], [primary], beams=False)
+        self._run_split(stages, "heldout", n, [], [primary], beams=False, what="heldout: judging")
         verdicts = [r["correctness"][primary]["correct"] for r in records(None)]
         if len(set(verdicts) - {None}) < 2:
             return self._default_temperature(sampling, primary, n, verdicts)

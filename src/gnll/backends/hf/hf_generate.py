@@ -141,7 +141,7 @@ def generate_batch(
         if n > 1:
             pre.cache.batch_repeat_interleave(n)
         input_ids, mask = pre.input_ids, pre.attention_mask
-        kwargs["past_key_values"] = pre.cache
+        kwargs[engine.cache_arg] = pre.cache
     else:
         input_ids, mask = left_padded(batch, pad_token_id(tokenizer), model.device)
     prompt_len = input_ids.shape[1]

@@ -206,17 +206,26 @@ def new_cache(model: PreTrainedModel, reserve: int = 0) -> DynamicCache:
     return cache
 
 
+def cache_argument(model: PreTrainedModel) -> str | None:
+    """The name under which ``model.forward`` (and ``generate``) take a KV cache: ``cache`` since
+    transformers 5.24, ``past_key_values`` before (still accepted, deprecated, until 5.40);
+    ``None`` if it takes neither."""
+    params = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in params), None)
+
+
 def plain_cache(model: PreTrainedModel) -> bool:
     """Whether gnll's own cache handling can drive this model (plain attention KV caches only).
 
-    The loop needs ``attention_mask``/``position_ids``/``past_key_values`` in ``forward`` and a
-    cache whose layers can be copied, expanded and row-selected independently; recurrent states
-    or chunked attention would not survive a padding hole or a row being dropped.
+    The loop needs ``attention_mask``, ``position_ids`` and a cache argument
+    (:func:`cache_argument`) in ``forward``, and a cache whose layers can be copied, expanded and
+    row-selected independently; recurrent states or chunked attention would not survive a padding
+    hole or a row being dropped.
     """
     if model.config.is_encoder_decoder:
         return False
     params = set(inspect.signature(model.forward).parameters)
-    if not {"attention_mask", "position_ids", "past_key_values"} <= params:
+    if not {"attention_mask", "position_ids"} <= params or cache_argument(model) is None:
         return False
     if hasattr(model, "_supports_default_dynamic_cache") and not (
         model._supports_default_dynamic_cache()

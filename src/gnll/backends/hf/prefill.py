@@ -18,6 +18,7 @@ from transformers import DynamicCache, PreTrainedModel
 from gnll.backends.hf.kv_cache import (
     GrowingLayer,
     Prefix,
+    cache_argument,
     fits_window,
     initial_reserve,
     new_cache,
@@ -87,6 +88,8 @@ class Prefiller:
         self.pad_token_id = pad_token_id
         self.window = sliding_window(model)
         self.logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        #: ``forward``'s and ``generate``'s name for the KV cache (it changed in transformers 5.24).
+        self.cache_arg = cache_argument(model) or "past_key_values"
 
     @property
     def device(self) -> torch.device:
@@ -109,8 +112,8 @@ class Prefiller:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **{self.cache_arg: cache},
             **kwargs,
         )
         # float32 models: .float() is a no-op, not a copy.
