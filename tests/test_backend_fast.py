@@ -38,7 +38,7 @@ class Counter:
 def test_fast_greedy_equals_transformers_generate(model_fixture, request):
     model = request.getfixturevalue(model_fixture)
     reference = request.getfixturevalue(f"{model_fixture}_generate")
-    assert model.decoder == "loop"
+    assert model.decoder == "loop" and model.info()["decoder"] == "loop"
     cfg = GenerationConfig.greedy(max_new_tokens=20)
     fast = model.generate(PROMPTS, cfg, batch_size=len(PROMPTS))
     ref = reference.generate(PROMPTS, cfg, batch_size=len(PROMPTS))

@@ -91,3 +91,16 @@ def test_the_callers_tokenizer_is_not_changed(tiny_checkpoint):
     ids, mask = left_padded(rows, hf.pad_token_id)
     assert ids.tolist() == expect["input_ids"].tolist()
     assert mask.tolist() == expect["attention_mask"].tolist()
+
+
+def test_a_model_the_loop_cannot_drive_falls_back_out_loud(tiny_checkpoint, monkeypatch, caplog):
+    """The fallback to transformers' generate is several times slower: it is logged and recorded
+    in info(), never silent (a transformers rename once sent every model there unnoticed)."""
+    import gnll.backends.hf.model as hf_model
+
+    assert load_model(str(tiny_checkpoint), progress=False).info()["decoder"] == "loop"
+    monkeypatch.setattr(hf_model, "plain_cache", lambda model: False)
+    with caplog.at_level("WARNING", logger="gnll.backends.hf.model"):
+        model = load_model(str(tiny_checkpoint), progress=False)
+    assert model.info()["decoder"] == "generate"
+    assert "transformers' generate" in caplog.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any, Literal
@@ -30,6 +31,8 @@ from gnll.backends.hf.planning import halving_on_oom, pack_batches
 from gnll.backends.hf.prefill import Prefiller, pad_token_id
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
+
+log = logging.getLogger(__name__)
 
 DecoderName = Literal["auto", "loop", "generate"]
 
@@ -136,6 +139,14 @@ class HFModel(Model):
         self.chat_template = use_chat_template(chat_template, name, tokenizer)
         self.decoder: str = "loop" if decoder == "auto" and loop_ok else decoder
         if self.decoder == "auto":
+            # Said aloud: this is several times slower, and a transformers release that renamed a
+            # forward argument once sent every model here without anyone noticing.
+            log.warning(
+                "%s: gnll's decoding loop cannot drive %s (no plain attention KV cache); "
+                "decoding with transformers' generate, which is slower",
+                name,
+                type(model).__name__,
+            )
             self.decoder = "generate"
         self.engine = Prefiller(model, self.pad_token_id) if self.decoder == "loop" else None
         #: Beam search in gnll's loop (:mod:`.beam`); ``beam_decoder="generate"`` keeps
@@ -196,6 +207,7 @@ class HFModel(Model):
             "dtype": str(next(self.model.parameters()).dtype),
             "device": str(self.device),
             "chat_template": self.chat_template,
+            "decoder": self.decoder,
             "vocab_size": len(self.tokenizer),
             "ignored_generation_config": self.ignored_generation_config,
         }
