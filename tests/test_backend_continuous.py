@@ -6,6 +6,8 @@ last row ends) and teacher-forced scoring.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -207,3 +209,36 @@ def test_prompts_arriving_one_by_one_reuse_their_shared_prefix(smollm):
     assert prefills[0] >= shortest  # the first request: the whole prompt
     # The second request computes the shared block once; every later one runs its suffix only.
     assert all(cols < shortest // 2 for cols in prefills[-2:]), prefills
+
+
+def test_a_shorter_shared_head_is_cut_from_the_cached_prefix_not_rerun(smollm):
+    """The first two requests share the few-shot block and their question's first words, so the
+    cached prefix ends inside a question; a third request that shares only the block takes the
+    prefix's head (causal keys and values are unchanged by what follows) without a forward pass."""
+    cfg = GenerationConfig.greedy(max_new_tokens=8)
+    questions = [
+        "What is the capital of France?",
+        "What is the capital of Italy?",
+        "Which planet is known as the red planet?",
+        "In which year did the Second World War end?",
+    ]
+    texts = [FEW_SHOT.format(q=q) for q in questions]
+    enc = smollm.encode(texts)
+    ref = variant(smollm, continuous_batching=False).generate(texts, cfg)
+    dec = smollm.open_decoder(cfg, width=8)
+    shapes = Shapes(smollm.model)
+    got: dict[int, list] = {}
+    try:
+        for i, ids in enumerate(enc):
+            dec.add(i, ids)
+            got.update(dec.step())
+        while dec.busy:
+            got.update(dec.step())
+    finally:
+        shapes.handle.remove()
+    assert_same([got[i] for i in range(4)], ref)
+    long = min(len(e) for e in enc) // 2
+    prefills = [cols for _, cols, _ in shapes.calls if cols > 1]
+    # The first request's whole prompt, then one shared-prefix pass; no second one for the third.
+    assert [cols >= long for cols in prefills].count(True) == 2, prefills
+    assert dec._prefix is not None and len(dec._prefix.ids) < len(os.path.commonprefix(enc[:2]))

@@ -76,6 +76,22 @@ def uncertainty(choice):
     return choice.model_extra["uncertainty"]
 
 
+def assert_close(got, want, path="uncertainty"):
+    """Equal structure and non-float values; floats to 1e-4 (why: test_streamed_completion_with_logprobs...)."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and got.keys() == want.keys(), path
+        for k in want:
+            assert_close(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_close(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, abs=1e-4), path
+    else:
+        assert got == want, path
+
+
 def test_streamed_chat_equals_the_response_and_arrives_while_decoding(counted):
     kw = dict(model="smollm2-135m-instruct", messages=STORY, temperature=0, max_tokens=60)
     full = counted.client.chat.completions.create(logprobs=True, **kw).choices[0]
@@ -113,11 +129,14 @@ def test_streamed_completion_with_logprobs_equals_the_response(counted):
             if x.choices
         ]
         assert "".join(c.text for c in chunks) == full.text
+        # Log-probs to float precision, not bitwise: a request that arrives before the decoding
+        # loop of the one before it has ended joins that loop, and prefix caching then lays the
+        # same prompt out differently (another summation order in the last bits).
         for field in ("tokens", "token_logprobs", "text_offset"):
             got = [v for c in chunks if c.logprobs for v in getattr(c.logprobs, field)]
-            assert got == getattr(full.logprobs, field), (stop, field)
+            assert got == pytest.approx(getattr(full.logprobs, field), abs=1e-4), (stop, field)
         assert chunks[-1].finish_reason == full.finish_reason
-        assert uncertainty(chunks[-1]) == uncertainty(full)
+        assert_close(uncertainty(chunks[-1]), uncertainty(full))
     assert "Question:" in full.text  # without the stop string the model goes on asking
 
 

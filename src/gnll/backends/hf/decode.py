@@ -19,7 +19,7 @@ import torch
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.hf.kv_cache import Prefix
-from gnll.backends.hf.planning import COMPACT_FRACTION
+from gnll.backends.hf.planning import COMPACT_FRACTION, MIN_SHARED_PREFIX, common_length
 from gnll.backends.hf.prefill import Prefilled, Prefiller
 from gnll.backends.hf.selection import StepScores, sample_uniforms
 from gnll.backends.hf.stopping import StopRules
@@ -281,21 +281,32 @@ class Decoder:
         self.slots.admit(pre, rows, self.n, u)
 
     def _reusable_prefix(self, rows: list[list[int]], steps: int) -> Prefix | None:
-        """Prefix caching for prompts that arrive over time (a server's few-shot or system prompt):
-        the last shared prefix if every row starts with it, else the prefix these rows share with
-        each other and with the previous admission's first prompt (run once, then kept)."""
-        last = self._prefix
-        if last is not None and all(
-            len(r) > len(last.ids) and r[: len(last.ids)] == last.ids for r in rows
-        ):
-            return last
-        found = None
+        """Prefix caching for prompts that arrive over time (a server's few-shot or system prompt).
+
+        The tokens these rows share with each other and with the previous admission's first prompt
+        are the prefix. The last prefix computed serves, cut to the head the rows share with it (no
+        forward pass: keys and values are causal), unless the rows share at least
+        ``MIN_SHARED_PREFIX`` tokens more than that head; only then is a new prefix run (and kept).
+        """
         candidates = rows if self._previous is None else [*rows, self._previous]
-        if len(candidates) > 1:
-            found = self.engine.shared_prefix(candidates)
-            if found is not None and not self.engine.prefix_fits(found, rows, steps):
-                found = None
         self._previous = rows[0]
+        limit = min(len(r) for r in rows) - 1  # every row keeps a query token
+        shared = limit
+        for r in candidates[1:]:
+            shared = common_length(candidates[0], r, shared)
+        if len(candidates) < 2:
+            shared = 0
+        found, last = None, self._prefix
+        if last is not None:
+            n = min(len(last.ids), limit)
+            for r in rows:
+                n = common_length(last.ids, r, n)
+            if n >= MIN_SHARED_PREFIX and shared - n < MIN_SHARED_PREFIX:
+                found = last if n == len(last.ids) else last.head(n)
+        if found is None and shared >= MIN_SHARED_PREFIX:
+            found = self.engine.shared_prefix(candidates)
+        if found is not None and not self.engine.prefix_fits(found, rows, steps):
+            return None
         if found is not None:
             self._prefix = found
         return found

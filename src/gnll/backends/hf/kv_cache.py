@@ -178,6 +178,11 @@ class Prefix:
     ids: list[int]
     kv: list[tuple[torch.Tensor, torch.Tensor]]
 
+    def head(self, n: int) -> Prefix:
+        """The prefix of the first ``n`` tokens, without a forward pass: attention is causal, so
+        their keys and values are the first ``n`` columns of this one's (views, no copy)."""
+        return Prefix(self.ids[:n], [(k[:, :, :n], v[:, :, :n]) for k, v in self.kv])
+
 
 def with_prefix(cache: DynamicCache, prefix: Prefix | None, rows: int) -> DynamicCache:
     """Copy the shared prefix's keys/values into every one of ``rows`` rows of an empty ``cache``."""

@@ -122,3 +122,15 @@ def halving_on_oom(run: Callable[[list[T]], list[R]], batch: list[T]) -> list[R]
             raise
     half = len(batch) // 2
     return halving_on_oom(run, batch[:half]) + halving_on_oom(run, batch[half:])
+
+
+def common_length(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """How many leading tokens ``a`` and ``b`` share, at most ``limit``.
+
+    >>> common_length([1, 2, 3, 4], [1, 2, 9], 10)
+    2
+    """
+    n = 0
+    while n < limit and n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n

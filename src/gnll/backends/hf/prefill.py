@@ -25,7 +25,7 @@ from gnll.backends.hf.kv_cache import (
     sliding_window,
     with_prefix,
 )
-from gnll.backends.hf.planning import MIN_SHARED_PREFIX, prefill_groups
+from gnll.backends.hf.planning import MIN_SHARED_PREFIX, common_length, prefill_groups
 
 
 def pad_token_id(tokenizer: Any) -> int:
@@ -137,10 +137,7 @@ class Prefiller:
         if cap is not None:
             n = min(n, cap)
         for r in rows[1:]:
-            k = 0
-            while k < n and r[k] == first[k]:
-                k += 1
-            n = k
+            n = common_length(first, r, n)
             if n < MIN_SHARED_PREFIX:
                 return None
         ids = list(first[:n])
