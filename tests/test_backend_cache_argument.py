@@ -37,6 +37,8 @@ def test_cache_argument_follows_the_signature(forward, expected):
     assert cache_argument(fake_model(forward)) == expected
 
 
-@pytest.mark.parametrize(("forward", "ok"), [(new_style, True), (old_style, True), (neither, False)])
+@pytest.mark.parametrize(
+    ("forward", "ok"), [(new_style, True), (old_style, True), (neither, False)]
+)
 def test_plain_cache_accepts_either_name(forward, ok):
     assert plain_cache(fake_model(forward)) is ok
