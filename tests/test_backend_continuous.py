@@ -185,26 +185,32 @@ def test_a_narrow_batch_grows_when_prompts_join(smollm):
     assert short.token_ids == ref[1][0].token_ids[:6] and short.finish_reason == "length"
 
 
-def test_prompts_arriving_one_by_one_reuse_their_shared_prefix(smollm):
-    """Prefix caching: a server's requests share a few-shot block; it runs through the model once
-    (when the second request arrives) and later requests prefill only their own suffix."""
+def arriving_one_by_one(model, questions):
+    """Decode few-shot prompts that join the loop one per step, as a server's requests do; check
+    the answers against fixed batches; the encoded prompts, the decoder and the prefill widths."""
     cfg = GenerationConfig.greedy(max_new_tokens=8)
-    texts = [FEW_SHOT.format(q=q) for q in QUESTIONS[:4]]
-    enc = smollm.encode(texts)
-    ref = variant(smollm, continuous_batching=False).generate(texts, cfg)
-    dec = smollm.open_decoder(cfg, width=8)
-    shapes = Shapes(smollm.model)
+    texts = [FEW_SHOT.format(q=q) for q in questions]
+    enc = model.encode(texts)
+    ref = variant(model, continuous_batching=False).generate(texts, cfg)
+    dec = model.open_decoder(cfg, width=8)
+    shapes = Shapes(model.model)
     got: dict[int, list] = {}
     try:
-        for i, ids in enumerate(enc):  # one request per step, as clients come and go
+        for i, ids in enumerate(enc):
             dec.add(i, ids)
             got.update(dec.step())
         while dec.busy:
             got.update(dec.step())
     finally:
         shapes.handle.remove()
-    assert_same([got[i] for i in range(4)], ref)
-    prefills = [cols for _, cols, _ in shapes.calls if cols > 1]
+    assert_same([got[i] for i in range(len(texts))], ref)
+    return enc, dec, [cols for _, cols, _ in shapes.calls if cols > 1]
+
+
+def test_prompts_arriving_one_by_one_reuse_their_shared_prefix(smollm):
+    """Prefix caching: a server's requests share a few-shot block; it runs through the model once
+    (when the second request arrives) and later requests prefill only their own suffix."""
+    enc, dec, prefills = arriving_one_by_one(smollm, QUESTIONS[:4])
     shortest = min(len(e) for e in enc)
     assert prefills[0] >= shortest  # the first request: the whole prompt
     # The second request computes the shared block once; every later one runs its suffix only.
@@ -215,30 +221,14 @@ def test_a_shorter_shared_head_is_cut_from_the_cached_prefix_not_rerun(smollm):
     """The first two requests share the few-shot block and their question's first words, so the
     cached prefix ends inside a question; a third request that shares only the block takes the
     prefix's head (causal keys and values are unchanged by what follows) without a forward pass."""
-    cfg = GenerationConfig.greedy(max_new_tokens=8)
     questions = [
         "What is the capital of France?",
         "What is the capital of Italy?",
         "Which planet is known as the red planet?",
         "In which year did the Second World War end?",
     ]
-    texts = [FEW_SHOT.format(q=q) for q in questions]
-    enc = smollm.encode(texts)
-    ref = variant(smollm, continuous_batching=False).generate(texts, cfg)
-    dec = smollm.open_decoder(cfg, width=8)
-    shapes = Shapes(smollm.model)
-    got: dict[int, list] = {}
-    try:
-        for i, ids in enumerate(enc):
-            dec.add(i, ids)
-            got.update(dec.step())
-        while dec.busy:
-            got.update(dec.step())
-    finally:
-        shapes.handle.remove()
-    assert_same([got[i] for i in range(4)], ref)
+    enc, dec, prefills = arriving_one_by_one(smollm, questions)
     long = min(len(e) for e in enc) // 2
-    prefills = [cols for _, cols, _ in shapes.calls if cols > 1]
     # The first request's whole prompt, then one shared-prefix pass; no second one for the third.
     assert [cols >= long for cols in prefills].count(True) == 2, prefills
     assert dec._prefix is not None and len(dec._prefix.ids) < len(os.path.commonprefix(enc[:2]))
