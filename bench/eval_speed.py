@@ -7,6 +7,10 @@ as a separate process, on the same questions:
 - ``after``: this checkout, defaults (beam search in gnll's loop, continuous batching);
 - ``options``: this checkout with ``--model_args beam_decoder=generate,continuous_batching=false``
   (transformers' beam search, fixed batches): the decoding of before, the rest of today's pipeline;
+- ``shared``: this checkout with ``--temperature_selection shared``: one temperature per task, as
+  the filed code chose it, so it samples the evaluation pool at one temperature like ``filed``
+  does. Today's default (issue 16.3) samples it at every temperature some measure chose: more
+  sampling, not slower code. ``--arms shared,filed`` compares the two at equal work;
 - ``filed``: the source tree of ``--filed-commit`` (default ``1066f18``, the head when issue 17 was
   filed: beam search in transformers' ``generate``, fixed batches), exported with ``git archive`` and
   run with its own ``src`` first on ``PYTHONPATH``. Its protocol defaults differ in places that do
@@ -16,7 +20,8 @@ as a separate process, on the same questions:
 Reported: wall time end to end and per stage (``timings.json``), seconds per question, and whether
 the outputs are identical (``after`` vs ``options``: greedy answers, beams, samples, temperatures,
 measures; ``after`` vs ``filed``: greedy answers and beams). Target (issue 17.3c): ``after`` at least
-2x faster per question than ``filed``.
+2x faster per question than ``filed``. The first arm of ``--arms`` (``after`` or ``shared``) is the
+one the others are compared with.
 
 ``--parallel`` runs the arms of a repetition at the same time, one thread each (both cores busy, each
 arm slowed alike): half the wall time of running them one after another.
@@ -24,6 +29,8 @@ arm slowed alike): half the wall time of running them one after another.
 Usage::
 
     python bench/eval_speed.py --n 200 --parallel --output bench/results/eval_speed.json
+    python bench/eval_speed.py --n 200 --arms shared,filed --parallel \
+        --output bench/results/eval_speed_equal_work.json
     python bench/eval_speed.py --quick
 
 ``--keep DIR`` keeps each arm's run directory (``results.json``, ``table.md``, ``samples.jsonl``): the
@@ -43,7 +50,14 @@ from typing import Any
 
 import common
 
-ARGS = {"after": None, "options": "beam_decoder=generate,continuous_batching=false", "filed": None}
+ARGS = {
+    "after": None,
+    "shared": None,
+    "options": "beam_decoder=generate,continuous_batching=false",
+    "filed": None,
+}
+#: Evaluation options besides ``--model_args``, per arm.
+FLAGS = {"shared": ["--temperature_selection", "shared"]}
 
 
 def export_commit(commit: str, dest: Path) -> Path:
@@ -74,6 +88,7 @@ def eval_command(arm: str, n: int, heldout: int, model: str, out: Path) -> list[
         str(out),
         "--no-progress",
         "--no-plots",
+        *FLAGS.get(arm, []),
     ]
 
 
@@ -169,8 +184,9 @@ def main() -> None:
     n = args.n or (3 if args.quick else 200)
     heldout = args.heldout or min(n, 100)
     arms = [a for a in args.arms.split(",") if a]
-    if "after" not in arms or any(a not in ARGS for a in arms):
-        raise SystemExit(f"--arms: 'after' plus any of {', '.join(ARGS)}")
+    if not arms or arms[0] not in ("after", "shared") or any(a not in ARGS for a in arms):
+        raise SystemExit(f"--arms: 'after' or 'shared' first, then any of {', '.join(ARGS)}")
+    ref = arms[0]
     info = common.machine()
     runs: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="gnll-eval-speed-") as tmp:
@@ -181,7 +197,7 @@ def main() -> None:
                 print(f"  {arm} rep {rep}: {res['wall_s']:.1f} s", flush=True)
                 if args.keep:
                     shutil.copytree(Path(tmp) / f"{arm}{rep}", args.keep / f"{arm}{rep}")
-    after = runs["after"][0]["records"]
+    after = runs[ref][0]["records"]
     same = {}
     if "options" in runs:
         same["options"] = identical(after, runs["options"][0]["records"])
@@ -212,13 +228,13 @@ def main() -> None:
         )
     by_arm = {r["arm"]: r for r in rows}
     speedups = {
-        arm: [b["wall_s"] / a["wall_s"] for a, b in zip(runs["after"], runs[arm], strict=True)]
+        arm: [b["wall_s"] / a["wall_s"] for a, b in zip(runs[ref], runs[arm], strict=True)]
         for arm in arms
-        if arm != "after"
+        if arm != ref
     }
     stage = {
         arm: {
-            k: by_arm[arm][k] / by_arm["after"][k] if by_arm["after"][k] else float("nan")
+            k: by_arm[arm][k] / by_arm[ref][k] if by_arm[ref][k] else float("nan")
             for k in ("beams s", "samples s", "greedy s")
         }
         for arm in speedups
@@ -226,6 +242,7 @@ def main() -> None:
     baseline = "filed" if "filed" in speedups else next(iter(speedups), None)
     median = statistics.median(speedups[baseline]) if baseline else float("nan")
     summary = {
+        "reference": ref,
         "baseline": baseline,
         "speedup_median": median,
         "speedups": speedups,
@@ -237,10 +254,10 @@ def main() -> None:
     print(common.table(rows))
     for arm, ratios in speedups.items():
         st = ", ".join(f"{k.split()[0]} {v:.2f}x" for k, v in stage[arm].items())
-        print(f"\nafter vs {arm}: {statistics.median(ratios):.2f}x per question ({st})")
+        print(f"\n{ref} vs {arm}: {statistics.median(ratios):.2f}x per question ({st})")
     for arm, sm in same.items():
         print(f"identical with {arm}: " + ", ".join(f"{k} {v}" for k, v in sm.items()))
-    print(f"target (after vs {baseline}) >= 2x: {'met' if summary['met'] else 'NOT met'}")
+    print(f"target ({ref} vs {baseline}) >= 2x: {'met' if summary['met'] else 'NOT met'}")
     common.finish(
         "eval_speed", args, {"n": n, "table": rows, "summary": summary, "runs": runs}, info
     )
