@@ -28,6 +28,7 @@ ORDER = [
     "simulation",
     "load_times",
     "profile_greedy",
+    "profile_sampling",
     "beam_stage",
     "eval_speed",
     "eval_speed_equal_work",
@@ -44,6 +45,7 @@ TITLES = {
     "simulation": "5. Simulation study (`gnll simulate`)",
     "load_times": "Load times and tokens/second (issue 2)",
     "profile_greedy": "Where one batched greedy call spends its time",
+    "profile_sampling": "Where one sampling call spends its time (10 answers per prompt, T = 1.5)",
     "beam_stage": "6. Beam stage: beam search in gnll's loop vs transformers' (issue 17.3a)",
     "eval_speed": "7. The whole default `gnll eval`, today vs the code issue 17 was filed on (issue 17.3c)",
     "eval_speed_equal_work": "7b. The same at equal work: one sampling temperature per task, today vs "
@@ -321,6 +323,7 @@ RENDER = {
     "simulation": simulation,
     "load_times": load_times,
     "profile_greedy": profile_greedy,
+    "profile_sampling": profile_greedy,
     "beam_stage": beam_stage,
     "eval_speed": eval_speed,
     "eval_speed_equal_work": eval_speed,
