@@ -167,3 +167,38 @@ def test_table3_averages_ara80_over_datasets(data_dir, tmp_path):
     aras = [res["tasks"][t]["metrics"]["f1"]["measures"]["g-nll"]["ara80"] for t in res["tasks"]]
     want = f"{sum(aras) / len(aras):.3f}".lstrip("0")
     assert want in row.replace("**", "") and "| 2 |" in row
+
+
+def test_overall_average_counts_a_task_once_under_its_first_metric(data_dir, tmp_path):
+    """With ``--correctness f1,contains`` each task has two metric rows; the overall average (and
+    its paired test) spans the tasks under the first metric only, not every row twice."""
+    from gnll.evaluation.tables import render_table
+    from gnll.measures import registry as M
+
+    res = Evaluator(
+        cfg(
+            data_dir,
+            tmp_path / "two",
+            measures=["g-nll", "pe"],
+            temperature=1.0,
+            tasks=["triviaqa_short", "nq_open_short"],
+            correctness=["f1", "contains"],
+            limit=60,
+        ),
+        model=FakeModel(),
+    ).run()
+    assert set(res["averages"]["groups"]) == {"0|short|F1", "0|short|Contains"}
+    # two metric groups of one generation length: no overall average, nothing tested twice
+    assert "overall" not in res["averages"]
+    table = render_table([res])
+    assert "| **Average**" not in table
+    # two runs: the overall average is the mean of the F1 rows of both, Contains left out
+    res_b = json.loads(json.dumps(res))
+    res_b["model"] = "fake-b"
+    table = render_table([res, res_b])
+    row = next(line for line in table.splitlines() if line.startswith("| **Average**"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == "F1" and cells[3] == "4"
+    f1 = [res["tasks"][t]["metrics"]["f1"]["measures"]["g-nll"]["auroc"] for t in res["tasks"]]
+    gnll_cell = cells[4 + M.ORDER.index("g-nll")]
+    assert gnll_cell.replace("**", "").split(" ")[0] == f"{sum(f1) / len(f1):.3f}".lstrip("0")

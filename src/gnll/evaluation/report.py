@@ -124,6 +124,20 @@ def _average_groups(
     return groups
 
 
+def _overall_keys(groups: dict[tuple[int, str, str, str], Any]) -> list[tuple[int, str, str, str]]:
+    """The groups the overall average spans: per run and generation length, its first metric.
+
+    A task scored under several correctness metrics (``--correctness f1,contains``) is one dataset,
+    not several: averaging all its metric rows would count its questions twice and understate the
+    standard error. The paper's overall average takes one metric per generation length (F1 for
+    short answers, the judge for long ones); the first metric of a run plays that part here.
+    """
+    first: dict[tuple[int, str, str], tuple[int, str, str, str]] = {}
+    for key in groups:
+        first.setdefault((key[0], key[1], key[2]), key)
+    return list(first.values())
+
+
 def _defined(mres: dict[str, Any]) -> bool:
     return all(v.get("auroc") is not None for v in mres["measures"].values())
 
@@ -146,7 +160,9 @@ def averaged_significance(
     seed = cfg.get("seed", 0) if seed is None else seed
     out: dict[str, Any] = {"groups": {}}
     overall: list[tuple[str, list[float], dict]] | None = []
-    for (i, model, mode, label), rows in _average_groups(results_list).items():
+    groups = _average_groups(results_list)
+    in_overall = set(_overall_keys(groups))
+    for (i, model, mode, label), rows in groups.items():
         strata = strata_list[i]
         used = [(t, m) for t, m, mres in rows if _defined(mres)]
         if strata is None or not used:
@@ -154,9 +170,9 @@ def averaged_significance(
             continue
         group = [(f"{i}|{model}|{t}", *strata[(t, m)]) for t, m in used]
         out["groups"][f"{i}|{mode}|{label}"] = averaged_paired_test(group, n_boot=n_boot, seed=seed)
-        if overall is not None:
+        if overall is not None and (i, model, mode, label) in in_overall:
             overall += group
-    if overall and len(out["groups"]) > 1:
+    if overall and len(in_overall) > 1:
         out["overall"] = averaged_paired_test(overall, n_boot=n_boot, seed=seed)
     return out
 

@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from gnll import measures as M
-from gnll.evaluation.report import _average_groups, _defined, _iter_rows, _metric_label
+from gnll.evaluation.report import (
+    _average_groups,
+    _defined,
+    _iter_rows,
+    _metric_label,
+    _overall_keys,
+)
 
 __all__ = ["render_table"]
 
@@ -183,13 +189,17 @@ def render_table(
         "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
         "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
         "significantly better than the best sampling-based measure of the row (one-sided paired "
-        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05)."
+        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
+        "overall **Average** takes one metric per run and generation length, the first given "
+        "(a task scored under two metrics is one dataset, not two)."
     )
     out.append("")
     out += _header(["Model", "Gen.", "Metric", "#tasks"])
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
+    in_overall = _overall_keys(groups)
     for (run, model, mode, label), full_rows in groups.items():
+        counted = (run, model, mode, label) in in_overall
         full = [mres for _t, _m, mres in full_rows]
         # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
         lst = [x for x in full if _defined(x)]
@@ -199,16 +209,18 @@ def render_table(
             s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
             if a and len(a) == len(lst):
                 vals[m] = sum(a) / len(a)
-                all_vals[m] += a
+                if counted:
+                    all_vals[m] += a
                 if all(v is not None for v in s):
                     ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
-                    all_ses[m] += s
+                    if counted:
+                        all_ses[m] += s
         n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
         star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
         out.append(
             "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
         )
-    if len(groups) > 1:
+    if len(in_overall) > 1:
         n_rows = max((len(v) for v in all_vals.values()), default=0)
         vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
         ses = {
@@ -219,7 +231,15 @@ def render_table(
         star = bool((significance.get("overall") or {}).get("significant"))
         out.append(
             "| "
-            + " | ".join(["**Average**", "", "", str(n_rows)] + _row_cells(vals, ses, star))
+            + " | ".join(
+                [
+                    "**Average**",
+                    "",
+                    " / ".join(dict.fromkeys(k[3] for k in in_overall)),
+                    str(n_rows),
+                ]
+                + _row_cells(vals, ses, star)
+            )
             + " |"
         )
         if "overall" not in significance:
