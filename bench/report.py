@@ -32,6 +32,7 @@ ORDER = [
     "beam_stage",
     "eval_speed",
     "eval_speed_equal_work",
+    "prefix_attention",
     "serve_load",
     "stop_split",
     "continuous_batching",
@@ -50,6 +51,7 @@ TITLES = {
     "eval_speed": "7. The whole default `gnll eval`, today vs the code issue 17 was filed on (issue 17.3c)",
     "eval_speed_equal_work": "7b. The same at equal work: one sampling temperature per task, today vs "
     "the code issue 17 was filed on",
+    "prefix_attention": "What shared-prefix (cascade) attention could save: an upper bound (issue 17.3c)",
     "serve_load": "`gnll serve` under concurrent clients (dynamic batching) and proxy overhead",
     "stop_split": "Cutting an answer at its stop string (`StopRules.split`), before/now",
     "continuous_batching": "Continuous batching vs fixed batches, greedy and sampling (issue 17.3b)",
@@ -315,6 +317,23 @@ def stop_split(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def prefix_attention(r: dict[str, Any]) -> list[str]:
+    [row] = r["table"]
+    return [
+        f"One-token decode steps of the real model, {row['rows']} rows, on an in-place cache, with "
+        f"the prefix and the answer cached ({row['prefix tokens']} + {row['answer tokens']} positions "
+        f"per row) and with the answer alone; medians. The difference is all a step spends on the "
+        "prefix; cascade attention would still read it once per prompt.",
+        "",
+        common.table(r["table"]),
+        "",
+        f"Best case for cascade attention: a decode step **{row['step speed-up bound']:.2f}x** "
+        "faster, before the rest of a sampling call (prefill, selection) and of the run (greedy, "
+        "beams, clustering) dilute it.",
+        "",
+    ]
+
+
 RENDER = {
     "overhead": overhead,
     "cost_per_method": cost,
@@ -327,6 +346,7 @@ RENDER = {
     "beam_stage": beam_stage,
     "eval_speed": eval_speed,
     "eval_speed_equal_work": eval_speed,
+    "prefix_attention": prefix_attention,
     "serve_load": serve_load,
     "stop_split": stop_split,
     "continuous_batching": continuous_batching,

@@ -27,6 +27,7 @@ SCRIPTS = {
     "profile_greedy": ["table", "forwards", "profile"],
     "beam_stage": ["table", "summary", "timing"],
     "eval_speed": ["table", "summary", "runs"],
+    "prefix_attention": ["table"],
     "serve_load": ["table", "proxy", "summary"],
     "stop_split": ["table", "summary"],
     "continuous_batching": ["table", "summary"],
