@@ -197,13 +197,13 @@ def main() -> None:
                 print(f"  {arm} rep {rep}: {res['wall_s']:.1f} s", flush=True)
                 if args.keep:
                     shutil.copytree(Path(tmp) / f"{arm}{rep}", args.keep / f"{arm}{rep}")
-    after = runs[ref][0]["records"]
+    reference = runs[ref][0]["records"]
     same = {}
     if "options" in runs:
-        same["options"] = identical(after, runs["options"][0]["records"])
+        same["options"] = identical(reference, runs["options"][0]["records"])
     if "filed" in runs:
         same["filed"] = identical(
-            after, runs["filed"][0]["records"], keys=("greedy", "beams"), measures=False
+            reference, runs["filed"][0]["records"], keys=("greedy", "beams"), measures=False
         )
     for arm in runs.values():
         for r in arm:

@@ -30,23 +30,24 @@ def _step_seconds(model: Any, rows: int, context: int, steps: int, repeats: int)
     import torch
     from transformers import StaticCache
 
+    from gnll.backends.hf.kv_cache import cache_argument
+
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(100, vocab - 1, (rows, context), generator=gen)
+    kv = cache_argument(model)  # `past_key_values` or, since transformers 5.24, `cache`
     times: list[float] = []
     with torch.inference_mode():
         for _ in range(repeats):
             # A preallocated cache written in place, as gnll's loop does: no per-step concatenation
             # whose cost would also grow with the context.
             cache = StaticCache(config=model.config, max_cache_len=context + steps)
-            out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+            out = model(input_ids=ids, **{kv: cache}, use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
             for i in range(steps):
                 pos = torch.tensor([context + i])
                 t0 = time.perf_counter()
-                out = model(
-                    input_ids=nxt, past_key_values=cache, cache_position=pos, use_cache=True
-                )
+                out = model(input_ids=nxt, **{kv: cache}, cache_position=pos, use_cache=True)
                 times.append(time.perf_counter() - t0)
                 nxt = out.logits[:, -1:].argmax(-1)
     return statistics.median(times)

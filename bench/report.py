@@ -400,22 +400,16 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             f"{s['agreement']['n']}",
             s["met"] and s["agreement"]["same_beams"] == s["agreement"]["n"],
         )
-    if "eval_speed" in found:
-        s = found["eval_speed"]["summary"]
-        add(
-            "7 whole eval",
-            "default gnll eval >= 2x faster per question, identical outputs",
-            f"{s['speedup_median']:.2f}x",
-            s["met"],
-        )
-    if "eval_speed_equal_work" in found:
-        s = found["eval_speed_equal_work"]["summary"]
-        add(
-            "7 whole eval",
+    for name, target in (
+        ("eval_speed", "default gnll eval >= 2x faster per question, identical outputs"),
+        (
+            "eval_speed_equal_work",
             "(diagnostic) the same at equal work: one sampling temperature per task",
-            f"{s['speedup_median']:.2f}x",
-            s["met"],
-        )
+        ),
+    ):
+        if name in found:
+            s = found[name]["summary"]
+            add("7 whole eval", target, f"{s['speedup_median']:.2f}x", s["met"])
     if "scaling" in found:
         s = found["scaling"]["summary"]
         add(
