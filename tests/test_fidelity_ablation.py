@@ -22,6 +22,11 @@ def test_ablation_curves_and_figure(tmp_path):
     assert all(0 <= v <= 1 for c in curves.values() for v in c.values() if not math.isnan(v))
     # the fake model is confident exactly when right, so its greedy NLL separates perfectly-ish
     assert curves["greedy"]["1"] > 0.8
+    # every AUROC carries its bootstrap standard error, as in the main evaluation's tables
+    ses = res["auroc_se"]
+    assert {n: list(c) for n, c in ses.items()} == {n: list(c) for n, c in curves.items()}
+    assert all(0 <= v < 0.5 for c in ses.values() for v in c.values() if not math.isnan(v))
+    assert not math.isnan(ses["greedy"]["1"])  # 0 when every resample separates perfectly
     assert model.calls["greedy"] == 30 and model.calls["beam"] == 30 * 3
     assert model.calls["sample"] == 2 * 30
     png = plot_ablation(res, tmp_path / "fig2.png")

@@ -26,7 +26,7 @@ from typing import Any
 from gnll import measures as M
 from gnll.backends.base import GenerationConfig
 from gnll.evaluation.correctness import f1_verdict
-from gnll.evaluation.metrics import auroc
+from gnll.evaluation.metrics import bootstrap_auroc
 
 __all__ = ["plot_ablation", "run_ablation"]
 
@@ -52,33 +52,38 @@ def run_ablation(
         float(bool(f1_verdict(g.text, e.answers, e.numeric_answer).correct))
         for g, e in zip(greedy, examples, strict=True)
     ]
-    curves: dict[str, dict[str, float]] = {}
-    curves["greedy"] = {"1": auroc(correct, [M.g_nll(g.token_logprobs) for g in greedy])}
+    # Per estimator and number of candidates, each question's NLL of the sequence it found.
+    nll: dict[str, dict[str, list[float]]] = {
+        "greedy": {"1": [M.g_nll(g.token_logprobs) for g in greedy]}
+    }
     caps = getattr(model, "capabilities", None)
     if widths and (caps is None or not caps.missing(["beams"])):
-        beam: dict[str, float] = {}
+        nll["beam search"] = {}
         for w in widths:
             cfg = GenerationConfig.beam(w, max_new_tokens=max_new, seed=None)
             gens = model.generate(prompts, cfg)
-            beam[str(w)] = auroc(
-                correct, [M.msp_estimate([g.token_logprobs for g in gs]) for gs in gens]
-            )
-        curves["beam search"] = beam
+            nll["beam search"][str(w)] = [
+                M.msp_estimate([g.token_logprobs for g in gs]) for gs in gens
+            ]
     for tau in temperatures:
         cfg = GenerationConfig.sample(samples, temperature=tau, max_new_tokens=max_new, seed=seed)
         gens = model.generate(prompts, cfg)
-        curves[f"sampling T={tau:g}"] = {
-            str(n): auroc(
-                correct, [M.msp_estimate([g.token_logprobs for g in gs[:n]]) for gs in gens]
-            )
+        nll[f"sampling T={tau:g}"] = {
+            str(n): [M.msp_estimate([g.token_logprobs for g in gs[:n]]) for gs in gens]
             for n in range(1, samples + 1)
         }
+    # The AUROC and its bootstrap standard error, as the main evaluation reports them.
+    fits = {
+        name: {k: bootstrap_auroc(correct, scores, seed=seed) for k, scores in curve.items()}
+        for name, curve in nll.items()
+    }
     return {
         "task": task_data.task.name,
         "n": len(examples),
         "accuracy": sum(correct) / len(correct) if correct else float("nan"),
         "correctness": "f1 > 0.5 of the greedy answer",
-        "auroc": curves,
+        "auroc": {name: {k: a for k, (a, _se) in fit.items()} for name, fit in fits.items()},
+        "auroc_se": {name: {k: se for k, (_a, se) in fit.items()} for name, fit in fits.items()},
     }
 
 
