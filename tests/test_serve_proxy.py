@@ -103,8 +103,9 @@ def test_proxy_policy_refuse(upstream):
             model="scripted", messages=[{"role": "user", "content": "unsure"}]
         )
         assert r.choices[0].message.content == AbstentionPolicy().refusal
-        assert r.choices[0].uncertainty["original_text"] == "Maybe Lyon"
-        assert r.choices[0].finish_reason == "abstain"
+        assert r.choices[0].uncertainty["refused"] is True
+        assert "Maybe" not in r.model_dump_json()  # the refused answer is not sent anywhere
+        assert r.choices[0].finish_reason == "stop"
 
 
 def test_upstream_4xx_passes_through_with_its_message(upstream):

@@ -156,6 +156,13 @@ def serve(
         typer.echo(f"gnll serve: {exc}", err=True)
         raise typer.Exit(2) from None
 
+    from gnll.serving.server import listen
+
+    try:
+        sock = listen(host, port)  # before loading anything: a busy port fails at once
+    except OSError as exc:
+        typer.echo(f"gnll serve: {exc}", err=True)
+        raise typer.Exit(1) from None
     configure_logging()
     if upstream:
         from gnll.serving.proxy import ProxyService
@@ -177,4 +184,4 @@ def serve(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, policy {pol.mode}; {pol.source})",
         err=True,
     )
-    serve_forever(application, host, port)
+    serve_forever(application, host, port, sock=sock)

@@ -105,7 +105,7 @@ def completion_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = completion_logprobs(a, logprobs or 0) if logprobs is not None else None
-        if "original_text" in rec:  # refused: the log-probs describe the text that was withheld
+        if rec.get("refused"):  # refused: the log-probs describe the text that was withheld
             lp = None
         choices.append(
             {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "uncertainty": rec}
@@ -133,7 +133,7 @@ def chat_body(
 ) -> dict[str, Any]:
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
-        lp = chat_logprobs(a, top_logprobs) if logprobs and "original_text" not in rec else None
+        lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.get("refused") else None
         choices.append(
             {
                 "index": i,
@@ -174,8 +174,11 @@ def _pieces(answer: Answer, text: str) -> list[tuple[str, int | None]]:
     return [(text, None)]
 
 
-def stream_chunks(body: dict[str, Any], answers: Sequence[Answer], *, chat: bool) -> Iterator[str]:
-    """Replay a finished response as OpenAI streaming chunks; the uncertainty rides on the last one.
+def stream_chunks(
+    body: dict[str, Any], answers: Sequence[Answer], *, chat: bool, include_usage: bool = False
+) -> Iterator[str]:
+    """Replay a finished response as OpenAI streaming chunks; the uncertainty rides on the last one
+    of each choice; a ``choices: []`` usage chunk ends the stream only when ``include_usage``.
 
     In-process generation finishes a whole batch before any token is known to the server, so the
     pieces follow each other immediately; the stream still has the shape clients expect.
@@ -201,9 +204,7 @@ def stream_chunks(body: dict[str, Any], answers: Sequence[Answer], *, chat: bool
                 }
             )
         pieces = (
-            _pieces(answer, text)
-            if "original_text" not in choice["uncertainty"]
-            else [(text, None)]
+            _pieces(answer, text) if not choice["uncertainty"].get("refused") else [(text, None)]
         )
         for piece, t in pieces:
             piece_lp = None
@@ -226,5 +227,6 @@ def stream_chunks(body: dict[str, Any], answers: Sequence[Answer], *, chat: bool
         }
         last.update({"delta": {}} if chat else {"text": ""})
         yield sse({**base, "choices": [last]})
-    yield sse({**base, "choices": [], "usage": body.get("usage")})
+    if include_usage:
+        yield sse({**base, "choices": [], "usage": body.get("usage")})
     yield sse("[DONE]")
