@@ -303,3 +303,37 @@ def test_proxy_stream_is_logged_for_its_whole_duration(caplog):
     proxy_entry = mine[-1]  # the proxy's line is written after the upstream's
     assert proxy_entry["seconds"] >= 0.15
     assert proxy_entry["g_nll"] == [pytest.approx(5.0)]
+
+
+def test_gnll_doctor_recognises_and_passes_gnll_serve():
+    from gnll.backends.openai.doctor import diagnose
+    from gnll.backends.openai.model import OpenAICompatModel
+
+    app = build_inprocess_app(StreamingModel(delay=0.0), ServeSettings(), max_wait_ms=1)
+    with ServerThread(app) as srv:
+        model = OpenAICompatModel("streaming", base_url=srv.url + "/v1")
+        checks = {c.name: c for c in diagnose(model, requests=2, concurrency=1)}
+    assert model.profile.name == "gnll"
+    assert not [c for c in checks.values() if c.verdict == "fail"]
+    for name in ("greedy decoding", "log-probs raw", "deterministic", "server defaults"):
+        assert checks[name].verdict == "pass", checks[name]
+    # The one warning left is a real limit: answers' log-probs exclude the end-of-sequence token.
+    assert [c.name for c in checks.values() if c.verdict == "warn"] == ["terminator reported"]
+
+
+@pytest.mark.server
+def test_a_busy_port_fails_before_the_banner():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-c", "from gnll.cli.main import app; app()", "serve"]
+        args = ["--upstream", "http://127.0.0.1:9/v1", "--port", str(port)]
+        done = subprocess.run(cmd + args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "on http://" not in done.stderr  # no "serving on" banner for a server that never was
