@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from typing import Literal
+
+from openai.types import Completion
+from openai.types.completion_choice import CompletionChoice
 
 from gnll.backends.base import Generation
+
+#: Debian's Chromium, driven by Playwright in the browser tests.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 #: prompt -> (answer tokens, their log-probs); other prompts get SURE.
 SURE = (["Paris", "."], [-0.01, -0.02])
@@ -173,3 +191,23 @@ class StreamingModel(ScriptedModel):
 
     def open_decoder(self, config, *, width=None) -> FakeDecoder:
         return FakeDecoder(self, config, width or 1)
+
+
+class StreamedChoice(CompletionChoice):
+    # OpenAI's own streamed completions carry finish_reason null until the last chunk; the SDK
+    # types them as Completion all the same.
+    finish_reason: Literal["stop", "length", "content_filter"] | None = None
+
+
+class StreamedCompletion(Completion):
+    choices: list[StreamedChoice]
+
+
+def sse(text: str) -> list:
+    """The events of a server-sent-event body, ``[DONE]`` included as a string."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out

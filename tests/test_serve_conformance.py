@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Literal
 
 import httpx
 import openai
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.completion_choice import CompletionChoice
-from serve_helpers import UNSURE, ScriptedModel, StreamingModel
+from serve_helpers import UNSURE, ScriptedModel, StreamedCompletion, StreamingModel, sse
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
 from gnll.serving.proxy import ProxyService
@@ -30,30 +28,10 @@ MODES = ("live", "replay", "proxy")
 USER = [{"role": "user", "content": "unsure"}]
 
 
-class _StreamedChoice(CompletionChoice):
-    # OpenAI's own streamed completions carry finish_reason null until the last chunk; the SDK
-    # types them as Completion all the same.
-    finish_reason: Literal["stop", "length", "content_filter"] | None = None
-
-
-class _StreamedCompletion(Completion):
-    choices: list[_StreamedChoice]
-
-
 def check_body(body: dict, chat: bool) -> None:
     (ChatCompletion if chat else Completion).model_validate(body)
     for c in body["choices"]:
         assert c["finish_reason"] in ("stop", "length")
-
-
-def sse(text: str) -> list:
-    """The events of a server-sent-event body, ``[DONE]`` included as a string."""
-    out = []
-    for line in text.splitlines():
-        if line.startswith("data: "):
-            payload = line[6:]
-            out.append(payload if payload == "[DONE]" else json.loads(payload))
-    return out
 
 
 def check_stream(events: list, chat: bool, *, usage: bool) -> list[dict]:
@@ -65,7 +43,7 @@ def check_stream(events: list, chat: bool, *, usage: bool) -> list[dict]:
         if chat:
             ChatCompletionChunk.model_validate(chunk)
         else:
-            _StreamedCompletion.model_validate(chunk)
+            StreamedCompletion.model_validate(chunk)
             if chunk["choices"] and chunk["choices"][0]["finish_reason"] is not None:
                 Completion.model_validate(chunk)
     empty = [i for i, c in enumerate(chunks) if not c["choices"]]
@@ -156,23 +134,24 @@ def test_the_sdks_canonical_loops_run(server):
 
 
 def test_top_logprobs_come_back_as_asked(server):
-    if server.mode == "replay":
-        pytest.skip("a model without a decoding loop reports no alternatives (/health says 0)")
     c = client(server)
     r = c.chat.completions.create(
         model=server.model_id, messages=USER, logprobs=True, top_logprobs=2
     )
     content = r.choices[0].logprobs.content
+    legacy = c.completions.create(model=server.model_id, prompt="unsure", logprobs=2)
+    if server.mode == "replay":  # no decoding loop, no alternatives: /health says so
+        assert httpx.get(server.url + "/health").json()["top_logprobs"] == 0
+        assert [t.top_logprobs for t in content] == [[], []]
+        return
     assert [len(t.top_logprobs) for t in content] == [2, 2]
     assert content[0].top_logprobs[0].token == UNSURE[0][0]
     assert content[0].top_logprobs[0].logprob == pytest.approx(UNSURE[1][0])
-    legacy = c.completions.create(model=server.model_id, prompt="unsure", logprobs=2)
     assert [len(t) for t in legacy.choices[0].logprobs.top_logprobs] == [2, 2]
 
 
 def test_unknown_model_is_404_model_not_found(server):
-    if server.mode == "proxy":
-        pytest.skip("the proxy passes the upstream's answer through (tested on the live upstream)")
+    # In proxy mode the upstream (gnll in-process) says so and the proxy passes it through.
     with pytest.raises(openai.NotFoundError) as err:
         client(server).chat.completions.create(model="gpt-4o", messages=USER)
     assert err.value.code == "model_not_found" and err.value.status_code == 404

@@ -21,9 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from serve_helpers import LONG, SURE, StreamingModel
+from serve_helpers import LONG, SURE, StreamedCompletion, StreamingModel, sse
 from starlette.testclient import TestClient
-from test_serve_conformance import _StreamedCompletion, sse
 
 from gnll.serving import ServeSettings, build_inprocess_app, create_app
 from gnll.serving.proxy import ProxyService
@@ -279,7 +278,7 @@ def _check(r, chat: bool, body: dict) -> None:
             if chat:
                 ChatCompletionChunk.model_validate(chunk)
             else:
-                _StreamedCompletion.model_validate(chunk)
+                StreamedCompletion.model_validate(chunk)
         return
     (ChatCompletion if chat else Completion).model_validate(r.json())
 

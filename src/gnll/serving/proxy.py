@@ -165,6 +165,8 @@ class ProxyService:
                 status,
                 f"upstream {url} answered {response.status_code}: {message}",
                 "upstream_error" if status == 502 else "invalid_request_error",
+                param=_upstream_error(text).get("param") if status < 500 else None,
+                code=_upstream_error(text).get("code") if status < 500 else None,
             )
         return response
 
@@ -336,6 +338,15 @@ def _prompt_text(req: Any) -> str:
     if isinstance(req, ChatCompletionRequest):
         return "\n".join(m.text() for m in req.messages)
     return "\n".join(req.prompts)
+
+
+def _upstream_error(text: str) -> dict[str, Any]:
+    """The upstream's OpenAI error object (``param``, ``code``), or an empty dict."""
+    try:
+        err = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return {}
+    return err if isinstance(err, dict) else {}
 
 
 def _upstream_message(text: str) -> str:
