@@ -278,12 +278,12 @@ def _access_lines(srv, caplog, prompt):
     import logging
 
     logger = logging.getLogger("gnll.serve.access")
-    logger.propagate = True
+    was, logger.propagate = logger.propagate, True
     try:
         with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
             client(srv).completions.create(model="scripted", prompt=prompt)
     finally:
-        logger.propagate = False
+        logger.propagate = was
     return [r.getMessage() for r in caplog.records if r.name == "gnll.serve.access"]
 
 

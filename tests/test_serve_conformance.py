@@ -9,6 +9,7 @@ without, so streams are replays) and proxy (in front of the in-process server).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -26,6 +27,18 @@ from gnll.serving.server import ServerThread
 
 MODES = ("live", "replay", "proxy")
 USER = [{"role": "user", "content": "unsure"}]
+
+
+@contextlib.contextmanager
+def access_log(caplog):
+    """Capture the access log (``gnll serve``'s own set-up stops it from propagating)."""
+    logger = logging.getLogger("gnll.serve.access")
+    was, logger.propagate = logger.propagate, True
+    try:
+        with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
+            yield
+    finally:
+        logger.propagate = was
 
 
 def check_body(body: dict, chat: bool) -> None:
@@ -193,7 +206,7 @@ def test_no_p_correct_header_without_calibration(server):
 
 
 def test_streamed_requests_are_logged_with_their_uncertainty(server, caplog):
-    with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
+    with access_log(caplog):
         r = post(server, "/chat/completions", messages=USER, stream=True)
         assert r.status_code == 200
         deadline = time.monotonic() + 5
@@ -268,7 +281,7 @@ def test_proxy_stream_is_logged_for_its_whole_duration(caplog):
         service = ProxyService(up.url + "/v1", timeout=30)
         with ServerThread(create_app(service, ServeSettings())) as px:
             px.model_id = model.name
-            with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
+            with access_log(caplog):
                 started = time.perf_counter()
                 r = post(px, "/chat/completions", messages=USER, stream=True)
                 took = time.perf_counter() - started

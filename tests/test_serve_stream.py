@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
-from gnll.serving.live import HeldText
 from gnll.serving.server import ServerThread
+from gnll.serving.streams.live import HeldText
 from gnll.serving.uncertainty import DEFAULT_REFUSAL
 
 pytestmark = pytest.mark.model

@@ -25,6 +25,7 @@ from gnll.serving.errors import ModelNotFound, RequestError
 from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import annotate
 
 
@@ -173,17 +174,17 @@ class InProcessService:
                 prompt_tokens=n_prompt,
             )
         stream = (
-            R.stream_chunks(body, answers, chat=chat, include_usage=req.include_usage)
+            stream_chunks(body, answers, chat=chat, include_usage=req.include_usage)
             if req.stream
             else None
         )
         return Reply(body=body, records=records, stream=stream, prompt=prompt)
 
     async def _stream(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
-        """A reply whose chunks go out as the tokens are decoded (see :mod:`gnll.serving.live`);
+        """A reply whose chunks go out as the tokens are decoded (:mod:`gnll.serving.streams.live`);
         its ``records`` fill in when the stream ends."""
         from gnll.serving import responses as R
-        from gnll.serving.live import LiveStream, relay
+        from gnll.serving.streams.live import LiveStream, relay
 
         config, prompts, raw = self._plan(req)
         events = self.engine.stream(prompts, config, raw=raw)

@@ -31,7 +31,8 @@ from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
-from gnll.serving.streaming import StreamedChoice
+from gnll.serving.streams.replay import stream_chunks
+from gnll.serving.streams.upstream import StreamedChoice
 from gnll.serving.uncertainty import LogprobError, annotate
 
 
@@ -242,7 +243,7 @@ class ProxyService:
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
         if req.stream:  # refuse: the answer is known before its first piece is sent
-            stream = R.stream_chunks(
+            stream = stream_chunks(
                 _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
             )
             return Reply(body=data, records=records, stream=stream, prompt=prompt)
@@ -379,7 +380,7 @@ def _decorate(
 
 
 def _as_own_body(data: dict, chat: bool) -> dict:
-    """An upstream body with the fields :func:`responses.stream_chunks` reads, filled if absent."""
+    """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
     import time
 
     return {
