@@ -45,6 +45,8 @@ class ServeSettings:
     def __post_init__(self) -> None:
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if not self.body_timeout > 0:
+            raise ValueError(f"--body_timeout must be > 0 seconds, got {self.body_timeout}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_limit:
             raise ValueError(
                 f"--default_max_tokens ({self.default_max_tokens}) must be between 1 and "
