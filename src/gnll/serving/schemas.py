@@ -41,7 +41,8 @@ class StreamOptions(BaseModel):
 def check_free_text(data: dict[str, Any]) -> None:
     """Refuse (400) a raw request body that asks for something other than a free-text answer."""
     for name in UNSUPPORTED:
-        if data.get(name) not in (None, [], "none"):
+        value = data.get(name)
+        if value and value != "none":  # an empty list, false or "none" asks for nothing
             raise RequestError(f"{name} is not supported: gnll serve answers in free text", name)
     fmt = data.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
