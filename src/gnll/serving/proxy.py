@@ -53,7 +53,6 @@ class ProxyService:
     """
 
     mode = "proxy"
-    engine = None
 
     def __init__(
         self,

@@ -17,6 +17,9 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
+from gnll.serving.service import Service
+from gnll.serving.settings import ServeSettings
+
 STATIC = Path(__file__).parent / "static"
 #: The tasks whose questions the page offers (short answers: what G-NLL is calibrated on).
 UI_TASKS = ("triviaqa_short", "svamp_short", "nq_open_short")
@@ -31,7 +34,7 @@ class JudgeRequest(BaseModel):
     numeric_answer: float | None = None
 
 
-def add_routes(app: FastAPI, service: Any, settings: Any) -> None:
+def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
