@@ -108,7 +108,7 @@ def score_command(
     from gnll import load_model
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
-    from gnll.cli.ask import ask_prompt
+    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
     from gnll.scoring.rows import detect_format
     from gnll.scoring.stream import CALIBRATED_COLUMNS
