@@ -106,6 +106,8 @@ def test_ask_with_a_calibrator_adds_p_correct_and_abstain():
     result = ask(ScriptedModel(), "Q?", calibration=cal)
     assert result.p_correct == pytest.approx(float(cal.predict_proba([0.4])[0]))
     assert result.abstain == bool(cal.abstain([0.4])[0])
+    # G-NLL is always computed, so a G-NLL calibration works whatever else is asked for
+    assert ask(ScriptedModel(), "Q?", measures=["pe"], calibration=cal).p_correct is not None
     cal.meta["measure"] = "pe"
     model = ScriptedModel()
     with pytest.raises(ValueError, match="'pe'"):

@@ -10,7 +10,7 @@ import pytest
 from gnll.evaluation.data.datasets import (
     DATASETS,
     Example,
-    detect_format,
+    detect_dataset,
     load_dataset,
     resolve_data_file,
 )
@@ -189,7 +189,7 @@ def test_loaders_read_original_formats(tmp_path):
     nq, _ = load_dataset("nq_open", data_dir=d)
     assert nq[0].question == "what is 0 plus one?"  # question mark appended as in Farquhar et al.
     for name in DATASETS:
-        assert detect_format(d / DATASETS[name].relpath) == name
+        assert detect_dataset(d / DATASETS[name].relpath) == name
     # --data_path takes a single file, and checks it holds the right dataset
     assert resolve_data_file("svamp", data_path=d / "svamp" / "SVAMP.json").name == "SVAMP.json"
     with pytest.raises(ValueError, match="holds svamp"):

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from gnll._util.runfiles import SAMPLES, iter_samples, samples_path
+from gnll._util.tabular import file_format
 
 __all__ = ["LabelledScores", "load_labelled", "prompt_fingerprint"]
 
@@ -120,17 +121,13 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
 def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     import pandas as pd
 
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
+    fmt = file_format(path)
+    if fmt == "jsonl":
         df = pd.read_json(path, lines=True)
-    elif suffix == ".csv":
+    elif fmt == "csv":
         df = pd.read_csv(path)
-    elif suffix in (".parquet", ".pq"):
-        df = pd.read_parquet(path)
     else:
-        raise ValueError(
-            f"{path}: unknown file type {suffix!r} (expected .jsonl, .csv or .parquet)"
-        )
+        df = pd.read_parquet(path)
     col = next((c for c in (measure, measure.replace("-", "_")) if c in df.columns), None)
     if col is None:
         raise ValueError(

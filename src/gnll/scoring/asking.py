@@ -149,7 +149,7 @@ def ask_calibration(
 
 def _calibrated_measure(cal: Calibrator, measures: Iterable[str]) -> str:
     measure = str(cal.meta.get("measure", "g-nll"))
-    if measure not in set(measures):
+    if measure not in {"g-nll", *measures}:  # ask always computes G-NLL
         raise ValueError(f"the calibration maps {measure!r}; add it to the measures")
     return measure
 
