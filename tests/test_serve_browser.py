@@ -142,7 +142,7 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     assert all(math.isfinite(v) for v in values)
     # The picked question's answer is marked right or wrong by the evaluation's F1 rule, and the
     # history says which row it was (the typed question has no gold answer: "–").
-    from gnll.evaluation.correctness import f1_verdict
+    from gnll.evaluation.results.correctness import f1_verdict
 
     answer = page.locator("#answer").inner_text().strip()
     gold = page.evaluate("state.examples[1].answers")

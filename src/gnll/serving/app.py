@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gnll.measures import LogprobError
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.metrics import Metrics
@@ -34,7 +35,7 @@ from gnll.serving.responses import Reply, error_body
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
-from gnll.serving.uncertainty import LogprobError, headers_for
+from gnll.serving.uncertainty import headers_for
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")

@@ -43,7 +43,7 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
 
     @app.get("/ui/api/config")
     async def config() -> dict[str, Any]:
-        from gnll.evaluation.prompts import BRIEF_SHORT
+        from gnll.evaluation.data.prompts import BRIEF_SHORT
 
         return {
             **service.describe(),
@@ -56,7 +56,7 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
 
     @app.post("/ui/api/judge")
     async def judge(req: JudgeRequest) -> dict[str, Any]:
-        from gnll.evaluation.correctness import F1_THRESHOLD, f1_verdict
+        from gnll.evaluation.results.correctness import F1_THRESHOLD, f1_verdict
 
         verdict = f1_verdict(req.answer, req.answers, req.numeric_answer)
         rule = "numeric match" if verdict.detail == "numeric" else f"F1 > {F1_THRESHOLD:g}"
@@ -77,7 +77,7 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
 
 @lru_cache(maxsize=8)
 def _examples(task: str, data_dir: str, limit: int) -> list[dict[str, Any]]:
-    from gnll.evaluation.tasks import get_task
+    from gnll.evaluation.data.tasks import get_task
 
     data = get_task(task).load(data_dir=data_dir or None)
     return [
