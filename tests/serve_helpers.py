@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import threading
 import time
 from typing import Literal
@@ -211,3 +213,15 @@ def sse(text: str) -> list:
             payload = line[6:]
             out.append(payload if payload == "[DONE]" else json.loads(payload))
     return out
+
+
+@contextlib.contextmanager
+def access_log(caplog):
+    """Capture the access log (``gnll serve``'s own set-up stops it from propagating)."""
+    logger = logging.getLogger("gnll.serve.access")
+    was, logger.propagate = logger.propagate, True
+    try:
+        with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
+            yield
+    finally:
+        logger.propagate = was

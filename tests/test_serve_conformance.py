@@ -9,9 +9,7 @@ without, so streams are replays) and proxy (in front of the in-process server).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import time
 
 import httpx
@@ -19,7 +17,14 @@ import openai
 import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from serve_helpers import UNSURE, ScriptedModel, StreamedCompletion, StreamingModel, sse
+from serve_helpers import (
+    UNSURE,
+    ScriptedModel,
+    StreamedCompletion,
+    StreamingModel,
+    access_log,
+    sse,
+)
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
 from gnll.serving.proxy import ProxyService
@@ -27,18 +32,6 @@ from gnll.serving.server import ServerThread
 
 MODES = ("live", "replay", "proxy")
 USER = [{"role": "user", "content": "unsure"}]
-
-
-@contextlib.contextmanager
-def access_log(caplog):
-    """Capture the access log (``gnll serve``'s own set-up stops it from propagating)."""
-    logger = logging.getLogger("gnll.serve.access")
-    was, logger.propagate = logger.propagate, True
-    try:
-        with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
-            yield
-    finally:
-        logger.propagate = was
 
 
 def check_body(body: dict, chat: bool) -> None:
@@ -216,7 +209,7 @@ def test_streamed_requests_are_logged_with_their_uncertainty(server, caplog):
                 break
             time.sleep(0.02)
     entry = lines[-1]
-    assert entry["stream"] is True and entry["choices"] == 1
+    assert entry["stream"] is True and entry["choices"] == 1 and entry["stream_sent"] is True
     assert entry["g_nll"] == [pytest.approx(5.0)] and entry["num_tokens"] == [2]
 
 

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from serve_helpers import LONG, SURE, StreamedCompletion, StreamingModel, sse
+from serve_helpers import LONG, SURE, StreamedCompletion, StreamingModel, access_log, sse
 from starlette.testclient import TestClient
 
 from gnll.serving import ServeSettings, build_inprocess_app, create_app
@@ -130,11 +130,11 @@ def test_upstream_down_then_restarted_traffic_resumes_without_restarting_gnll():
             ChatCompletion.model_validate(again.json())
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_decoding_slot():
+def test_a_client_that_leaves_mid_stream_frees_its_decoding_slot(caplog):
     # One decoding row (max_batch_prompts=1): a request can only start when the row is free.
     model = StreamingModel(delay=0.02)  # the abandoned answer would need 200 steps, >= 4 s
     app = build_inprocess_app(model, ServeSettings(max_tokens_limit=512), max_batch_prompts=1)
-    with ServerThread(app) as srv:
+    with ServerThread(app) as srv, access_log(caplog):
         body = {"prompt": "long", "stream": True, "max_tokens": 300}
         with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=10) as r:
             got = 0
@@ -153,6 +153,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_decoding_slot():
     decoded = sum(1 for step in model.steps if model.cancelled[0] in step)
     assert decoded < len(LONG[0]) / 2  # it stopped long before its answer was done
     assert took < 2.0, f"the next request waited {took:.2f} s for the abandoned one"
+    entries = [json.loads(r.message) for r in caplog.records if r.name == "gnll.serve.access"]
+    assert [e["stream_sent"] for e in entries if e.get("stream")] == [False]  # logged as such
 
 
 def test_oversized_bodies_are_413_and_slow_senders_408():

@@ -105,7 +105,9 @@ async def _observed(
     stream: Any, records: list[dict[str, Any]], metrics: Metrics, done: Any, observe: bool
 ) -> Any:
     """``stream``, then (once it has ended and ``records`` is filled) the answers' metrics and the
-    request's access-log entry (``done``), also when the client went away mid-stream."""
+    request's access-log entry (``done``), also when the client went away mid-stream (``done``
+    hears whether the stream was sent to its end)."""
+    sent = False
     try:
         if hasattr(stream, "__aiter__"):
             async for chunk in stream:
@@ -113,6 +115,7 @@ async def _observed(
         else:
             for chunk in stream:
                 yield chunk
+        sent = True
     finally:
         if hasattr(stream, "aclose"):  # the client left: the service frees what the stream held
             with anyio.CancelScope(shield=True):
@@ -120,7 +123,7 @@ async def _observed(
         if observe:
             for record in records:
                 metrics.observe_answer(record)
-        done(records)
+        done(records, sent)
 
 
 def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
@@ -261,8 +264,8 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
         if reply.stream is not None:
             request.state.deferred = True
 
-            def done(records: list[dict[str, Any]]) -> None:
-                info.update(_uncertainty_fields(records))
+            def done(records: list[dict[str, Any]], sent: bool) -> None:
+                info.update(_uncertainty_fields(records), stream_sent=sent)
                 log_request(request, reply.status, request.state.started)
 
             stream = _observed(reply.stream, reply.records, metrics, done, observe=not known)
