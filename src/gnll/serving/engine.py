@@ -196,7 +196,11 @@ class BatchingEngine:
         if top_logprobs and not self._continuous:
             raise RequestError("this model reports no alternatives (top_logprobs)", "top_logprobs")
         job = self._enqueue(prompts, config, raw, stream=False, top_k=int(top_logprobs))
-        gens = await job.future
+        try:
+            gens = await job.future
+        except asyncio.CancelledError:  # the request's task was cancelled: free its rows
+            job.cancelled = True
+            raise
         return Decoded(gens, job.tops)
 
     def stream(
