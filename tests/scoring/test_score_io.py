@@ -22,7 +22,7 @@ from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
 from gnll.scoring import ScoreJob, run_score_job
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.model
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = {
     "overhead": ["table", "bookkeeping", "profile"],
     "cost_per_method": ["table", "raw"],
