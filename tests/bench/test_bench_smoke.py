@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.model
+pytestmark = pytest.mark.e2e
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = {

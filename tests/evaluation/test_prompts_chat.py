@@ -68,6 +68,7 @@ def test_task_prompt_and_fingerprint():
     assert td.describe() != before and td.describe()["fewshot_as_multiturn"] is True
 
 
+@pytest.mark.model
 def test_chat_model_renders_the_turns(smollm, monkeypatch):
     p = ChatPrompt(
         build_prompt(BRIEF_SHORT, FEWSHOT, QUESTION), build_messages(BRIEF_SHORT, FEWSHOT, QUESTION)

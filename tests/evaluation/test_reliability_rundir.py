@@ -37,6 +37,7 @@ SLOW_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_second_run_on_a_live_directory_is_refused_and_the_first_finishes(data_dir, tmp_path):
     out = tmp_path / "run"
     ref = tmp_path / "ref"

@@ -176,6 +176,7 @@ def _big_input(path: Path, n: int) -> None:
             )
 
 
+@pytest.mark.e2e
 def test_resume_after_kill_writes_every_row_once(tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     n = 3000

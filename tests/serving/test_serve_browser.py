@@ -18,7 +18,7 @@ import pytest
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.browser, pytest.mark.model]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
