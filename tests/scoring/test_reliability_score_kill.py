@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives
 ROWS = 2000
 KILLS = 10
 

@@ -121,9 +121,9 @@ def test_scoring_logits_follow_max_batch_tokens(smollm, monkeypatch):
         monkeypatch.setattr(smollm, "max_batch_tokens", budget)
         logits: list[int] = []
 
-        def rec(rows, prefix, **kw):
+        def rec(rows, prefix, _seen=logits, **kw):
             out = prefill(rows, prefix, **kw)
-            logits.append(out.logits.numel())
+            _seen.append(out.logits.numel())
             return out
 
         monkeypatch.setattr(smollm.engine, "prefill", rec)
