@@ -162,6 +162,14 @@ def evaluate(
             help="Continue a run in OUTPUT_PATH, reusing its caches.",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Delete an earlier run in OUTPUT_PATH and start over (without it, or --resume, "
+            "an earlier run there is an error).",
+        ),
+    ] = False,
     clusterer: Annotated[
         str,
         typer.Option(
@@ -305,6 +313,7 @@ def evaluate(
             chunk_size=chunk_size,
             seed=seed,
             resume=resume,
+            overwrite=overwrite,
             clusterer=clusterer,
             clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
