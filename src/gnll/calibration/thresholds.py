@@ -20,7 +20,7 @@ risk only in expectation over the calibration draw, while a threshold fixed once
 on needs a bound that holds with high probability for *that* threshold.
 
 The candidate grid is built from the scores (never the labels) of the same data; the simulation in
-``tests/test_calibration.py`` checks that the violation rate stays below ``delta``.
+``tests/calibration/test_calibration.py`` checks that the violation rate stays below ``delta``.
 
 **Target coverage** (:func:`coverage_threshold`): the threshold is the ``k``-th smallest score, with
 ``k`` the smallest rank such that ``P(Binomial(n, target) >= k) <= delta``. The coverage of the

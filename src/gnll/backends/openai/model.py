@@ -67,7 +67,7 @@ class OpenAICompatModel(Model):
     Examples
     --------
     Against ``vllm serve Qwen/Qwen2.5-7B-Instruct`` (needs a server, so not run as a doctest;
-    ``tests/test_server_llamacpp.py`` runs it against a real llama.cpp server)::
+    ``tests/backends/test_server_llamacpp.py`` runs it against a real llama.cpp server)::
 
         model = load_model("Qwen/Qwen2.5-7B-Instruct", backend="openai",
                            base_url="http://localhost:8000/v1")

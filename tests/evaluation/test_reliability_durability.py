@@ -8,7 +8,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+import pytest
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 CONVERTER = textwrap.dedent(
     """
@@ -38,6 +40,7 @@ CONVERTER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_two_processes_converting_one_embedded_model_convert_once(tmp_path):
     env = {**os.environ, "GNLL_CACHE": str(tmp_path / "cache"), "PYTHONPATH": SRC}
     log = tmp_path / "log"

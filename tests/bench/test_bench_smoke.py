@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.model
+pytestmark = pytest.mark.e2e
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 SCRIPTS = {
     "overhead": ["table", "bookkeeping", "profile"],
     "cost_per_method": ["table", "raw"],

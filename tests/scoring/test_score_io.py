@@ -22,7 +22,7 @@ from gnll.cli.main import app
 from gnll.evaluation.data.prompts import ask_prompt
 from gnll.scoring import ScoreJob, run_score_job
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives
 
 
 @pytest.fixture
@@ -176,6 +176,7 @@ def _big_input(path: Path, n: int) -> None:
             )
 
 
+@pytest.mark.e2e
 def test_resume_after_kill_writes_every_row_once(tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     n = 3000

@@ -28,10 +28,10 @@ from gnll.backends.registry import EMBEDDED_MODELS
 from gnll.cli.main import app
 from gnll.evaluation.data.tasks import get_task
 
-pytestmark = pytest.mark.model
+pytestmark = pytest.mark.server
 
 MODEL = "smollm2-135m-instruct"
-SRC = Path(__file__).resolve().parent.parent / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 #: Measured by ``python scripts/server_agreement.py --prompts 50 --max-new-tokens 32`` (docs/servers.md):
 #: 35 of 50 greedy answers equal; where equal, |G-NLL(server) - G-NLL(hf)| <= 16.4% of G-NLL (median
 #: 0.14 nats) and Spearman 0.998. Both start from the same Q4_1 weights, but the hf backend computes
@@ -82,6 +82,7 @@ def test_capabilities_and_info_are_declared(served):
         served.score(["q"], ["a"])
 
 
+@pytest.mark.model
 def test_greedy_answers_and_gnll_agree_with_the_in_process_backend(smollm, served, trivia_prompts):
     cfg = GenerationConfig.greedy(max_new_tokens=32)
     hf = [g[0] for g in smollm.generate(trivia_prompts, cfg)]
@@ -98,6 +99,7 @@ def test_greedy_answers_and_gnll_agree_with_the_in_process_backend(smollm, serve
     assert rho >= MIN_SPEARMAN, rho
 
 
+@pytest.mark.model
 def test_chat_endpoint_and_completions_endpoint_agree(smollm, llama_server, trivia_prompts):
     url = llama_server.base_url
     chat = load_model(MODEL, backend="openai", base_url=url, endpoint="chat")
@@ -182,6 +184,7 @@ def _eval_cmd(url: str, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_killed_server_stops_eval_and_resume_finishes_identically(gguf, tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     server = LlamaServer(gguf, MODEL, lifetime=1200)

@@ -3,7 +3,7 @@
 The page is asked a typed question and a TriviaQA question from the bundled data; the tokens it
 shades and the G-NLL it shows must be the API's, and the session history must be sorted by G-NLL.
 A screenshot is saved (to ``$GNLL_SCREENSHOT`` when set: that is how docs/serving.md's picture is
-made, ``GNLL_SCREENSHOT=docs/img/serving-page.png pytest tests/test_serve_browser.py``).
+made, ``GNLL_SCREENSHOT=docs/img/serving-page.png pytest tests/serving/test_serve_browser.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.browser, pytest.mark.model]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

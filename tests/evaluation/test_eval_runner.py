@@ -431,6 +431,7 @@ SUBPROCESS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_resume_after_kill_gives_identical_results(data_dir, tmp_path):
     ref = Evaluator(cfg(data_dir, tmp_path / "ref"), model=FakeModel()).run()
     out = tmp_path / "killed"

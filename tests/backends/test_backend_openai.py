@@ -1,7 +1,7 @@
 """The server backend against stand-ins replaying vLLM's and llama.cpp's documented response shapes.
 
 These cover the parsing paths no server here can produce (vLLM needs a GPU build; the C++ llama-server
-is not built here); ``tests/test_server_llamacpp.py`` runs the same backend against a real server.
+is not built here); ``tests/backends/test_server_llamacpp.py`` runs the same backend against a real server.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gnll import GenerationConfig, load_model
 from gnll.backends.base import GenerationErrors
 from gnll.backends.openai import ServerUnavailable
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def fx(name: str) -> dict:

@@ -16,7 +16,7 @@ from gnll.serving import ServeSettings, create_app
 from gnll.serving.proxy import ProxyService
 from gnll.serving.server import ServerThread
 
-pytestmark = pytest.mark.model
+pytestmark = pytest.mark.server
 
 MODEL = "smollm2-135m-instruct"
 PROMPT = "Answer the following question as briefly as possible.\nQuestion: What is the capital of France?\nAnswer:"

@@ -18,6 +18,8 @@ from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
 
 CUSTOM_STOP = ("\n", "Question:", "ris Q", "😀", "字\nQ", "€")
 
+pytestmark = pytest.mark.model  # the embedded models' real tokenizers (their converted checkpoints)
+
 
 def reference_split(rules, ids, raw, tempered, config) -> Generation:
     """The former ``StopRules.split``: decodes a growing prefix per token (quadratic)."""
