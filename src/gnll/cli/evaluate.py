@@ -9,7 +9,6 @@ Example
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -335,12 +334,10 @@ def evaluate(
         _run_preset(ctx, preset, cfg, console, verbose)
         return
     t0 = time.perf_counter()
-    results = Evaluator(
-        cfg
-    ).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
+    evaluator = Evaluator(cfg)
+    results = evaluator.run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     typer.echo(render_table([results], sections=("notes", "auroc")).rstrip())
-    timings = json.loads((output_path / "timings.json").read_text())
     console.print(
         Text.assemble(
             ("\ndone", "green"),
@@ -349,7 +346,7 @@ def evaluate(
         )
     )
     if verbose:
-        console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+        console.print({k: round(v, 2) for k, v in evaluator.timer.seconds.items()})
 
 
 def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:
