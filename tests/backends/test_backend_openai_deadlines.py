@@ -21,7 +21,7 @@ from gnll.backends.base import GenerationErrors
 from gnll.backends.openai import ServerError, ServerUnavailable
 from gnll.backends.openai.client import HTTPClient, ServerFailing
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MODELS = (FIXTURES / "vllm" / "models.json").read_bytes()
 COMPLETION = (FIXTURES / "vllm" / "completion_stop_newline.json").read_bytes()
 
