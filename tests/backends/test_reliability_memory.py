@@ -90,7 +90,10 @@ def test_long_continuations_are_scored_in_bounded_pieces(smollm, monkeypatch):
     cont = cont[-20:]
     whole = smollm.score_tokens([prompt], [cont])[0]
     vocab = smollm.model.config.vocab_size
-    monkeypatch.setattr(scoring, "MAX_LOGITS_ELEMENTS", vocab * 7)  # 6 positions per row
+    # 32 positions of KV cache hold 7.5 positions of logits: pieces of 6 tokens (+1 for the next)
+    monkeypatch.setattr(smollm, "max_batch_tokens", 32)
+    bound = scoring.max_logits_elements(smollm.model.config, 32)
+    assert bound // vocab == 7
     kept: list[int] = []
     prefill = smollm.engine.prefill
 
@@ -101,8 +104,37 @@ def test_long_continuations_are_scored_in_bounded_pieces(smollm, monkeypatch):
     monkeypatch.setattr(smollm.engine, "prefill", rec)
     pieces = smollm.score_tokens([prompt], [cont])[0]
     assert kept and max(kept) <= 7  # never more than the bound's positions of logits at once
+    assert len(kept) >= 3  # 20 tokens in pieces of at most 6
     assert len(pieces) == len(cont)
     np.testing.assert_allclose(pieces, whole, atol=1e-3)
+
+
+def test_scoring_logits_follow_max_batch_tokens(smollm, monkeypatch):
+    """The logits of a scoring batch stay within the KV-cache size of ``max_batch_tokens``."""
+    vocab = smollm.model.config.vocab_size
+    prompts = [f"Question {k}: what is {k} times {k}? Answer:" for k in range(12)]
+    answers = [f" {k * k} is the product of {k} and {k}" for k in range(12)]
+    reference = smollm.score(prompts, answers)
+    prefill = smollm.engine.prefill
+    peaks = {}
+    for budget in (256, 1024):
+        monkeypatch.setattr(smollm, "max_batch_tokens", budget)
+        logits: list[int] = []
+
+        def rec(rows, prefix, _seen=logits, **kw):
+            out = prefill(rows, prefix, **kw)
+            _seen.append(out.logits.numel())
+            return out
+
+        monkeypatch.setattr(smollm.engine, "prefill", rec)
+        got = smollm.score(prompts, answers)
+        bound = scoring.max_logits_elements(smollm.model.config, budget)
+        assert max(logits) <= bound, (budget, max(logits), bound)
+        peaks[budget] = max(logits)
+        for r, g in zip(reference, got, strict=True):
+            np.testing.assert_allclose(g.token_logprobs, r.token_logprobs, atol=1e-4)
+            assert g.is_greedy == r.is_greedy
+    assert peaks[256] < peaks[1024] and peaks[256] // vocab >= 1
 
 
 def test_scoring_respects_max_batch_tokens(smollm, monkeypatch):

@@ -8,8 +8,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
+from gnll.evaluation.data.prompts import ask_prompt
 
 pytestmark = pytest.mark.model
 

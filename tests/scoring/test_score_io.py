@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 
 import gnll
 from gnll.calibration import Calibrator
-from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
+from gnll.evaluation.data.prompts import ask_prompt
 from gnll.scoring import ScoreJob, run_score_job
 
 HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives

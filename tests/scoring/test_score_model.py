@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from gnll.calibration import Calibrator, load_calibration, prompt_fingerprint, shipped_calibration
-from gnll.cli.ask import ask_prompt
 from gnll.cli.main import app
+from gnll.evaluation.data.prompts import ask_prompt
 
 pytestmark = pytest.mark.model
 runner = CliRunner()

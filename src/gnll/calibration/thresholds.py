@@ -47,6 +47,8 @@ from typing import Any, Literal
 import numpy as np
 from scipy.stats import beta, binom
 
+from gnll._util.validation import check_scores_labels
+
 __all__ = ["Threshold", "accuracy_threshold", "clopper_pearson_lower", "coverage_threshold"]
 
 
@@ -116,14 +118,7 @@ def clopper_pearson_lower(k: int, n: int, delta: float) -> float:
 
 
 def _validate(scores: Any, labels: Any, target: float, delta: float) -> tuple[np.ndarray, ...]:
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.float64)
-    if s.ndim != 1 or s.shape != y.shape or len(s) == 0:
-        raise ValueError(
-            f"scores and labels must be 1-D, equal length, non-empty; got {s.shape}, {y.shape}"
-        )
-    if not np.all(np.isfinite(s)):
-        raise ValueError("scores contain NaN or inf; drop those rows first")
+    s, y = check_scores_labels(scores, labels, nonempty=True)
     if not (0 < target < 1):
         raise ValueError(f"target must be strictly between 0 and 1, got {target}")
     if not (0 < delta < 1):

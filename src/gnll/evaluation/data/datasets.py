@@ -12,7 +12,7 @@ Users who are online can instead load the same splits from the Hugging Face hub
 
 Example
 -------
->>> from gnll.evaluation.datasets import DATASETS
+>>> from gnll.evaluation.data.datasets import DATASETS
 >>> DATASETS["svamp"].relpath
 'svamp/SVAMP.json'
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnll.evaluation.records import (
+from gnll.evaluation.data.records import (
     DataError,
     Row,
     arith,
@@ -46,7 +46,7 @@ __all__ = [
     "DatasetSpec",
     "Example",
     "candidate_data_dirs",
-    "detect_format",
+    "detect_dataset",
     "file_sha256",
     "load_dataset",
     "resolve_data_file",
@@ -185,7 +185,7 @@ def _hub_svamp() -> list[Example]:
     for split in ("train", "test"):
         for i, r in enumerate(dd[split]):
             ex = _svamp_example(Row(f"hub ChilleD/SVAMP {split} row {i}", r))
-            # the paper evaluates the 300-problem test split (gnll.evaluation.tasks uses the mark)
+            # the paper evaluates the 300-problem test split (gnll.evaluation.data.tasks uses the mark)
             ex.extra["split"] = split
             examples.append(ex)
     examples.sort(key=lambda e: int(e.id.split("-")[-1]))
@@ -232,7 +232,7 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def detect_format(path: str | Path) -> str:
+def detect_dataset(path: str | Path) -> str:
     """Guess a file's dataset from its first record (``triviaqa``, ``svamp`` or ``nq_open``)."""
     path = Path(path)
     with path.open("rb") as fh:
@@ -291,7 +291,7 @@ def resolve_data_file(
             raise FileNotFoundError(
                 f"--data_path {p} does not exist (expected the {dataset} file {spec.relpath})"
             )
-        fmt = detect_format(p)
+        fmt = detect_dataset(p)
         if fmt != dataset:
             raise ValueError(f"--data_path {p} holds {fmt} data, but the task needs {dataset}")
         return p

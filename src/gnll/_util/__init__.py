@@ -117,19 +117,22 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
 
 
 def jsonable(obj: Any, *, nan: str = "keep") -> Any:
-    """``obj`` as plain JSON types: numpy scalars/arrays to Python, tuples to lists, keys to str.
+    """``obj`` as it reads back from JSON: numpy scalars/arrays to Python, tuples to lists.
 
-    ``nan="none"`` turns NaN and infinities into ``None`` (strict JSON); ``nan="keep"`` leaves
-    them (Python's ``json`` writes ``NaN``). Anything else unknown becomes its ``str``.
+    The one JSON converter of the package (results, fingerprints, component descriptions, the
+    simulation study, calibration files). Keys become strings as ``json`` writes them
+    (``True`` -> ``"true"``). ``nan="none"`` turns NaN and infinities into ``None`` (strict JSON);
+    ``nan="keep"`` leaves them (Python's ``json`` writes ``NaN``). Anything else unknown becomes
+    its ``str``.
 
     >>> import numpy as np
-    >>> jsonable({1: (np.float64(0.5), float("nan"))}, nan="none")
-    {'1': [0.5, None]}
+    >>> jsonable({1: (np.float64(0.5), float("nan")), None: np.int64(2)}, nan="none")
+    {'1': [0.5, None], 'null': 2}
     """
     if nan not in ("keep", "none"):
         raise ValueError(f"nan must be 'keep' or 'none', got {nan!r}")
     if isinstance(obj, dict):
-        return {str(k): jsonable(v, nan=nan) for k, v in obj.items()}
+        return {_json_key(k): jsonable(v, nan=nan) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
         return [jsonable(v, nan=nan) for v in obj]
     if hasattr(obj, "tolist") and hasattr(obj, "dtype"):  # numpy arrays and scalars
@@ -139,6 +142,14 @@ def jsonable(obj: Any, *, nan: str = "keep") -> Any:
     if obj is None or isinstance(obj, bool | int | str):
         return obj
     return str(obj)
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(key)  # what json.dump writes for such a key: true, null, 1.0, NaN
+    return str(key)
 
 
 def progress_enabled(requested: bool = True) -> bool:
