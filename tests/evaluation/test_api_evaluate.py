@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 import gnll
 from gnll.evaluation import Evaluation, evaluate

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from test_eval_runner import FakeModel, make_data_dir
+from fakes import FakeModel, make_data_dir
 
 from gnll.evaluation.data.tasks import get_task
 from gnll.evaluation.figures.ablation import plot_ablation, run_ablation

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 from gnll.evaluation.run.rundir import ForeignFilesError, RunDirectoryBusyError, RunLock
 from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
 from gnll.evaluation.run.store import EarlierRunError
 
-TESTS = str(Path(__file__).parent)
+TESTS = str(Path(__file__).resolve().parents[1])  # tests/, where fakes.py lives
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -31,7 +31,7 @@ SLOW_RUN = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     from pathlib import Path
-    from test_eval_runner import FakeModel, cfg
+    from fakes import FakeModel, cfg
     from gnll.evaluation.run.runner import Evaluator
     Evaluator(cfg(Path({data!r}), Path({out!r})), model=FakeModel(delay=0.3)).run()
     """
