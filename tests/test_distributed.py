@@ -1,0 +1,194 @@
+"""gnll on Ray: ``gnll score`` / ``gnll eval`` on replicas give the local engine's outputs.
+
+A local Ray cluster (2 CPUs, loopback) starts once per session (the ``ray_cluster`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from scoring_toy import ToyModel
+from test_eval_runner import make_data_dir
+
+from gnll.distributed.cluster import Cluster
+from gnll.evaluation.runner import EvalConfig, Evaluator
+from gnll.scoring import ScoreJob, run_score_job
+
+SRC = Path(__file__).parent.parent / "src"
+
+
+def toy_job(tmp: Path, inp: Path, name: str, **kw) -> ScoreJob:
+    from gnll.cli.ask import ask_prompt
+
+    base = dict(
+        input=str(inp),
+        output=str(tmp / f"{name}.jsonl"),
+        input_format="jsonl",
+        output_format="jsonl",
+        errors=tmp / f"{name}.jsonl.errors.jsonl",
+        render_question=lambda q: ask_prompt(q, long=False),
+        chunk_size=7,
+        progress=False,
+    )
+    base.update(kw)
+    return ScoreJob(**base)
+
+
+def write_rows(path: Path, n: int) -> Path:
+    """Rows with an id each; some not JSON, some without an answer, some over the toy's context."""
+    lines = []
+    for i in range(n):
+        if i % 11 == 5:
+            lines.append(f'{{"id": {i}, "question": "broken')
+        elif i % 13 == 7:
+            lines.append(json.dumps({"id": i, "question": f"q{i}"}))
+        elif i % 17 == 3:
+            lines.append(json.dumps({"id": i, "question": "x" * 500, "answer": "too long"}))
+        else:
+            lines.append(json.dumps({"id": i, "question": f"What is {i}?", "answer": f"ans{i}"}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_score_job_on_ray_matches_local(ray_cluster, tmp_path):
+    from gnll.distributed.scoring import run_score_job as run_ray
+
+    inp = write_rows(tmp_path / "in.jsonl", 60)
+    local = run_score_job(ToyModel(), toy_job(tmp_path, inp, "local"))
+    remote = run_ray(toy_job(tmp_path, inp, "ray"), ToyModel, None, Cluster("auto", replicas=2))
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+    errs = (tmp_path / "ray.jsonl.errors.jsonl").read_bytes()
+    assert errs == (tmp_path / "local.jsonl.errors.jsonl").read_bytes() and errs
+    assert (remote.scored, remote.failed) == (local.scored, local.failed) and local.failed
+
+
+def test_ray_data_score_puts_bad_rows_in_an_error_column(ray_cluster, tmp_path):
+    import ray
+
+    from gnll.distributed import score
+
+    rows = [{"id": i, "question": f"What is {i}?", "answer": f"ans{i}"} for i in range(30)]
+    rows[4]["answer"] = ""
+    rows[9]["question"] = "x" * 500  # over the toy model's context
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = score(
+        ray.data.read_json(str(src)), model=ToyModel, replicas=2, cpus_per_replica=0.5, batch_size=8
+    )
+    got = {r["id"]: r for r in out.take_all()}
+    assert sorted(got) == list(range(30))
+    local = run_score_job(ToyModel(), toy_job(tmp_path, src, "local", chunk_size=8))
+    assert local.failed == 2
+    errors = {
+        json.loads(x)["id"]: json.loads(x)["error"]
+        for x in open(tmp_path / "local.jsonl.errors.jsonl")
+    }
+    for line in open(tmp_path / "local.jsonl"):
+        want = json.loads(line)
+        r = got[want["id"]]
+        assert r["error"] is None and abs(r["nll"] - want["nll"]) <= 1e-6
+        assert r["is_greedy"] == want["is_greedy"] and r["num_tokens"] == want["num_tokens"]
+    for i, msg in errors.items():
+        assert got[i]["error"] == msg and got[i]["nll"] is None
+    out.write_parquet(str(tmp_path / "scored"))  # one schema across blocks with and without errors
+    assert ray.data.read_parquet(str(tmp_path / "scored")).count() == 30
+
+
+def test_a_killed_replica_is_replaced_and_every_row_comes_once(ray_cluster, tmp_path, monkeypatch):
+    import threading
+    from functools import partial
+
+    import ray
+
+    from gnll.distributed import scoring
+
+    inp = write_rows(tmp_path / "in.jsonl", 80)
+    run_score_job(ToyModel(), toy_job(tmp_path, inp, "local", chunk_size=4))
+    started, killed = [], threading.Event()
+    real_start = scoring.start_replicas
+
+    def start_and_schedule_a_kill(*args, **kwargs):
+        actors = real_start(*args, **kwargs)
+        started.extend(actors)
+        threading.Timer(1.0, lambda: (ray.kill(actors[0], no_restart=False), killed.set())).start()
+        return actors
+
+    monkeypatch.setattr(scoring, "start_replicas", start_and_schedule_a_kill)
+    slow = partial(
+        ToyModel, delay=0.25
+    )  # 20 chunks of 0.25 s on 2 replicas: the kill lands mid-run
+    summary = scoring.run_score_job(
+        toy_job(tmp_path, inp, "ray", chunk_size=4), slow, None, Cluster("auto", replicas=2)
+    )
+    assert killed.is_set() and len(started) == 2
+    out = (tmp_path / "ray.jsonl").read_bytes()
+    assert out == (tmp_path / "local.jsonl").read_bytes()
+    ids = [json.loads(x)["id"] for x in out.splitlines()]
+    assert len(ids) == len(set(ids)) == summary.scored
+    assert (tmp_path / "ray.jsonl.errors.jsonl").read_bytes() == (
+        tmp_path / "local.jsonl.errors.jsonl"
+    ).read_bytes()
+
+
+def test_replica_that_cannot_load_the_model_fails_in_one_line(ray_cluster, tmp_path):
+    from gnll.distributed.cluster import RayUnavailable
+    from gnll.distributed.scoring import run_score_job as run_ray
+
+    inp = write_rows(tmp_path / "in.jsonl", 5)
+    with pytest.raises(RayUnavailable, match="could not load the model") as e:
+        run_ray(toy_job(tmp_path, inp, "x"), str(tmp_path / "no-such-model"), None, Cluster("auto"))
+    assert "\n" not in str(e.value)
+
+
+def test_import_gnll_never_imports_ray_and_the_local_engine_runs_without_it(tmp_path):
+    inp = write_rows(tmp_path / "in.jsonl", 12)
+    code = f"""
+import sys
+sys.modules["ray"] = None  # as if Ray were not installed
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import gnll, gnll.distributed, gnll.scoring
+from scoring_toy import ToyModel
+from test_distributed import toy_job
+from pathlib import Path
+s = gnll.scoring.run_score_job(ToyModel(), toy_job(Path({str(tmp_path)!r}), Path({str(inp)!r}), "o"))
+assert s.scored == 9, s
+from gnll.distributed.cluster import RayUnavailable, Cluster
+from gnll.distributed.scoring import run_score_job
+try:
+    run_score_job(toy_job(Path({str(tmp_path)!r}), Path({str(inp)!r}), "r"), ToyModel, None, Cluster())
+except RayUnavailable as e:
+    print("ERR", e)
+"""
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == (
+        "ERR the ray engine needs Ray: pip install 'gnll[ray]' (or use --engine local)"
+    )
+    clean = subprocess.run(
+        [sys.executable, "-c", "import sys, gnll, gnll.distributed; print('ray' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert clean.stdout.strip() == "False", clean.stderr
+
+
+def test_no_cluster_at_address_fails_fast_in_one_line():
+    code = (
+        "import time; from gnll.distributed.cluster import connect, RayUnavailable\n"
+        "t = time.time()\n"
+        "try:\n    connect('127.0.0.1:1')\nexcept RayUnavailable as e:\n"
+        "    print(round(time.time() - t), e)\n"
+    )
+    env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    secs, _, msg = res.stdout.strip().partition(" ")
+    assert msg.startswith("no Ray cluster at 127.0.0.1:1") and "ray start --head" in msg, res
+    assert "\n" not in msg and int(secs) < 30
