@@ -6,8 +6,11 @@ A local Ray cluster (2 CPUs, loopback) starts once per session (the ``ray_cluste
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,11 +86,9 @@ def test_ray_data_score_puts_bad_rows_in_an_error_column(ray_cluster, tmp_path):
     assert sorted(got) == list(range(30))
     local = run_score_job(ToyModel(), toy_job(tmp_path, src, "local", chunk_size=8))
     assert local.failed == 2
-    errors = {
-        json.loads(x)["id"]: json.loads(x)["error"]
-        for x in open(tmp_path / "local.jsonl.errors.jsonl")
-    }
-    for line in open(tmp_path / "local.jsonl"):
+    errs = [json.loads(x) for x in (tmp_path / "local.jsonl.errors.jsonl").read_text().splitlines()]
+    errors = {e["id"]: e["error"] for e in errs}
+    for line in (tmp_path / "local.jsonl").read_text().splitlines():
         want = json.loads(line)
         r = got[want["id"]]
         assert r["error"] is None and abs(r["nll"] - want["nll"]) <= 1e-6
@@ -192,3 +193,78 @@ def test_no_cluster_at_address_fails_fast_in_one_line():
     secs, _, msg = res.stdout.strip().partition(" ")
     assert msg.startswith("no Ray cluster at 127.0.0.1:1") and "ray start --head" in msg, res
     assert "\n" not in msg and int(secs) < 30
+
+
+def eval_config(data_dir: Path, model: Path, out: Path, **kw) -> EvalConfig:
+    base = dict(
+        model=str(model),
+        tasks=["triviaqa_short"],
+        output_path=out,
+        data_dir=str(data_dir),
+        limit=10,
+        beams=2,
+        samples=2,
+        chunk_size=3,
+        heldout_size=4,
+        temperatures=(0.5, 1.0),
+        clusterer="exact",
+        n_boot=20,
+        plots=False,
+        progress=False,
+    )
+    base.update(kw)
+    return EvalConfig(**base)
+
+
+def test_eval_on_ray_is_byte_identical_to_local(ray_cluster, tiny_llama, tmp_path):
+    from gnll.distributed.evaluation import RayEvaluator
+
+    data = make_data_dir(tmp_path / "data")
+    model = tiny_llama()
+    Evaluator(eval_config(data, model, tmp_path / "local")).run()
+    cluster = Cluster("auto", replicas=2)
+    RayEvaluator(eval_config(data, model, tmp_path / "ray"), cluster=cluster).run()
+    for name in ("results.json", "samples.jsonl", "table.md"):
+        local = (tmp_path / "local" / name).read_bytes()
+        assert (tmp_path / "ray" / name).read_bytes() == local, name
+    recs = [json.loads(x) for x in (tmp_path / "local" / "samples.jsonl").read_text().splitlines()]
+    assert len(recs) == 10 and len(recs[0]["samples"]) == 2 and len(recs[0]["beams"]) == 2
+    assert "replicas" in json.loads((tmp_path / "ray" / "timings.json").read_text())["seconds"]
+
+    # A driver killed with -9 mid-run, resumed by the local engine: the same bytes again.
+    out = tmp_path / "killed"
+    script = KILLED_DRIVER.format(
+        src=str(SRC),
+        tests=str(Path(__file__).parent),
+        data=str(data),
+        model=str(model),
+        out=str(out),
+        address=ray_cluster.get_runtime_context().gcs_address,
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ})
+    cache = out / "tasks" / "triviaqa_short" / "cache"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        files = list(cache.glob("greedy-*.jsonl")) if cache.exists() else []
+        if files and '"eval"' in files[0].read_text():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "results.json").exists()
+    Evaluator(eval_config(data, model, out, resume=True)).run()
+    for name in ("results.json", "samples.jsonl"):
+        assert (out / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+KILLED_DRIVER = """
+import sys
+sys.path[:0] = [{src!r}, {tests!r}]
+from pathlib import Path
+from test_distributed import eval_config
+from gnll.distributed.cluster import Cluster, connect
+from gnll.distributed.evaluation import RayEvaluator
+cfg = eval_config(Path({data!r}), Path({model!r}), Path({out!r}))
+RayEvaluator(cfg, cluster=Cluster({address!r}, replicas=1)).run()
+"""

@@ -262,6 +262,22 @@ def evaluate(
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="local (this process) or ray (chunks of questions on replicas)."
+        ),
+    ] = "local",
+    address: Annotated[
+        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+    ] = "auto",
+    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
+    cpus_per_replica: Annotated[
+        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+    ] = 1.0,
+    gpus_per_replica: Annotated[
+        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
+    ] = 0.0,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console
@@ -321,11 +337,22 @@ def evaluate(
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
+    if engine not in ("local", "ray") or (engine == "ray" and preset is not None):
+        raise typer.BadParameter(
+            f"--engine must be local or ray (ray without --preset), got {engine}"
+        )
     if preset is not None:
         _run_preset(ctx, preset, cfg, console, verbose)
         return
     t0 = time.perf_counter()
-    Evaluator(cfg).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
+    if engine == "ray":
+        from gnll.cli._ray import cluster_of
+        from gnll.distributed.evaluation import RayEvaluator
+
+        cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
+        RayEvaluator(cfg, cluster=cluster).run()  # the same run directory and outputs as local
+    else:
+        Evaluator(cfg).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     table = (output_path / "table.md").read_text(encoding="utf-8")
     typer.echo(table.split("\n## AUROC averaged")[0].rstrip())

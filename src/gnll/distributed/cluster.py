@@ -12,7 +12,7 @@ from typing import Any
 __all__ = ["Cluster", "RayUnavailable", "require_ray"]
 
 
-class RayUnavailable(RuntimeError):
+class RayUnavailable(ValueError):
     """Ray is missing, no cluster answers, or a replica cannot start: the message says what to do."""
 
 
