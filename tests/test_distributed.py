@@ -268,3 +268,52 @@ from gnll.distributed.evaluation import RayEvaluator
 cfg = eval_config(Path({data!r}), Path({model!r}), Path({out!r}))
 RayEvaluator(cfg, cluster=Cluster({address!r}, replicas=1)).run()
 """
+
+
+def qa_rows(path: Path, n: int) -> Path:
+    rows = [{"id": i, "question": f"What is {i} plus {i}?", "answer": f"{2 * i}"} for i in range(n)]
+    rows[3] = {"id": 3, "question": "no answer"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_score_cli_engine_ray_writes_the_local_output_and_resumes_after_kill(
+    ray_cluster, tiny_llama, tmp_path
+):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    model = str(tiny_llama())
+    inp = qa_rows(tmp_path / "in.jsonl", 160)
+    common = ["score", "-i", str(inp), "--model", model, "--chunk-size", "4", "--no-progress"]
+    run = CliRunner().invoke
+    local = run(app, [*common, "-o", str(tmp_path / "local.jsonl")])
+    assert local.exit_code == 1, local.output  # one row has no answer
+    remote = run(
+        app, [*common, "-o", str(tmp_path / "ray.jsonl"), "--engine", "ray", "--replicas", "2"]
+    )
+    assert remote.exit_code == 1, remote.output
+    want = (tmp_path / "local.jsonl").read_bytes()
+    assert (tmp_path / "ray.jsonl").read_bytes() == want
+    errors = (tmp_path / "local.jsonl.errors.jsonl").read_bytes()
+    assert (tmp_path / "ray.jsonl.errors.jsonl").read_bytes() == errors
+
+    # The driver killed with -9 mid-file; --resume (on Ray) finishes it with every row once.
+    out = tmp_path / "killed.jsonl"
+    address = ray_cluster.get_runtime_context().gcs_address
+    cmd = [sys.executable, "-c", "from gnll.cli.main import app; app()", *common, "-o", str(out)]
+    proc = subprocess.Popen([*cmd, "--engine", "ray", "--address", address], env={**os.environ})
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 12:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert 12 <= out.read_bytes().count(b"\n") < 159
+    resumed = run(app, [*common, "-o", str(out), "--engine", "ray", "--resume"])
+    assert resumed.exit_code == 1 and "already done" in resumed.output, resumed.output
+    assert out.read_bytes() == want
+    assert (tmp_path / "killed.jsonl.errors.jsonl").read_bytes() == errors
