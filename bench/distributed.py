@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ def main() -> None:
     overhead = common.paired_ratios(res["ray_1xT"]["seconds"], res["local"]["seconds"])
     speedup = common.paired_ratios(res["ray_1x1"]["seconds"], res["ray_2x1"]["seconds"])
     summary = {
+        "command": "python " + " ".join(["bench/distributed.py", *sys.argv[1:]]),
+        "quick": args.quick,
         "rows": rows,
         "threads": threads,
         "repeats": args.repeats,
