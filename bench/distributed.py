@@ -31,7 +31,7 @@ import common
 
 
 def write_rows(path: Path, n: int) -> None:
-    from gnll.evaluation.datasets import load_dataset
+    from gnll.evaluation.data.datasets import load_dataset
 
     with path.open("w") as out:
         for ex in load_dataset("triviaqa")[0][:n]:

@@ -24,8 +24,8 @@ from gnll._util import progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, GenerationErrors, Model
 from gnll.distributed.cluster import Cluster, require_ray, start_replicas
 from gnll.distributed.replicas import EvalReplica
-from gnll.evaluation.runner import Evaluator
-from gnll.evaluation.stages import Chunk, TaskStages
+from gnll.evaluation.run.runner import Evaluator
+from gnll.evaluation.run.stages import Chunk, TaskStages
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class _RemoteClusterer:
 
 
 class RayEvaluator(Evaluator):
-    """An :class:`~gnll.evaluation.runner.Evaluator` whose model work runs on Ray replicas.
+    """An :class:`~gnll.evaluation.run.runner.Evaluator` whose model work runs on Ray replicas.
 
     Parameters
     ----------

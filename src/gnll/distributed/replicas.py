@@ -77,12 +77,12 @@ class ScoreReplica:
 class EvalReplica:
     """A ``gnll eval`` replica: the model, judge and clusterer of the run, loaded as locally.
 
-    It holds its own :class:`~gnll.evaluation.runner.Evaluator` of the same configuration (writing
+    It holds its own :class:`~gnll.evaluation.run.runner.Evaluator` of the same configuration (writing
     only to a scratch directory) and answers the driver's calls with its components.
     """
 
     def __init__(self, config: Any, threads: int) -> None:
-        from gnll.evaluation.runner import Evaluator
+        from gnll.evaluation.run.runner import Evaluator
 
         set_threads(threads)
         scratch = tempfile.mkdtemp(prefix="gnll-replica-")

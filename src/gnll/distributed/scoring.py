@@ -91,14 +91,9 @@ SCORE_COLUMNS = ("nll", "ln_nll", "num_tokens", "is_greedy", "greedy_stops", "bo
 def _question_prompt(long: bool) -> Any:
     from functools import partial
 
-    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
+    from gnll.evaluation.data.prompts import ask_prompt
 
-    def render(q: str, *, long: bool) -> str:
-        from gnll.evaluation.datasets import Example
-
-        return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", q, ()))
-
-    return partial(render, long=long)
+    return partial(ask_prompt, long=long)
 
 
 class ScoreBatches:

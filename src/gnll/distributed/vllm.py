@@ -60,12 +60,12 @@ class _Templates:
     def __init__(
         self, tokenizer: Any, *, chat_template: bool, eos_ids: set[int], long: bool
     ) -> None:
-        from gnll.evaluation.datasets import Example
-        from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
+        from functools import partial
+
+        from gnll.evaluation.data.prompts import ask_prompt
 
         self.tokenizer, self.chat_template, self.eos_ids = tokenizer, chat_template, set(eos_ids)
-        brief = BRIEF_LONG if long else BRIEF_SHORT
-        self.render_question = lambda q: build_prompt(brief, [], Example("ask", q, ()))
+        self.render_question = partial(ask_prompt, long=long)
 
     @classmethod
     def _load(cls, source: str, chat_template: bool | None, **kw: Any) -> Any:
