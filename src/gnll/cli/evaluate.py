@@ -269,6 +269,22 @@ def evaluate(
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="local (this process) or ray (chunks of questions on replicas)."
+        ),
+    ] = "local",
+    address: Annotated[
+        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+    ] = "auto",
+    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
+    cpus_per_replica: Annotated[
+        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+    ] = 1.0,
+    gpus_per_replica: Annotated[
+        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
+    ] = 0.0,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console
@@ -330,11 +346,22 @@ def evaluate(
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
+    if engine not in ("local", "ray") or (engine == "ray" and preset is not None):
+        raise typer.BadParameter(
+            f"--engine must be local or ray (ray without --preset), got {engine}"
+        )
     if preset is not None:
         _run_preset(ctx, preset, cfg, console, verbose)
         return
     t0 = time.perf_counter()
-    evaluator = Evaluator(cfg)
+    if engine == "ray":
+        from gnll.cli._ray import cluster_of
+        from gnll.distributed.evaluation import RayEvaluator
+
+        cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
+        evaluator: Evaluator = RayEvaluator(cfg, cluster=cluster)  # the same outputs as local
+    else:
+        evaluator = Evaluator(cfg)
     results = evaluator.run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     typer.echo(render_table([results], sections=("notes", "auroc")).rstrip())
