@@ -223,6 +223,15 @@ def evaluate(
             "protocol) or shared (one per task, best mean AUROC of the paper's baselines).",
         ),
     ] = "per-measure",
+    temperature_scope: Annotated[
+        str,
+        typer.Option(
+            "--temperature_scope",
+            "--temperature-scope",
+            help="task (each task its own choice) or dataset (the short and long tasks of a "
+            "dataset share one, on their pooled held-out AUROCs, as the paper; the presets' default).",
+        ),
+    ] = "task",
     sample_logprobs: Annotated[
         str,
         typer.Option(
@@ -312,6 +321,7 @@ def evaluate(
             n_boot=bootstrap,
             f1_rule=f1_rule,
             temperature_selection=temperature_selection,
+            temperature_scope=temperature_scope,
             sample_logprobs=sample_logprobs,
             empty_answer=empty_answer,
             reference=reference,

@@ -64,6 +64,9 @@ class EvalConfig:
     f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
     # each sampling measure its own held-out temperature ("their optimal hyperparameter settings")
     temperature_selection: str = "per-measure"
+    # what one choice covers: "task", or "dataset" (App. D tunes "for each dataset": the short and
+    # long tasks of a dataset share the choice, made on their pooled held-out AUROCs)
+    temperature_scope: str = "task"
     # log-probs of sampled answers: "model" (temperature 1) or "sampling" (the distribution they were
     # drawn from, as the reference code scores them)
     sample_logprobs: str = "model"
@@ -103,6 +106,7 @@ class EvalConfig:
             raise ValueError("--chunk_size must be >= 1")
         for name, value, allowed in (
             ("--temperature_selection", self.temperature_selection, ("per-measure", "shared")),
+            ("--temperature_scope", self.temperature_scope, ("task", "dataset")),
             ("--sample_logprobs", self.sample_logprobs, ("model", "sampling")),
             ("--empty_answer", self.empty_answer, ("terminator", "zero")),
             ("--reference", self.reference, ("greedy", "beam")),

@@ -49,7 +49,12 @@ from gnll.evaluation.store import (
     prepare_output_dir,
 )
 from gnll.evaluation.tasks import get_task
-from gnll.evaluation.temperature import choose_temperatures, default_temperature, heldout_size
+from gnll.evaluation.temperature import (
+    choose_from_tables,
+    choose_temperature,
+    default_temperature,
+    heldout_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -263,9 +268,16 @@ class Evaluator:
 
     # ------------------------------------------------------------------ temperature selection
     def _select_temperature(
-        self, stages: TaskStages, metrics: list[str]
+        self,
+        stages: TaskStages,
+        metrics: list[str],
+        siblings: Sequence[tuple[TaskStages, list[str]]] = (),
     ) -> tuple[dict[str, float] | None, dict[str, Any]]:
-        """The sampling temperature of every sampling-based measure, and how it was chosen."""
+        """The sampling temperature of every sampling-based measure, and how it was chosen.
+
+        ``siblings``: the other tasks of the same dataset when the choice is made per dataset
+        (``--temperature_scope dataset``); their held-out AUROCs are pooled with this task's.
+        """
         cfg = self.config
         if not cfg.needs_samples:
             return None, {"selected_by": "not needed"}
@@ -273,8 +285,39 @@ class Evaluator:
         if cfg.temperature is not None:
             fixed = dict.fromkeys(sampling, cfg.temperature)
             return fixed, {"selected_by": "fixed", "value": cfg.temperature, "per_measure": fixed}
-        n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         primary = metrics[0]
+        tables, pooled, first = [], [], None
+        for st, ms in [(stages, metrics), *siblings]:
+            table, n, verdicts = self._heldout_table(st, ms[0], sampling)
+            first = first or (n, verdicts)
+            if table is not None:
+                tables.append(table)
+                pooled.append(st.run.name)
+        if not tables:
+            return self._default_temperature(sampling, primary, *first)
+        temps, choice = choose_from_tables(
+            cfg.temperatures, tables, sampling, cfg.temperature_selection, M.PAPER_BASELINES
+        )
+        values = list(temps.values())
+        return temps, {
+            "selected_by": "heldout",
+            # the temperature most measures use (all of them with --temperature_selection shared)
+            "value": max(sorted(set(values)), key=values.count),
+            "metric": primary,
+            "n_heldout": first[0],
+            "measures": sampling,
+            "scope": cfg.temperature_scope,
+            **({"pooled_tasks": pooled} if cfg.temperature_scope == "dataset" else {}),
+            **choice,
+        }
+
+    def _heldout_table(
+        self, stages: TaskStages, primary: str, sampling: list[str]
+    ) -> tuple[dict[str, Any] | None, int, list[bool | None]]:
+        """Held-out AUROC of every sampling measure at every candidate temperature (``None`` when
+        the held-out answers are all right or all wrong), the pool size and its verdicts."""
+        cfg = self.config
+        n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         examples = stages.run.data.split("heldout", n)
 
         def records(temp: float | None) -> Iterator[dict[str, Any]]:
@@ -286,26 +329,12 @@ class Evaluator:
         self._run_split(stages, "heldout", n, [], [primary], beams=False, what="heldout: judging")
         verdicts = [r["correctness"][primary]["correct"] for r in records(None)]
         if len(set(verdicts) - {None}) < 2:
-            return self._default_temperature(sampling, primary, n, verdicts)
+            return None, n, verdicts
         self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
-        temps, choice = choose_temperatures(
-            cfg.temperatures,
-            {t: list(records(t)) for t in cfg.temperatures},
-            primary,
-            sampling,
-            cfg.temperature_selection,
-            M.PAPER_BASELINES,
+        _, info = choose_temperature(
+            cfg.temperatures, {t: list(records(t)) for t in cfg.temperatures}, primary, sampling
         )
-        values = list(temps.values())
-        return temps, {
-            "selected_by": "heldout",
-            # the temperature most measures use (all of them with --temperature_selection shared)
-            "value": max(sorted(set(values)), key=values.count),
-            "metric": primary,
-            "n_heldout": n,
-            "measures": sampling,
-            **choice,
-        }
+        return info["candidates"], n, verdicts
 
     def _default_temperature(
         self, sampling: list[str], metric: str, n: int, verdicts: list[bool | None]
@@ -385,13 +414,31 @@ class Evaluator:
         cfg = self.config
         task_meta: dict[str, Any] = {}
         plan: list[_TaskPlan] = []
-        for run in runs:
+        built = [
+            (
+                run,
+                TaskStages(run, self, cfg, self._clusterer_name),
+                cfg.correctness_for(run.data.task),
+            )
+            for run in runs
+        ]
+        by_dataset: dict[str, tuple[dict[str, float] | None, dict[str, Any]]] = {}
+        for run, stages, metrics in built:
             task = run.data.task
-            stages = TaskStages(run, self, cfg, self._clusterer_name)
-            metrics = cfg.correctness_for(task)
             if "f1" in metrics and task.mode == "long":
                 logger.warning("%s: F1 is only meaningful for short answers", task.name)
-            temp, selection = self._select_temperature(stages, metrics)
+            if cfg.temperature_scope == "dataset":
+                # App. D: one choice "for each dataset", shared by its short and long tasks
+                if task.dataset not in by_dataset:
+                    siblings = [
+                        (st, ms)
+                        for r, st, ms in built
+                        if r.data.task.dataset == task.dataset and r is not run
+                    ]
+                    by_dataset[task.dataset] = self._select_temperature(stages, metrics, siblings)
+                temp, selection = by_dataset[task.dataset]
+            else:
+                temp, selection = self._select_temperature(stages, metrics)
             n_pool = len(run.data.eval_idx)
             n = n_pool if cfg.limit is None else min(cfg.limit, n_pool)
             temps = sorted(set(temp.values())) if temp else []
