@@ -74,7 +74,8 @@ def evaluate(
         typer.Option(
             "--data_source",
             "--data-source",
-            help="'local' files or 'hub' (Hugging Face datasets, needs network).",
+            help="'local' files, 'hub' (Hugging Face datasets, needs network) or 'reference' (the "
+            "hub with Farquhar et al.'s TriviaQA split; the presets').",
         ),
     ] = "local",
     split_path: Annotated[
