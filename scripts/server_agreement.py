@@ -32,7 +32,7 @@ from gnll import GenerationConfig, load_model
 from gnll.backends.dequantise import dequantised_gguf
 from gnll.backends.openai.launch import LlamaServer
 from gnll.backends.registry import EMBEDDED_MODELS
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.tasks import get_task
 
 MODEL = "smollm2-135m-instruct"
 

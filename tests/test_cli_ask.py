@@ -15,8 +15,8 @@ runner = CliRunner()
 
 
 def test_ask_prompt_is_the_evaluation_prompt_without_few_shot():
-    from gnll.evaluation.datasets import Example
-    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt, format_block
+    from gnll.evaluation.data.datasets import Example
+    from gnll.evaluation.data.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt, format_block
 
     for long, brief in ((False, BRIEF_SHORT), (True, BRIEF_LONG)):
         prompt = ask_prompt("Q?", long=long)

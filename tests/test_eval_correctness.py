@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gnll.evaluation.correctness import (
+from gnll.evaluation.results.correctness import (
     agreement,
     contains_match,
     f1_score,

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from gnll.evaluation.cache import CacheMismatchError, JsonlCache
-from gnll.evaluation.datasets import (
+from gnll.evaluation.data.datasets import (
     DATASETS,
     Example,
     detect_format,
     load_dataset,
     resolve_data_file,
 )
-from gnll.evaluation.prompts import (
+from gnll.evaluation.data.prompts import (
     BRIEF_LONG,
     BRIEF_SHORT,
     build_prompt,
@@ -23,7 +22,8 @@ from gnll.evaluation.prompts import (
     judge_prompt,
     rank_aliases,
 )
-from gnll.evaluation.tasks import TASKS, get_task, parse_task_list, split_indices
+from gnll.evaluation.data.tasks import TASKS, get_task, parse_task_list, split_indices
+from gnll.evaluation.run.cache import CacheMismatchError, JsonlCache
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 needs_data = pytest.mark.skipif(
@@ -199,7 +199,7 @@ def test_loaders_read_original_formats(tmp_path):
 def test_missing_data_error_names_file_and_places(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GNLL_DATA_DIR", str(tmp_path / "env"))
-    monkeypatch.setattr("gnll.evaluation.datasets._project_root", lambda: tmp_path / "nowhere")
+    monkeypatch.setattr("gnll.evaluation.data.datasets._project_root", lambda: tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError) as err:
         load_dataset("nq_open", data_dir=tmp_path / "given")
     msg = str(err.value)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from gnll.evaluation.metrics import (
+from gnll.evaluation.results.metrics import (
     _auroc_batch,
     accuracy_curve,
     aurac,

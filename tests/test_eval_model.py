@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gnll.evaluation.datasets import DATASETS, candidate_data_dirs
+from gnll.evaluation.data.datasets import DATASETS, candidate_data_dirs
 
 pytestmark = pytest.mark.model
 
@@ -30,7 +30,7 @@ def model():
 
 
 def test_end_to_end_real_model(model, tmp_path):
-    from gnll.evaluation.runner import EvalConfig, Evaluator
+    from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
     data = _data_dir()
     if data is None:
@@ -88,7 +88,7 @@ def test_end_to_end_real_model(model, tmp_path):
 def test_real_model_as_judge(model, tmp_path):
     """The judge path with a real model: replies are parsed or recorded as unparseable, never
     silently counted as wrong, and agreement with F1 is reported."""
-    from gnll.evaluation.runner import EvalConfig, Evaluator
+    from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
     data = _data_dir()
     if data is None:

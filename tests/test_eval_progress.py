@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from test_eval_runner import FakeModel, cfg, make_data_dir
 
-from gnll.evaluation.progress import SplitProgress
-from gnll.evaluation.runner import Evaluator
+from gnll.evaluation.run.progress import SplitProgress
+from gnll.evaluation.run.runner import Evaluator
 
 
 class ReportingModel(FakeModel):

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from gnll.backends.base import Generation, GenerationConfig, Model
-from gnll.evaluation.runner import EvalConfig, Evaluator, FingerprintMismatchError
+from gnll.evaluation.run.runner import EvalConfig, Evaluator, FingerprintMismatchError
 
 N_QUESTIONS = 160
 
@@ -425,7 +425,7 @@ SUBPROCESS_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from test_eval_runner import FakeModel, cfg
     from pathlib import Path
-    from gnll.evaluation.runner import Evaluator
+    from gnll.evaluation.run.runner import Evaluator
     Evaluator(cfg(Path({data!r}), Path({out!r})), model=FakeModel(delay=0.15)).run()
     """
 )
@@ -469,7 +469,7 @@ def test_config_validation():
 
 
 def test_table_says_when_the_heldout_pool_could_not_choose(data_dir, tmp_path):
-    from gnll.evaluation.tables import render_table
+    from gnll.evaluation.results.tables import render_table
 
     res = Evaluator(cfg(data_dir, tmp_path / "h", beams=0), model=FakeModel()).run()
     table = render_table([res])

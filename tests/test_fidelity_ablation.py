@@ -7,8 +7,8 @@ import math
 
 from test_eval_runner import FakeModel, make_data_dir
 
-from gnll.evaluation.ablation import plot_ablation, run_ablation
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.figures.ablation import plot_ablation, run_ablation
 
 
 def test_ablation_curves_and_figure(tmp_path):

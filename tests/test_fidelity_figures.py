@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gnll import GenerationConfig, load_model
-from gnll.evaluation.next_tokens import next_token_distributions, plot_next_tokens
+from gnll.evaluation.figures.next_tokens import next_token_distributions, plot_next_tokens
 
 PROMPTS = [
     "Question: What is the capital of France?\nAnswer:",

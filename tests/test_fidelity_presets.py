@@ -9,8 +9,8 @@ from test_eval_runner import make_data_dir
 from typer.testing import CliRunner
 
 from gnll.cli.main import app
-from gnll.evaluation.presets import PAPER_JUDGE, PAPER_MODELS, preset_configs, slug
-from gnll.evaluation.runner import EvalConfig
+from gnll.evaluation.run.presets import PAPER_JUDGE, PAPER_MODELS, preset_configs, slug
+from gnll.evaluation.run.runner import EvalConfig
 
 
 @pytest.fixture(scope="module")

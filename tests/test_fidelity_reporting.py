@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from test_eval_runner import FakeJudge, FakeModel, cfg, make_data_dir
 
-from gnll.evaluation.correctness import f1_rule_disagreements, f1_verdict
-from gnll.evaluation.metrics import averaged_paired_test, paired_bootstrap_test
-from gnll.evaluation.runner import EvalConfig, Evaluator
+from gnll.evaluation.results.correctness import f1_rule_disagreements, f1_verdict
+from gnll.evaluation.results.metrics import averaged_paired_test, paired_bootstrap_test
+from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_table3_averages_ara80_over_datasets(data_dir, tmp_path):
 def test_overall_average_counts_a_task_once_under_its_first_metric(data_dir, tmp_path):
     """With ``--correctness f1,contains`` each task has two metric rows; the overall average (and
     its paired test) spans the tasks under the first metric only, not every row twice."""
-    from gnll.evaluation.tables import render_table
+    from gnll.evaluation.results.tables import render_table
     from gnll.measures import registry as M
 
     res = Evaluator(

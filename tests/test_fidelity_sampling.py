@@ -9,8 +9,8 @@ import pytest
 from test_eval_runner import FakeModel, cfg, make_data_dir
 
 from gnll import measures as M
-from gnll.evaluation.runner import Evaluator
-from gnll.evaluation.temperature import choose_temperatures
+from gnll.evaluation.run.runner import Evaluator
+from gnll.evaluation.run.temperature import choose_temperatures
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +147,7 @@ class ReversedBeams(FakeModel):
 
 
 def test_reference_beam_judges_the_top_beam_and_scores_it(data_dir, tmp_path):
-    from gnll.evaluation.correctness import f1_verdict
+    from gnll.evaluation.results.correctness import f1_verdict
 
     kw = dict(samples=0, measures=["g-nll", "ln-g-nll"], beams=3, tasks=["triviaqa_short"])
     res = Evaluator(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_eval_runner import FakeModel, cfg, make_data_dir
 
-from gnll.evaluation.runner import Evaluator
+from gnll.evaluation.run.runner import Evaluator
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ class _FakeHub:
 
 @pytest.fixture
 def fake_hub(monkeypatch):
-    from gnll.evaluation import datasets
+    from gnll.evaluation.data import datasets
 
     _FakeHub.calls = []
     monkeypatch.setattr(datasets, "_import_hf_datasets", lambda: _FakeHub)
@@ -93,7 +93,7 @@ def fake_hub(monkeypatch):
 
 
 def test_reference_source_evaluates_the_reference_codes_splits(fake_hub):
-    from gnll.evaluation.tasks import get_task
+    from gnll.evaluation.data.tasks import get_task
 
     tq = get_task("triviaqa_short").load(seed=0, source="reference")
     assert ("train_test_split", 0.2, 10) in fake_hub.calls  # Farquhar et al.'s split and seed
@@ -118,8 +118,8 @@ def test_reference_source_evaluates_the_reference_codes_splits(fake_hub):
 
 
 def test_presets_select_the_reference_splits_and_the_header_names_them():
-    from gnll.evaluation.presets import PRESETS
-    from gnll.evaluation.tables import render_table
+    from gnll.evaluation.run.presets import PRESETS
+    from gnll.evaluation.results.tables import render_table
 
     for name in ("paper-table1", "paper-table6", "paper-llama-8b"):
         assert PRESETS[name].settings["data_source"] == "reference"

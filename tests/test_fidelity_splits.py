@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gnll.evaluation import tasks as T
-from gnll.evaluation.datasets import Example
+from gnll.evaluation.data import tasks as T
+from gnll.evaluation.data.datasets import Example
 
 
 def _nq(path, n, prefix="q"):
@@ -104,7 +104,7 @@ def test_a_sources_test_split_is_the_evaluation_pool(monkeypatch):
 
 
 def test_table_header_prints_pool_sizes(tmp_path):
-    from gnll.evaluation.tables import render_table
+    from gnll.evaluation.results.tables import render_table
 
     res = {
         "model": "m",

@@ -9,9 +9,9 @@ import pytest
 
 from gnll import GenerationConfig
 from gnll.backends.base import ChatPrompt, chat_messages
-from gnll.evaluation.datasets import DATASETS, Example
-from gnll.evaluation.prompts import BRIEF_SHORT, build_messages, build_prompt
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.datasets import DATASETS, Example
+from gnll.evaluation.data.prompts import BRIEF_SHORT, build_messages, build_prompt
+from gnll.evaluation.data.tasks import get_task
 
 SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 FEWSHOT = [

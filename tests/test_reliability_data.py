@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gnll.evaluation.cache import CacheDamagedError, JsonlCache
-from gnll.evaluation.datasets import DataError, load_dataset, parse_svamp
-from gnll.evaluation.records import arith
+from gnll.evaluation.data.datasets import DataError, load_dataset, parse_svamp
+from gnll.evaluation.data.records import arith
+from gnll.evaluation.run.cache import CacheDamagedError, JsonlCache
 
 TQ = "triviaqa/triviaqa_unfiltered_validation.jsonl"
 NQ = "nq_open/NQ-open.dev.jsonl"

@@ -89,7 +89,7 @@ class _Recorder:
 def test_outputs_are_fsynced_renamed_and_their_directory_fsynced(tmp_path, monkeypatch):
     from test_eval_runner import FakeModel, cfg, make_data_dir
 
-    from gnll.evaluation.runner import Evaluator
+    from gnll.evaluation.run.runner import Evaluator
 
     data = make_data_dir(tmp_path / "data")
     out = tmp_path / "run"
@@ -109,7 +109,7 @@ def test_outputs_are_fsynced_renamed_and_their_directory_fsynced(tmp_path, monke
 def test_results_json_has_no_local_paths(tmp_path):
     from test_eval_runner import FakeModel, cfg, make_data_dir
 
-    from gnll.evaluation.runner import Evaluator
+    from gnll.evaluation.run.runner import Evaluator
 
     class LocalModel(FakeModel):
         def info(self):
@@ -124,7 +124,7 @@ def test_results_json_has_no_local_paths(tmp_path):
 
 
 def test_atomic_file_uses_unique_temporary_names_and_cleans_up(tmp_path):
-    from gnll.evaluation.cache import atomic_file
+    from gnll.evaluation.run.cache import atomic_file
 
     target = tmp_path / "samples.jsonl"
     with atomic_file(target) as a, atomic_file(target) as b:  # two writers at once

@@ -9,7 +9,7 @@ import pytest
 from test_eval_runner import FakeJudge, FakeModel, cfg, make_data_dir
 
 from gnll.backends.identity import is_secret, model_identity, outcome_args, redact
-from gnll.evaluation.runner import Evaluator, FingerprintMismatchError
+from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
 
 SECRETS = ("sk-live-1e3", "hf_SeCrEt", "pa55word")
 
@@ -74,10 +74,10 @@ def test_throughput_knobs_may_change_on_resume(data_dir, tmp_path):
 def test_model_identity_change_is_refused_with_the_diff(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     ident = {"kind": "embedded", "package_version": "1.0", "libraries": {"torch": "2.13.0"}}
-    monkeypatch.setattr("gnll.evaluation.runner.model_identity", lambda name, args: ident)
+    monkeypatch.setattr("gnll.evaluation.run.runner.model_identity", lambda name, args: ident)
     Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
     newer = {**ident, "package_version": "1.1"}
-    monkeypatch.setattr("gnll.evaluation.runner.model_identity", lambda name, args: newer)
+    monkeypatch.setattr("gnll.evaluation.run.runner.model_identity", lambda name, args: newer)
     with pytest.raises(FingerprintMismatchError) as err:
         Evaluator(cfg(data_dir, out, measures=["g-nll"], resume=True), model=FakeModel()).run()
     assert 'model_identity.package_version: "1.0" -> "1.1"' in str(err.value)
@@ -86,15 +86,15 @@ def test_model_identity_change_is_refused_with_the_diff(data_dir, tmp_path, monk
 def test_unknown_hub_commit_later_known_is_not_a_change(data_dir, tmp_path, monkeypatch):
     out = tmp_path / "run"
     ident = {"kind": "hub", "repo": "org/m", "revision": "main", "commit": None}
-    monkeypatch.setattr("gnll.evaluation.runner.model_identity", lambda name, args: ident)
+    monkeypatch.setattr("gnll.evaluation.run.runner.model_identity", lambda name, args: ident)
     Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
     known = {**ident, "commit": "a" * 40}
-    monkeypatch.setattr("gnll.evaluation.runner.model_identity", lambda name, args: known)
+    monkeypatch.setattr("gnll.evaluation.run.runner.model_identity", lambda name, args: known)
     again = FakeModel()
     Evaluator(cfg(data_dir, out, measures=["g-nll"], resume=True), model=again).run()
     assert sum(again.calls.values()) == 0
     other = {**ident, "commit": "b" * 40}
-    monkeypatch.setattr("gnll.evaluation.runner.model_identity", lambda name, args: other)
+    monkeypatch.setattr("gnll.evaluation.run.runner.model_identity", lambda name, args: other)
     with pytest.raises(FingerprintMismatchError, match="model_identity.commit"):
         # once known, the commit is recorded: a different one is refused
         Evaluator(cfg(data_dir, out, measures=["g-nll"], resume=True), model=FakeModel()).run()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_eval_runner import FakeModel, cfg, make_data_dir
 
-from gnll.evaluation.runner import Evaluator
+from gnll.evaluation.run.runner import Evaluator
 
 
 @pytest.fixture(scope="module")

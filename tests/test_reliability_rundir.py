@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from test_eval_runner import FakeModel, cfg, make_data_dir
 
-from gnll.evaluation.rundir import ForeignFilesError, RunDirectoryBusyError, RunLock
-from gnll.evaluation.runner import Evaluator, FingerprintMismatchError
+from gnll.evaluation.run.rundir import ForeignFilesError, RunDirectoryBusyError, RunLock
+from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
 
 TESTS = str(Path(__file__).parent)
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -31,7 +31,7 @@ SLOW_RUN = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from pathlib import Path
     from test_eval_runner import FakeModel, cfg
-    from gnll.evaluation.runner import Evaluator
+    from gnll.evaluation.run.runner import Evaluator
     Evaluator(cfg(Path({data!r}), Path({out!r})), model=FakeModel(delay=0.3)).run()
     """
 )

@@ -60,7 +60,7 @@ def test_the_float32_copy_holds_the_dequantised_tensors_and_the_metadata(f32_ggu
 
 def test_greedy_answers_and_gnll_equal_the_in_process_backend_on_float32_weights(smollm, f32_gguf):
     from gnll.backends.openai.launch import LlamaServer
-    from gnll.evaluation.tasks import get_task
+    from gnll.evaluation.data.tasks import get_task
 
     td = get_task("triviaqa_short").load(seed=0)
     prompts = [td.prompt(ex) for ex in td.split("eval", PROMPTS)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gnll.evaluation.correctness import contains_match, parse_number
+from gnll.evaluation.results.correctness import contains_match, parse_number
 from gnll.text import as_number, numbers_in
 
 

@@ -13,8 +13,8 @@ from gnll.cli._args import clusterer_kwargs, model_kwargs
 
 def ask_prompt(question: str, *, long: bool) -> str:
     """The zero-shot prompt ``gnll ask`` sends: the evaluation's instruction, no few-shot block."""
-    from gnll.evaluation.datasets import Example
-    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
+    from gnll.evaluation.data.datasets import Example
+    from gnll.evaluation.data.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
 
     return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", question, ()))
 

@@ -280,8 +280,8 @@ def evaluate(
 
     from gnll import measures as M
     from gnll.cli._errors import safe_text
-    from gnll.evaluation.runner import EvalConfig, Evaluator
-    from gnll.evaluation.tasks import parse_task_list
+    from gnll.evaluation.data.tasks import parse_task_list
+    from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
     console = Console(stderr=True)
     logging.basicConfig(
@@ -353,8 +353,8 @@ def evaluate(
 
 
 def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:
-    from gnll.evaluation.presets import preset_configs, run_preset
-    from gnll.evaluation.runner import FingerprintMismatchError
+    from gnll.evaluation.run.presets import preset_configs, run_preset
+    from gnll.evaluation.run.runner import FingerprintMismatchError
 
     given = {
         _CLI_TO_FIELD.get(k, k)

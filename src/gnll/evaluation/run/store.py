@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from gnll.backends.identity import describe_diff, fill_unknown, outcome_args
-from gnll.evaluation.cache import JsonlCache, write_json_atomic
-from gnll.evaluation.config import EvalConfig
-from gnll.evaluation.rundir import clear_previous_run
-from gnll.evaluation.tasks import TaskData
+from gnll.evaluation.data.tasks import TaskData
+from gnll.evaluation.run.cache import JsonlCache, write_json_atomic
+from gnll.evaluation.run.config import EvalConfig
+from gnll.evaluation.run.rundir import clear_previous_run
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def prepare_output_dir(out: Path, *, resume: bool) -> None:
     """Create ``out``; unless resuming, remove what an earlier run wrote there (and say so).
 
     Only files gnll writes are removed; anything else makes it refuse before deleting anything
-    (:func:`~gnll.evaluation.rundir.clear_previous_run`). The caller holds the directory's lock.
+    (:func:`~gnll.evaluation.run.rundir.clear_previous_run`). The caller holds the directory's lock.
     """
     out.mkdir(parents=True, exist_ok=True)
     if resume:

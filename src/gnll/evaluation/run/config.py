@@ -18,8 +18,8 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.identity import redact
-from gnll.evaluation.correctness import CORRECTNESS_METRICS, F1_RULES
-from gnll.evaluation.tasks import Task, get_task
+from gnll.evaluation.data.tasks import Task, get_task
+from gnll.evaluation.results.correctness import CORRECTNESS_METRICS, F1_RULES
 
 logger = logging.getLogger(__name__)
 

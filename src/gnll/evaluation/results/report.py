@@ -7,7 +7,7 @@ sampling-based measure; the sampling temperature and how it was chosen; agreemen
 metrics; and the full configuration with seeds and library versions. It is deterministic: run it twice
 (or resume an interrupted run) and the file is byte-identical.
 
-:func:`gnll.evaluation.tables.render_table` lays one or more results out like the paper's Table 1.
+:func:`gnll.evaluation.results.tables.render_table` lays one or more results out like the paper's Table 1.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from typing import Any
 
 from gnll import measures as M
 from gnll._util import jsonable
-from gnll.evaluation.correctness import agreement, f1_rule_disagreements
-from gnll.evaluation.metrics import averaged_paired_test, evaluate_measures
+from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements
+from gnll.evaluation.results.groups import average_groups, defined, overall_keys
+from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures
 
 __all__ = [
     "SCHEMA",
@@ -35,7 +36,6 @@ __all__ = [
 ]
 
 SCHEMA = "gnll.eval.results/1"
-METRIC_LABELS = {"f1": "F1", "judge": "LLM", "contains": "Contains"}
 
 
 def versions() -> dict[str, str]:
@@ -97,51 +97,6 @@ def read_strata(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[float],
     return _strata(read_rows(samples), meta)
 
 
-def _metric_label(metric: str, results: dict[str, Any]) -> str:
-    if metric == "judge":
-        return f"LLM ({results['config'].get('judge')})"
-    return METRIC_LABELS.get(metric, metric)
-
-
-def _iter_rows(results_list: Sequence[dict[str, Any]]):
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            for metric, mres in tres["metrics"].items():
-                yield res, task, tres, metric, mres
-
-
-def _average_groups(
-    results_list: Sequence[dict[str, Any]],
-) -> dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]]:
-    """Rows of the dataset-averaged table: run x generation length x metric -> (task, metric, row)."""
-    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]] = defaultdict(
-        list
-    )
-    for i, res in enumerate(results_list):
-        for _res, task, tres, metric, mres in _iter_rows([res]):
-            mode = tres.get("mode", task.rsplit("_", 1)[-1])
-            groups[(i, res["model"], mode, _metric_label(metric, res))].append((task, metric, mres))
-    return groups
-
-
-def _overall_keys(groups: dict[tuple[int, str, str, str], Any]) -> list[tuple[int, str, str, str]]:
-    """The groups the overall average spans: per run and generation length, its first metric.
-
-    A task scored under several correctness metrics (``--correctness f1,contains``) is one dataset,
-    not several: averaging all its metric rows would count its questions twice and understate the
-    standard error. The paper's overall average takes one metric per generation length (F1 for
-    short answers, the judge for long ones); the first metric of a run plays that part here.
-    """
-    first: dict[tuple[int, str, str], tuple[int, str, str, str]] = {}
-    for key in groups:
-        first.setdefault((key[0], key[1], key[2]), key)
-    return list(first.values())
-
-
-def _defined(mres: dict[str, Any]) -> bool:
-    return all(v.get("auroc") is not None for v in mres["measures"].values())
-
-
 def averaged_significance(
     results_list: Sequence[dict[str, Any]],
     strata_list: Sequence[dict[tuple[str, str], tuple[list[float], dict]] | None],
@@ -152,7 +107,7 @@ def averaged_significance(
     """Stratified paired tests of G-NLL on every dataset-averaged row and on the overall average.
 
     Returns ``{"groups": {"<run>|<mode>|<metric label>": test}, "overall": test}`` (see
-    :func:`gnll.evaluation.metrics.averaged_paired_test`); a run without per-question data
+    :func:`gnll.evaluation.results.metrics.averaged_paired_test`); a run without per-question data
     (``None`` in ``strata_list``) leaves the rows it belongs to untested.
     """
     cfg = results_list[0]["config"] if results_list else {}
@@ -160,11 +115,11 @@ def averaged_significance(
     seed = cfg.get("seed", 0) if seed is None else seed
     out: dict[str, Any] = {"groups": {}}
     overall: list[tuple[str, list[float], dict]] | None = []
-    groups = _average_groups(results_list)
-    in_overall = set(_overall_keys(groups))
+    groups = average_groups(results_list)
+    in_overall = set(overall_keys(groups))
     for (i, model, mode, label), rows in groups.items():
         strata = strata_list[i]
-        used = [(t, m) for t, m, mres in rows if _defined(mres)]
+        used = [(t, m) for t, m, mres in rows if defined(mres)]
         if strata is None or not used:
             overall = None if strata is None else overall
             continue
@@ -243,12 +198,3 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{p}: not a gnll eval results file (schema {data.get('schema')!r})")
     return data
-
-
-def __getattr__(name: str) -> Any:
-    # render_table moved to gnll.evaluation.tables; imports written before the move keep working.
-    if name == "render_table":
-        from gnll.evaluation.tables import render_table
-
-        return render_table
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,16 +1,16 @@
 """The evaluation pipeline: greedy -> correctness -> beams -> samples -> clustering -> measures.
 
-:class:`Evaluator` runs an :class:`~gnll.evaluation.config.EvalConfig`. Work is done in chunks of
+:class:`Evaluator` runs an :class:`~gnll.evaluation.run.config.EvalConfig`. Work is done in chunks of
 questions (one ``Model.generate`` call per chunk and stage, so the backend can batch and
-length-sort many prompts); each stage (:mod:`~gnll.evaluation.stages`) appends its output to its own
+length-sort many prompts); each stage (:mod:`~gnll.evaluation.run.stages`) appends its output to its own
 flushed JSONL cache as soon as a chunk finishes, so an interrupted run continues with
 ``resume=True`` and recomputes nothing that reached the disk. Each task's fingerprint (model,
-prompt, data, split; :mod:`~gnll.evaluation.store`) is checked on resume and a mismatch stops the
+prompt, data, split; :mod:`~gnll.evaluation.run.store`) is checked on resume and a mismatch stops the
 run with a message instead of mixing runs.
 
-The sampling temperature is chosen on the held-out pool (:mod:`~gnll.evaluation.temperature`). At
+The sampling temperature is chosen on the held-out pool (:mod:`~gnll.evaluation.run.temperature`). At
 the end, ``samples.jsonl`` is assembled from the caches in one streaming pass
-(:mod:`~gnll.evaluation.assemble`), and results, tables and plots are computed from it.
+(:mod:`~gnll.evaluation.run.assemble`), and results, tables and plots are computed from it.
 
 Example
 -------
@@ -34,22 +34,22 @@ from gnll import measures as M
 from gnll._util import progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
-from gnll.evaluation.assemble import assemble_record
-from gnll.evaluation.cache import atomic_file, write_json_atomic, write_text_atomic
-from gnll.evaluation.config import TEMPERATURES, EvalConfig
-from gnll.evaluation.portable import without_local_paths
-from gnll.evaluation.progress import SplitProgress, stage_weights
-from gnll.evaluation.rundir import RunLock
-from gnll.evaluation.stages import Chunk, TaskStages
-from gnll.evaluation.store import (
+from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.results.portable import without_local_paths
+from gnll.evaluation.run.assemble import assemble_record
+from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
+from gnll.evaluation.run.config import TEMPERATURES, EvalConfig
+from gnll.evaluation.run.progress import SplitProgress, stage_weights
+from gnll.evaluation.run.rundir import RunLock
+from gnll.evaluation.run.stages import Chunk, TaskStages
+from gnll.evaluation.run.store import (
     FingerprintMismatchError,
     TaskRun,
     fingerprint,
     jsonable,
     prepare_output_dir,
 )
-from gnll.evaluation.tasks import get_task
-from gnll.evaluation.temperature import (
+from gnll.evaluation.run.temperature import (
     choose_from_tables,
     choose_temperature,
     default_temperature,
@@ -409,7 +409,7 @@ class Evaluator:
             return self._run_tasks(runs, t0)
 
     def _run_tasks(self, runs: list[TaskRun], t0: float) -> dict[str, Any]:
-        from gnll.evaluation import report, tables
+        from gnll.evaluation.results import report, tables
 
         cfg = self.config
         task_meta: dict[str, Any] = {}
@@ -472,7 +472,7 @@ class Evaluator:
         write_text_atomic(self.out / "table.md", tables.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
         if cfg.plots:
-            from gnll.evaluation import plots
+            from gnll.evaluation.results import plots
 
             t = time.perf_counter()
             plots.make_plots(samples_path, results, self.out / "plots")

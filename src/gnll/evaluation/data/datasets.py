@@ -12,7 +12,7 @@ Users who are online can instead load the same splits from the Hugging Face hub
 
 Example
 -------
->>> from gnll.evaluation.datasets import DATASETS
+>>> from gnll.evaluation.data.datasets import DATASETS
 >>> DATASETS["svamp"].relpath
 'svamp/SVAMP.json'
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gnll.evaluation.records import (
+from gnll.evaluation.data.records import (
     DataError,
     Row,
     arith,
@@ -185,7 +185,7 @@ def _hub_svamp() -> list[Example]:
     for split in ("train", "test"):
         for i, r in enumerate(dd[split]):
             ex = _svamp_example(Row(f"hub ChilleD/SVAMP {split} row {i}", r))
-            # the paper evaluates the 300-problem test split (gnll.evaluation.tasks uses the mark)
+            # the paper evaluates the 300-problem test split (gnll.evaluation.data.tasks uses the mark)
             ex.extra["split"] = split
             examples.append(ex)
     examples.sort(key=lambda e: int(e.id.split("-")[-1]))

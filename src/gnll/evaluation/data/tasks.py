@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from gnll.backends.base import ChatPrompt
-from gnll.evaluation.datasets import DATASETS, Example, load_dataset
-from gnll.evaluation.prompts import (
+from gnll.evaluation.data.datasets import DATASETS, Example, load_dataset
+from gnll.evaluation.data.prompts import (
     BRIEF_LONG,
     BRIEF_SHORT,
     build_messages,
@@ -72,7 +72,7 @@ class Task:
     ----------
     name, dataset:
         Registry name and the dataset it draws from (a key of
-        :data:`gnll.evaluation.datasets.DATASETS`).
+        :data:`gnll.evaluation.data.datasets.DATASETS`).
     mode:
         ``"short"`` (brief phrase, few-shot) or ``"long"`` (one sentence, zero-shot).
     instruction, num_fewshot, max_new_tokens:
@@ -174,7 +174,7 @@ class TaskData:
     data_info: dict[str, Any]
     seed: int
     fewshot_idx: list[int] = field(default_factory=list)
-    #: Few-shot examples as chat turns for chat models (:func:`gnll.evaluation.prompts.build_messages`).
+    #: Few-shot examples as chat turns for chat models (:func:`gnll.evaluation.data.prompts.build_messages`).
     fewshot_as_multiturn: bool = False
     prefix: str = field(init=False)
 

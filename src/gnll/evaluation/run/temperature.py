@@ -20,8 +20,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gnll.evaluation.config import EvalConfig
-from gnll.evaluation.metrics import auroc
+from gnll.evaluation.results.metrics import auroc
+from gnll.evaluation.run.config import EvalConfig
 
 __all__ = [
     "SCOPES",

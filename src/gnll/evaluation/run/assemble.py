@@ -1,6 +1,6 @@
 """One line of ``samples.jsonl``: a question's generations, correctness, measures and token cost.
 
-Assembled from the stage caches (:mod:`gnll.evaluation.stages`) once every stage has run; the
+Assembled from the stage caches (:mod:`gnll.evaluation.run.stages`) once every stage has run; the
 measures come from :func:`gnll.measures.compute`, restricted to those the question's evidence allows.
 """
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.base import Generation
-from gnll.evaluation.correctness import contains_match, f1_verdict, judge_verdict
-from gnll.evaluation.datasets import Example
-from gnll.evaluation.stages import TaskStages
+from gnll.evaluation.data.datasets import Example
+from gnll.evaluation.results.correctness import contains_match, f1_verdict, judge_verdict
+from gnll.evaluation.run.stages import TaskStages
 
 __all__ = ["assemble_record", "correctness_of", "measure_logprobs", "token_cost"]
 

@@ -62,7 +62,7 @@ class Preset:
     models:
         The model of each run (hub ids, embedded names or local paths).
     settings:
-        :class:`gnll.evaluation.runner.EvalConfig` fields every run gets (unless overridden).
+        :class:`gnll.evaluation.run.runner.EvalConfig` fields every run gets (unless overridden).
     """
 
     name: str
@@ -83,7 +83,7 @@ _PAPER = {
     # the paper names no NLI model; Farquhar et al.'s code, whose setup it follows, uses this one
     "clusterer_args": {"model": REFERENCE_NLI_MODEL},
     # the reference code's splits: SVAMP's test split, all NQ-Open validation questions (pools from
-    # train), TriviaQA's 20% split (gnll.evaluation.datasets); needs the hub
+    # train), TriviaQA's 20% split (gnll.evaluation.data.datasets); needs the hub
     "data_source": "reference",
     # App. D: the temperature is searched "for each dataset"
     "temperature_scope": "dataset",
@@ -165,9 +165,9 @@ def preset_configs(
 
 def run_preset(configs: Sequence[Any], output_path: str | Path) -> str:
     """Run every configuration in turn and write the merged ``table.md`` into ``output_path``."""
-    from gnll.evaluation.report import averaged_significance, read_strata
-    from gnll.evaluation.runner import Evaluator
-    from gnll.evaluation.tables import render_table
+    from gnll.evaluation.results.report import averaged_significance, read_strata
+    from gnll.evaluation.results.tables import render_table
+    from gnll.evaluation.run.runner import Evaluator
 
     results = [Evaluator(cfg).run() for cfg in configs]
     strata = [read_strata(cfg.output_path) for cfg in configs]

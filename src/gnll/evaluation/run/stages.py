@@ -21,12 +21,12 @@ from typing import Any, Protocol
 
 from gnll.backends.base import Generation, GenerationConfig, GenerationErrors, Model
 from gnll.backends.identity import outcome_args
-from gnll.evaluation.cache import JsonlCache
-from gnll.evaluation.config import EvalConfig
-from gnll.evaluation.correctness import judge_verdict
-from gnll.evaluation.datasets import Example
-from gnll.evaluation.prompts import judge_prompt
-from gnll.evaluation.store import TaskRun, derive_seed, stable_hash
+from gnll.evaluation.data.datasets import Example
+from gnll.evaluation.data.prompts import judge_prompt
+from gnll.evaluation.results.correctness import judge_verdict
+from gnll.evaluation.run.cache import JsonlCache
+from gnll.evaluation.run.config import EvalConfig
+from gnll.evaluation.run.store import TaskRun, derive_seed, stable_hash
 
 __all__ = [
     "JUDGE_CONFIG",
@@ -48,7 +48,7 @@ Key = tuple[str, int]
 
 
 class Components(Protocol):
-    """What stages compute with (the :class:`~gnll.evaluation.runner.Evaluator` provides it;
+    """What stages compute with (the :class:`~gnll.evaluation.run.runner.Evaluator` provides it;
     components are loaded on first use, so a run whose every stage is cached loads nothing)."""
 
     @property

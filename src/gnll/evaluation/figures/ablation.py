@@ -25,8 +25,8 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.base import GenerationConfig
-from gnll.evaluation.correctness import f1_verdict
-from gnll.evaluation.metrics import bootstrap_auroc
+from gnll.evaluation.results.correctness import f1_verdict
+from gnll.evaluation.results.metrics import bootstrap_auroc
 
 __all__ = ["plot_ablation", "run_ablation"]
 

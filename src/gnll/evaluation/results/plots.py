@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from gnll import measures as M
-from gnll.evaluation.metrics import accuracy_curve
-from gnll.evaluation.report import read_rows
+from gnll.evaluation.results.metrics import accuracy_curve
+from gnll.evaluation.results.report import read_rows
 
 __all__ = ["make_plots"]
 

@@ -20,7 +20,7 @@ instead of one long message (``docs/evaluation.md`` compares the formats).
 
 Example
 -------
->>> from gnll.evaluation.datasets import Example
+>>> from gnll.evaluation.data.datasets import Example
 >>> print(build_prompt(BRIEF_LONG, [], Example("1", "Who wrote Hamlet?", ("Shakespeare",))))
 Answer the following question in a single brief but complete sentence.
 Question: Who wrote Hamlet?
@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from gnll.evaluation.datasets import Example
+from gnll.evaluation.data.datasets import Example
 from gnll.text import answer_tokens
 
 __all__ = [

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from gnll import measures as M
-from gnll.evaluation.report import (
-    _average_groups,
-    _defined,
-    _iter_rows,
-    _metric_label,
-    _overall_keys,
+from gnll.evaluation.results.groups import (
+    average_groups,
+    defined,
+    iter_rows,
+    metric_label,
+    overall_keys,
 )
 
 __all__ = ["render_table"]
@@ -160,7 +160,7 @@ def render_table(
     )
     out.append("")
     out += _header(["Model", "Task", "Metric", "n", "Acc."])
-    for res, task, _tres, metric, mres in _iter_rows(results_list):
+    for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m]["auroc"] for m in ms}
         ses = {m: ms[m]["auroc_se"] for m in ms}
@@ -168,7 +168,7 @@ def render_table(
         cells = [
             res["model"],
             task,
-            _metric_label(metric, res),
+            metric_label(metric, res),
             str(mres["n"]),
             _fmt(mres["accuracy"]),
         ]
@@ -176,7 +176,7 @@ def render_table(
 
     # Averages over datasets, as in the paper's Table 1 (rows: model / generation length / metric).
     # One group per run x generation length x metric (two runs of one model stay separate rows).
-    groups = _average_groups(results_list)
+    groups = average_groups(results_list)
     if significance is None:
         significance = {"groups": {}}
         for i, res in enumerate(results_list):
@@ -197,12 +197,12 @@ def render_table(
     out += _header(["Model", "Gen.", "Metric", "#tasks"])
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
-    in_overall = _overall_keys(groups)
+    in_overall = overall_keys(groups)
     for (run, model, mode, label), full_rows in groups.items():
         counted = (run, model, mode, label) in in_overall
         full = [mres for _t, _m, mres in full_rows]
         # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
-        lst = [x for x in full if _defined(x)]
+        lst = [x for x in full if defined(x)]
         vals, ses = {}, {}
         for m in M.ORDER:
             a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
@@ -259,13 +259,13 @@ def render_table(
             out.append("Area under the accuracy-vs-retained-fraction curve.")
         out.append("")
         out += _header(["Model", "Task", "Metric", "n", "Acc."])
-        for res, task, _tres, metric, mres in _iter_rows(results_list):
+        for res, task, _tres, metric, mres in iter_rows(results_list):
             ms = mres["measures"]
             values = {m: ms[m][key] for m in ms}
             cells = [
                 res["model"],
                 task,
-                _metric_label(metric, res),
+                metric_label(metric, res),
                 str(mres["n"]),
                 _fmt(mres["accuracy"]),
             ]
