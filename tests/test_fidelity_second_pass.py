@@ -74,12 +74,16 @@ class _FakeHub:
             train = [{"question": f"who is {i}", "answer": [f"p{i}"]} for i in range(130)]
             return {"validation": val, "train": train}
         if name == "ChilleD/SVAMP":
+
             def row(i):
                 return {"ID": f"chal-{i}", "Body": f"Tom has {i} apples.",
                         "Question": "How many now?", "Answer": float(i + 1),
                         "Equation": f"( {i} + 1.0 )", "Type": "Addition"}  # fmt: skip
 
-            return {"train": [row(i) for i in range(130)], "test": [row(i) for i in range(130, 160)]}
+            return {
+                "train": [row(i) for i in range(130)],
+                "test": [row(i) for i in range(130, 160)],
+            }
         raise AssertionError(name)
 
 
@@ -110,7 +114,9 @@ def test_reference_source_evaluates_the_reference_codes_splits(fake_hub):
     assert [e.id for e in sorted(ev, key=lambda e: int(e.id))] == [str(i) for i in range(40)]
     assert all(nq.examples[i].id.startswith("train-") for i in nq.heldout_idx + nq.fewshot_idx)
     sv = get_task("svamp_short").load(seed=0, source="reference")
-    assert sorted(e.id for e in sv.split("eval", 1000)) == sorted(f"chal-{i}" for i in range(130, 160))
+    assert sorted(e.id for e in sv.split("eval", 1000)) == sorted(
+        f"chal-{i}" for i in range(130, 160)
+    )
     # the hub source keeps TriviaQA's unfiltered validation set
     fake_hub.calls = []
     with pytest.raises(AssertionError, match="trivia_qa"):
@@ -118,10 +124,10 @@ def test_reference_source_evaluates_the_reference_codes_splits(fake_hub):
 
 
 def test_presets_select_the_reference_splits_and_the_header_names_them():
-    from gnll.evaluation.run.presets import PRESETS
     from gnll.evaluation.results.tables import render_table
+    from gnll.evaluation.run.presets import PRESETS
 
-    for name in ("paper-table1", "paper-table6", "paper-llama-8b"):
+    for name in ("paper-table1", "paper-table5", "paper-llama-8b"):
         assert PRESETS[name].settings["data_source"] == "reference"
         assert PRESETS[name].settings["temperature_scope"] == "dataset"
     res = {
@@ -139,3 +145,171 @@ def test_presets_select_the_reference_splits_and_the_header_names_them():
     head = render_table([res]).split("## AUROC")[0]
     assert "triviaqa_short 3000 of 3,094" in head
     assert "TimoImhof/TriviaQA-in-SQuAD-format" in head and "the source's test split" in head
+
+
+# ----------------------------------------------------------------- 28.2: the overall Average row
+def _metric_row(auroc: dict[str, float], n: int = 50) -> dict:
+    return {
+        "n": n,
+        "accuracy": 0.5,
+        "measures": {
+            m: {"auroc": a, "auroc_se": 0.01, "ara80": a / 2, "aurac": a} for m, a in auroc.items()
+        },
+    }
+
+
+def _synthetic_results() -> dict:
+    """One run: a short task scored by F1 and the judge, a long one by the judge and Contains."""
+    row = {"pe": 0.6, "g-nll": 0.7}
+
+    def shifted(d):
+        return {k: v + d for k, v in row.items()}
+
+    return {
+        "model": "m",
+        "config": {"judge": "J"},
+        "tasks": {
+            "triviaqa_short": {
+                "mode": "short",
+                "correctness": ["f1", "judge"],
+                "metrics": {"f1": _metric_row(shifted(0.0)), "judge": _metric_row(shifted(0.1))},
+            },
+            "triviaqa_long": {
+                "mode": "long",
+                "correctness": ["judge", "contains"],
+                "metrics": {
+                    "judge": _metric_row(shifted(0.2)),
+                    "contains": _metric_row(shifted(-0.3)),
+                },
+            },
+        },
+    }
+
+
+def _average_row(table: str, section: str = "## AUROC averaged") -> list[str]:
+    part = table.split(section, 1)[1]
+    line = next(x for x in part.splitlines() if x.startswith("| **Average**"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_overall_average_is_the_mean_of_every_paper_metric_row():
+    """The paper's Table 1 Average is the mean of all 18 rows (short-answer judge rows included);
+    before, gnll averaged one metric per run and length (here short F1 and long judge only)."""
+    from gnll import measures as M
+    from gnll.evaluation.results.tables import render_table
+
+    cells = _average_row(render_table([_synthetic_results()]))
+    assert cells[3] == "3"  # short F1, short LLM, long LLM; not Contains
+    pe = cells[4 + M.ORDER.index("pe")]
+    gnll = cells[4 + M.ORDER.index("g-nll")]
+    # (0.6 + 0.7 + 0.8) / 3 and (0.7 + 0.8 + 0.9) / 3; the old rule gave .700 and .800
+    assert pe.split(" ")[0].strip("*") == _fmt3((0.6 + 0.7 + 0.8) / 3)
+    assert gnll.split(" ")[0].strip("*") == _fmt3((0.7 + 0.8 + 0.9) / 3)
+    # Table 3 gets the same overall Average, over the same rows
+    ara = _average_row(
+        render_table([_synthetic_results()]), "## Rejection accuracy at 80% averaged"
+    )
+    assert ara[3] == "3"
+    assert ara[5 + M.ORDER.index("g-nll")].strip("*") == _fmt3((0.7 + 0.8 + 0.9) / 6)
+
+
+def _fmt3(x: float) -> str:
+    return f"{x:.3f}"[1:]
+
+
+def test_overall_significance_spans_the_same_rows_as_the_average():
+    import numpy as np
+
+    from gnll.evaluation.results.report import averaged_significance
+
+    rng = np.random.default_rng(0)
+    correct = [float(x) for x in rng.integers(0, 2, 60)]
+    scores = {m: list(rng.normal(size=60)) for m in ("pe", "g-nll")}
+    strata = {
+        (t, m): (correct, scores)
+        for t, m in [
+            ("triviaqa_short", "f1"),
+            ("triviaqa_short", "judge"),
+            ("triviaqa_long", "judge"),
+            ("triviaqa_long", "contains"),
+        ]
+    }
+    sig = averaged_significance([_synthetic_results()], [strata], n_boot=50)
+    assert sig["overall"]["n_tasks"] == 3
+
+
+# ----------------------------------------------------------------- 28.3: several judges
+class FakeJudge(FakeModel):
+    """Says yes when the proposed answer is among the expected ones; ``contrary`` flips every
+    third verdict (a second judge that disagrees sometimes)."""
+
+    def __init__(self, name: str, contrary: bool = False):
+        super().__init__(name)
+        self.contrary = contrary
+        self.prompts: list[str] = []
+
+    def generate(self, prompts, config=None, **kw):
+        import ast
+        import re
+
+        from gnll.backends.base import Generation
+
+        out = []
+        for p in prompts:
+            self.prompts.append(p)
+            proposed = re.search(r"The proposed answer is: (.*)", p).group(1).strip()
+            m = re.search(r"expected answers to this question: (\[.*\])", p)
+            expected = ast.literal_eval(m.group(1)) if m else [re.search(
+                r"The expected answer is: (.*)\.", p).group(1)]  # fmt: skip
+            yes = proposed in expected
+            if self.contrary and len(self.prompts) % 3 == 0:
+                yes = not yes
+            out.append([Generation(text=" Yes" if yes else " No", token_ids=[1], tokens=["x"],
+                                   token_logprobs=[-0.1], finish_reason="stop")])  # fmt: skip
+        return out
+
+
+def test_two_judges_each_get_their_own_rows_labelled_by_judge(data_dir, tmp_path):
+    import json
+
+    from gnll.evaluation.results.tables import render_table
+
+    a, b = FakeJudge("judge-a"), FakeJudge("judge-b", contrary=True)
+    c = cfg(
+        data_dir,
+        tmp_path / "r",
+        tasks=["triviaqa_short", "triviaqa_long"],
+        judge="judge-a,judge-b",
+        beams=0,
+        temperature=1.0,
+    )
+    res = Evaluator(c, model=FakeModel(), judge=[a, b]).run()
+    short, long = res["tasks"]["triviaqa_short"], res["tasks"]["triviaqa_long"]
+    assert short["correctness"] == ["f1", "judge", "judge2"]
+    assert long["correctness"] == ["judge", "judge2", "contains"]
+    assert len(a.prompts) == len(b.prompts) == 2 * 24  # every answer judged by both
+    rec = json.loads((tmp_path / "r" / "samples.jsonl").open().readline())
+    assert rec["correctness"]["judge"]["judge"] == "judge-a"
+    assert rec["correctness"]["judge2"]["judge"] == "judge-b"
+    assert short["metrics"]["judge"]["accuracy"] != short["metrics"]["judge2"]["accuracy"]
+    assert "judge_vs_judge2" in short["agreement"]
+    table = render_table([res])
+    assert "LLM (judge-a)" in table and "LLM (judge-b)" in table
+    # the overall Average spans short F1, both short judges and both long judges (not Contains)
+    assert _average_row(table)[3] == "5"
+    assert res["averages"]["overall"]["n_tasks"] == 5
+    comps = json.loads((tmp_path / "r" / "components.json").read_text())
+    assert set(comps) >= {"judge", "judge2"}
+
+
+def test_judge_list_is_validated():
+    from gnll.evaluation.run.config import EvalConfig
+
+    with pytest.raises(ValueError, match="empty judge"):
+        EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a,")
+    with pytest.raises(ValueError, match="unknown correctness"):
+        EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a",
+                   correctness=["judge2"])  # fmt: skip
+    ok = EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a, b",
+                    correctness=["judge2", "f1"])  # fmt: skip
+    assert ok.judges == ["a", "b"] and ok.judge_metrics == ["judge", "judge2"]

@@ -267,7 +267,7 @@ def evaluate(
         str | None,
         typer.Option(
             "--preset",
-            help="Run a paper grid (paper-table1, paper-table1-short, paper-llama-8b): one run per "
+            help="Run a paper grid (paper-table1, paper-table1-short, paper-table5, paper-llama-8b): one run per "
             "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
         ),
     ] = None,

@@ -19,7 +19,12 @@ from typing import Any
 from gnll import measures as M
 from gnll.backends.identity import redact
 from gnll.evaluation.data.tasks import Task, get_task
-from gnll.evaluation.results.correctness import CORRECTNESS_METRICS, F1_RULES
+from gnll.evaluation.results.correctness import (
+    CORRECTNESS_METRICS,
+    F1_RULES,
+    judge_index,
+    judge_metric,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +87,18 @@ class EvalConfig:
         self.output_path = Path(self.output_path)
         self.tasks = [get_task(t).name for t in self.tasks]
         self.measures = M.validate(self.measures, paper_order=True)
+        if self.judge is not None and not all(self.judges):
+            raise ValueError(f"--judge {self.judge!r}: an empty judge name in the list")
         if self.correctness is not None:
-            bad = [c for c in self.correctness if c not in CORRECTNESS_METRICS]
+            bad = [
+                c
+                for c in self.correctness
+                if c not in CORRECTNESS_METRICS
+                and (judge_index(c) is None or judge_index(c) >= len(self.judges))
+            ]
             if bad:
-                raise ValueError(
-                    f"unknown correctness metric(s) {bad}; choose from {CORRECTNESS_METRICS}"
-                )
+                known = (*CORRECTNESS_METRICS, *self.judge_metrics[1:])
+                raise ValueError(f"unknown correctness metric(s) {bad}; choose from {known}")
             if "judge" in self.correctness and not self.judge:
                 raise ValueError("correctness 'judge' needs a judge model: give --judge MODEL")
         if self.beams < 0 or self.samples < 0:
@@ -149,12 +160,23 @@ class EvalConfig:
         """The selected measures that the generated evidence allows (paper order)."""
         return M.computable(self.measures, self.generated)
 
+    @property
+    def judges(self) -> list[str]:
+        """The judge models (``--judge A,B``: several, each with its own correctness rows)."""
+        return [j.strip() for j in self.judge.split(",")] if self.judge else []
+
+    @property
+    def judge_metrics(self) -> list[str]:
+        """The correctness metric of each judge: ``judge``, ``judge2``, ..."""
+        return [judge_metric(i) for i in range(len(self.judges))]
+
     def correctness_for(self, task: Task) -> list[str]:
         """Correctness metrics of ``task``; the first is the primary one (temperature selection)."""
         if self.correctness is not None:
             return list(dict.fromkeys(self.correctness))
         if self.judge:
-            return ["f1", "judge"] if task.mode == "short" else ["judge", "contains"]
+            judged = self.judge_metrics
+            return ["f1", *judged] if task.mode == "short" else [*judged, "contains"]
         return list(task.default_correctness)
 
     def public(self) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from gnll._util import progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.results.correctness import judge_metric
 from gnll.evaluation.results.portable import without_local_paths
 from gnll.evaluation.run.assemble import assemble_record
 from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
@@ -99,7 +100,7 @@ class Evaluator:
         config: EvalConfig,
         *,
         model: Model | None = None,
-        judge: Model | None = None,
+        judge: Model | Sequence[Model] | None = None,
         clusterer: Any = None,
     ) -> None:
         self.config = config
@@ -108,7 +109,10 @@ class Evaluator:
         if model is not None:
             self._check_capabilities(model)
         self._identity: dict[str, Any] | None = None
-        self._judge = judge
+        # one judge passed in serves every judge of --judge A,B; a list gives each its own
+        many = isinstance(judge, list | tuple)
+        self._judge = None if many else judge
+        self._judges: dict[int, Model] = dict(enumerate(judge)) if many else {}
         self._clusterer = clusterer
         self._clusterer_name = self._resolve_clusterer_name()
         self.timer = _Timer()
@@ -133,18 +137,27 @@ class Evaluator:
 
     @property
     def judge(self) -> Model:
-        if self._judge is None:
+        """The first judge (see :meth:`judge_model`)."""
+        return self.judge_model(0)
+
+    def judge_model(self, index: int) -> Model:
+        """The ``index``-th judge of ``--judge A,B``, loaded on first use (a judge passed in to the
+        constructor serves every judge; one that is the evaluated model reuses it)."""
+        if index not in self._judges:
             cfg = self.config
-            if cfg.judge == cfg.model and cfg.judge_args == cfg.model_args:
-                self._judge = self.model
+            name = cfg.judges[index]
+            if self._judge is not None:
+                self._judges[index] = self._judge
+            elif name == cfg.model and cfg.judge_args == cfg.model_args:
+                self._judges[index] = self.model
             else:
                 from gnll.backends import load_model
 
                 t = time.perf_counter()
-                self._judge = load_model(cfg.judge, progress=cfg.progress, **cfg.judge_args)
+                self._judges[index] = load_model(name, progress=cfg.progress, **cfg.judge_args)
                 self.timer.add("load_judge", time.perf_counter() - t)
-        self._note_component("judge", self._judge)
-        return self._judge
+        self._note_component(judge_metric(index), self._judges[index])
+        return self._judges[index]
 
     @property
     def clusterer(self) -> Any:
@@ -493,8 +506,8 @@ class Evaluator:
         path = self.out / "components.json"
         info: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
         info.setdefault("model", {"name": self.config.model})
-        if self.config.judge:
-            info.setdefault("judge", {"name": self.config.judge})
+        for metric, name in zip(self.config.judge_metrics, self.config.judges, strict=True):
+            info.setdefault(metric, {"name": name})
         if self.config.needs_clusters:
             info.setdefault("clusterer", {"name": self._clusterer_name})
         write_json_atomic(path, info)
