@@ -313,3 +313,51 @@ def test_judge_list_is_validated():
     ok = EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a, b",
                     correctness=["judge2", "f1"])  # fmt: skip
     assert ok.judges == ["a", "b"] and ok.judge_metrics == ["judge", "judge2"]
+
+
+# ----------------------------------------------------------------- 28.4: the clusterer in the header
+def test_table_header_names_the_clusterer_and_flags_the_embedding_fallback(data_dir, tmp_path):
+    from gnll.evaluation.results.tables import render_table
+
+    res = Evaluator(
+        cfg(data_dir, tmp_path / "r", tasks=["triviaqa_short"], beams=0, temperature=1.0),
+        model=FakeModel(),
+    ).run()
+    head = (tmp_path / "r" / "table.md").read_text().split("## AUROC")[0]
+    assert (
+        "Semantic clusters (SE, LN-SE, D-SE, SE-RB, LN-SE-RB, MCP) made by: fake-lm: `exact`"
+        in head
+    )
+    assert "not NLI-based" in head
+    # what `auto` resolved to is named, and a fallback to embeddings is said to be one
+    res["config"]["clusterer"] = "auto"
+    res["components"]["clusterer"] = {
+        "clusterer": "embedding", "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "threshold": 0.9, "relation": "cosine>=threshold",
+    }  # fmt: skip
+    head = render_table([res]).split("## AUROC")[0]
+    assert "`embedding` (sentence-transformers/all-MiniLM-L6-v2, cosine >= 0.9)" in head
+    assert "chosen by `auto` because no NLI model was available offline" in head
+    res["components"]["clusterer"] = {
+        "clusterer": "nli", "model": "microsoft/deberta-v2-xlarge-mnli", "relation": "strict"
+    }  # fmt: skip
+    head = render_table([res]).split("## AUROC")[0]
+    assert "`nli` (microsoft/deberta-v2-xlarge-mnli, strict entailment)" in head
+    assert "not NLI-based" not in head and "chosen by `auto`" not in head
+
+
+def test_semantic_docs_no_longer_attribute_an_nli_model_to_the_paper():
+    import gnll.semantic as S
+    from gnll.semantic.nli import REFERENCE_NLI_MODEL
+
+    assert REFERENCE_NLI_MODEL == "microsoft/deberta-v2-xlarge-mnli"
+    assert "the paper's choice" not in S.__doc__ and "names no NLI model" in S.__doc__
+
+
+# ----------------------------------------------------------------- 28.10: docs' worked examples
+def test_the_documented_f1_example_is_half_and_incorrect_under_the_papers_rule():
+    from gnll.evaluation.results.correctness import f1_score, f1_verdict
+
+    assert f1_score("The answer is 51", "51") == 0.5
+    assert f1_verdict("The answer is 51", ("51",), None).correct is False
+    assert f1_verdict("The answer is 51", ("51",), None, "ge").correct is True
