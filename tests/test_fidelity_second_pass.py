@@ -361,3 +361,19 @@ def test_the_documented_f1_example_is_half_and_incorrect_under_the_papers_rule()
     assert f1_score("The answer is 51", "51") == 0.5
     assert f1_verdict("The answer is 51", ("51",), None).correct is False
     assert f1_verdict("The answer is 51", ("51",), None, "ge").correct is True
+
+
+def test_judge_args_one_set_for_all_or_one_per_judge():
+    from gnll.cli.evaluate import _judge_kwargs
+    from gnll.evaluation.run.config import EvalConfig
+
+    per = _judge_kwargs("device=cpu;device=cpu,dtype=float32")
+    assert per == [{"device": "cpu"}, {"device": "cpu", "dtype": "float32"}]
+    c = EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a,b", judge_args=per)
+    assert c.judge_args_for(1) == {"device": "cpu", "dtype": "float32"}
+    assert c.public()["judge_args"] == per
+    both = EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a,b",
+                      judge_args={"device": "cpu"})  # fmt: skip
+    assert both.judge_args_for(0) == both.judge_args_for(1) == {"device": "cpu"}
+    with pytest.raises(ValueError, match="2 ';'-separated sets for 1 judge"):
+        EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a", judge_args=per)

@@ -110,7 +110,12 @@ def evaluate(
     ] = None,
     judge_args: Annotated[
         str | None,
-        typer.Option("--judge_args", "--judge-args", help="key=value,... for the judge loader."),
+        typer.Option(
+            "--judge_args",
+            "--judge-args",
+            help="key=value,... for the judge loader; with several judges, one set for all or "
+            "one per judge separated by ';' (e.g. two vLLM servers).",
+        ),
     ] = None,
     beams: Annotated[
         int, typer.Option("--beams", help="Beam width K for BS-MSP (0 disables).")
@@ -305,7 +310,7 @@ def evaluate(
             pool_path=pool_path,
             correctness=parse_csv(correctness),
             judge=judge,
-            judge_args=model_kwargs(judge_args, "--judge_args"),
+            judge_args=_judge_kwargs(judge_args),
             beams=beams,
             samples=samples,
             temperature=temperature,
@@ -350,6 +355,13 @@ def evaluate(
     )
     if verbose:
         console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+
+
+def _judge_kwargs(spec: str | None) -> dict[str, Any] | list[dict[str, Any]]:
+    """``--judge_args``: one key=value set for every judge, or one per judge split by ';'."""
+    if spec is None or ";" not in spec:
+        return model_kwargs(spec, "--judge_args")
+    return [model_kwargs(part, "--judge_args") for part in spec.split(";")]
 
 
 def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:

@@ -50,7 +50,8 @@ class EvalConfig:
     pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
     judge: str | None = None
-    judge_args: dict[str, Any] = field(default_factory=dict)
+    # one loader-argument set for every judge, or one per judge of ``judge`` (a list)
+    judge_args: dict[str, Any] | list[dict[str, Any]] = field(default_factory=dict)
     beams: int = 5
     samples: int = 10
     temperature: float | None = None
@@ -89,6 +90,11 @@ class EvalConfig:
         self.measures = M.validate(self.measures, paper_order=True)
         if self.judge is not None and not all(self.judges):
             raise ValueError(f"--judge {self.judge!r}: an empty judge name in the list")
+        if isinstance(self.judge_args, list | tuple) and len(self.judge_args) != len(self.judges):
+            raise ValueError(
+                f"--judge_args gives {len(self.judge_args)} ';'-separated sets for "
+                f"{len(self.judges)} judge(s): give one set for all or one per judge"
+            )
         if self.correctness is not None:
             bad = [
                 c
@@ -165,6 +171,12 @@ class EvalConfig:
         """The judge models (``--judge A,B``: several, each with its own correctness rows)."""
         return [j.strip() for j in self.judge.split(",")] if self.judge else []
 
+    def judge_args_for(self, index: int) -> dict[str, Any]:
+        """The loader arguments of the ``index``-th judge."""
+        if isinstance(self.judge_args, list | tuple):
+            return dict(self.judge_args[index])
+        return dict(self.judge_args)
+
     @property
     def judge_metrics(self) -> list[str]:
         """The correctness metric of each judge: ``judge``, ``judge2``, ..."""
@@ -185,6 +197,7 @@ class EvalConfig:
         for k in ("output_path", "resume", "progress", "plots"):
             d.pop(k)
         for k in ("model_args", "judge_args", "clusterer_args"):
-            d[k] = redact(d[k])  # results.json is shared: credentials never go in it
+            # results.json is shared: credentials never go in it
+            d[k] = [redact(x) for x in d[k]] if isinstance(d[k], list) else redact(d[k])
         d["temperatures"] = list(self.temperatures)
         return d

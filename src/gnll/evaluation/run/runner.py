@@ -148,13 +148,14 @@ class Evaluator:
             name = cfg.judges[index]
             if self._judge is not None:
                 self._judges[index] = self._judge
-            elif name == cfg.model and cfg.judge_args == cfg.model_args:
+            elif name == cfg.model and cfg.judge_args_for(index) == cfg.model_args:
                 self._judges[index] = self.model
             else:
                 from gnll.backends import load_model
 
                 t = time.perf_counter()
-                self._judges[index] = load_model(name, progress=cfg.progress, **cfg.judge_args)
+                args = cfg.judge_args_for(index)
+                self._judges[index] = load_model(name, progress=cfg.progress, **args)
                 self.timer.add("load_judge", time.perf_counter() - t)
         self._note_component(judge_metric(index), self._judges[index])
         return self._judges[index]

@@ -229,7 +229,7 @@ class JudgeStage(Stage):
             "stage": "judge",
             "greedy": stable_hash(greedy.header),
             "judge": self.name,
-            "judge_args": outcome_args(cfg.judge_args),
+            "judge_args": outcome_args(cfg.judge_args_for(index)),
             "generation": JUDGE_CONFIG.to_dict(),
             # the judge prompt's wording (a change invalidates the judgements)
             "prompt": stable_hash(
