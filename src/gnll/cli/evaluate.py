@@ -261,7 +261,7 @@ def evaluate(
         typer.Option(
             "--reference",
             help="The answer judged and scored by G-NLL: greedy (Table 1) or beam (the most "
-            "likely of --beams K beams, the paper's Table 6).",
+            "likely of --beams K beams, the paper's Table 5).",
         ),
     ] = "greedy",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,

@@ -108,7 +108,7 @@ def assemble_record(
     record["answers"] = list(example.answers)
     record["prompt"] = stages.greedy.rendered_prompt(key)
     record["greedy"] = greedy.to_dict()
-    # --reference beam (the paper's Table 6): the top beam is judged and is G-NLL's sequence
+    # --reference beam (the paper's Table 5): the top beam is judged and is G-NLL's sequence
     reference = greedy if cfg.reference == "greedy" else stages.reference.answer(key)
     if cfg.reference == "beam":
         record["reference"] = {"kind": "top beam", **reference.to_dict()}

@@ -79,7 +79,7 @@ class EvalConfig:
     # an empty answer's likelihood: "terminator" (its stop token, as the reference code) or "zero"
     empty_answer: str = "terminator"
     # the answer whose correctness is judged and whose NLL is G-NLL: the greedy answer (Table 1) or
-    # the most likely of the K beams (the paper's Table 6)
+    # the most likely of the K beams (the paper's Table 5)
     reference: str = "greedy"
     plots: bool = True
     progress: bool = True

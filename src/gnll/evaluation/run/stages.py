@@ -342,7 +342,7 @@ class ClusterStage(Stage):
 
 
 class TopBeam:
-    """The most likely of the K beams as the reference answer (the paper's Table 6)."""
+    """The most likely of the K beams as the reference answer (the paper's Table 5)."""
 
     def __init__(self, beams: BeamStage) -> None:
         self.beams = beams
