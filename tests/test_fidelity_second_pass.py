@@ -377,3 +377,27 @@ def test_judge_args_one_set_for_all_or_one_per_judge():
     assert both.judge_args_for(0) == both.judge_args_for(1) == {"device": "cpu"}
     with pytest.raises(ValueError, match="2 ';'-separated sets for 1 judge"):
         EvalConfig(model="m", tasks=["svamp_short"], output_path="x", judge="a", judge_args=per)
+
+
+# ----------------------------------------------------------------- 28.9: byte fragments on servers
+def test_a_stop_token_after_a_split_character_is_the_terminator_not_an_answer_token():
+    """llama-cpp-python's reply to TriviaQA prompt 12 on the float32 SmolLM2: NEL (U+0085) comes as two
+    byte tokens with empty strings and no `bytes`; the newline after it is the stop token. Counting
+    the strings put the newline inside the text: it became an answer token and added 0.95 nats to
+    G-NLL (the one outlier of the 50-prompt float32 comparison)."""
+    from gnll.backends.base import GenerationConfig
+    from gnll.backends.openai.parse import read_choice, to_generation
+
+    tokens = ["S", "uther", "land", " Brothers", " and", " ", "", "", "\n"]
+    lps = [-1.2434, -0.0997, -0.1109, -0.3566, -0.3673, -2.3081, -1.7833, -0.0863, -0.9484]
+    choice = {
+        "message": {"content": "Sutherland Brothers and \x85"},
+        "finish_reason": "stop",
+        "logprobs": {
+            "content": [{"token": t, "logprob": v} for t, v in zip(tokens, lps, strict=True)]
+        },
+    }
+    g = to_generation(read_choice(choice), GenerationConfig.greedy(), eos_logprob=True, where="p")
+    assert g.tokens == tokens[:-1] and g.token_logprobs == lps[:-1]
+    assert g.terminator_logprobs == [-0.9484]
+    assert g.finish_reason == "stop" and g.stop_sequence == "\n"
