@@ -25,7 +25,7 @@ from pathlib import Path
 from gnll import GenerationConfig, load_model
 from gnll.calibration import calibrate_files, prompt_fingerprint
 from gnll.calibration.plot import reliability_diagram
-from gnll.cli.ask import ask_prompt
+from gnll.evaluation.data.prompts import ask_prompt
 from gnll.evaluation.data.tasks import get_task
 from gnll.evaluation.results.correctness import contains_match, f1_verdict
 

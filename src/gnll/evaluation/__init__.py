@@ -30,7 +30,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["TASKS", "EvalConfig", "Evaluator", "get_task", "render_table", "run_evaluation"]
+__all__ = [
+    "TASKS",
+    "EvalConfig",
+    "Evaluation",
+    "Evaluator",
+    "evaluate",
+    "get_task",
+    "render_table",
+    "run_evaluation",
+]
 
 
 def __getattr__(name: str) -> Any:  # lazy: importing gnll.evaluation stays cheap
@@ -42,6 +51,10 @@ def __getattr__(name: str) -> Any:  # lazy: importing gnll.evaluation stays chea
         from gnll.evaluation.data import tasks
 
         return getattr(tasks, name)
+    if name in ("Evaluation", "evaluate"):
+        from gnll.evaluation.run import simple
+
+        return getattr(simple, name)
     if name == "render_table":
         from gnll.evaluation.results.tables import render_table
 

@@ -46,7 +46,7 @@ __all__ = [
     "DatasetSpec",
     "Example",
     "candidate_data_dirs",
-    "detect_format",
+    "detect_dataset",
     "file_sha256",
     "load_dataset",
     "resolve_data_file",
@@ -273,7 +273,7 @@ DATASETS: dict[str, DatasetSpec] = {
 }
 
 
-def detect_format(path: str | Path) -> str:
+def detect_dataset(path: str | Path) -> str:
     """Guess a file's dataset from its first record (``triviaqa``, ``svamp`` or ``nq_open``)."""
     path = Path(path)
     with path.open("rb") as fh:
@@ -332,7 +332,7 @@ def resolve_data_file(
             raise FileNotFoundError(
                 f"--data_path {p} does not exist (expected the {dataset} file {spec.relpath})"
             )
-        fmt = detect_format(p)
+        fmt = detect_dataset(p)
         if fmt != dataset:
             raise ValueError(f"--data_path {p} holds {fmt} data, but the task needs {dataset}")
         return p

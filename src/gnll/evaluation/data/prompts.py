@@ -37,6 +37,7 @@ from gnll.text import answer_tokens
 
 __all__ = [
     "BRIEF_LONG",
+    "ask_prompt",
     "canonical_answer",
     "rank_aliases",
     "BRIEF_SHORT",
@@ -118,6 +119,17 @@ def fewshot_prefix(instruction: str, fewshot: Sequence[Example]) -> str:
 def build_prompt(instruction: str, fewshot: Sequence[Example], example: Example) -> str:
     """The full user prompt for ``example``."""
     return fewshot_prefix(instruction, fewshot) + format_block(example)
+
+
+def ask_prompt(question: str, *, long: bool = False) -> str:
+    """The zero-shot prompt of ``gnll ask`` and :func:`gnll.ask`: the instruction, no few-shot block.
+
+    >>> print(ask_prompt("Who wrote Hamlet?"))
+    Answer the following question as briefly as possible.
+    Question: Who wrote Hamlet?
+    Answer:
+    """
+    return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", question, ()))
 
 
 def build_messages(

@@ -25,7 +25,6 @@ Example
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from gnll._util.seeds import seed_from
 from gnll.backends.base import ChatPrompt
 from gnll.evaluation.data.datasets import DATASETS, Example, load_dataset
 from gnll.evaluation.data.prompts import (
@@ -136,7 +136,7 @@ class Task:
             how = "the source's test split"
         elif self.dataset in FIXED_EVAL_SUBSETS and len(examples) == DATASETS[self.dataset].size:
             k = FIXED_EVAL_SUBSETS[self.dataset]
-            chosen = np.random.default_rng(_seed_from(FIXED_SUBSET_SEED, self.dataset))
+            chosen = np.random.default_rng(seed_from(FIXED_SUBSET_SEED, self.dataset))
             keep = set(chosen.permutation(len(examples))[:k].tolist())
             eval_mask = [i in keep for i in range(len(examples))]
             how = f"fixed subset of {k} (the file marks no test split)"
@@ -144,7 +144,7 @@ class Task:
             len(examples), seed, fewshot_pool, heldout_pool, eval_mask=eval_mask
         )
         info = {**info, "eval_pool": how}
-        rng = np.random.default_rng(_seed_from(seed, self.dataset, "fewshot"))
+        rng = np.random.default_rng(seed_from(seed, self.dataset, "fewshot"))
         # Examples whose gold answer contradicts the data (SVAMP chal-680) are never shown as examples.
         eligible = [i for i in fs_idx if examples[i].extra.get("consistent", True)]
         k = min(self.num_fewshot, len(eligible))
@@ -212,11 +212,6 @@ class TaskData:
         }
 
 
-def _seed_from(*parts: Any) -> int:
-    digest = hashlib.sha256("|".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
 def split_indices(
     n: int,
     seed: int,
@@ -237,7 +232,7 @@ def split_indices(
     >>> sorted(ev), len(fs), len(ho), set(fs + ho) & set(ev)
     ([0, 1, 2, 3], 2, 3, set())
     """
-    perm = np.random.default_rng(_seed_from(seed, "split")).permutation(n).tolist()
+    perm = np.random.default_rng(seed_from(seed, "split")).permutation(n).tolist()
     if eval_mask is None:
         if fewshot_pool + heldout_pool >= n:
             raise ValueError(

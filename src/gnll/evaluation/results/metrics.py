@@ -18,7 +18,6 @@ Examples
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +25,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import rankdata
 
+from gnll._util.seeds import seed_from
+from gnll._util.validation import check_scores_labels
 from gnll.measures import PAPER_BASELINES
 
 __all__ = [
@@ -41,14 +42,7 @@ __all__ = [
 
 
 def _arrays(correct: Sequence, scores: Sequence) -> tuple[np.ndarray, np.ndarray]:
-    c = np.asarray(correct, dtype=np.float64)
-    s = np.asarray(scores, dtype=np.float64)
-    if c.shape != s.shape or c.ndim != 1:
-        raise ValueError(
-            f"correct and scores must be 1-D of equal length, got {c.shape} and {s.shape}"
-        )
-    if not np.all(np.isfinite(s)):
-        raise ValueError("scores contain NaN or inf")
+    s, c = check_scores_labels(scores, correct, names=("scores", "correct"), binary=False)
     return c, s
 
 
@@ -119,11 +113,6 @@ def paired_bootstrap_test(
     return {"diff": float(diff), "p_value": float(p), "n_boot": int(len(d))}
 
 
-def _stratum_seed(seed: int, key: str) -> int:
-    digest = hashlib.sha256(f"{seed}|{key}".encode()).digest()
-    return int.from_bytes(digest[:4], "little")
-
-
 def averaged_paired_test(
     strata: Sequence[tuple[str, Sequence, dict[str, Sequence[float]]]],
     *,
@@ -176,7 +165,7 @@ def averaged_paired_test(
     total = np.zeros(n_boot)
     for key, c, ms in strata:
         cc = np.asarray(c, dtype=np.float64)
-        idx = _bootstrap_indices(len(cc), n_boot, _stratum_seed(seed, key))
+        idx = _bootstrap_indices(len(cc), n_boot, seed_from(seed, key))
         y = (cc[idx] < 0.5).astype(np.float64)
         a = np.asarray(ms[reference], dtype=np.float64)[idx]
         b = np.asarray(ms[best], dtype=np.float64)[idx]

@@ -21,6 +21,7 @@ from typing import Any
 
 from gnll import measures as M
 from gnll._util import jsonable
+from gnll._util.runfiles import iter_samples
 from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements, judge_index
 from gnll.evaluation.results.groups import average_groups, defined, overall_keys
 from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures
@@ -54,17 +55,15 @@ def versions() -> dict[str, str]:
 def read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
     """Per task, each question's verdicts, measures and token costs (one pass over ``samples.jsonl``)."""
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    with open(samples_path, encoding="utf-8") as fh:
-        for line in fh:
-            r = json.loads(line)
-            rows[r["task"]].append(
-                {
-                    "verdicts": r["correctness"],
-                    "correct": {m: v.get("correct") for m, v in r["correctness"].items()},
-                    "measures": r["measures"],
-                    "cost": r.get("cost_tokens", {}),
-                }
-            )
+    for _lineno, r in iter_samples(samples_path):
+        rows[r["task"]].append(
+            {
+                "verdicts": r["correctness"],
+                "correct": {m: v.get("correct") for m, v in r["correctness"].items()},
+                "measures": r["measures"],
+                "cost": r.get("cost_tokens", {}),
+            }
+        )
     return rows
 
 

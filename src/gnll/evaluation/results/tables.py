@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,135 @@ def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Per model, task and metric: AUROC ± bootstrap SE, G-NLL's star (the paper's Table 1 rows)."""
+    out = ["## AUROC (↑)", ""]
+    out.append(
+        "Positives are incorrect greedy answers, the score is the uncertainty; ± bootstrap "
+        "standard error; best per row in bold; `*`: G-NLL significantly better than the best "
+        "sampling-based measure of the "
+        "paper (PE, LN-PE, SE, LN-SE, D-SE; one-sided paired bootstrap, p < 0.05). "
+        "PE…MCP use N sampled answers, G-NLL and LN-G-NLL the greedy answer only, BS-MSP K beams. "
+        "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
+        "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
+    )
+    out.append("")
+    out += _header(["Model", "Task", "Metric", "n", "Acc."])
+    for res, task, _tres, metric, mres in iter_rows(results_list):
+        ms = mres["measures"]
+        values = {m: ms[m]["auroc"] for m in ms}
+        ses = {m: ms[m]["auroc_se"] for m in ms}
+        star = bool(mres.get("significance", {}).get("significant"))
+        cells = _task_cells(res, task, metric, mres)
+        out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
+    return out
+
+
+def _task_cells(res: dict[str, Any], task: str, metric: str, mres: dict[str, Any]) -> list[str]:
+    return [res["model"], task, metric_label(metric, res), str(mres["n"]), _fmt(mres["accuracy"])]
+
+
+def _run_significance(results_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The averaged rows' tests as each run recorded them (``results["averages"]``)."""
+    significance: dict[str, Any] = {"groups": {}}
+    for i, res in enumerate(results_list):
+        for key, test in ((res.get("averages") or {}).get("groups") or {}).items():
+            significance["groups"][f"{i}|{key.split('|', 1)[1]}"] = test
+        if len(results_list) == 1 and (res.get("averages") or {}).get("overall"):
+            significance["overall"] = res["averages"]["overall"]
+    return significance
+
+
+def _auroc_averaged(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+) -> list[str]:
+    """AUROC averaged over datasets, as in the paper's Table 1 (rows: model / length / metric).
+
+    One group per run x generation length x metric (two runs of one model stay separate rows),
+    then the overall **Average** when more than one group counts towards it.
+    """
+    groups = average_groups(results_list)
+    out = ["", "## AUROC averaged over datasets (↑)", ""]
+    out.append(
+        "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
+        "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
+        "significantly better than the best sampling-based measure of the row (one-sided paired "
+        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
+        "overall **Average** is the mean over every row of a paper metric (F1 and each judge), "
+        "as the paper's Table 1 averages all its rows; Contains rows stay out where a paper "
+        "metric scores the same run and length (a task is not counted twice for F1 and Contains)."
+    )
+    out.append("")
+    out += _header(["Model", "Gen.", "Metric", "#tasks"])
+    all_vals: dict[str, list[float]] = defaultdict(list)
+    all_ses: dict[str, list[float]] = defaultdict(list)
+    in_overall = overall_keys(groups)
+    for (run, model, mode, label), full_rows in groups.items():
+        counted = (run, model, mode, label) in in_overall
+        full = [mres for _t, _m, mres in full_rows]
+        # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
+        lst = [x for x in full if defined(x)]
+        vals, ses = {}, {}
+        for m in M.ORDER:
+            a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
+            s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
+            if a and len(a) == len(lst):
+                vals[m] = sum(a) / len(a)
+                if counted:
+                    all_vals[m] += a
+                if all(v is not None for v in s):
+                    ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
+                    if counted:
+                        all_ses[m] += s
+        n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
+        star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
+        out.append(
+            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
+        )
+    if len(in_overall) > 1:
+        out += _overall_average(in_overall, all_vals, all_ses, significance)
+    return out
+
+
+def _overall_average(
+    in_overall: Sequence[tuple[int, str, str, str]],
+    all_vals: dict[str, list[float]],
+    all_ses: dict[str, list[float]],
+    significance: dict[str, Any],
+) -> list[str]:
+    n_rows = max((len(v) for v in all_vals.values()), default=0)
+    vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
+    ses = {
+        m: math.sqrt(sum(x * x for x in s)) / len(s) for m, s in all_ses.items() if len(s) == n_rows
+    }
+    star = bool((significance.get("overall") or {}).get("significant"))
+    metrics = " / ".join(dict.fromkeys(k[3] for k in in_overall))
+    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(vals, ses, star)
+    out = ["| " + " | ".join(cells) + " |"]
+    if "overall" not in significance:
+        out += ["", "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)"]
+    return out
+
+
+def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note: str) -> list[str]:
+    """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric."""
+    out = ["", f"## {title}", "", note, ""]
+    out += _header(["Model", "Task", "Metric", "n", "Acc."])
+    for res, task, _tres, metric, mres in iter_rows(results_list):
+        ms = mres["measures"]
+        values = {m: ms[m][key] for m in ms}
+        cells = _task_cells(res, task, metric, mres)
+        out.append("| " + " | ".join(cells + _row_cells(values, None, False)) + " |")
+    return out
+
+
+def _ara80(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Rejection accuracy at 80% per task, then averaged over datasets (the paper's Table 3)."""
+    note = "Accuracy on the 80% of questions with the lowest uncertainty (ties at expected value)."
+    out = _per_task(results_list, "ara80", "Rejection accuracy at 80% (↑)", note)
+    return out + _ara80_averaged(results_list, average_groups(results_list))
+
+
 def _ara80_averaged(
     results_list: Sequence[dict[str, Any]],
     groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
@@ -202,203 +331,134 @@ def _ara80_averaged(
     return out
 
 
+def _aurac(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Area under the accuracy-vs-retained-fraction curve per task."""
+    note = "Area under the accuracy-vs-retained-fraction curve."
+    return _per_task(results_list, "aurac", "AURAC (↑)", note)
+
+
+def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str:
+    cand = sel.get("candidates") or {}
+    per = sel.get("per_measure") or {}
+    how = sel["selected_by"]
+    if how == "heldout":
+        how = f"held-out, {sel.get('mode', 'shared')}"
+    if sel.get("single_class") or (
+        cand and all(_undefined(c.get("mean_auroc")) for c in cand.values())
+    ):
+        how = "default (held-out AUROC undefined)"
+    chosen = (
+        ", ".join(f"{M.get(m).label} {t:g}" for m, t in per.items()) if per else f"{sel['value']:g}"
+    )
+    detail = "; ".join(
+        f"T={t}: "
+        + ", ".join(f"{M.get(m).label} {_fmt(a)}" for m, a in (c.get("auroc") or {}).items())
+        for t, c in cand.items()
+    )
+    return f"| {res['model']} | {task} | {chosen} | {how} | {detail or '–'} |"
+
+
+def _temperatures(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+) -> list[str]:
+    """The sampling temperature of each task and how it was chosen (absent if none was needed)."""
+    temps = [
+        _temperature_row(res, task, tres["temperature"])
+        for res in results_list
+        for task, tres in res["tasks"].items()
+        if (tres.get("temperature") or {}).get("value") is not None
+    ]
+    if not temps:
+        return []
+    out = ["", "## Sampling temperature", ""]
+    out.append(
+        "Per measure (default, `--temperature_selection per-measure`): each sampling-based "
+        "measure is computed from the samples at the candidate with its own best held-out "
+        "AUROC (the paper's baselines use their optimal settings); `shared`: one temperature "
+        "per task, the best mean held-out AUROC of PE, LN-PE, SE, LN-SE, D-SE."
+    )
+    out.append("")
+    out += [
+        "| Model | Task | T per measure | Chosen by | Held-out AUROC per candidate |",
+        "|---|---|---|---|---|",
+    ]
+    return out + temps
+
+
+def _agreement(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Agreement rate and Cohen's kappa between correctness metrics (absent with one metric)."""
+    agree = [
+        f"| {res['model']} | {task} | {pair.replace('_vs_', ' vs ')} | {a['n']} | "
+        f"{_fmt(a['agreement'])} | {_fmt(a['kappa'])} |"
+        for res in results_list
+        for task, tres in res["tasks"].items()
+        for pair, a in (tres.get("agreement") or {}).items()
+    ]
+    if not agree:
+        return []
+    out = ["", "## Agreement between correctness metrics", ""]
+    out.append(
+        "How far to trust a small judge: agreement rate and Cohen's kappa on the "
+        "questions both metrics decided."
+    )
+    out.append("")
+    out += ["| Model | Task | Metrics | n | Agreement | Cohen's κ |", "|---|---|---|---|---|---|"]
+    return out + agree
+
+
+def _header_notes(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+) -> list[str]:
+    return [line + "\n" for line in _notes(results_list)]
+
+
+Section = Callable[[Sequence[dict[str, Any]], dict[str, Any]], list[str]]
+
+#: The sections of ``table.md`` in order; :func:`render_table` takes any subset by name.
+SECTIONS: dict[str, Section] = {
+    "notes": _header_notes,
+    "auroc": _auroc,
+    "auroc_averaged": _auroc_averaged,
+    "ara80": _ara80,
+    "aurac": _aurac,
+    "temperature": _temperatures,
+    "agreement": _agreement,
+}
+
+
 def render_table(
-    results_list: Sequence[dict[str, Any]], significance: dict[str, Any] | None = None
+    results_list: Sequence[dict[str, Any]],
+    significance: dict[str, Any] | None = None,
+    *,
+    sections: Sequence[str] | None = None,
 ) -> str:
     """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
 
-    ``significance`` is :func:`averaged_significance` of ``results_list``; without it the averaged
-    rows use each run's own tests (``results["averages"]``) and an overall average over several runs
-    carries no star.
+    Parameters
+    ----------
+    results_list
+        One ``results.json`` dictionary per run (:func:`gnll.evaluation.run_evaluation` returns one).
+    significance
+        :func:`~gnll.evaluation.results.report.averaged_significance` of ``results_list``; without
+        it the averaged rows use each run's own tests (``results["averages"]``) and an overall
+        average over several runs carries no star.
+    sections
+        Names from :data:`SECTIONS` to render, in table order (default: all of them). ``gnll eval``
+        prints ``("notes", "auroc")``.
+
+    Returns
+    -------
+    str
+        The Markdown text, ending with a newline.
     """
-    out: list[str] = []
-    out += [line + "\n" for line in _notes(results_list)]
-    out.append("## AUROC (↑)")
-    out.append("")
-    out.append(
-        "Positives are incorrect greedy answers, the score is the uncertainty; ± bootstrap "
-        "standard error; best per row in bold; `*`: G-NLL significantly better than the best "
-        "sampling-based measure of the "
-        "paper (PE, LN-PE, SE, LN-SE, D-SE; one-sided paired bootstrap, p < 0.05). "
-        "PE…MCP use N sampled answers, G-NLL and LN-G-NLL the greedy answer only, BS-MSP K beams. "
-        "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
-        "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
-    )
-    out.append("")
-    out += _header(["Model", "Task", "Metric", "n", "Acc."])
-    for res, task, _tres, metric, mres in iter_rows(results_list):
-        ms = mres["measures"]
-        values = {m: ms[m]["auroc"] for m in ms}
-        ses = {m: ms[m]["auroc_se"] for m in ms}
-        star = bool(mres.get("significance", {}).get("significant"))
-        cells = [
-            res["model"],
-            task,
-            metric_label(metric, res),
-            str(mres["n"]),
-            _fmt(mres["accuracy"]),
-        ]
-        out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
-
-    # Averages over datasets, as in the paper's Table 1 (rows: model / generation length / metric).
-    # One group per run x generation length x metric (two runs of one model stay separate rows).
-    groups = average_groups(results_list)
+    names = list(SECTIONS) if sections is None else list(sections)
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown table sections {unknown}; known: {', '.join(SECTIONS)}")
     if significance is None:
-        significance = {"groups": {}}
-        for i, res in enumerate(results_list):
-            for key, test in ((res.get("averages") or {}).get("groups") or {}).items():
-                significance["groups"][f"{i}|{key.split('|', 1)[1]}"] = test
-            if len(results_list) == 1 and (res.get("averages") or {}).get("overall"):
-                significance["overall"] = res["averages"]["overall"]
-    out += ["", "## AUROC averaged over datasets (↑)", ""]
-    out.append(
-        "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
-        "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
-        "significantly better than the best sampling-based measure of the row (one-sided paired "
-        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
-        "overall **Average** is the mean over every row of a paper metric (F1 and each judge), "
-        "as the paper's Table 1 averages all its rows; Contains rows stay out where a paper "
-        "metric scores the same run and length (a task is not counted twice for F1 and Contains)."
-    )
-    out.append("")
-    out += _header(["Model", "Gen.", "Metric", "#tasks"])
-    all_vals: dict[str, list[float]] = defaultdict(list)
-    all_ses: dict[str, list[float]] = defaultdict(list)
-    in_overall = overall_keys(groups)
-    for (run, model, mode, label), full_rows in groups.items():
-        counted = (run, model, mode, label) in in_overall
-        full = [mres for _t, _m, mres in full_rows]
-        # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
-        lst = [x for x in full if defined(x)]
-        vals, ses = {}, {}
-        for m in M.ORDER:
-            a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
-            s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
-            if a and len(a) == len(lst):
-                vals[m] = sum(a) / len(a)
-                if counted:
-                    all_vals[m] += a
-                if all(v is not None for v in s):
-                    ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
-                    if counted:
-                        all_ses[m] += s
-        n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
-        star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
-        out.append(
-            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
-        )
-    if len(in_overall) > 1:
-        n_rows = max((len(v) for v in all_vals.values()), default=0)
-        vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
-        ses = {
-            m: math.sqrt(sum(x * x for x in s)) / len(s)
-            for m, s in all_ses.items()
-            if len(s) == n_rows
-        }
-        star = bool((significance.get("overall") or {}).get("significant"))
-        out.append(
-            "| "
-            + " | ".join(
-                [
-                    "**Average**",
-                    "",
-                    " / ".join(dict.fromkeys(k[3] for k in in_overall)),
-                    str(n_rows),
-                ]
-                + _row_cells(vals, ses, star)
-            )
-            + " |"
-        )
-        if "overall" not in significance:
-            out += [
-                "",
-                "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)",
-            ]
-
-    for key, title in (("ara80", "Rejection accuracy at 80% (↑)"), ("aurac", "AURAC (↑)")):
-        out += ["", f"## {title}", ""]
-        if key == "ara80":
-            out.append(
-                "Accuracy on the 80% of questions with the lowest uncertainty "
-                "(ties at expected value)."
-            )
-        else:
-            out.append("Area under the accuracy-vs-retained-fraction curve.")
-        out.append("")
-        out += _header(["Model", "Task", "Metric", "n", "Acc."])
-        for res, task, _tres, metric, mres in iter_rows(results_list):
-            ms = mres["measures"]
-            values = {m: ms[m][key] for m in ms}
-            cells = [
-                res["model"],
-                task,
-                metric_label(metric, res),
-                str(mres["n"]),
-                _fmt(mres["accuracy"]),
-            ]
-            out.append("| " + " | ".join(cells + _row_cells(values, None, False)) + " |")
-        if key == "ara80":
-            out += _ara80_averaged(results_list, groups)
-
-    temps = []
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            sel = tres.get("temperature") or {}
-            if sel.get("value") is None:
-                continue
-            cand = sel.get("candidates") or {}
-            per = sel.get("per_measure") or {}
-            how = sel["selected_by"]
-            if how == "heldout":
-                how = f"held-out, {sel.get('mode', 'shared')}"
-            if sel.get("single_class") or (
-                cand and all(_undefined(c.get("mean_auroc")) for c in cand.values())
-            ):
-                how = "default (held-out AUROC undefined)"
-            chosen = (
-                ", ".join(f"{M.get(m).label} {t:g}" for m, t in per.items())
-                if per
-                else f"{sel['value']:g}"
-            )
-            detail = "; ".join(
-                f"T={t}: "
-                + ", ".join(
-                    f"{M.get(m).label} {_fmt(a)}" for m, a in (c.get("auroc") or {}).items()
-                )
-                for t, c in cand.items()
-            )
-            temps.append(f"| {res['model']} | {task} | {chosen} | {how} | {detail or '–'} |")
-    if temps:
-        out += ["", "## Sampling temperature", ""]
-        out.append(
-            "Per measure (default, `--temperature_selection per-measure`): each sampling-based "
-            "measure is computed from the samples at the candidate with its own best held-out "
-            "AUROC (the paper's baselines use their optimal settings); `shared`: one temperature "
-            "per task, the best mean held-out AUROC of PE, LN-PE, SE, LN-SE, D-SE."
-        )
-        out.append("")
-        out += [
-            "| Model | Task | T per measure | Chosen by | Held-out AUROC per candidate |",
-            "|---|---|---|---|---|",
-        ] + temps
-
-    agree = []
-    for res in results_list:
-        for task, tres in res["tasks"].items():
-            for pair, a in (tres.get("agreement") or {}).items():
-                agree.append(
-                    f"| {res['model']} | {task} | {pair.replace('_vs_', ' vs ')} | {a['n']} | "
-                    f"{_fmt(a['agreement'])} | {_fmt(a['kappa'])} |"
-                )
-    if agree:
-        out += ["", "## Agreement between correctness metrics", ""]
-        out.append(
-            "How far to trust a small judge: agreement rate and Cohen's kappa on the "
-            "questions both metrics decided."
-        )
-        out.append("")
-        out += [
-            "| Model | Task | Metrics | n | Agreement | Cohen's κ |",
-            "|---|---|---|---|---|---|",
-        ] + agree
+        significance = _run_significance(results_list)
+    out: list[str] = []
+    for name in SECTIONS:
+        if name in names:
+            out += SECTIONS[name](results_list, significance)
     return "\n".join(out) + "\n"

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
-from gnll._util import progress_enabled
+from gnll._util import jsonable, progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.data.tasks import get_task
@@ -47,7 +47,6 @@ from gnll.evaluation.run.store import (
     FingerprintMismatchError,
     TaskRun,
     fingerprint,
-    jsonable,
     prepare_output_dir,
 )
 from gnll.evaluation.run.temperature import (
@@ -163,22 +162,21 @@ class Evaluator:
     @property
     def clusterer(self) -> Any:
         if self._clusterer is None:
-            from gnll.semantic import load_clusterer
+            from gnll.semantic import AUTO_NAMES, load_clusterer, takes_option
 
             t = time.perf_counter()
             name = self.config.clusterer
             relation = self.config.semantic_relation
-            if name in ("auto", "default"):
-                if relation is not None and self._clusterer_name not in ("nli", "llm"):
+            if name in AUTO_NAMES:
+                # The name was resolved once at start-up so the cache fingerprint cannot drift.
+                name = self._clusterer_name
+                if relation is not None and not takes_option(name, "relation"):
                     logger.warning(
                         "--semantic_relation %s ignored: 'auto' chose the %s clusterer, which has "
                         "no entailment relation (pass --clusterer nli or llm to use it)",
                         relation,
-                        self._clusterer_name,
+                        name,
                     )
-                # The name was resolved once at start-up so the cache fingerprint cannot drift.
-                name = self._clusterer_name
-                if name not in ("nli", "llm"):
                     relation = None
             self._clusterer = load_clusterer(name, relation=relation, **self.config.clusterer_args)
             self.timer.add("load_clusterer", time.perf_counter() - t)
@@ -192,7 +190,7 @@ class Evaluator:
         self._noted.add(kind)
         path = self.out / "components.json"
         info = json.loads(path.read_text()) if path.exists() else {}
-        info[kind] = jsonable(obj.info())
+        info[kind] = jsonable(obj.info(), nan="keep")
         write_json_atomic(path, info)
 
     def _resolve_clusterer_name(self) -> str:
@@ -200,10 +198,11 @@ class Evaluator:
             info = self._clusterer.info() if hasattr(self._clusterer, "info") else {}
             return str(info.get("clusterer", info.get("name", type(self._clusterer).__name__)))
         name = self.config.clusterer
-        if name in ("auto", "default") and self.config.needs_clusters:
-            from gnll.semantic import default_clusterer_name
+        if self.config.needs_clusters:
+            from gnll.semantic import AUTO_NAMES, resolve_clusterer_name
 
-            return default_clusterer_name()
+            if name in AUTO_NAMES:
+                return resolve_clusterer_name(name)
         return name
 
     # ------------------------------------------------------------------ what stages compute with

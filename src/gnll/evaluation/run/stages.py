@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gnll._util.seeds import derive_seed, stable_hash
 from gnll.backends.base import Generation, GenerationConfig, GenerationErrors, Model
 from gnll.backends.identity import outcome_args
 from gnll.evaluation.data.datasets import Example
@@ -26,7 +27,7 @@ from gnll.evaluation.data.prompts import judge_prompt
 from gnll.evaluation.results.correctness import judge_metric, judge_verdict
 from gnll.evaluation.run.cache import JsonlCache
 from gnll.evaluation.run.config import EvalConfig
-from gnll.evaluation.run.store import TaskRun, derive_seed, stable_hash
+from gnll.evaluation.run.store import TaskRun
 
 __all__ = [
     "JUDGE_CONFIG",

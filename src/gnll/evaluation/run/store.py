@@ -7,13 +7,14 @@ named by a hash of the configuration that produced them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnll._util import jsonable
+from gnll._util.seeds import stable_hash
 from gnll.backends.identity import describe_diff, fill_unknown, outcome_args
 from gnll.evaluation.data.tasks import TaskData
 from gnll.evaluation.run.cache import JsonlCache, write_json_atomic
@@ -27,9 +28,7 @@ __all__ = [
     "OUTPUT_ENTRIES",
     "FingerprintMismatchError",
     "TaskRun",
-    "derive_seed",
     "prepare_output_dir",
-    "stable_hash",
 ]
 
 CACHE_VERSION = 3  # 3: samples seeded by (prompt, sample), not by chunk
@@ -48,22 +47,6 @@ OUTPUT_ENTRIES = (
 
 class FingerprintMismatchError(RuntimeError):
     """The output directory holds a run with a different model, prompt or data."""
-
-
-def stable_hash(obj: Any, n: int = 12) -> str:
-    """A short hash of a JSON-able object, independent of dict order (names cache files)."""
-    text = json.dumps(obj, sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:n]
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 31-bit seed from any parts (the same parts give the same seed in every process)."""
-    return int(stable_hash([str(p) for p in parts], 8), 16) & 0x7FFFFFFF
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` as it reads back from JSON (tuples become lists, unknown objects strings)."""
-    return json.loads(json.dumps(obj, default=str))
 
 
 def prepare_output_dir(out: Path, *, resume: bool) -> None:
@@ -130,7 +113,7 @@ class TaskRun:
             write_json_atomic(path, fp)
             return cls(data, tdir, fp)
         old = json.loads(path.read_text())
-        new = jsonable(fp)
+        new = jsonable(fp, nan="keep")
         if fill_unknown(old, new) != new:
             diffs = ["  " + line for line in describe_diff(old, new)]
             raise FingerprintMismatchError(
