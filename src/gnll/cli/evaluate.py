@@ -106,7 +106,12 @@ def evaluate(
         ),
     ] = None,
     judge: Annotated[
-        str | None, typer.Option("--judge", help="Judge model for the 'judge' metric.")
+        str | None,
+        typer.Option(
+            "--judge",
+            help="Judge model(s), comma-separated: each is a correctness metric of its own "
+            "(judge, judge2, ...) with rows labelled by judge.",
+        ),
     ] = None,
     judge_args: Annotated[
         str | None,
