@@ -345,4 +345,6 @@ def max_cluster_probability(
     >>> round(max_cluster_probability([[-1.0], [-1.0], [-1.0]], [0, 0, 1]), 4)  # -log(2/3)
     0.4055
     """
-    return _nonneg(max(0.0 - float(cluster_log_probs(list_of_token_logprobs, cluster_ids).max()), 0.0))
+    return _nonneg(
+        max(0.0 - float(cluster_log_probs(list_of_token_logprobs, cluster_ids).max()), 0.0)
+    )
