@@ -103,6 +103,7 @@ def to_answer(gen: Generation, decoding: str) -> Answer:
         decoding=decoding,
         top_logprobs=None,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
+        measured_logprobs=gen.measured_logprobs,
     )
 
 

@@ -229,6 +229,14 @@ def to_generation(
     values = check_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
     ids = raw.token_ids if raw.token_ids is not None else [-1] * n
     answer_lp, term_lp = values[:k], values[term]
+    if k == 0 and not term_lp:
+        # gnll scores an empty answer by its stop token's log-prob; without it there is no G-NLL,
+        # and 0 ("certain") would be a lie.
+        raise ServerError(
+            f"{where}: the answer is empty and the server reported no log-prob for the token that "
+            f"ended it ({finish}), so it has no G-NLL (an empty answer is scored by its stop "
+            "token's log-prob); vLLM reports it"
+        )
     return Generation(
         text=raw.text.strip(),
         token_ids=ids[:k],
