@@ -206,3 +206,47 @@ def test_no_surface_reports_negative_zero():
     rec = uncertainty_record([0.0], decoding="greedy", policy=AbstentionPolicy())
     assert math.copysign(1.0, rec["g_nll"]) == 1.0
     assert math.copysign(1.0, rec["ln_g_nll"]) == 1.0
+
+
+@pytest.mark.model
+def test_ask_on_a_real_model_scores_an_empty_answer_by_its_stop_token(gemma):
+    """The review's example: Gemma answers nothing; G-NLL is its stop token's, not -0.0."""
+    from typer.testing import CliRunner
+
+    from gnll.cli.ask import ask_prompt
+    from gnll.cli.main import app
+
+    question = "Who was the man behind The Chipmunks?"
+    [[g]] = gemma.generate([ask_prompt(question, long=False)], GenerationConfig.greedy())
+    assert g.text == "" and g.terminator_logprobs  # the case under test
+    res = CliRunner().invoke(app, ["ask", question, "--model", "gemma-3-270m", "--json"])
+    assert res.exit_code == 0, res.output
+    record = json.loads(res.stdout.strip().splitlines()[-1])
+    assert record["answer"] == "" and record["token_logprobs"] == []
+    assert record["stop_token_logprob"] == pytest.approx(g.terminator_logprobs[0], abs=1e-4)
+    assert record["g_nll"] == pytest.approx(-g.terminator_logprobs[0], abs=1e-4)
+    assert record["g_nll"] > 0
+
+
+@pytest.mark.model
+def test_real_beams_are_ranked_by_the_rule(gemma):
+    """Both beam paths (gnll's loop and transformers' beams + ``rescore_beams``) on real weights."""
+    from hf_helpers import variant
+
+    from gnll.cli.ask import ask_prompt
+
+    prompts = [ask_prompt(q, long=False) for q in (
+        "Who was the man behind The Chipmunks?",
+        "What was the last US state to reintroduce alcohol after prohibition?",
+    )]  # fmt: skip
+    cfg = GenerationConfig.beam(4, max_new_tokens=12)
+    n_empty = 0
+    for model in (gemma, variant(gemma, beam_decoder="generate")):
+        for beams in model.generate(prompts, cfg):
+            lps = [b.logprob for b in beams]
+            assert lps == sorted(lps, reverse=True)
+            for b in beams:
+                if not b.tokens:
+                    n_empty += 1
+                    assert b.logprob == pytest.approx(b.terminator_logprobs[0]) and b.logprob < 0
+    assert n_empty > 0  # an empty beam was there to be ranked

@@ -121,6 +121,8 @@ def ask(
             "token_logprobs": greedy.token_logprobs,
             "finish_reason": greedy.finish_reason,
         }
+        if not greedy.tokens:  # what its measures were computed from (the empty-answer rule)
+            record["stop_token_logprob"] = greedy.measured_logprobs[0]
         record.update({name.replace("-", "_"): value for name, value in values.items()})
         record.update(calibrated)
         if sample_gens is not None:
@@ -212,6 +214,12 @@ def _print_report(
                 "[red]abstain[/red]" if calibrated["abstain"] else "[green]answer[/green]"
             )
         console.print(line)
+    if not greedy.tokens:
+        console.print(
+            f"[dim]empty answer: scored by the log-prob of the token that ended it, "
+            f"{greedy.measured_logprobs[0]:.4f}[/dim]"
+        )
+        return
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")
     tokens.add_column("token")
