@@ -12,9 +12,12 @@ raw ``token_logprobs``: an answer without tokens (the model stopped at once) is 
 log-prob of the token that ended it, never as "log-likelihood 0, maximally certain". Every gnll
 surface follows this one rule. A bare empty sequence ``[]`` is the empty product (log-likelihood 0).
 
-**Range.** Every measure is finite and ``>= 0`` for finite log-probs, and never ``-0.0``. A sequence
-log-likelihood (sum of its token log-probs) must stay above ``-1.8e308``, the float64 limit; beyond
-it a ``ValueError`` names the output.
+**Range.** Every measure is finite and ``>= 0`` for valid log-probs, and never ``-0.0``. A token
+log-prob must be finite, ``<= 0`` and above ``-9999`` (at or below it is the stand-in servers send
+for -inf): otherwise a ``ValueError`` (:class:`~gnll.measures.LogprobError`) names the token and the
+bound (:func:`~gnll.measures.check_logprobs`). Means and cluster probabilities are computed so that
+no intermediate sum overflows, and a sequence log-likelihood below ``-1.8e308`` (the float64 limit)
+would be a ``ValueError`` naming that bound, never ``inf`` or ``nan``.
 
 Example
 -------
@@ -31,6 +34,8 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import logsumexp
+
+from gnll.measures.logprobs import check_logprobs
 
 TokenLogprobs = Sequence[float] | np.ndarray
 
@@ -51,8 +56,6 @@ __all__ = [
     "TokenLogprobs",
 ]
 
-# Log-probs a hair above zero come from float round-off in log-softmax; anything larger is a bug upstream.
-_POSITIVE_TOL = 1e-5
 _FLOAT_MAX = float(np.finfo(np.float64).max)
 
 
@@ -62,34 +65,12 @@ def _nonneg(x: float) -> float:
 
 
 def _as_logprobs(token_logprobs: TokenLogprobs, *, name: str = "token_logprobs") -> np.ndarray:
-    """Validate one sequence of token log-probs and return it as a float64 array.
+    """Validate one sequence of token log-probs and return it as a float64 array (no -0.0).
 
     A :class:`~gnll.backends.Generation` gives its ``measured_logprobs`` (the empty-answer rule).
     """
     token_logprobs = getattr(token_logprobs, "measured_logprobs", token_logprobs)
-    if isinstance(token_logprobs, str | bytes):
-        raise TypeError(f"{name} must be a sequence of floats, got a string")
-    try:
-        arr = np.asarray(token_logprobs, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a sequence of floats: {exc}") from exc
-    if arr.ndim != 1:
-        raise ValueError(
-            f"{name} must be one-dimensional (one log-prob per token), got shape {arr.shape}"
-        )
-    if not np.all(np.isfinite(arr)):
-        bad = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise ValueError(
-            f"{name} contains a non-finite value ({arr[bad]}) at token {bad}; "
-            "log-probs must be finite (a -inf means the model gave the chosen token zero probability)"
-        )
-    if np.any(arr > _POSITIVE_TOL):
-        bad = int(np.flatnonzero(arr > _POSITIVE_TOL)[0])
-        raise ValueError(
-            f"{name} has a positive log-probability ({arr[bad]:.6g}) at token {bad}; "
-            "pass log-probabilities (<= 0), not probabilities or logits"
-        )
-    return np.minimum(arr, 0.0) + 0.0
+    return check_logprobs(token_logprobs, where=name) + 0.0
 
 
 def _as_batch(list_of_token_logprobs: Sequence[TokenLogprobs]) -> list[np.ndarray]:

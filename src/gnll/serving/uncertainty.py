@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
+from gnll.measures.logprobs import LogprobError, check_logprobs
 
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
@@ -32,25 +33,6 @@ if TYPE_CHECKING:
 Mode = Literal["annotate", "flag", "refuse"]
 MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
-#: Log-probs a hair above 0 come from float rounding (log-softmax of a near-certain token).
-_LOGPROB_TOLERANCE = 1e-4
-
-
-class LogprobError(ValueError):
-    """A token log-prob that no G-NLL can be computed from (NaN, inf, a -9999 sentinel, > 0)."""
-
-
-def check_logprobs(values: Sequence[float], *, source: str = "model") -> list[float]:
-    """Validate token log-probs: finite, <= 0, and not a server's ``-9999`` stand-in for -inf."""
-    out = []
-    for t, v in enumerate(values):
-        if v is None:
-            raise LogprobError(f"{source} returned no log-prob for answer token {t}")
-        v = float(v)
-        if not math.isfinite(v) or v > _LOGPROB_TOLERANCE or v <= -9999.0:
-            raise LogprobError(f"{source} returned an unusable log-prob {v!r} for answer token {t}")
-        out.append(min(v, 0.0))
-    return out
 
 
 @dataclass
@@ -60,9 +42,10 @@ class AbstentionPolicy:
     Parameters
     ----------
     mode:
-        ``"annotate"`` (only add ``p_correct``/``abstain``), ``"flag"`` (also set the choice's
-        ``finish_reason`` to ``"abstain"``) or ``"refuse"`` (replace the answer text by ``refusal``;
-        the original stays in ``uncertainty.original_text``).
+        ``"annotate"`` (add ``p_correct``/``abstain``), ``"flag"`` (the same; clients read
+        ``uncertainty.abstain`` or the ``X-Uncertainty-Abstain`` header: ``finish_reason`` keeps
+        OpenAI's values) or ``"refuse"`` (replace the answer text by ``refusal``; the refused text,
+        its tokens and log-probs are not sent anywhere).
     calibrator:
         A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
         by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
@@ -234,11 +217,11 @@ def uncertainty_record(
     differs from the answer's ``token_logprobs``: for an empty answer, its stop token's log-prob.
     An answer with no log-prob at all has no G-NLL: a :class:`LogprobError`, never "0, certain".
     """
-    answer_lps = check_logprobs(token_logprobs, source=source)
+    answer_lps = check_logprobs(token_logprobs, where=source, tokens=tokens).tolist()
     lps = (
         answer_lps
         if measured_logprobs is None
-        else check_logprobs(measured_logprobs, source=source)
+        else check_logprobs(measured_logprobs, where=source).tolist()
     )
     if not lps:
         raise LogprobError(
@@ -272,7 +255,7 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
 
     def fmt(v: Any) -> str:
         if v is None:
-            return "none"
+            return "none"  # one choice among several without the value
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, float):
@@ -288,23 +271,29 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
         "P-Correct": "p_correct",
         "Abstain": "abstain",
     }
+    # A header none of the choices has a value for (P-Correct without a calibration) is left out.
     return {
-        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records) for h, k in fields.items()
+        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records)
+        for h, k in fields.items()
+        if any(r.get(k) is not None for r in records)
     }
 
 
 def apply_policy(
     policy: AbstentionPolicy, text: str, finish_reason: str | None, record: dict[str, Any]
 ) -> tuple[str, str | None]:
-    """The answer text and finish reason a client sees under ``policy`` for one choice."""
-    if not record.get("abstain"):
+    """The answer text and finish reason a client sees under ``policy`` for one choice.
+
+    ``finish_reason`` stays within OpenAI's values (``"length"`` still says the answer was cut);
+    abstention is ``record["abstain"]``. A refused answer's text, tokens and log-probs are removed
+    from ``record`` (``record["refused"]`` is set), so nothing the client receives reveals it.
+    """
+    if not record.get("abstain") or policy.mode != "refuse":
         return text, finish_reason
-    if policy.mode == "refuse":
-        record["original_text"] = text
-        return policy.refusal, "abstain"
-    if policy.mode == "flag":
-        return text, "abstain"
-    return text, finish_reason
+    record["refused"] = True
+    for key in ("tokens", "token_logprobs", "top_logprobs"):
+        record.pop(key, None)
+    return policy.refusal, finish_reason
 
 
 def annotate(

@@ -21,9 +21,8 @@ from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
-
-#: vLLM clamps -inf to -9999.0 and llama.cpp sends the lowest float: anything this low is a sentinel.
-SENTINEL_LOGPROB = -9999.0
+from gnll.measures.logprobs import LogprobError
+from gnll.measures.logprobs import check_logprobs as _check_logprobs
 
 
 @dataclass
@@ -138,32 +137,52 @@ def _top1_content(top: Any) -> tuple[str, float] | None:
     )
 
 
-def check_logprobs(values: list[float | None], tokens: list[str], where: str) -> list[float]:
-    """Finite, <= 0 log-probs or a clear error naming the prompt and the token.
+def server_logprobs(values: list[float | None], tokens: list[str], where: str) -> list[float]:
+    """:func:`gnll.measures.check_logprobs` for a server's reply: a :class:`ServerError`, with the server's remedy.
 
     Examples
     --------
-    >>> check_logprobs([-0.5, 1e-7], ["a", "b"], "prompt 3")
+    >>> server_logprobs([-0.5, 1e-7], ["a", "b"], "prompt 3")
     [-0.5, 0.0]
-    >>> check_logprobs([-9999.0], ["x"], "prompt 3")
+    >>> server_logprobs([-9999.0], ["x"], "prompt 3")
     Traceback (most recent call last):
     ...
-    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, the server's stand-in for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
+    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, at or below -9999, the stand-in servers send for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
     """
-    out: list[float] = []
-    for i, (v, tok) in enumerate(zip(values, tokens, strict=True)):
-        if v is None:
-            raise ServerError(f"{where}: token {i} {tok!r} has no log-prob (null)")
-        v = float(v)
-        if math.isnan(v) or v > 1e-4:
-            raise ServerError(f"{where}: token {i} {tok!r} has an invalid log-prob {v}")
-        if v <= SENTINEL_LOGPROB:
-            raise ServerError(
-                f"{where}: token {i} {tok!r} has log-prob {v}, the server's stand-in for -inf "
-                "(probability 0): the token could not have been generated from the raw "
-                "distribution; check the server's logprobs mode and sampling settings"
-            )
-        out.append(min(v, 0.0))
+    try:
+        return _check_logprobs(values, where=where, tokens=tokens).tolist()
+    except LogprobError as exc:
+        remedy = "; check the server's logprobs mode and sampling settings"
+        raise ServerError(f"{exc}{remedy if exc.kind == 'sentinel' else ''}") from None
+
+
+def _char_lengths(tokens: list[str], text: str) -> list[int]:
+    """How many characters of ``text`` each token covers.
+
+    A character split over several tokens (a multi-byte UTF-8 character) comes back from
+    llama-cpp-python as empty token strings, so counting the strings would lose it, and the stop
+    token after it would seem to lie inside the text. The characters a run of such fragments covers
+    are the gap between the tokens around it; they are given to the run's last fragment.
+
+    >>> _char_lengths(["S", " and", " ", "", "", "\\n"], "S and \\x85")
+    [1, 4, 1, 0, 1, 1]
+    >>> _char_lengths([" Paris", ".\\n"], " Paris.")
+    [6, 2]
+    """
+    out = [len(t) for t in tokens]
+    pos, pending = 0, []
+    for i, tok in enumerate(tokens):
+        if tok == "":
+            pending.append(i)
+            continue
+        if pending:
+            j = text.find(tok, pos)
+            end = j if j >= pos else len(text)  # not found: the fragments end the text
+            out[pending[-1]] = end - pos
+            pos, pending = end, []
+        pos += len(tok)
+    if pending:
+        out[pending[-1]] = max(0, len(text) - pos)
     return out
 
 
@@ -188,7 +207,7 @@ def to_generation(
     if raw.token_bytes is not None:
         lengths, cut = raw.token_bytes, len(raw.text.encode("utf-8"))
     else:
-        lengths, cut = [len(t) for t in raw.tokens], len(raw.text)
+        lengths, cut = _char_lengths(raw.tokens, raw.text), len(raw.text)
     ends: list[int] = []
     pos = 0
     for length in lengths:
@@ -207,7 +226,11 @@ def to_generation(
         finish = "eos"  # vLLM: None (EOS) or an int stop-token id
     else:
         # No stop_reason field (llama.cpp): the stop string shows in the tokens past the text.
-        tail = full[len(raw.text) :] if full.startswith(raw.text) else ""
+        if raw.token_bytes is None:  # from the reconstructed offsets (byte fragments included)
+            start = ends[k - 1] if k else 0
+            tail = "".join(raw.tokens[k:])[max(0, cut - start) :]
+        else:
+            tail = full[len(raw.text) :] if full.startswith(raw.text) else ""
         stop_seq = next((s for s in config.stop if tail.startswith(s)), None)
         finish = "stop" if stop_seq is not None else "eos"
         if stop_seq is None and raw.finish_reason == "length":
@@ -226,7 +249,7 @@ def to_generation(
         term = slice(k, min(n, k + 1))
     else:
         term = slice(k, k)
-    values = check_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
+    values = server_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
     ids = raw.token_ids if raw.token_ids is not None else [-1] * n
     answer_lp, term_lp = values[:k], values[term]
     if k == 0 and not term_lp:

@@ -1,0 +1,92 @@
+"""How the results of one or more runs group into table rows and dataset averages.
+
+Shared by :mod:`~gnll.evaluation.results.report` (the averaged significance tests in ``results.json``) and
+:mod:`~gnll.evaluation.results.tables` (``table.md``), so that both average over the same rows.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from gnll.evaluation.results.correctness import judge_index
+
+__all__ = [
+    "METRIC_LABELS",
+    "average_groups",
+    "defined",
+    "iter_rows",
+    "metric_label",
+    "overall_keys",
+]
+
+METRIC_LABELS = {"f1": "F1", "judge": "LLM", "contains": "Contains"}
+
+
+def metric_label(metric: str, results: dict[str, Any]) -> str:
+    """The label of a correctness metric in a table (a judge is named after its model).
+
+    >>> cfg = {"config": {"judge": "meta-llama/Llama-3.1-70B,meta-llama/Llama-3.1-70B-Instruct"}}
+    >>> metric_label("judge", cfg), metric_label("judge2", cfg), metric_label("f1", cfg)
+    ('LLM (meta-llama/Llama-3.1-70B)', 'LLM (meta-llama/Llama-3.1-70B-Instruct)', 'F1')
+    """
+    index = judge_index(metric)
+    if index is not None:
+        judges = str(results["config"].get("judge") or "").split(",")
+        return f"LLM ({judges[index].strip() if index < len(judges) else metric})"
+    return METRIC_LABELS.get(metric, metric)
+
+
+def iter_rows(
+    results_list: Sequence[dict[str, Any]],
+) -> Iterator[tuple[dict[str, Any], str, dict[str, Any], str, dict[str, Any]]]:
+    """Every (results, task, task results, metric, metric results) row of the runs, in order."""
+    for res in results_list:
+        for task, tres in res["tasks"].items():
+            for metric, mres in tres["metrics"].items():
+                yield res, task, tres, metric, mres
+
+
+def average_groups(
+    results_list: Sequence[dict[str, Any]],
+) -> dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]]:
+    """Rows of the dataset-averaged table: run x generation length x metric -> (task, metric, row)."""
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]] = defaultdict(
+        list
+    )
+    for i, res in enumerate(results_list):
+        for _res, task, tres, metric, mres in iter_rows([res]):
+            mode = tres.get("mode", task.rsplit("_", 1)[-1])
+            groups[(i, res["model"], mode, metric_label(metric, res))].append((task, metric, mres))
+    return groups
+
+
+def overall_keys(
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> list[tuple[int, str, str, str]]:
+    """The groups the overall average spans: every row of a paper metric (F1 and each judge).
+
+    The paper's Table 1 "Average" is the mean of all its rows, the short-answer judge rows included
+    (PE .677, LN-PE .689, G-NLL .721 are the means of its 18 rows). Contains is not a paper metric:
+    where a paper metric scores the same run and generation length its rows stay out, so a task
+    scored under F1 and Contains is not counted twice. A run and length scored by Contains alone (no
+    judge for long answers) contributes its first metric.
+    """
+    by_length: dict[tuple[int, str, str], list[tuple[int, str, str, str]]] = {}
+    for key in groups:
+        by_length.setdefault((key[0], key[1], key[2]), []).append(key)
+    out = []
+    for keys in by_length.values():
+        paper = [k for k in keys if any(_is_paper(m) for _t, m, _r in groups[k])]
+        out += paper or keys[:1]
+    return out
+
+
+def _is_paper(metric: str) -> bool:
+    return metric == "f1" or judge_index(metric) is not None
+
+
+def defined(mres: dict[str, Any]) -> bool:
+    """Whether every measure of a metric row has an AUROC (a row of one class has none)."""
+    return all(v.get("auroc") is not None for v in mres["measures"].values())
