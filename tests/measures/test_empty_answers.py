@@ -213,8 +213,8 @@ def test_ask_on_a_real_model_scores_an_empty_answer_by_its_stop_token(gemma):
     """The review's example: Gemma answers nothing; G-NLL is its stop token's, not -0.0."""
     from typer.testing import CliRunner
 
-    from gnll.cli.ask import ask_prompt
     from gnll.cli.main import app
+    from gnll.evaluation.data.prompts import ask_prompt
 
     question = "Who was the man behind The Chipmunks?"
     [[g]] = gemma.generate([ask_prompt(question, long=False)], GenerationConfig.greedy())
@@ -233,7 +233,7 @@ def test_real_beams_are_ranked_by_the_rule(gemma):
     """Both beam paths (gnll's loop and transformers' beams + ``rescore_beams``) on real weights."""
     from hf_helpers import variant
 
-    from gnll.cli.ask import ask_prompt
+    from gnll.evaluation.data.prompts import ask_prompt
 
     prompts = [ask_prompt(q, long=False) for q in (
         "Who was the man behind The Chipmunks?",
