@@ -154,6 +154,12 @@ def _print_report(
                 "[red]abstain[/red]" if calibrated["abstain"] else "[green]answer[/green]"
             )
         console.print(line)
+    if not greedy.tokens:
+        console.print(
+            f"[dim]empty answer: scored by the log-prob of the token that ended it, "
+            f"{greedy.measured_logprobs[0]:.4f}[/dim]"
+        )
+        return
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")
     tokens.add_column("token")

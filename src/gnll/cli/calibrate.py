@@ -163,4 +163,6 @@ def _print_summary(console, cal, data, output: Path, plot: Path) -> None:
             )
             th.add_row(label, thr, _fmt(t.coverage), _fmt(t.accuracy), _fmt(t.accuracy_lower))
         console.print(th)
+        rule, why = cal.to_dict()["default_rule"].values()
+        console.print(f"default rule (--calibration without --rule): {rule}: {plain(why)}")
     console.print(f"[green]wrote[/] {plain(output)} and {plain(plot)}")

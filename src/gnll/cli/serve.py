@@ -150,6 +150,12 @@ def serve(
             pol = AbstentionPolicy(mode=policy, threshold=threshold, **extra)
         if pol.mode != "annotate" and not pol.active:
             raise ValueError(f"--policy {pol.mode} needs --calibration FILE or --threshold G_NLL")
+        useless = pol.refuses_everything() if pol.mode == "refuse" else None
+        if useless:
+            raise ValueError(
+                f"--policy refuse would refuse every answer: {useless.strip()}; choose another "
+                "--rule, --min_p_correct or --threshold"
+            )
         settings = ServeSettings(
             api_key=api_key,
             max_request_bytes=max_request_bytes,

@@ -15,6 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from gnll import measures as M
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
@@ -143,7 +144,8 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
-        row["g_nll"] = None if greedy is None else -greedy.logprob
+        # the greedy answer's measured log-probs: an empty answer counts its stop token's
+        row["g_nll"] = None if greedy is None else M.g_nll(greedy)
     if job.calibrator is not None:
         col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
         row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])
