@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_eval_runner import make_data_dir
+from fakes import make_data_dir
 from typer.testing import CliRunner
 
 from gnll.cli.main import app

@@ -9,7 +9,6 @@ Example
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -173,6 +172,14 @@ def evaluate(
             help="Continue a run in OUTPUT_PATH, reusing its caches.",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Delete an earlier run in OUTPUT_PATH and start over (without it, or --resume, "
+            "an earlier run there is an error).",
+        ),
+    ] = False,
     clusterer: Annotated[
         str,
         typer.Option(
@@ -282,6 +289,22 @@ def evaluate(
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+    engine: Annotated[
+        str,
+        typer.Option(
+            "--engine", help="local (this process) or ray (chunks of questions on replicas)."
+        ),
+    ] = "local",
+    address: Annotated[
+        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+    ] = "auto",
+    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
+    cpus_per_replica: Annotated[
+        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+    ] = 1.0,
+    gpus_per_replica: Annotated[
+        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
+    ] = 0.0,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console
@@ -325,6 +348,7 @@ def evaluate(
             chunk_size=chunk_size,
             seed=seed,
             resume=resume,
+            overwrite=overwrite,
             clusterer=clusterer,
             clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
@@ -343,16 +367,25 @@ def evaluate(
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
+    if engine not in ("local", "ray") or (engine == "ray" and preset is not None):
+        raise typer.BadParameter(
+            f"--engine must be local or ray (ray without --preset), got {engine}"
+        )
     if preset is not None:
         _run_preset(ctx, preset, cfg, console, verbose)
         return
     t0 = time.perf_counter()
-    results = Evaluator(
-        cfg
-    ).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
+    if engine == "ray":
+        from gnll.cli._ray import cluster_of
+        from gnll.distributed.evaluation import RayEvaluator
+
+        cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
+        evaluator: Evaluator = RayEvaluator(cfg, cluster=cluster)  # the same outputs as local
+    else:
+        evaluator = Evaluator(cfg)
+    results = evaluator.run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     typer.echo(render_table([results], sections=("notes", "auroc")).rstrip())
-    timings = json.loads((output_path / "timings.json").read_text())
     console.print(
         Text.assemble(
             ("\ndone", "green"),
@@ -361,7 +394,7 @@ def evaluate(
         )
     )
     if verbose:
-        console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+        console.print({k: round(v, 2) for k, v in evaluator.timer.seconds.items()})
 
 
 def _judge_kwargs(spec: str | None) -> dict[str, Any] | list[dict[str, Any]]:

@@ -19,7 +19,6 @@ Example
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gnll._util import file_sha256
 from gnll.evaluation.data.records import (
     DataError,
     Row,
@@ -47,7 +47,6 @@ __all__ = [
     "Example",
     "candidate_data_dirs",
     "detect_dataset",
-    "file_sha256",
     "load_dataset",
     "resolve_data_file",
 ]
@@ -358,14 +357,6 @@ def _spec(dataset: str) -> DatasetSpec:
         return DATASETS[dataset]
     except KeyError:
         raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)}") from None
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_dataset(

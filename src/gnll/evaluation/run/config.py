@@ -61,6 +61,7 @@ class EvalConfig:
     chunk_size: int = 256
     seed: int = 0
     resume: bool = False
+    overwrite: bool = False  # delete an earlier run in output_path and start over
     clusterer: str = "auto"
     clusterer_args: dict[str, Any] = field(default_factory=dict)
     semantic_relation: str | None = None
@@ -194,7 +195,7 @@ class EvalConfig:
     def public(self) -> dict[str, Any]:
         """The configuration as recorded in results (run mechanics such as paths are left out)."""
         d = asdict(self)
-        for k in ("output_path", "resume", "progress", "plots"):
+        for k in ("output_path", "resume", "overwrite", "progress", "plots"):
             d.pop(k)
         for k in ("model_args", "judge_args", "clusterer_args"):
             # results.json is shared: credentials never go in it

@@ -410,7 +410,7 @@ class Evaluator:
             td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
-            prepare_output_dir(self.out, resume=cfg.resume)
+            prepare_output_dir(self.out, resume=cfg.resume, overwrite=cfg.overwrite)
             runs = [
                 TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
                 for data in datas
