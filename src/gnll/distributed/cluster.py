@@ -36,7 +36,11 @@ def connect(address: str | None = "auto") -> Any:
     ray = require_ray()
     if ray.is_initialized():
         return ray
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": "WARNING",
+    }
     if address not in (None, "", "local"):
         kwargs["address"] = address
         _probe(address)
