@@ -41,7 +41,9 @@ def connect(address: str | None = "auto") -> Any:
         "log_to_driver": False,
         "logging_level": "WARNING",
     }
-    if address not in (None, "", "local"):
+    if address in (None, "", "local"):
+        kwargs["address"] = "local"  # always a new private cluster, never one `ray start` runs
+    else:
         kwargs["address"] = address
         _probe(address)
     try:
