@@ -172,3 +172,37 @@ def test_custom_segments_and_positions():
     r = span_nlls(["ab", "cd"], [-1.0, -2.0], "abcd", [Segment(2, 4, "tail")])
     assert (r.spans[0].nll, r.unassigned_nll) == (2.0, 1.0)
     assert token_positions(["\ufffd", "\ufffd", " ok"], "😀 ok") == [[0], [0], [1, 2, 3]]
+
+
+def test_gnll_score_spans_sentence_and_json(tmp_path, monkeypatch):
+    from scoring_toy import ToyModel
+    from typer.testing import CliRunner
+
+    import gnll
+    from gnll.cli.main import app
+
+    monkeypatch.setattr(gnll, "load_model", lambda name, **kw: ToyModel())
+    inp = tmp_path / "in.jsonl"
+    rows = [
+        {"question": "q", "answer": "Paris is big. Rome is old?"},
+        {"question": "q", "answer": '{"city": "Paris", "n": [1, 22]}'},
+    ]
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    for kind in ("sentence", "json"):
+        out = tmp_path / f"{kind}.jsonl"
+        res = CliRunner().invoke(
+            app, ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--spans", kind]
+        )
+        assert res.exit_code == 0, res.output
+        got = [json.loads(x) for x in out.read_text(encoding="utf-8").splitlines()]
+        for r in got:
+            if r["spans"] is None:
+                assert kind == "json" and "no JSON" in r["spans_error"]
+                continue
+            total = sum(s["nll"] for s in r["spans"]) + r["unassigned_nll"]
+            assert total == pytest.approx(r["nll"], abs=1e-9)
+            assert r["max_span_nll"] == max(s["nll"] for s in r["spans"])
+    assert [s["text"] for s in got[1]["spans"]] == ["Paris", "1", "22"]
+    assert [s["path"] for s in got[1]["spans"]] == ["$.city", "$.n[0]", "$.n[1]"]
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", "-", "--spans", "words"])
+    assert res.exit_code == 2 and "--spans must be sentence or json" in res.output
