@@ -73,7 +73,7 @@ JSON = st.recursive(
     LEAF,
     lambda kids: st.one_of(
         st.lists(kids, max_size=3),
-        st.dictionaries(st.text(alphabet="ab c.日\"", max_size=4), kids, max_size=3),
+        st.dictionaries(st.text(alphabet='ab c.日"', max_size=4), kids, max_size=3),
     ),
     max_leaves=12,
 ).filter(lambda v: isinstance(v, (dict, list)))
@@ -82,7 +82,11 @@ JSON = st.recursive(
 def leaves(value, path="$"):
     if isinstance(value, dict):
         for k, v in value.items():
-            p = f"{path}.{k}" if k.isidentifier() and k.isascii() else f"{path}[{json.dumps(k, ensure_ascii=False)}]"
+            p = (
+                f"{path}.{k}"
+                if k.isidentifier() and k.isascii()
+                else f"{path}[{json.dumps(k, ensure_ascii=False)}]"
+            )
             yield from leaves(v, p)
     elif isinstance(value, list):
         for i, v in enumerate(value):

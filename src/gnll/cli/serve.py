@@ -48,7 +48,26 @@ def serve(
             help="Bearer token sent to the upstream server.",
         ),
     ] = None,
-    policy: Annotated[str, typer.Option("--policy", help="annotate, flag or refuse.")] = "annotate",
+    policy: Annotated[
+        str, typer.Option("--policy", help="annotate, flag, refuse or escalate.")
+    ] = "annotate",
+    escalate_to: Annotated[
+        str | None,
+        typer.Option(
+            "--escalate-to",
+            "--escalate_to",
+            help="With --policy escalate: the larger model's OpenAI-compatible server, "
+            "http://HOST:PORT/v1 (sent --upstream-api-key).",
+        ),
+    ] = None,
+    escalate_model: Annotated[
+        str | None,
+        typer.Option(
+            "--escalate-model",
+            "--escalate_model",
+            help="Model name sent to --escalate-to (default: its first listed model).",
+        ),
+    ] = None,
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -140,6 +159,14 @@ def serve(
                     "--min_p_correct needs --calibration (use --threshold on G-NLL without one)"
                 )
             pol = AbstentionPolicy(mode=policy, threshold=threshold, **extra)
+        if (pol.mode == "escalate") != (escalate_to is not None):
+            raise ValueError("--policy escalate and --escalate-to URL go together")
+        if escalate_to is not None and upstream:
+            raise ValueError("--escalate-to needs a local --model, not --upstream")
+        if escalate_to is not None and not escalate_to.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--escalate-to must be an http(s) URL ending in /v1, got {escalate_to!r}"
+            )
         if pol.mode != "annotate" and not pol.active:
             raise ValueError(f"--policy {pol.mode} needs --calibration FILE or --threshold G_NLL")
         settings = ServeSettings(
@@ -169,9 +196,17 @@ def serve(
 
         lm = load_model(model, **model_kwargs(model_args))
         application = build_inprocess_app(
-            lm, settings, max_batch_prompts=max_batch_prompts, max_wait_ms=batch_wait_ms
+            lm,
+            settings,
+            max_batch_prompts=max_batch_prompts,
+            max_wait_ms=batch_wait_ms,
+            escalate_to=escalate_to,
+            escalate_model=escalate_model,
+            escalate_api_key=upstream_api_key,
         )
         what = f"{lm.name} in-process"
+        if escalate_to:
+            what += f", escalating to {escalate_to}"
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, policy {pol.mode}; {pol.source})",

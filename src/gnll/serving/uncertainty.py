@@ -29,8 +29,8 @@ from gnll.measures import ln_g_nll as _ln_g_nll
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
 
-Mode = Literal["annotate", "flag", "refuse"]
-MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
+Mode = Literal["annotate", "flag", "refuse", "escalate"]
+MODES: tuple[str, ...] = ("annotate", "flag", "refuse", "escalate")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
 #: Log-probs a hair above 0 come from float rounding (log-softmax of a near-certain token).
 _LOGPROB_TOLERANCE = 1e-4
@@ -61,8 +61,9 @@ class AbstentionPolicy:
     ----------
     mode:
         ``"annotate"`` (only add ``p_correct``/``abstain``), ``"flag"`` (also set the choice's
-        ``finish_reason`` to ``"abstain"``) or ``"refuse"`` (replace the answer text by ``refusal``;
-        the original stays in ``uncertainty.original_text``).
+        ``finish_reason`` to ``"abstain"``), ``"refuse"`` (replace the answer text by ``refusal``;
+        the original stays in ``uncertainty.original_text``) or ``"escalate"`` (ask a larger
+        upstream model instead: :mod:`gnll.serving.cascade`).
     calibrator:
         A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
         by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
@@ -245,9 +246,12 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
         "P-Correct": "p_correct",
         "Abstain": "abstain",
     }
-    return {
+    headers = {
         f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records) for h, k in fields.items()
     }
+    if any("answered_by" in r for r in records):  # --policy escalate
+        headers["X-Answered-By"] = ",".join(fmt(r.get("answered_by")) for r in records)
+    return headers
 
 
 def apply_policy(
@@ -268,6 +272,8 @@ def annotate(
     answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
 ) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
+    from gnll.serving.answer_spans import add_spans
+
     records, texts, finishes = [], [], []
     for a in answers:
         rec = uncertainty_record(
@@ -279,6 +285,7 @@ def annotate(
             include_tokens=include_tokens,
             source=source,
         )
+        add_spans(rec, a.text, a.tokens, a.token_logprobs)
         text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
         records.append(rec)
         texts.append(text)
