@@ -133,6 +133,14 @@ def serve(
         Path | None,
         typer.Option("--data_dir", "--data-dir", help="Example questions for the web page."),
     ] = None,
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel",
+            help="Emit an OpenTelemetry gen_ai.evaluation.result event per score (needs "
+            "gnll[otel]; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else stderr).",
+        ),
+    ] = False,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions with an `uncertainty` object on every answer."""
     from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
@@ -169,6 +177,17 @@ def serve(
             )
         if pol.mode != "annotate" and not pol.active:
             raise ValueError(f"--policy {pol.mode} needs --calibration FILE or --threshold G_NLL")
+        tracing, traced_to = None, None
+        if otel:
+            from gnll.serving.tracing import Emitter, configure_provider
+
+            try:
+                traced_to = configure_provider()
+                tracing = Emitter()
+            except ModuleNotFoundError as exc:
+                raise ImportError(
+                    f"--otel needs OpenTelemetry ({exc.name} is missing): pip install 'gnll[otel]'"
+                ) from None
         settings = ServeSettings(
             api_key=api_key,
             max_request_bytes=max_request_bytes,
@@ -178,6 +197,7 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            tracing=tracing,
         )
     except (ValueError, ImportError, FileNotFoundError) as exc:
         typer.echo(f"gnll serve: {exc}", err=True)
@@ -212,4 +232,6 @@ def serve(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, policy {pol.mode}; {pol.source})",
         err=True,
     )
+    if traced_to:
+        typer.echo(f"gnll serve: OpenTelemetry evaluation events to {traced_to}", err=True)
     serve_forever(application, host, port)

@@ -193,7 +193,11 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
             stream = reply.stream
             if not reply.records:  # known when the stream has ended (see gnll.serving.live)
                 stream = _observed(stream, reply.records, metrics)
+            if settings.tracing is not None:  # --otel (gnll.serving.tracing)
+                stream = settings.tracing.wrap(stream, reply.records)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        if settings.tracing is not None:
+            settings.tracing.emit(reply.records, (reply.body or {}).get("id"))
         return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
     @app.post("/v1/completions")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gnll.serving.uncertainty import AbstentionPolicy
 
@@ -26,6 +27,9 @@ class ServeSettings:
         Put prompt and answer texts into the access log (off: only sizes and uncertainty).
     data_dir:
         Where the web page's example questions come from (``../shared/data`` layout).
+    tracing:
+        A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
+        answer's scores; ``None`` (the default) emits nothing and imports nothing.
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -36,6 +40,7 @@ class ServeSettings:
     policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
+    tracing: Any = None
 
     def __post_init__(self) -> None:
         if self.max_request_bytes < 1024:
