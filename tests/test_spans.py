@@ -210,3 +210,31 @@ def test_gnll_score_spans_sentence_and_json(tmp_path, monkeypatch):
     assert [s["path"] for s in got[1]["spans"]] == ["$.city", "$.n[0]", "$.n[1]"]
     res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", "-", "--spans", "words"])
     assert res.exit_code == 2 and "--spans must be sentence or json" in res.output
+
+
+def test_gnll_ask_spans(monkeypatch):
+    from typer.testing import CliRunner
+
+    import gnll
+    from gnll.backends.base import Generation
+    from gnll.cli.main import app
+
+    toks = ['{"', "a", '":', " 1", ',"', "b", '":"', "x", '"}']
+    lps = [-0.1, -0.2, -0.1, -1.5, -0.1, -0.3, -0.1, -0.25, -0.05]
+
+    class Stand:
+        name = "stand"
+
+        def generate(self, prompts, config=None, **kw):
+            return [[Generation("".join(toks), list(range(9)), toks, lps, "eos")]]
+
+    monkeypatch.setattr(gnll, "load_model", lambda name, **kw: Stand())
+    res = CliRunner().invoke(app, ["ask", "Q?", "--json", "--spans", "json"])
+    assert res.exit_code == 0, res.output
+    rec = json.loads(res.output)
+    assert [(s["path"], s["nll"]) for s in rec["spans"]["spans"]] == [("$.a", 1.5), ("$.b", 0.25)]
+    assert rec["spans"]["least_certain"] == "$.a"
+    total = sum(s["nll"] for s in rec["spans"]["spans"]) + rec["spans"]["unassigned_nll"]
+    assert total == pytest.approx(rec["g_nll"], abs=1e-9)
+    res = CliRunner().invoke(app, ["ask", "Q?", "--spans", "sentence"])
+    assert res.exit_code == 0 and "NLL per sentence" in res.output

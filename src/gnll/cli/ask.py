@@ -67,6 +67,12 @@ def ask(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of tables.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans", help="Also the NLL of each sentence or JSON field: sentence or json."
+        ),
+    ] = None,
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -87,6 +93,8 @@ def ask(
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
     _check_options(samples=samples, beams=beams, temperature=temperature, max_new=max_new_tokens)
+    if spans is not None and spans not in ("sentence", "json"):
+        raise typer.BadParameter(f"must be sentence or json, got {spans!r}", param_hint="--spans")
     options = model_kwargs(model_args)
     lm = load_model(model, progress=not as_json, **options)
     prompt = ask_prompt(question, long=long)
@@ -111,6 +119,7 @@ def ask(
         cluster_ids = load_clusterer(clusterer, **options).cluster(question, sample_texts)
     values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
     calibrated = _calibrated(calibration, lm.name, long, values) if calibration else {}
+    span_report = _spans(greedy, spans) if spans else None
 
     if as_json:
         record: dict[str, object] = {
@@ -123,6 +132,8 @@ def ask(
         }
         record.update({name.replace("-", "_"): value for name, value in values.items()})
         record.update(calibrated)
+        if spans:
+            record["spans"] = span_report
         if sample_gens is not None:
             record["samples"] = sample_texts
             record["sample_token_logprobs"] = [g.token_logprobs for g in sample_gens]
@@ -133,6 +144,45 @@ def ask(
         typer.echo(json.dumps(record, ensure_ascii=False))
         return
     _print_report(question, greedy, values, calibrated)
+    if span_report is not None:
+        _print_spans(span_report)
+
+
+def _spans(greedy, kind: str) -> dict[str, object] | None:
+    """The answer's span NLLs (:mod:`gnll.spans`), or ``{"error": ...}`` when it has none of that kind."""
+    from gnll.spans import span_nlls
+
+    try:
+        return span_nlls(greedy.tokens, greedy.token_logprobs, greedy.text, kind).to_dict()
+    except ValueError as exc:
+        return {"kind": kind, "error": str(exc)}
+
+
+def _print_spans(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from gnll.cli._errors import safe_text
+
+    console = Console()
+    if "error" in report:
+        console.print(f"[yellow]spans:[/] {report['error']}")
+        return
+    table = Table(
+        title=f"NLL per {'JSON field' if report['kind'] == 'json' else 'sentence'}",
+        caption=f"not in any span: {report['unassigned_nll']:.4f} ({report['unassigned_tokens']} "
+        "tokens); * least certain",
+        show_edge=False,
+    )
+    for col in ("span", "text", "NLL", "tokens"):
+        table.add_column(col, justify="right" if col in ("NLL", "tokens") else "left")
+    for s in report["spans"]:
+        mark = " *" if s["path"] == report["least_certain"] else ""
+        table.add_row(
+            s["path"] + mark, Text(safe_text(s["text"])), f"{s['nll']:.4f}", str(s["num_tokens"])
+        )
+    console.print(table)
 
 
 def _check_options(*, samples: int, beams: int, temperature: float, max_new: int | None) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -68,7 +69,9 @@ class Emitter:
                     attributes["gen_ai.response.id"] = response_id
                 if record.get("answered_by"):
                     attributes["gen_ai.response.model"] = record["answered_by"]
-                self.logger.emit(event_name=EVENT_NAME, attributes=attributes)
+                self.logger.emit(
+                    timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
+                )
                 count += 1
         return count
 
