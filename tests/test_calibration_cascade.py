@@ -112,3 +112,11 @@ def test_cli_cascade(tmp_path):
     assert "1 rows in only one run" in res.output
     res = CliRunner().invoke(app, ["calibrate", "--cascade", str(tmp_path / "small")])
     assert res.exit_code == 2 and "two eval runs" in res.output
+
+
+def test_weaker_upstream_is_left_alone():
+    """The second test sequence (from escalating none) certifies the small model alone when the
+    upstream is the weaker one: the order of the models need not be known in advance."""
+    s, a, _ = population(2000)
+    t = C.cascade_threshold(s, a, np.zeros(2000), target=0.45, delta=0.1)
+    assert t.achievable and t.escalation_rate == 0.0 and t.accuracy >= 0.45

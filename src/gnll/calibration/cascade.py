@@ -9,12 +9,15 @@ questions is ``k(t) / n`` with ``k(t) = sum_i z_i(t)``, a binomial count for any
 :func:`gnll.calibration.thresholds.accuracy_threshold`: candidate thresholds are the small model's
 score quantiles at escalation rates 1, 1 - 1/grid, ..., 0 (from the scores only); for each, the
 hypothesis "cascade accuracy < target" is rejected when the exact binomial p-value
-``P(Binomial(n, target) >= k(t))`` is at most ``delta``; the tests run in that fixed order and stop at
-the first that cannot be rejected, which controls the family-wise error at ``delta``. So with
-probability at least ``1 - delta`` over the labelled questions, the cascade's accuracy on new
-questions from the same distribution is at least ``target``, at the lowest escalation rate the
-sequence reached. If even escalating everything is not shown to reach the target, the rule
-escalates everything and says the target is out of reach.
+``P(Binomial(n, target) >= k(t))`` is small. The tests run in a fixed order and stop at the first
+that cannot be rejected; because which model is the stronger one is not known before the labels are
+seen, two such sequences run, each at level ``delta / 2``: from escalating all towards none (the
+useful one when the upstream model is stronger) and from none towards all. Every threshold either
+sequence passed is certified (family-wise error at most ``delta`` by the union bound), and the one
+with the lowest escalation rate is chosen. So with probability at least ``1 - delta`` over the
+labelled questions, a certified threshold keeps the cascade's accuracy on new questions from the
+same distribution at or above ``target``. When none is certified the rule says the target is out of
+reach (``achievable=False``) and escalates everything.
 
 Both runs must hold the same questions (joined by task and id): one labelled run per model.
 
@@ -162,14 +165,18 @@ def cascade_threshold(
         raise ValueError(f"target and delta must be in (0, 1), got {target}, {delta}")
     n = len(s)
     order = np.sort(s)
+    # escalate all, then fewer and fewer, down to none: fixed by the scores alone
     candidates = [-math.inf] + [
         float(order[max(1, math.ceil(j * n / grid)) - 1]) for j in range(1, grid + 1)
     ]
-    chosen, achievable = -math.inf, False
-    for t in candidates:  # escalate all first, then fewer and fewer
-        if binom.sf(_correct(s, a, b, t) - 1, n, target) > delta:
-            break
-        chosen, achievable = t, True
+    passed: list[float] = []
+    for sequence in (candidates, candidates[::-1]):  # each direction at level delta / 2
+        for t in sequence:
+            if binom.sf(_correct(s, a, b, t) - 1, n, target) > delta / 2:
+                break
+            passed.append(t)
+    achievable = bool(passed)
+    chosen = max(passed) if passed else -math.inf
     k = _correct(s, a, b, chosen)
     return CascadeThreshold(
         target,
@@ -179,8 +186,8 @@ def cascade_threshold(
         k / n,
         clopper_pearson_lower(k, n, delta),
         achievable,
-        f"Learn then Test: exact binomial tests at level {delta} in fixed sequence over {grid} "
-        "escalation rates, from escalating all to escalating none",
+        f"Learn then Test: exact binomial tests in fixed sequence over {grid} escalation rates, "
+        f"from escalating all to none and from none to all, each at level {delta}/2",
     )
 
 
@@ -230,24 +237,29 @@ def guarantee_violation_rate(
     draws: int = 1000,
     seed: int = 0,
 ) -> dict[str, float]:
-    """How often a threshold fitted on ``n_cal`` questions misses ``target`` on the population.
+    """How often a threshold fitted on ``n_cal`` questions is certified yet misses ``target`` on the
+    population.
 
     The given questions are the population (their cascade accuracy at any threshold is known
     exactly); each draw fits :func:`cascade_threshold` on ``n_cal`` questions drawn from it with
     replacement and checks the population accuracy at the fitted threshold. The guarantee says the
-    violation rate is at most ``delta``.
+    violation rate (certified and below target) is at most ``delta``.
     """
     s, a, b = _arrays(scores, small, large)
     rng = np.random.default_rng(seed)
-    violations, rates = 0, []
+    violations, certified, rates = 0, 0, []
     for _ in range(draws):
         idx = rng.integers(0, len(s), n_cal)
         t = cascade_threshold(s[idx], a[idx], b[idx], target=target, delta=delta)
+        if not t.achievable:
+            continue
+        certified += 1
         violations += _correct(s, a, b, t.threshold) / len(s) < target
         rates.append(float(np.mean(s > t.threshold)))
     return {
         "violation_rate": violations / draws,
-        "mean_escalation_rate": float(np.mean(rates)),
+        "certified_rate": certified / draws,
+        "mean_escalation_rate": float(np.mean(rates)) if rates else float("nan"),
         "draws": draws,
         "n_cal": n_cal,
     }
