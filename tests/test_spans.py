@@ -123,6 +123,9 @@ def test_straddling_token_goes_where_most_of_its_characters_are():
         ("abc.", 3.0, 2, 1),
         ("Def.", 4.0, 1, 0),
     ]
+    # a leading space outside the sentence does not make a token straddle
+    r = span_nlls(["abc.", " Def."], [-1.0, -4.0], text, "sentence")
+    assert [s.straddling for s in r.spans] == [0, 0]
     # a tie (". D": '.' in one, 'D' in the other) goes to the earlier span
     r = span_nlls(["abc", ". D", "ef."], [-1.0, -2.0, -4.0], text, "sentence")
     assert [s.nll for s in r.spans] == [3.0, 4.0]

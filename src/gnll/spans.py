@@ -12,7 +12,8 @@ text: a stripped leading space, a cut stop sequence, a byte-level token decoded 
 **The straddling rule.** A token goes to the span that holds the most of its non-white-space
 characters (all its characters, if it is only white space); a tie goes to the earlier span; a token
 with none of those characters inside any span is unassigned. A token is never split. A token that
-also has characters outside the span it went to is counted in that span's ``straddling``: its whole
+also has non-white-space characters outside the span it went to (``". The"`` across two sentences,
+``'"Paris'`` across a JSON string's quote) is counted in that span's ``straddling``: its whole
 log-prob is in the span, so the span's edge is only as sharp as the tokeniser's.
 
 >>> r = span_nlls(["Paris", " is", " big", ".", " Rome", "?"], [-0.1, -0.2, -0.3, -0.4, -2.0, -0.5],
@@ -72,7 +73,8 @@ class Span:
     num_tokens:
         Tokens assigned to the span.
     straddling:
-        Of those, tokens that also hold characters outside the span (see the module's rule).
+        Of those, tokens that also hold non-white-space characters outside the span (see the
+        module's rule).
     """
 
     path: str
@@ -357,7 +359,7 @@ def span_nlls(
             continue
         best = max(sorted(counts), key=lambda n: counts[n])  # ties: the earlier segment
         members[best].append(k)
-        if any(where[c] != best for c in chars):
+        if any(where[c] != best for c in solid):
             straddling[best] += 1
     spans = tuple(
         Span(
@@ -365,7 +367,7 @@ def span_nlls(
             text[s.start : s.end],
             s.start,
             s.end,
-            -math.fsum(token_logprobs[k] for k in ks),
+            0.0 - math.fsum(token_logprobs[k] for k in ks),
             len(ks),
             straddling[n],
         )
@@ -374,7 +376,7 @@ def span_nlls(
     return SpanReport(
         name,
         spans,
-        -math.fsum(token_logprobs[k] for k in free),
+        0.0 - math.fsum(token_logprobs[k] for k in free),
         len(free),
-        -math.fsum(token_logprobs),
+        0.0 - math.fsum(token_logprobs),
     )
