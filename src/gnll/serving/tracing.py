@@ -110,7 +110,10 @@ def configure_provider() -> str:
 
     if isinstance(_logs.get_logger_provider(), LoggerProvider):
         return "the configured OpenTelemetry logger provider"
-    provider = LoggerProvider()
+    from opentelemetry.sdk.resources import Resource
+
+    name = os.environ.get("OTEL_SERVICE_NAME", "gnll-serve")
+    provider = LoggerProvider(resource=Resource.create({"service.name": name}))
     where = "stderr (set OTEL_EXPORTER_OTLP_ENDPOINT for an OTLP collector)"
     exporter: Any = None
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):

@@ -112,7 +112,8 @@ class AbstentionPolicy:
                     f"(it has: {', '.join(fitted) or 'none'}); give --min_p_correct instead"
                 )
         if self.source == "none" and self.threshold is not None:
-            self.source = f"threshold: abstain when G-NLL > {self.threshold:g}"
+            verb = "escalate" if self.mode == "escalate" else "abstain"
+            self.source = f"threshold: {verb} when G-NLL > {self.threshold:g}"
 
     @classmethod
     def from_calibration(
