@@ -148,3 +148,29 @@ def test_sampled_answers_under_escalate_stream_live_and_never_escalate(upstream)
 
 
 assert UNSURE  # the scripted model's uncertain answer, "Maybe Lyon" (G-NLL 5.0)
+
+
+def test_calibrated_p_correct_gates_escalation(upstream):
+    """With a calibration, the local answer is escalated when its p_correct is below
+    --min_p_correct (the scripted sure answer has G-NLL 0.03, the unsure one 5.0)."""
+    import numpy as np
+
+    from gnll.calibration import Calibrator
+
+    rng = np.random.default_rng(0)
+    g = rng.exponential(2.0, 2000)
+    cal = Calibrator(method="platt").fit(g, rng.uniform(size=2000) < np.exp(-g / 2))
+    policy = AbstentionPolicy(mode="escalate", calibrator=cal, min_p_correct=0.5)
+    app = build_inprocess_app(
+        ScriptedModel(),
+        ServeSettings(policy=policy),
+        max_wait_ms=5,
+        escalate_to=upstream.url + "/v1",
+    )
+    with ServerThread(app) as srv:
+        c = client(srv)
+        for prompt, who in (("capital?", "scripted"), ("unsure", "big")):
+            u = c.completions.create(model="scripted", prompt=prompt).choices[0].uncertainty
+            assert u["answered_by"] == who
+            p = u["p_correct"] if who == "scripted" else u["local"]["p_correct"]
+            assert (p < 0.5) == (who == "big")
