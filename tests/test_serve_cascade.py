@@ -84,6 +84,8 @@ def test_sure_answer_stays_local_unsure_one_escalates(upstream):
         assert text == "Lyon." and final.choices[0].uncertainty["answered_by"] == "big"
         r = c.completions.create(model="scripted", prompt="unsure", stream=True)
         assert "".join(x.choices[0].text for x in r if x.choices) == "Lyon."
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'gnll_escalations_total{outcome="answered"} 3.0' in metrics
 
 
 def test_upstream_down_returns_the_local_answer_flagged():
@@ -99,6 +101,8 @@ def test_upstream_down_returns_the_local_answer_flagged():
         assert ch.message.content == "Maybe Lyon"
         assert ch.uncertainty["answered_by"] == "scripted"
         assert "cannot reach" in ch.uncertainty["escalation_error"]
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'gnll_escalations_total{outcome="failed"} 1.0' in metrics
 
 
 def test_escalate_needs_its_url_on_the_cli():
