@@ -7,7 +7,7 @@ Each RUN is a finished ``gnll eval`` run directory (e.g. ``--tasks long --measur
 correctness verdicts (the task's first metric: ``contains`` for long tasks without a judge), it
 computes per task and over all tasks of the run: AUROC of the whole-answer G-NLL and of the largest
 sentence NLL (:mod:`gnll.spans`), each with its bootstrap standard error, the paired difference and
-its one-sided paired-bootstrap p-values (:mod:`gnll.evaluation.metrics`), and how many answers have
+its one-sided paired-bootstrap p-values (:mod:`gnll.evaluation.results.metrics`), and how many answers have
 more than one sentence (on one-sentence answers the two scores differ only by the white space
 between sentences). Prints a Markdown table and writes the numbers as JSON.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gnll.evaluation.metrics import bootstrap_auroc, paired_bootstrap_test
+from gnll.evaluation.results.metrics import bootstrap_auroc, paired_bootstrap_test
 from gnll.spans import span_nlls
 
 

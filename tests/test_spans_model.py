@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gnll import score
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.tasks import get_task
 from gnll.spans import span_nlls
 
 pytestmark = pytest.mark.model
