@@ -158,7 +158,7 @@ def test_nested_paths_and_empty_containers():
 def test_not_json_and_bad_logprobs_are_refused():
     with pytest.raises(ValueError, match="no JSON"):
         span_nlls(["Paris"], [-1.0], "Paris", "json")
-    with pytest.raises(ValueError, match="invalid token log-prob"):
+    with pytest.raises(ValueError, match="non-finite log-prob"):
         span_nlls(["a"], [float("nan")], "a")
     with pytest.raises(ValueError, match="2 tokens but 1"):
         span_nlls(["a", "b"], [-1.0], "ab")

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gnll.measures.logprobs import check_logprobs
+
 __all__ = [
     "SPAN_KINDS",
     "Segment",
@@ -320,14 +322,14 @@ def span_nlls(
     Raises
     ------
     ValueError
-        On ``kind="json"`` when the answer holds no JSON; on mismatched lengths or a log-prob that is
-        NaN, infinite or positive.
+        On ``kind="json"`` when the answer holds no JSON, or mismatched lengths; a
+        :class:`~gnll.measures.LogprobError` (a ``ValueError``) for a log-prob that is missing,
+        NaN, infinite, a server's -9999 stand-in or positive (round-off above 0 is clamped).
     """
     if len(tokens) != len(token_logprobs):
         raise ValueError(f"{len(tokens)} tokens but {len(token_logprobs)} log-probs")
-    bad = [x for x in token_logprobs if not (math.isfinite(x) and x <= 1e-6)]
-    if bad:
-        raise ValueError(f"invalid token log-prob(s) {bad[:3]}")
+    # round-off above 0 is clamped, as for every G-NLL, so the parts add up to the same total
+    token_logprobs = check_logprobs(token_logprobs, where="answer", tokens=tokens).tolist()
     if isinstance(kind, str):
         if kind == "sentence":
             segs = sentence_segments(text)

@@ -23,7 +23,7 @@ def add_spans(
     if not tokens or len(tokens) != len(logprobs):
         record.update(spans=None, spans_kind=None, least_certain_span=None)
         return
-    lps = [min(float(x), 0.0) for x in logprobs]  # as uncertainty_record clamps them
+    lps = [float(x) for x in logprobs]
     try:
         report = span_nlls(list(tokens), lps, text, "json")
     except ValueError:

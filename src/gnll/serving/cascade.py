@@ -22,9 +22,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from gnll.measures import LogprobError
 from gnll.serving.errors import HTTPError
 from gnll.serving.responses import Reply, sse
-from gnll.serving.uncertainty import AbstentionPolicy, LogprobError
+from gnll.serving.uncertainty import AbstentionPolicy
 
 __all__ = ["CascadeService"]
 

@@ -17,8 +17,6 @@ from gnll.backends.base import Generation
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread, free_port
 
-pytestmark = pytest.mark.server
-
 BIG = (["Lyon", "."], [-0.5, -0.25])
 
 

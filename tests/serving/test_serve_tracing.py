@@ -17,8 +17,6 @@ from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 from gnll.serving.tracing import EVENT_NAME, Emitter
 
-pytestmark = pytest.mark.server
-
 
 @pytest.fixture
 def exporter():
@@ -88,6 +86,7 @@ def test_p_correct_and_escalate_labels(exporter):
     assert got[0]["gen_ai.response.id"] == "chatcmpl-1"
 
 
+@pytest.mark.e2e  # a fresh interpreter: what is imported without --otel
 def test_off_by_default_imports_nothing():
     code = (
         "import sys\n"
@@ -100,6 +99,6 @@ def test_off_by_default_imports_nothing():
     )
     import pathlib
 
-    here = pathlib.Path(__file__).parent
+    here = pathlib.Path(__file__).resolve().parents[1]  # tests/, where serve_helpers is
     res = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
