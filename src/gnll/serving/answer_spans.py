@@ -2,7 +2,7 @@
 
 An answer that holds a JSON object or array is split into its field values (JSON paths), any other
 into sentences (:mod:`gnll.spans`). Offsets are in characters of the answer's text as the model wrote
-it (under ``--policy refuse``, of ``uncertainty.original_text``). Sampled answers get spans too: their
+it; a refused answer gets none (they would reveal its text). Sampled answers get spans too: their
 NLL then splits the sample's NLL, not a G-NLL.
 """
 
