@@ -182,7 +182,7 @@ def test_custom_segments_and_positions():
 
 
 def test_gnll_score_spans_sentence_and_json(tmp_path, monkeypatch):
-    from scoring_toy import ToyModel
+    from fakes import ToyModel
     from typer.testing import CliRunner
 
     import gnll

@@ -101,6 +101,9 @@ def test_upstream_down_returns_the_local_answer_flagged():
         assert "cannot reach" in ch.uncertainty["escalation_error"]
         metrics = httpx.get(srv.url + "/metrics").text
         assert 'gnll_escalations_total{outcome="failed"} 1.0' in metrics
+        health = httpx.get(srv.url + "/health")
+        assert health.status_code == 200, health.text  # the local model still answers
+        assert health.json()["escalate_to"]["ok"] is False
 
 
 def test_escalate_needs_its_url_on_the_cli():

@@ -75,6 +75,15 @@ class CascadeService:
     async def models(self) -> list[dict[str, Any]]:
         return await self.local.models()
 
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when the local model is (an unreachable upstream only stops escalations)."""
+        ok, facts = await self.local.ready()
+        up_ok, up_facts = await self.upstream.ready()
+        return ok, {**facts, "escalate_to": {**up_facts, "ok": up_ok}}
+
+    def attach(self, metrics: Any) -> None:
+        self.local.attach(metrics)
+
     async def handle(self, req: Any, settings: Any) -> Reply:
         if req.stream and not req.greedy:  # no G-NLL, so no escalation: stream as it is decoded
             return await self.local.handle(req, settings)
