@@ -52,9 +52,9 @@ def main() -> None:
     import torch
 
     from gnll import load_model
-    from gnll.cli.ask import ask_prompt
     from gnll.distributed.cluster import Cluster
     from gnll.distributed.scoring import run_score_job as run_ray
+    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
 
     info = common.machine()

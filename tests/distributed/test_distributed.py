@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from scoring_toy import ToyModel
+from fakes import ToyModel
 
 from gnll.distributed.cluster import Cluster
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
@@ -37,7 +37,7 @@ def make_data_dir(root: Path, n: int = 40) -> Path:
 
 
 def toy_job(tmp: Path, inp: Path, name: str, **kw) -> ScoreJob:
-    from gnll.cli.ask import ask_prompt
+    from gnll.evaluation.data.prompts import ask_prompt
 
     base = dict(
         input=str(inp),
@@ -164,7 +164,7 @@ import sys
 sys.modules["ray"] = None  # as if Ray were not installed
 sys.path[:0] = [{str(TESTS)!r}, {str(Path(__file__).parent)!r}]
 import gnll, gnll.distributed, gnll.scoring
-from scoring_toy import ToyModel
+from fakes import ToyModel
 from test_distributed import toy_job
 from pathlib import Path
 s = gnll.scoring.run_score_job(ToyModel(), toy_job(Path({str(tmp_path)!r}), Path({str(inp)!r}), "o"))

@@ -12,8 +12,8 @@ import torch
 from gnll import load_model
 from gnll import score as gnll_score
 from gnll.backends.base import GenerationConfig
-from gnll.cli.ask import ask_prompt
 from gnll.distributed.vllm import VllmGreedy, VllmScoring
+from gnll.evaluation.data.prompts import ask_prompt
 
 
 def _position(logp: torch.Tensor, token: int, value: float, tok) -> dict:

@@ -37,7 +37,7 @@ def test_ablation_curves_and_figure(tmp_path):
 def test_ablation_draws_the_baselines_of_an_eval_run_and_averages_runs(tmp_path):
     """Fig. 2's reference lines: PE ... D-SE from a `gnll eval` run of the same questions, scored
     against the same greedy correctness; and the mean over several runs (the paper's models)."""
-    from test_eval_runner import cfg
+    from fakes import cfg
 
     from gnll.evaluation.figures.ablation import BASELINES, average_ablations, baseline_scores
     from gnll.evaluation.results.metrics import auroc

@@ -4,7 +4,7 @@ metric, several judges, the clusterer in the table header, the presets' splits."
 from __future__ import annotations
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 from gnll.evaluation.run.runner import Evaluator
 

@@ -31,8 +31,8 @@ def score_on_ray(
     that do not depend on the model (each replica adds its chat template for ``messages`` rows)."""
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
-    from gnll.cli.ask import ask_prompt
     from gnll.distributed.scoring import run_score_job
+    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob
     from gnll.scoring.stream import CALIBRATED_COLUMNS
 
