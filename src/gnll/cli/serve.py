@@ -145,8 +145,8 @@ def serve(
         bool,
         typer.Option(
             "--otel",
-            help="Emit an OpenTelemetry gen_ai.evaluation.result event per score (needs "
-            "gnll[otel]; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else stderr).",
+            help="Emit an OpenTelemetry gen_ai.evaluation.result event per score (needs the otel "
+            "extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else stderr).",
         ),
     ] = False,
 ) -> None:
