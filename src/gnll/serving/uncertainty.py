@@ -30,8 +30,8 @@ from gnll.measures.logprobs import LogprobError, check_logprobs
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
 
-Mode = Literal["annotate", "flag", "refuse"]
-MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
+Mode = Literal["annotate", "flag", "refuse", "escalate"]
+MODES: tuple[str, ...] = ("annotate", "flag", "refuse", "escalate")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
 
 
@@ -44,8 +44,9 @@ class AbstentionPolicy:
     mode:
         ``"annotate"`` (add ``p_correct``/``abstain``), ``"flag"`` (the same; clients read
         ``uncertainty.abstain`` or the ``X-Uncertainty-Abstain`` header: ``finish_reason`` keeps
-        OpenAI's values) or ``"refuse"`` (replace the answer text by ``refusal``; the refused text,
-        its tokens and log-probs are not sent anywhere).
+        OpenAI's values), ``"refuse"`` (replace the answer text by ``refusal``; the refused text,
+        its tokens and log-probs are not sent anywhere) or ``"escalate"`` (ask a larger upstream
+        model instead: :mod:`gnll.serving.cascade`).
     calibrator:
         A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
         by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
@@ -94,7 +95,8 @@ class AbstentionPolicy:
                     f"(it has: {', '.join(fitted) or 'none'}); give --min_p_correct instead"
                 )
         if self.source == "none" and self.threshold is not None:
-            self.source = f"threshold: abstain when G-NLL > {self.threshold:g}"
+            verb = "escalate" if self.mode == "escalate" else "abstain"
+            self.source = f"threshold: {verb} when G-NLL > {self.threshold:g}"
 
     @classmethod
     def from_calibration(
@@ -272,11 +274,14 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
         "Abstain": "abstain",
     }
     # A header none of the choices has a value for (P-Correct without a calibration) is left out.
-    return {
+    headers = {
         f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records)
         for h, k in fields.items()
         if any(r.get(k) is not None for r in records)
     }
+    if any("answered_by" in r for r in records):  # --policy escalate
+        headers["X-Answered-By"] = ",".join(fmt(r.get("answered_by")) for r in records)
+    return headers
 
 
 def apply_policy(
@@ -300,6 +305,8 @@ def annotate(
     answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
 ) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
+    from gnll.serving.answer_spans import add_spans
+
     records, texts, finishes = [], [], []
     for a in answers:
         rec = uncertainty_record(
@@ -313,6 +320,8 @@ def annotate(
             measured_logprobs=a.measured_logprobs,
         )
         text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        # a refused answer gets no spans: they would reveal its text
+        add_spans(rec, a.text, None if rec.get("refused") else a.tokens, a.token_logprobs)
         records.append(rec)
         texts.append(text)
         finishes.append(finish)
