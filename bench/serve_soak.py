@@ -8,7 +8,7 @@ and every stream chunk is validated with the ``openai`` package's own types, and
   ended with exactly one finishing chunk per choice and ``[DONE]``;
 - **nothing lost or duplicated**: every request (a client-side id in ``user``) got exactly one
   answer, the answers' ids are all different, and the server's access log holds exactly one
-  ``/v1/`` entry per request sent (the proxy's and, behind it, the upstream's);
+  generation entry per request sent (the proxy's and, behind it, the upstream's);
 - **memory**: the resident set of each server process, sampled every 2 s; after a warm-up (the first
   quarter of the run) a least-squares line gives its growth in MB per minute and per 1,000 requests;
 - **latency and throughput**: p50/p99 per request kind and overall, requests per second.
@@ -41,6 +41,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from serve_load import start_server
 
 KINDS = ("completions", "chat", "chat-stream", "completions-stream")
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
 WARMUP = 0.25  # share of the run left out of the memory fit
 
 
@@ -186,7 +187,8 @@ def access_entries(log: Path) -> list[dict[str, Any]]:
             entry = json.loads(line)
         except ValueError:
             continue
-        if entry.get("event") == "request" and str(entry.get("path", "")).startswith("/v1/"):
+        # the generation routes only: a proxy also asks its upstream for /v1/models
+        if entry.get("event") == "request" and entry.get("path") in GENERATION_ROUTES:
             entries.append(entry)
     return entries
 
@@ -237,6 +239,13 @@ def run_mode(
     try:
         pids = {name: p.pid for name, p in procs.items()}
         records, memory, start, end = asyncio.run(load(url, pids, seconds, clients, max_tokens))
+        # A stream is logged when the server's side of it has ended, which may be a moment after
+        # the client read [DONE]: give the last entries time to arrive before stopping.
+        settle = time.monotonic() + 10
+        while time.monotonic() < settle and any(
+            len(access_entries(log)) < len(records) for log in logs.values()
+        ):
+            time.sleep(0.2)
     finally:
         for p in procs.values():
             p.terminate()

@@ -30,7 +30,8 @@ def test_sixteen_clients_mixed_kinds_nothing_lost_nothing_duplicated(tiny_llama,
     assert all(r["latency"][k]["n"] > 0 for k in serve_soak.KINDS)
     assert r["duplicate_answer_ids"] == 0 and r["duplicate_request_ids"] == 0
     servers = ["upstream", "proxy"] if mode == "proxy" else ["upstream"]
-    assert sorted(r["lost"]) == sorted(servers) and all(v == 0 for v in r["lost"].values()), r
+    assert sorted(r["lost"]) == sorted(servers), r
+    assert all(v == 0 for v in r["lost"].values()), r["lost"]
     assert serve_soak.passed(r)
     for name in servers:
         mem = r["memory"][name]
