@@ -307,17 +307,15 @@ def main() -> None:
     seconds = 20.0 if args.quick else 60 * args.minutes
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads or 1))
     modes = ["inprocess", "proxy"] if args.mode == "both" else [args.mode]
-    results = {"machine": common.machine(), "model": args.model, "modes": {}}
+    info = common.machine()
+    results: dict[str, Any] = {"model": args.model, "modes": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in modes:
             r = run_mode(mode, args.model, seconds, args.clients, args.max_tokens, Path(tmp))
             r["passed"] = passed(r)
             results["modes"][mode] = r
             print(json.dumps(r, indent=1))
-    results["load_average_after"] = common.load_average()
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(results, indent=1) + "\n")
+    common.finish("serve_soak", args, results, info)
     if not all(r["passed"] for r in results["modes"].values()):
         raise SystemExit("soak FAILED: see errors, duplicates and lost above")
 
