@@ -177,8 +177,11 @@ def test_changed_prompt_or_model_is_refused_on_resume(data_dir, tmp_path):
             cfg(data_dir, tmp_path / "r", seed=1, measures=["g-nll"], resume=True),
             model=FakeModel(),
         ).run()
-    # Without --resume the directory is started over.
-    Evaluator(cfg(data_dir, tmp_path / "r", seed=1, measures=["g-nll"]), model=FakeModel()).run()
+    # With --overwrite (and only then) the directory is started over.
+    Evaluator(
+        cfg(data_dir, tmp_path / "r", seed=1, measures=["g-nll"], overwrite=True),
+        model=FakeModel(),
+    ).run()
 
 
 def test_extending_measures_on_resume_reuses_greedy(data_dir, tmp_path):

@@ -68,6 +68,13 @@ def score_command(
     logprobs: Annotated[
         bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans",
+            help="Add the NLL of each sentence or JSON field value: sentence or json.",
+        ),
+    ] = None,
     with_greedy: Annotated[
         bool,
         typer.Option(
@@ -101,6 +108,19 @@ def score_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
     ] = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    engine: Annotated[
+        str, typer.Option("--engine", help="local (this process) or ray (replicas on a cluster).")
+    ] = "local",
+    address: Annotated[
+        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+    ] = "auto",
+    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
+    cpus_per_replica: Annotated[
+        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+    ] = 1.0,
+    gpus_per_replica: Annotated[
+        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
+    ] = 0.0,
 ) -> None:
     """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
     from rich.console import Console
@@ -123,6 +143,8 @@ def score_command(
 
     if chunk_size < 1:
         fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    if spans is not None and spans not in ("sentence", "json"):
+        fail(f"--spans must be sentence or json, got {spans!r}")
     if max_new_tokens is not None and max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     try:
@@ -138,6 +160,38 @@ def score_command(
         fail("--resume needs an output file, not stdout")
     if errors is None and output != "-":
         errors = Path(output + ".errors.jsonl")
+    if engine not in ("local", "ray"):
+        fail(f"--engine must be local or ray, got {engine!r}")
+    if engine == "ray":
+        from gnll.cli._ray import cluster_of, score_on_ray
+
+        try:
+            summary = score_on_ray(
+                console=console,
+                cluster=cluster_of(address, replicas, cpus_per_replica, gpus_per_replica),
+                model=model,
+                model_args=model_args,
+                calibration=calibration,
+                long=long,
+                input=input,
+                output=output,
+                input_format=in_fmt,
+                output_format=out_fmt,
+                errors=errors,
+                raw_prompt=raw_prompt,
+                verbatim=verbatim,
+                logprobs=logprobs,
+                with_greedy=with_greedy,
+                max_new_tokens=max_new_tokens or (100 if long else 50),
+                resume=resume,
+                chunk_size=chunk_size,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        except (FileNotFoundError, ValueError, ImportError, RuntimeError) as e:
+            fail(str(e), e)
+        _report(console, summary)
+        return
     try:
         lm = load_model(model, progress=progress, **model_kwargs(model_args))
     except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
@@ -179,6 +233,7 @@ def score_command(
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
+        spans=spans,
         max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
         calibrator=cal,
         resume=resume,
@@ -192,6 +247,10 @@ def score_command(
         summary = run_score_job(lm, job)
     except (FileNotFoundError, ValueError, ImportError) as e:
         fail(str(e), e)
+    _report(console, summary)
+
+
+def _report(console, summary) -> None:  # type: ignore[no-untyped-def]
     rate = summary.scored / summary.seconds if summary.seconds else 0.0
     msg = f"scored {summary.scored} rows in {summary.seconds:.1f} s ({rate:.1f} rows/s)"
     if summary.skipped_resume:

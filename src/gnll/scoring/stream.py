@@ -15,14 +15,23 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from gnll import measures as M
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
-from gnll.scoring.rows import Item, count_rows, iter_rows, to_item
+from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
+from gnll.spans import span_nlls
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATED_COLUMNS", "ScoreJob", "ScoreSummary", "run_score_job"]
+__all__ = [
+    "CALIBRATED_COLUMNS",
+    "ChunkResult",
+    "ScoreJob",
+    "ScoreSummary",
+    "run_score_job",
+    "score_chunk",
+]
 
 #: What a row's scoring may raise that concerns that row only (over-long, untokenisable, ...).
 ERRORS = (ScoringError, ValueError, RuntimeError, IndexError, TypeError)
@@ -46,6 +55,7 @@ class ScoreJob:
     verbatim: bool = False
     logprobs: bool = False
     with_greedy: bool = False
+    spans: str | None = None  # "sentence" or "json": add each answer's span NLLs (gnll.spans)
     max_new_tokens: int = 50
     calibrator: Any = None
     resume: bool = False
@@ -120,6 +130,22 @@ def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
     return out
 
 
+def span_columns(tokens: Any, logprobs: Any, text: str, kind: str) -> dict[str, Any]:
+    """``spans``, ``max_span_nll`` and ``least_certain_span`` of one answer (None, with
+    ``spans_error``, when it has no spans of that kind, e.g. no JSON)."""
+    try:
+        report = span_nlls(list(tokens), [float(x) for x in logprobs], text, kind)  # type: ignore[arg-type]
+    except ValueError as e:
+        return {"spans": None, "spans_error": str(e)}
+    top = report.least_certain()
+    return {
+        "spans": [sp.to_dict() for sp in report.spans],
+        "max_span_nll": top.nll if top is not None else None,
+        "least_certain_span": top.path if top is not None else None,
+        "unassigned_nll": report.unassigned_nll,
+    }
+
+
 def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
     row = dict(item.row)
     row.update(
@@ -134,9 +160,12 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     if job.logprobs:
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
+    if job.spans:
+        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
-        row["g_nll"] = None if greedy is None else -greedy.logprob
+        # the greedy answer's measured log-probs: an empty answer counts its stop token's
+        row["g_nll"] = None if greedy is None else M.g_nll(greedy)
     if job.calibrator is not None:
         col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
         row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])
@@ -144,8 +173,63 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     return row
 
 
-def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
-    """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log."""
+@dataclass
+class ChunkResult:
+    """What one chunk of input rows became: errors (in the order the local loop writes them: unreadable
+    and invalid rows as met, then rows the model could not score) and output rows."""
+
+    rows: list[dict[str, Any]]
+    errors: list[tuple[int, str, dict[str, Any] | None]]
+    rows_in: int = 0
+    skipped_resume: int = 0
+    boundary_merged: int = 0
+
+
+def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -> ChunkResult:
+    """Score one chunk of ``(line, row, error)`` input rows; rows up to line ``start`` are skipped."""
+    res = ChunkResult(rows=[], errors=[])
+    items: list[Item] = []
+    for line, row, err in chunk:
+        res.rows_in += 1
+        if line <= start:
+            res.skipped_resume += 1
+            continue
+        if err is None:
+            item = to_item(
+                line,
+                row,
+                render_question=job.render_question,
+                render_messages=job.render_messages,
+                raw_prompt=job.raw_prompt,
+            )
+            if isinstance(item, Item):
+                items.append(item)
+                continue
+            err = item
+        res.errors.append((line, err, row))
+    scored = _score_items(model, items, job.batch_size, job.verbatim) if items else []
+    greedy = _greedy(model, items, job.max_new_tokens) if job.with_greedy and items else []
+    for k, (item, s) in enumerate(zip(items, scored, strict=True)):
+        if isinstance(s, str):
+            res.errors.append((item.line, s, item.row))
+            continue
+        res.boundary_merged += bool(s.boundary_merged)
+        res.rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
+    return res
+
+
+#: Turns the chunks of a job into their results, in order (the local engine: one after another).
+ChunkMapper = Callable[[Iterator[tuple[list[Row], int]]], Iterator[ChunkResult]]
+
+
+def run_score_job(
+    model: Model | None, job: ScoreJob, *, map_chunks: ChunkMapper | None = None
+) -> ScoreSummary:
+    """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log.
+
+    ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas); it gets
+    ``(chunk, resume line)`` pairs and must yield their :class:`ChunkResult` in the same order.
+    """
     t0 = time.perf_counter()
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0
@@ -159,42 +243,26 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
     total = count_rows(job.input, job.input_format) if job.progress else None
     from tqdm.auto import tqdm
 
+    if map_chunks is None:
+        assert model is not None
+
+        def map_chunks(todo: Iterator[tuple[list[Row], int]]) -> Iterator[ChunkResult]:
+            return (score_chunk(model, job, chunk, first) for chunk, first in todo)
+
+    chunks = ((c, start) for c in _chunks(iter_rows(job.input, job.input_format), job.chunk_size))
     bar = tqdm(total=total, unit="rows", disable=not job.progress, desc="scoring", smoothing=0.1)
     try:
-        for chunk in _chunks(iter_rows(job.input, job.input_format), job.chunk_size):
-            items: list[Item] = []
-            for line, row, err in chunk:
-                summary.rows_in += 1
-                if line <= start:
-                    summary.skipped_resume += 1
-                    continue
-                if err is None:
-                    res = to_item(
-                        line,
-                        row,
-                        render_question=job.render_question,
-                        render_messages=job.render_messages,
-                        raw_prompt=job.raw_prompt,
-                    )
-                    if isinstance(res, Item):
-                        items.append(res)
-                        continue
-                    err = res
+        for res in map_chunks(chunks):
+            summary.rows_in += res.rows_in
+            summary.skipped_resume += res.skipped_resume
+            summary.boundary_merged += res.boundary_merged
+            for line, err, row in res.errors:
                 errors.write(line, err, row)
-            scored = _score_items(model, items, job.batch_size, job.verbatim) if items else []
-            greedy = _greedy(model, items, job.max_new_tokens) if job.with_greedy and items else []
-            rows = []
-            for k, (item, s) in enumerate(zip(items, scored, strict=True)):
-                if isinstance(s, str):
-                    errors.write(item.line, s, item.row)
-                    continue
-                summary.boundary_merged += bool(s.boundary_merged)
-                rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
             # Errors first: a row past the last output row is re-scored on resume, never lost.
             errors.flush()
-            writer.write(rows)
-            summary.scored += len(rows)
-            bar.update(len(chunk))
+            writer.write(res.rows)
+            summary.scored += len(res.rows)
+            bar.update(res.rows_in)
     finally:
         bar.close()
         writer.close()
