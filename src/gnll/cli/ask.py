@@ -83,7 +83,8 @@ def ask(
         )
     except AskOptionError as exc:
         raise typer.BadParameter(exc.reason, param_hint=f"--{exc.option}") from exc
-    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
+    typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted) if calibration else None
     result = ask(
         lm,
