@@ -111,7 +111,8 @@ def resume_point(output: Path, fmt: str, errors: Path | None) -> int:
 
 
 class RowWriter:
-    """Append rows as JSONL (file or stdout) or CSV (columns fixed by the first row written)."""
+    """Append rows as JSONL (file or stdout) or CSV (every column any row has: a column first met
+    in a later row widens the header, and earlier rows get an empty cell)."""
 
     def __init__(self, path: str, fmt: str, *, append: bool) -> None:
         if fmt not in ("jsonl", "csv"):
@@ -143,8 +144,11 @@ class RowWriter:
         else:
             buf = io.StringIO()
             if self._columns is None:
-                self._columns = list(rows[0])
+                self._columns = list(dict.fromkeys(c for r in rows for c in r))
                 csv.writer(buf).writerow(self._columns)
+            new = [c for r in rows for c in r if c not in self._columns]
+            if new:
+                self._add_columns(list(dict.fromkeys(new)))
             w = csv.writer(buf)
             for r in rows:
                 w.writerow([_cell(r.get(c)) for c in self._columns])
@@ -154,6 +158,31 @@ class RowWriter:
             self._fh.flush()
         else:
             self._sync(self._fh)
+
+    def _add_columns(self, new: list[str]) -> None:
+        """Widen a CSV file's header for columns a later row brings (earlier rows: empty cells).
+
+        A CSV header cannot grow in place, so the rows written so far are copied once into a file
+        with the wider header, which then replaces the old one.
+        """
+        assert self._columns is not None
+        self._columns = self._columns + new
+        self._fh.flush()
+        path = Path(self.path)
+        self._fh.close()
+        tmp = path.with_name(f".{path.name}.tmp")
+        with (
+            path.open(newline="", encoding="utf-8") as src,
+            tmp.open("w", newline="", encoding="utf-8") as dst,
+        ):
+            reader = csv.reader(src)
+            next(reader, None)
+            w = csv.writer(dst)
+            w.writerow(self._columns)
+            for row in reader:
+                w.writerow(row + [""] * len(new))
+        tmp.replace(path)
+        self._fh = open(path, "a", encoding="utf-8", newline="")  # noqa: SIM115
 
     def close(self) -> None:
         if not self._stdout:
