@@ -332,3 +332,16 @@ def test_csv_output_keeps_columns_the_first_row_lacks(tmp_path, toy):
     assert got["note"].fillna("").tolist() == ["", "extra", ""]
     assert got["late"].fillna(0).tolist() == [0, 0, 7]
     assert got["nll"].tolist() == pytest.approx([_toy_nll(r["answer"]) for r in rows])
+
+
+def test_no_errors_file_without_bad_rows_and_one_wording_of_bad_json(tmp_path, toy):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"question": "q", "answer": "abc"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    assert res.exit_code == 0, res.output
+    assert not Path(str(out) + ".errors.jsonl").exists()
+    inp.write_text('{"question": "q", "answer": "a\tb\x01"}\n'.replace("\x01", "\\x01"))
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    [err] = _read_jsonl(Path(str(out) + ".errors.jsonl"))
+    assert err["error"].startswith("not valid JSON (") and " at at " not in err["error"]

@@ -204,7 +204,11 @@ class ErrorLog:
     def __init__(self, path: Path | None, *, append: bool) -> None:
         self.path = path
         self.count = 0
-        self._fh = open(path, "a" if append else "w", encoding="utf-8") if path else None  # noqa: SIM115
+        # Opened on the first bad row: a run without bad rows leaves no empty errors file behind.
+        # Without append, an errors file of an earlier run is removed (it described other output).
+        if path is not None and not append and path.exists():
+            path.unlink()
+        self._fh: TextIO | None = None
         self._sync = _Syncer()
 
     def write(self, line: int, error: str, row: dict[str, Any] | None = None) -> None:
@@ -212,9 +216,11 @@ class ErrorLog:
         rec = {"line": line, "error": error}
         if row and row.get("id") is not None:
             rec["id"] = row["id"]
-        if self._fh is None:
+        if self.path is None:
             print(f"gnll score: input line {line}: {error}", file=sys.stderr)
             return
+        if self._fh is None:
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
 
     def flush(self) -> None:
