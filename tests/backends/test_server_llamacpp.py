@@ -111,6 +111,7 @@ def test_terminator_split_on_a_real_server(served, trivia_prompts):
         served.generate(trivia_prompts[:1], GenerationConfig.greedy(include_terminator=True))
 
 
+@pytest.mark.model  # the embedding clusterer loads MiniLM in this process
 def test_eval_through_the_server_writes_the_usual_outputs(llama_server, tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(
