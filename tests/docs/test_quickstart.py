@@ -7,6 +7,7 @@ page's 8000/8001 are swapped for them) and killed with their process group after
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -40,7 +41,9 @@ def _data_dir() -> Path | None:
 def _bash(block: Block, ports: dict[str, str]) -> str:
     code = block.code
     for doc_port, port in ports.items():
-        code = code.replace(f":{doc_port}", f":{port}").replace(f"--port {doc_port}", f"--port {port}")
+        code = code.replace(f":{doc_port}", f":{port}").replace(
+            f"--port {doc_port}", f"--port {port}"
+        )
     code = code.replace("gnll serve ", f"timeout {SERVER_LIFETIME} gnll serve ")
     return "set -euo pipefail\n" + code
 
@@ -62,18 +65,23 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
         out, _ = proc.communicate()
         out += f"\n[timed out after {BLOCK_TIMEOUT} s]"
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group may be gone already
             os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return subprocess.CompletedProcess(cmd, proc.returncode, out)
 
 
 def test_quickstart_marks_a_runnable_block_for_every_job():
     blocks = runnable_blocks(QUICKSTART)
     text = "".join(b.code for b in blocks)
-    for command in ("gnll ask", "gnll serve --upstream", "gnll score", "gnll generate",
-                    "gnll calibrate", "--calibration", "gnll eval"):
+    for command in (
+        "gnll ask",
+        "gnll serve --upstream",
+        "gnll score",
+        "gnll generate",
+        "gnll calibrate",
+        "--calibration",
+        "gnll eval",
+    ):
         assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
     assert any(b.lang == "python" and b.file is None for b in blocks)
     assert all(b.lang in {"bash", "console", "python"} for b in blocks)
