@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,20 +103,25 @@ def test_quickstart_runs_end_to_end(tmp_path):
         COLUMNS="120",
     )
     ports = {"8000": str(_free_port()), "8001": str(_free_port())}
-    for block in runnable_blocks(QUICKSTART):
-        where = f"docs/quickstart.md:{block.line}"
+    blocks = runnable_blocks(QUICKSTART)
+    for block in blocks:  # files first: the page shows a file after the command that runs it
         if block.file:
             code = block.code
             for doc_port, port in ports.items():
                 code = code.replace(f":{doc_port}", f":{port}")
             (tmp_path / block.file).write_text(code, encoding="utf-8")
+    for block in blocks:
+        if block.file:
             continue
+        where = f"docs/quickstart.md:{block.line}"
+        start = time.perf_counter()
         if block.lang == "python":
             script = tmp_path / f"block_{block.line}.py"
             script.write_text(block.code, encoding="utf-8")
             res = _run([sys.executable, str(script)], tmp_path, env)
         else:
             res = _run(["bash", "-c", _bash(block, ports)], tmp_path, env)
+        print(f"{where}: exit {res.returncode} in {time.perf_counter() - start:.1f} s")
         assert res.returncode == 0, f"{where} exited {res.returncode}:\n{res.stdout[-3000:]}"
         for want in block.expect:
             assert want in res.stdout, f"{where} did not print {want!r}:\n{res.stdout[-3000:]}"
