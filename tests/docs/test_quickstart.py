@@ -85,7 +85,7 @@ def test_quickstart_marks_a_runnable_block_for_every_job():
     ):
         assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
     assert any(b.lang == "python" and b.file is None for b in blocks)
-    assert all(b.lang in {"bash", "console", "python"} for b in blocks)
+    assert all(b.lang in {"bash", "python"} for b in blocks)
 
 
 @pytest.mark.e2e

@@ -2,7 +2,7 @@
 
 A fenced block runs when an HTML comment ``<!-- run ... -->`` stands on the line before it:
 
-- ``<!-- run -->``: run the block (``bash``/``console``: with bash; ``python``: with Python);
+- ``<!-- run -->``: run the block (``bash`` with bash, ``python`` with Python);
 - ``<!-- run: expect "A" "B" -->``: run it and require each quoted string in its output;
 - ``<!-- run: file NAME -->``: write the block to NAME for a later block to use.
 
