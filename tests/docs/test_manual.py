@@ -36,3 +36,30 @@ def test_manual_page_has_no_lab_notebook_provenance(path):
 def test_readme_links_the_quickstart_near_its_top():
     head = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()[:30]
     assert any("docs/quickstart.md" in line for line in head)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize("path", MANUAL, ids=lambda p: p.name)
+def test_manual_links_to_files_and_sections_that_exist(path):
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):  # http(s), mailto: not checked offline
+            continue
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{target}: no such section in {dest.name}")
+    assert not broken, f"{path.name}: " + "; ".join(broken)
