@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gnll.backends.base import Generation
+from gnll.backends.base import Generation, Model
 
 #: prompt -> (answer tokens, their log-probs); other prompts get SURE.
 SURE = (["Paris", "."], [-0.01, -0.02])
@@ -13,11 +13,10 @@ UNSURE = (["Maybe", " Lyon"], [-2.0, -3.0])
 SCRIPT = {"unsure": UNSURE}
 
 
-class ScriptedModel:
+class ScriptedModel(Model):
     """Answers from :data:`SCRIPT`; records every ``generate`` call's batch size."""
 
     name = "scripted"
-    chat_template = False
 
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
@@ -51,3 +50,6 @@ class ScriptedModel:
                 ]
             )
         return out
+
+    def score(self, prompts, answers, **kwargs):
+        raise NotImplementedError("the scripted model only generates")

@@ -263,12 +263,10 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
     seen = []
 
     class Chat(ToyModel):
-        class tokenizer:  # noqa: N801 - stands in for a transformers tokenizer
-            chat_template = "x"
+        capabilities = gnll.backends.base.Capabilities(beams=False, chat=True)
 
-            @staticmethod
-            def apply_chat_template(messages, add_generation_prompt, tokenize):
-                return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        def render_chat(self, messages):
+            return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
 
         def score(self, prompts, answers, *, raw_prompt=False, **kw):
             seen.extend((p, raw_prompt) for p in prompts)

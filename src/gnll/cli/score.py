@@ -157,15 +157,9 @@ def score_command(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
                 f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
             )
-    caps = getattr(lm, "capabilities", None)
-    if caps is not None and caps.missing(["scoring"]):
+    if lm.capabilities.missing(["scoring"]):
         fail(f"{lm.name} cannot score given answers: its backend cannot teacher-force")
-    tok = getattr(lm, "tokenizer", None)
-    render_messages = None
-    if tok is not None and getattr(tok, "chat_template", None):
-
-        def render_messages(messages):
-            return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    render_messages = lm.render_chat if lm.capabilities.chat else None
 
     job = ScoreJob(
         input=input,

@@ -337,8 +337,7 @@ class Evaluator:
     # ------------------------------------------------------------------ main entry point
     def _check_capabilities(self, model: Model) -> None:
         """Refuse measures the backend cannot compute before any work (e.g. BS-MSP on a server)."""
-        caps = getattr(model, "capabilities", None)
-        bad = M.unsupported(self.config.active_measures, caps) if caps is not None else {}
+        bad = M.unsupported(self.config.active_measures, model.capabilities)
         if bad:
             ok = [m for m in self.config.active_measures if m not in bad]
             lacks = ", ".join(f"{m} (needs {'/'.join(c)})" for m, c in bad.items())

@@ -14,17 +14,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gnll.backends.base import Capabilities, Model, ScoredAnswer
+from gnll.backends.base import Model, ScoredAnswer
 
 __all__ = ["ScoringError", "check_scored", "join_answer", "score"]
 
 
 class ScoringError(ValueError):
     """A model cannot score, or returned something that is not a valid score."""
-
-
-def _capabilities(model: Model) -> Capabilities:
-    return getattr(model, "capabilities", None) or Capabilities()
 
 
 def check_scored(item: ScoredAnswer, answer: str) -> None:
@@ -89,10 +85,10 @@ def score(
         ``nll``, ``ln_nll``, ``num_tokens``, per-token log-probs, ``is_greedy``, ``greedy_stops`` and
         ``boundary_merged`` of each answer. The NLL of the model's own greedy answer is its G-NLL.
     """
-    missing = _capabilities(model).missing(["scoring"])
+    missing = model.capabilities.missing(["scoring"])
     if missing:
         raise ScoringError(
-            f"{getattr(model, 'name', 'this model')} cannot score given answers (its backend cannot "
+            f"{model.name} cannot score given answers (its backend cannot "
             "teacher-force: no prompt log-probs); use the in-process backend or a vLLM server"
         )
     if isinstance(prompts, str) or isinstance(answers, str):

@@ -6,18 +6,18 @@ answer G-NLL is defined for); a positive temperature samples from the unwarped, 
 distribution. Options that would warp the distribution the log-probs describe (``top_p < 1``,
 penalties, ``logit_bias``) are refused with a 400 rather than ignored.
 
-Prompt rendering: ``/v1/completions`` prompts are raw text. A chat request with one user message
-is rendered exactly as ``gnll eval`` renders its prompts (the backend's chat template, a single
-user turn), so answers and G-NLL match the evaluation's; longer conversations go through the
-tokenizer's chat template; a model without one sees the messages' texts joined by blank lines.
+Prompt rendering: ``/v1/completions`` prompts are raw text. A chat request's messages are a
+:class:`~gnll.backends.base.ChatPrompt` that the model renders itself
+(:meth:`~gnll.backends.base.Model.render_chat`: its chat template, or the messages' texts joined
+by blank lines for a model without one), as every other gnll surface renders chat turns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.base import ChatPrompt, Generation, GenerationConfig, Model, StreamingModel
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.errors import RequestError
 from gnll.serving.responses import Answer, Reply
@@ -63,29 +63,9 @@ def generation_config(
     )
 
 
-def chat_prompt(model: Model, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
-    """``(prompt, raw)``: the text to generate from and whether it is already rendered."""
-    texts = [m.text() for m in messages]
-    if len(messages) == 1 and messages[0].role == "user":
-        return texts[0], False
-    tokenizer = getattr(model, "tokenizer", None)
-    if getattr(model, "chat_template", False) and tokenizer is not None:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": m.role, "content": t} for m, t in zip(messages, texts, strict=True)],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        bos = getattr(tokenizer, "bos_token", None)
-        # The raw path tokenises with special tokens; a template that writes BOS itself would get two.
-        if bos and rendered.startswith(bos) and _adds_bos(tokenizer):
-            rendered = rendered[len(bos) :]
-        return rendered, True
-    return "\n\n".join(texts), True
-
-
-def _adds_bos(tokenizer: Any) -> bool:
-    ids = tokenizer("a")["input_ids"]
-    return bool(ids) and ids[0] == tokenizer.bos_token_id
+def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
+    """The conversation as one prompt, for the model to render (:meth:`Model.render_chat`)."""
+    return ChatPrompt.of([{"role": m.role, "content": m.text()} for m in messages])
 
 
 def to_answer(gen: Generation, decoding: str) -> Answer:
@@ -148,19 +128,16 @@ class InProcessService:
         return [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "gnll"}]
 
     def prompt_tokens(self, prompt: str, raw: bool) -> int:
-        tokenizer = getattr(self.model, "tokenizer", None)
-        if tokenizer is None:
+        """The prompt's token count as the model conditions on it (0 when the model cannot tell)."""
+        if not self.model.capabilities.streaming:
             return 0
-        text = prompt if raw else self.model.render_prompt(prompt)
-        return len(tokenizer(text)["input_ids"])
+        return len(cast(StreamingModel, self.model).encode([prompt], raw_prompt=raw)[0])
 
     def streams_live(self) -> bool:
-        """Whether streamed answers go out while they are decoded (the model has a decoding loop
-        that reports its tokens, :meth:`~gnll.backends.hf.HFModel.open_decoder`); otherwise a
-        stream replays the finished answer."""
-        return callable(getattr(self.model, "open_decoder", None)) and hasattr(
-            self.model, "stop_rules"
-        )
+        """Whether streamed answers go out while they are decoded (a
+        :class:`~gnll.backends.base.StreamingModel`); otherwise a stream replays the finished
+        answer."""
+        return self.model.capabilities.streaming
 
     async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
@@ -211,7 +188,7 @@ class InProcessService:
         first = await anext(events)
         n = config.num_sequences
         live = LiveStream(
-            self.model,
+            cast(StreamingModel, self.model),
             config.stop,
             choices=len(prompts) * n,
             n=n,
@@ -242,10 +219,9 @@ class InProcessService:
         )
         if isinstance(req, ChatCompletionRequest):
             try:
-                prompt, raw = chat_prompt(self.model, req.messages)
+                prompts, raw = [chat_prompt(req.messages)], False
             except ValueError as exc:
                 raise RequestError(str(exc), "messages") from exc
-            prompts = [prompt]
         else:
             prompts, raw = req.prompts, True
         return config, prompts, raw

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
+from gnll.backends.base import StreamingModel
 from gnll.serving import responses as R
 from gnll.serving.responses import Answer
 
@@ -131,7 +132,8 @@ class LiveStream:
     Parameters
     ----------
     model:
-        The in-process model (its ``tokenizer`` and ``stop_rules``).
+        The in-process :class:`~gnll.backends.base.StreamingModel` (its ``decode`` and
+        ``stop_rules``).
     stop:
         The request's stop strings.
     choices:
@@ -145,12 +147,17 @@ class LiveStream:
     """
 
     def __init__(
-        self, model: Any, stop: tuple[str, ...], *, choices: int, n: int, chat: bool, logprobs: bool
+        self,
+        model: StreamingModel,
+        stop: tuple[str, ...],
+        *,
+        choices: int,
+        n: int,
+        chat: bool,
+        logprobs: bool,
     ) -> None:
         rules = model.stop_rules(stop)
-        self.held = [
-            HeldText(model.tokenizer.decode, rules.token_ids, rules.strings) for _ in range(choices)
-        ]
+        self.held = [HeldText(model.decode, rules.token_ids, rules.strings) for _ in range(choices)]
         self.n, self.chat, self.logprobs = n, chat, logprobs
         self.offsets = [0] * choices  # characters of tokens sent per choice (``text_offset``)
         kind = "chat.completion.chunk" if chat else "text_completion"
