@@ -38,7 +38,8 @@ def page_server(smollm):
     # The calibration shipped for the model (its coverage rule: the accuracy rule of SmolLM2's file
     # abstains on everything, see docs/serving.md).
     policy = AbstentionPolicy.from_calibration("auto", model=smollm.name, rule="coverage")
-    settings = ServeSettings(policy=policy)
+    # The page asks questions, as `gnll ask` does: the shipped calibration's prompt format.
+    settings = ServeSettings(policy=policy, prompt_format="instruction")
     with ServerThread(build_inprocess_app(smollm, settings)) as srv:
         yield srv
 

@@ -12,11 +12,11 @@ from gnll.cli._args import clusterer_kwargs, model_kwargs
 
 
 def ask_prompt(question: str, *, long: bool) -> str:
-    """The zero-shot prompt ``gnll ask`` sends: the evaluation's instruction, no few-shot block."""
-    from gnll.evaluation.datasets import Example
-    from gnll.evaluation.prompts import BRIEF_LONG, BRIEF_SHORT, build_prompt
+    """The zero-shot prompt ``gnll ask`` sends: the evaluation's instruction, no few-shot block
+    (the ``instruction`` prompt format, :func:`gnll.backends.prompting.instruction_prompt`)."""
+    from gnll.backends.prompting import instruction_prompt
 
-    return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", question, ()))
+    return instruction_prompt(question, long=long)
 
 
 def ask(
@@ -29,6 +29,16 @@ def ask(
         typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
     ] = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for a one-sentence answer.")] = False,
+    prompt_format: Annotated[
+        str,
+        typer.Option(
+            "--prompt-format",
+            "--prompt_format",
+            help="instruction: the question inside gnll's answer-briefly instruction; chat: the "
+            "question alone as a chat message (as an OpenAI chat request sends it); text: the "
+            "question as the exact text, no template.",
+        ),
+    ] = "instruction",
     measures: Annotated[
         str,
         typer.Option(
@@ -79,30 +89,36 @@ def ask(
     """Answer QUESTION greedily and report its G-NLL (and any other requested measures)."""
     from gnll import GenerationConfig, load_model
     from gnll import measures as M
+    from gnll.backends.prompting import check_format, prompt_for
 
     try:
         wanted = M.validate(measures)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--measures") from exc
+    try:
+        fmt = check_format(prompt_format)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prompt-format") from exc
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
     _check_options(samples=samples, beams=beams, temperature=temperature, max_new=max_new_tokens)
     options = model_kwargs(model_args)
     lm = load_model(model, progress=not as_json, **options)
-    prompt = ask_prompt(question, long=long)
+    prompt, raw = prompt_for(question, fmt, long=long)
     cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
-    [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap))
+    how = {"raw_prompt": True} if raw else {}
+    [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap), **how)
 
     needs = M.requirements(wanted)
     beam_gens = sample_gens = cluster_ids = None
     sample_texts: list[str] = []
     if M.Needs.BEAMS in needs:
-        [beam_gens] = lm.generate([prompt], GenerationConfig.beam(beams, max_new_tokens=cap))
+        [beam_gens] = lm.generate([prompt], GenerationConfig.beam(beams, max_new_tokens=cap), **how)
     if M.Needs.SAMPLES in needs:
         cfg = GenerationConfig.sample(
             samples, temperature=temperature, max_new_tokens=cap, seed=seed
         )
-        [sample_gens] = lm.generate([prompt], cfg)
+        [sample_gens] = lm.generate([prompt], cfg, **how)
         sample_texts = [g.text for g in sample_gens]
     if M.Needs.CLUSTERS in needs:
         from gnll.semantic import load_clusterer
@@ -110,12 +126,13 @@ def ask(
         options = clusterer_kwargs(clusterer, clusterer_args)
         cluster_ids = load_clusterer(clusterer, **options).cluster(question, sample_texts)
     values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
-    calibrated = _calibrated(calibration, lm.name, long, values) if calibration else {}
+    calibrated = _calibrated(calibration, lm.name, long, fmt, values) if calibration else {}
 
     if as_json:
         record: dict[str, object] = {
             "question": question,
             "model": lm.name,
+            "prompt_format": fmt,
             "answer": greedy.text,
             "tokens": greedy.tokens,
             "token_logprobs": greedy.token_logprobs,
@@ -132,7 +149,7 @@ def ask(
             record["cluster_ids"] = list(cluster_ids)
         typer.echo(json.dumps(record, ensure_ascii=False))
         return
-    _print_report(question, greedy, values, calibrated)
+    _print_report(question, greedy, values, calibrated, fmt)
 
 
 def _check_options(*, samples: int, beams: int, temperature: float, max_new: int | None) -> None:
@@ -151,8 +168,11 @@ def _check_options(*, samples: int, beams: int, temperature: float, max_new: int
         raise typer.BadParameter(f"must be >= 1, got {max_new}", param_hint="--max_new_tokens")
 
 
-def _calibrated(spec: str, model: str, long: bool, values: dict[str, float]) -> dict[str, object]:
-    """p_correct and abstain from a calibration file; a model/prompt mismatch is one warning line."""
+def _calibrated(
+    spec: str, model: str, long: bool, fmt: str, values: dict[str, float]
+) -> dict[str, object]:
+    """p_correct and abstain from a calibration file; a model/prompt mismatch is one warning line,
+    a calibration fitted on another prompt format is refused."""
     import warnings
 
     from gnll.calibration import load_calibration, prompt_fingerprint
@@ -163,7 +183,12 @@ def _calibrated(spec: str, model: str, long: bool, values: dict[str, float]) -> 
             cal = load_calibration(
                 spec,
                 model=model,
-                prompt_fingerprint=prompt_fingerprint(ask_prompt("{question}", long=long)),
+                prompt_fingerprint=(
+                    prompt_fingerprint(ask_prompt("{question}", long=long))
+                    if fmt == "instruction"
+                    else None
+                ),
+                prompt_format=fmt,
             )
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--calibration") from exc
@@ -181,7 +206,11 @@ def _calibrated(spec: str, model: str, long: bool, values: dict[str, float]) -> 
 
 
 def _print_report(
-    question: str, greedy, values: dict[str, float], calibrated: dict[str, object] | None = None
+    question: str,
+    greedy,
+    values: dict[str, float],
+    calibrated: dict[str, object] | None = None,
+    fmt: str = "instruction",
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -199,7 +228,8 @@ def _print_report(
             ("A: ", "bold"), safe_text(greedy.text), (f"  ({greedy.finish_reason})", "dim")
         )
     )
-    scores = Table(title="Uncertainty", caption="higher = more uncertain", show_edge=False)
+    caption = f"higher = more uncertain; prompt format: {fmt}"
+    scores = Table(title="Uncertainty", caption=caption, show_edge=False)
     scores.add_column("measure")
     scores.add_column("value", justify="right")
     for name, value in values.items():

@@ -4,7 +4,9 @@ Example
 -------
 ``gnll score --input answers.jsonl --output scored.jsonl --calibration calibration.json`` reads rows
 with ``question`` (or ``prompt`` or chat ``messages``) and ``answer``, and writes them back with
-``nll``, ``ln_nll``, ``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
+``prompt_format`` (``instruction`` for a question, asked as ``gnll ask`` asks it; ``chat`` for
+messages or a prompt; ``text`` for a prompt with ``--raw-prompt``), ``nll``, ``ln_nll``,
+``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
 Exit status: 0 if every row was scored, 1 if some rows failed (see the errors file), 2 on bad usage.
 """
 
@@ -108,7 +110,6 @@ def score_command(
     from gnll import load_model
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
-    from gnll.cli.ask import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
     from gnll.scoring.rows import detect_format
     from gnll.scoring.stream import CALIBRATED_COLUMNS
@@ -167,7 +168,7 @@ def score_command(
         input_format=in_fmt,
         output_format=out_fmt,
         errors=errors,
-        render_question=lambda q: ask_prompt(q, long=long),
+        long=long,
         render_messages=render_messages,
         raw_prompt=raw_prompt,
         verbatim=verbatim,
@@ -193,6 +194,11 @@ def score_command(
     if summary.boundary_merged:
         msg += f"; {summary.boundary_merged} with a token merged across the prompt/answer boundary"
     console.print(msg)
+    for fmt, n in summary.uncalibrated.items():
+        console.print(
+            f"[yellow]warning:[/] {n} row(s) have no p_correct: {plain(calibration)} was fitted "
+            f"on answers to {cal.meta['prompt_format']!r} prompts, these rows' prompts are {fmt!r}"
+        )
     if summary.failed:
         where = summary.errors_path or "stderr"
         console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")

@@ -398,6 +398,8 @@ class Evaluator:
             task_meta[task.name] = {
                 **{k: v for k, v in run.data.describe().items() if k != "prompt_prefix"},
                 "n_eval": n,
+                # gnll's instruction prompt with few-shot blocks (gnll.backends.prompting)
+                "prompt_format": "instruction",
                 "correctness": metrics,
                 "temperature": selection,
             }

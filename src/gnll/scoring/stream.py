@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
+from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
 from gnll.scoring.rows import Item, count_rows, iter_rows, to_item
@@ -40,7 +41,8 @@ class ScoreJob:
     input_format: str
     output_format: str
     errors: Path | None
-    render_question: Callable[[str], str]
+    #: ``question`` rows get the long-answer instruction (``gnll ask --long``).
+    long: bool = False
     render_messages: Callable[[list[dict[str, Any]]], str] | None = None
     raw_prompt: bool = False
     verbatim: bool = False
@@ -61,6 +63,8 @@ class ScoreSummary:
     failed: int = 0
     skipped_resume: int = 0
     boundary_merged: int = 0
+    #: Rows left without ``p_correct``: their prompt format is not the calibration's.
+    uncalibrated: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     errors_path: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -124,6 +128,7 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     row = dict(item.row)
     row.update(
         input_line=item.line,
+        prompt_format=item.prompt_format,
         nll=s.nll,
         ln_nll=s.ln_nll,
         num_tokens=s.num_tokens,
@@ -137,7 +142,9 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
         row["g_nll"] = None if greedy is None else -greedy.logprob
-    if job.calibrator is not None:
+    if job.calibrator is not None and not calibration_applies(job.calibrator, item.prompt_format):
+        row["p_correct"] = row["abstain"] = None  # fitted on another prompt format
+    elif job.calibrator is not None:
         col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
         row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])
         row["abstain"] = bool(job.calibrator.abstain([row[col]])[0])
@@ -172,7 +179,7 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
                     res = to_item(
                         line,
                         row,
-                        render_question=job.render_question,
+                        long=job.long,
                         render_messages=job.render_messages,
                         raw_prompt=job.raw_prompt,
                     )
@@ -189,6 +196,11 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
                     errors.write(item.line, s, item.row)
                     continue
                 summary.boundary_merged += bool(s.boundary_merged)
+                if job.calibrator is not None and not calibration_applies(
+                    job.calibrator, item.prompt_format
+                ):
+                    fmt = item.prompt_format
+                    summary.uncalibrated[fmt] = summary.uncalibrated.get(fmt, 0) + 1
                 rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
             # Errors first: a row past the last output row is re-scored on resume, never lost.
             errors.flush()

@@ -35,5 +35,6 @@ def build_inprocess_app(
         engine,
         default_max_tokens=settings.default_max_tokens,
         max_tokens_limit=settings.max_tokens_limit,
+        prompt_format=settings.prompt_format,
     )
     return create_app(service, settings)

@@ -6,10 +6,13 @@ answer G-NLL is defined for); a positive temperature samples from the unwarped, 
 distribution. Options that would warp the distribution the log-probs describe (``top_p < 1``,
 penalties, ``logit_bias``) are refused with a 400 rather than ignored.
 
-Prompt rendering: ``/v1/completions`` prompts are raw text. A chat request's messages are a
+Prompt rendering (:mod:`gnll.backends.prompting`): ``/v1/completions`` prompts are ``text``, the
+exact text. Chat requests are ``chat`` by default: the messages are a
 :class:`~gnll.backends.base.ChatPrompt` that the model renders itself
 (:meth:`~gnll.backends.base.Model.render_chat`: its chat template, or the messages' texts joined
-by blank lines for a model without one), as every other gnll surface renders chat turns.
+by blank lines for a model without one), as every other gnll surface renders chat turns. With
+``prompt_format="instruction"`` a chat request's one user message is a question, asked as ``gnll
+ask`` asks it. Every answer's ``uncertainty`` says which format its prompt had.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from gnll.backends.base import ChatPrompt, Generation, GenerationConfig, Model, StreamingModel
+from gnll.backends.prompting import prompt_for
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.errors import RequestError
 from gnll.serving.responses import Answer, Reply
@@ -98,9 +102,12 @@ class InProcessService:
         *,
         default_max_tokens: int = 100,
         max_tokens_limit: int = 512,
+        prompt_format: str = "chat",
     ) -> None:
         self.model = model
         self.engine = engine
+        #: How chat requests are rendered (``completions`` prompts are always ``"text"``).
+        self.prompt_format = prompt_format
         self.default_max_tokens = default_max_tokens
         self.max_tokens_limit = max_tokens_limit
 
@@ -109,7 +116,12 @@ class InProcessService:
         return self.model.name
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": self.mode, "model": self.model_name, "top_logprobs": 0}
+        return {
+            "mode": self.mode,
+            "model": self.model_name,
+            "top_logprobs": 0,
+            "prompt_format": {"chat": self.prompt_format, "completions": "text"},
+        }
 
     def check_model(self, requested: str | None) -> None:
         if requested and requested != self.model_name:
@@ -149,7 +161,10 @@ class InProcessService:
         answers, n_prompt, prompt = await self.generate(req)
         chat = isinstance(req, ChatCompletionRequest)
         records, texts, finishes = annotate(
-            answers, settings.policy, include_tokens=req.wants_logprobs
+            answers,
+            settings.policy,
+            include_tokens=req.wants_logprobs,
+            prompt_format=self.format_of(req),
         )
         if chat:
             body = R.chat_body(
@@ -200,7 +215,10 @@ class InProcessService:
         def finish(outs: list[list[Generation]]) -> tuple:
             answers = self._answers(outs, config)
             recs, _, finishes = annotate(
-                answers, settings.policy, include_tokens=req.wants_logprobs
+                answers,
+                settings.policy,
+                include_tokens=req.wants_logprobs,
+                prompt_format=self.format_of(req),
             )
             records.extend(recs)
             n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
@@ -217,14 +235,25 @@ class InProcessService:
         config = generation_config(
             req, default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
         )
-        if isinstance(req, ChatCompletionRequest):
-            try:
-                prompts, raw = [chat_prompt(req.messages)], False
-            except ValueError as exc:
-                raise RequestError(str(exc), "messages") from exc
-        else:
-            prompts, raw = req.prompts, True
-        return config, prompts, raw
+        if not isinstance(req, ChatCompletionRequest):
+            return config, req.prompts, True
+        if self.prompt_format == "instruction":
+            if len(req.messages) != 1 or req.messages[0].role != "user":
+                raise RequestError(
+                    "this server asks chat requests in the 'instruction' prompt format "
+                    "(gnll serve --prompt-format instruction): send one user message, the question",
+                    "messages",
+                )
+            prompt, raw = prompt_for(req.messages[0].text(), "instruction")
+            return config, [prompt], raw
+        try:
+            return config, [chat_prompt(req.messages)], False
+        except ValueError as exc:
+            raise RequestError(str(exc), "messages") from exc
+
+    def format_of(self, req: CompletionRequest | ChatCompletionRequest) -> str:
+        """The request's prompt format (:mod:`gnll.backends.prompting`)."""
+        return self.prompt_format if isinstance(req, ChatCompletionRequest) else "text"
 
     @staticmethod
     def _answers(outs: list[list[Generation]], config: GenerationConfig) -> list[Answer]:

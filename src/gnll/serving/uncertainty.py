@@ -139,9 +139,16 @@ class AbstentionPolicy:
     def active(self) -> bool:
         return self.calibrator is not None or self.threshold is not None
 
-    def decide(self, g_nll: float) -> tuple[float | None, bool | None]:
-        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured)."""
+    def decide(
+        self, g_nll: float, prompt_format: str | None = None
+    ) -> tuple[float | None, bool | None]:
+        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured, or
+        when the calibration was fitted on another prompt format than the answer's)."""
         if self.calibrator is not None:
+            from gnll.calibration import calibration_applies
+
+            if not calibration_applies(self.calibrator, prompt_format):
+                return None, None
             p = float(self.calibrator.predict_proba([g_nll])[0])
             if self.min_p_correct is not None:
                 return p, bool(p < self.min_p_correct)
@@ -198,8 +205,10 @@ def uncertainty_record(
     top_logprobs: Sequence[dict[str, float]] | None = None,
     include_tokens: bool = False,
     source: str = "model",
+    prompt_format: str | None = None,
 ) -> dict[str, Any]:
-    """The ``uncertainty`` object of one answer (see the module docstring for the fields)."""
+    """The ``uncertainty`` object of one answer (see the module docstring for the fields);
+    ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`)."""
     lps = check_logprobs(token_logprobs, source=source)
     nll = _g_nll(lps) if lps else 0.0
     ln = _ln_g_nll(lps) if lps else 0.0
@@ -214,8 +223,10 @@ def uncertainty_record(
         "p_correct": None,
         "abstain": None,
     }
+    if prompt_format is not None:
+        record["prompt_format"] = prompt_format
     if greedy:
-        record["p_correct"], record["abstain"] = policy.decide(nll)
+        record["p_correct"], record["abstain"] = policy.decide(nll, prompt_format)
     if include_tokens:
         record["tokens"] = list(tokens) if tokens is not None else None
         record["token_logprobs"] = lps
@@ -265,7 +276,12 @@ def apply_policy(
 
 
 def annotate(
-    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
+    answers: Sequence[Answer],
+    policy: Any,
+    *,
+    include_tokens: bool,
+    source: str = "model",
+    prompt_format: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
     records, texts, finishes = [], [], []
@@ -278,6 +294,7 @@ def annotate(
             top_logprobs=a.top_logprobs,
             include_tokens=include_tokens,
             source=source,
+            prompt_format=prompt_format,
         )
         text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
         records.append(rec)
