@@ -22,6 +22,7 @@ class ScriptedModel(Model):
         self.delay = delay
         self.calls: list[int] = []
         self.configs: list = []
+        self.prompts: list[str] = []
         self.lock = threading.Lock()
 
     def render_prompt(self, prompt: str) -> str:
@@ -30,6 +31,7 @@ class ScriptedModel(Model):
     def generate(self, prompts, config=None, **kwargs):
         with self.lock:
             self.calls.append(len(prompts))
+            self.prompts.extend(prompts)
             self.configs.append(config)
         if self.delay:
             time.sleep(self.delay)
