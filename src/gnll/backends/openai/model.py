@@ -59,8 +59,13 @@ class OpenAICompatModel(Model):
     concurrency:
         Requests in flight at once (the server batches them).
     timeout, max_retries, backoff:
-        Per-request timeout (s); retries of connection errors, timeouts, 408/429/5xx with
-        exponential backoff starting at ``backoff`` seconds.
+        Hard deadline (s) for one request, first byte to last; retries of connection errors,
+        timeouts, 408/429/5xx with exponential backoff starting at ``backoff`` seconds (or the
+        server's ``Retry-After``). A rejected request (other 4xx) is not retried, an invalid or
+        truncated JSON body once.
+    fail_after:
+        Stop the stage with one clear error once this many attempts in a row failed the same way
+        within 30 s (a server answering 500 to everything), instead of retrying prompt after prompt.
 
     Examples
     --------
@@ -86,6 +91,7 @@ class OpenAICompatModel(Model):
         timeout: float = 120.0,
         max_retries: int = 3,
         backoff: float = 0.5,
+        fail_after: int = 4,
     ) -> None:
         if endpoint not in ("auto", "completions", "chat"):
             raise ValueError(f"endpoint must be auto, completions or chat, got {endpoint!r}")
@@ -108,6 +114,7 @@ class OpenAICompatModel(Model):
             max_retries=int(max_retries),
             backoff=float(backoff),
             concurrency=self.concurrency,
+            fail_after=int(fail_after),
         )
         self.base_url = self.client.base_url
         self._lock = threading.Lock()
