@@ -104,14 +104,14 @@ def machine() -> dict[str, Any]:
 # ---------------------------------------------------------------------------- prompts
 def triviaqa_prompts(n: int) -> list[str]:
     """The first ``n`` TriviaQA short prompts of the evaluation pool, exactly as ``gnll eval`` builds them."""
-    from gnll.evaluation.tasks import get_task
+    from gnll.evaluation.data.tasks import get_task
 
     td = get_task("triviaqa_short").load()
     return [td.prompt(ex) for ex in td.split("eval", n)]
 
 
 def triviaqa_questions(n: int) -> list[str]:
-    from gnll.evaluation.tasks import get_task
+    from gnll.evaluation.data.tasks import get_task
 
     td = get_task("triviaqa_short").load()
     return [ex.question for ex in td.split("eval", n)]

@@ -308,7 +308,7 @@ def stop_split(r: dict[str, Any]) -> list[str]:
     return [
         f"{r['repeats']} interleaved repetitions per arm; medians. Before: decoding every prefix of "
         "the answer; now: `StopRules.prefix_lengths` (the same results, checked in "
-        "`tests/test_backend_stopping.py`).",
+        "`tests/backends/test_backend_stopping.py`).",
         "",
         common.table(r["table"]),
         "",

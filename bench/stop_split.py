@@ -1,7 +1,7 @@
 """Cutting an answer at its stop string: ``StopRules.split`` now vs decoding every prefix (before).
 
 The former ``split`` found the answer's last token by decoding ``body[:k]`` for growing ``k``:
-time quadratic in the answer's length. The oracle of ``tests/test_backend_stopping.py`` keeps that
+time quadratic in the answer's length. The oracle of ``tests/backends/test_backend_stopping.py`` keeps that
 implementation; both arms split the same answers (TriviaQA questions run together, cut to ``n``
 tokens, ending in "Question:") with the embedded models' tokenizers, interleaved in one run.
 

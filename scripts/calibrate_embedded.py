@@ -25,9 +25,9 @@ from pathlib import Path
 from gnll import GenerationConfig, load_model
 from gnll.calibration import calibrate_files, prompt_fingerprint
 from gnll.calibration.plot import reliability_diagram
-from gnll.cli.ask import ask_prompt
-from gnll.evaluation.correctness import contains_match, f1_verdict
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.prompts import ask_prompt
+from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.results.correctness import contains_match, f1_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 
 from gnll import load_model
-from gnll.evaluation.ablation import plot_ablation, run_ablation
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.figures.ablation import plot_ablation, run_ablation
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from gnll import load_model
-from gnll.evaluation.next_tokens import next_token_distributions, plot_next_tokens
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.figures.next_tokens import next_token_distributions, plot_next_tokens
 
 
 def main() -> None:

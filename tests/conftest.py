@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -56,10 +57,52 @@ def gemma_generate_beams(gemma):
     return variant(gemma, beam_decoder="generate")
 
 
+# SmolLM2's special tokens and the ChatML turns its template writes, without its system line.
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
+    " + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
+
+
+@functools.cache
+def tiny_tokenizer() -> Any:
+    """A byte-level BPE tokenizer of 4096 tokens (any text encodes and decodes back), trained in
+    about a second on gnll's own source, whose docstrings and prompt templates are English enough
+    that prompts take about as many tokens as with SmolLM2's 49152, with SmolLM2's special tokens
+    and a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    import gnll
+
+    texts = [p.read_text() for p in sorted(Path(gnll.__file__).parent.rglob("*.py"))]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=4096,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+    )
+    tok.chat_template = CHATML
+    return tok
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Callable[..., Path]:
-    """Factory of tiny checkpoints: a 2-layer random Llama with SmolLM2's tokenizer, saved like any
-    hub checkpoint (a stand-in for hub ids and the paper's models).
+    """Factory of tiny checkpoints: a 2-layer random Llama with a small byte-level BPE tokenizer,
+    saved like any hub checkpoint (a stand-in for hub ids and the paper's models). No real weights
+    are read, so the tests that use it belong to the fast tier.
 
     ``tiny_llama(max_position_embeddings=512, generation_config=None)`` returns the checkpoint's
     directory, built once per session for each set of arguments. Every checkpoint has the same
@@ -79,14 +122,10 @@ def tiny_llama(tmp_path_factory) -> Callable[..., Path]:
         if key in built:
             return built[key]
         import torch
-        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
         from transformers import GenerationConfig as HFGenerationConfig
+        from transformers import LlamaConfig, LlamaForCausalLM
 
-        from gnll.backends.registry import EMBEDDED_MODELS, embedded_model_dir
-
-        tok = AutoTokenizer.from_pretrained(
-            embedded_model_dir(EMBEDDED_MODELS["smollm2-135m-instruct"])
-        )
+        tok = tiny_tokenizer()
         config = LlamaConfig(
             vocab_size=len(tok),
             hidden_size=32,

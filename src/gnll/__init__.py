@@ -11,10 +11,14 @@ from gnll.scoring.api import score
 
 __version__ = "0.1.0"
 __all__ = [
+    "AskResult",
     "Calibrator",
+    "Evaluation",
     "Generation",
     "GenerationConfig",
     "Model",
+    "ask",
+    "evaluate",
     "load_model",
     "measures",
     "score",
@@ -28,4 +32,13 @@ def __getattr__(name: str):
         from gnll.calibration import Calibrator
 
         return Calibrator
+    # The one-call entry points pull in the evaluation prompts and runner: also on first use.
+    if name in ("ask", "AskResult"):
+        from gnll.scoring import asking
+
+        return getattr(asking, name)
+    if name in ("evaluate", "Evaluation"):
+        from gnll.evaluation.run import simple
+
+        return getattr(simple, name)
     raise AttributeError(f"module 'gnll' has no attribute {name!r}")

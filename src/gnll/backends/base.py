@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -93,7 +92,7 @@ class GenerationConfig:
         is counted. Off by default, as in the paper's reference code.
     seed:
         Seed for sampling (``None`` acts as 0). Sample j of a prompt depends on the seed, the prompt
-        and j only (see :func:`sample_seed`): not on the batch size, the other prompts of the call
+        and j only (see :func:`gnll._util.seeds.sample_seed`): not on the batch size, the other prompts of the call
         or the prompt's position among them, so a resumed run draws the very same samples.
 
     Examples
@@ -152,26 +151,6 @@ class GenerationConfig:
         d = asdict(self)
         d["stop"] = list(self.stop)
         return d
-
-
-def sample_seed(seed: int | None, prompt: str | Sequence[int], index: int) -> int:
-    """The seed of sample ``index`` of ``prompt``: a function of its identity only.
-
-    ``prompt`` is the text or the token ids the model conditions on. Every backend seeds sample
-    ``index`` of a prompt with this number, so samples do not depend on how prompts are batched or
-    ordered (a prompt repeated within one call gets the same samples each time).
-
-    >>> sample_seed(0, [1, 2, 3], 0) == sample_seed(0, [1, 2, 3], 0) != sample_seed(0, [1, 2, 3], 1)
-    True
-    >>> 0 <= sample_seed(None, "Capital of France?", 4) < 2**63
-    True
-    """
-    h = hashlib.sha256(f"gnll-sample|{0 if seed is None else int(seed)}|{int(index)}|".encode())
-    if isinstance(prompt, str):
-        h.update(b"text|" + prompt.encode("utf-8"))
-    else:
-        h.update(b"ids|" + np.asarray(prompt, dtype=np.int64).tobytes())
-    return int.from_bytes(h.digest()[:8], "little") >> 1
 
 
 @dataclass

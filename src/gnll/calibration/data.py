@@ -24,6 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from gnll._util.runfiles import SAMPLES, iter_samples, samples_path
+from gnll._util.tabular import file_format
+
 __all__ = ["LabelledScores", "load_labelled", "prompt_fingerprint"]
 
 LABEL_COLUMNS = ("correct", "label")
@@ -76,32 +79,28 @@ def _score(value: Any) -> float:
 
 def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, list, dict, int]:
     run_dir = path.parent if path.is_file() else path
-    samples = path if path.is_file() else path / "samples.jsonl"
+    samples = samples_path(path)
     if not samples.exists():
-        raise FileNotFoundError(f"{path}: no samples.jsonl (is this a finished `gnll eval` run?)")
+        raise FileNotFoundError(f"{path}: no {SAMPLES} (is this a finished `gnll eval` run?)")
     scores, labels, tasks, metrics, dropped = [], [], {}, set(), 0
-    with samples.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            r = json.loads(line)
-            where = f"{samples}:{lineno}"
-            if measure not in r.get("measures", {}):
-                have = ", ".join(r.get("measures", {})) or "none"
-                raise ValueError(f"{where}: measure {measure!r} not in this run (it has: {have})")
-            corr = r.get("correctness", {})
-            metric = correctness or next(iter(corr), None)
-            if metric not in corr:
-                raise ValueError(
-                    f"{where}: correctness {metric!r} missing (it has: {', '.join(corr)})"
-                )
-            v = corr[metric].get("correct")
-            s = _score(r["measures"][measure])
-            if v is None or not math.isfinite(s):
-                dropped += 1
-                continue
-            scores.append(s)
-            labels.append(_label(v, where))
-            metrics.add(metric)
-            tasks[r.get("task", "?")] = tasks.get(r.get("task", "?"), 0) + 1
+    for lineno, r in iter_samples(samples):
+        where = f"{samples}:{lineno}"
+        if measure not in r.get("measures", {}):
+            have = ", ".join(r.get("measures", {})) or "none"
+            raise ValueError(f"{where}: measure {measure!r} not in this run (it has: {have})")
+        corr = r.get("correctness", {})
+        metric = correctness or next(iter(corr), None)
+        if metric not in corr:
+            raise ValueError(f"{where}: correctness {metric!r} missing (it has: {', '.join(corr)})")
+        v = corr[metric].get("correct")
+        s = _score(r["measures"][measure])
+        if v is None or not math.isfinite(s):
+            dropped += 1
+            continue
+        scores.append(s)
+        labels.append(_label(v, where))
+        metrics.add(metric)
+        tasks[r.get("task", "?")] = tasks.get(r.get("task", "?"), 0) + 1
     info: dict[str, Any] = {
         "path": str(path),
         "kind": "gnll eval run",
@@ -124,17 +123,13 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
 def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     import pandas as pd
 
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson"):
+    fmt = file_format(path)
+    if fmt == "jsonl":
         df = pd.read_json(path, lines=True)
-    elif suffix == ".csv":
+    elif fmt == "csv":
         df = pd.read_csv(path)
-    elif suffix in (".parquet", ".pq"):
-        df = pd.read_parquet(path)
     else:
-        raise ValueError(
-            f"{path}: unknown file type {suffix!r} (expected .jsonl, .csv or .parquet)"
-        )
+        df = pd.read_parquet(path)
     col = next((c for c in (measure, measure.replace("-", "_")) if c in df.columns), None)
     if col is None:
         raise ValueError(

@@ -27,7 +27,6 @@ True
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,8 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
+from gnll._util import jsonable
+from gnll._util.validation import check_scores_labels
 from gnll.backends.prompting import PROMPT_FORMATS
 from gnll.calibration.metrics import log_loss, probability_metrics
 from gnll.calibration.thresholds import Threshold, accuracy_threshold, coverage_threshold
@@ -178,14 +179,10 @@ class Calibrator:
         """Fit on uncertainty ``scores`` and 0/1 (or bool) ``labels`` (1 = correct)."""
         from sklearn.model_selection import StratifiedKFold
 
-        s = np.asarray(scores, dtype=np.float64).ravel()
-        y = np.asarray(labels, dtype=np.float64).ravel()
-        if s.shape != y.shape:
-            raise ValueError(f"{len(s)} scores but {len(y)} labels")
-        if not np.all(np.isfinite(s)):
-            raise ValueError("scores contain NaN or inf; drop those rows before fitting")
-        if not np.all((y == 0) | (y == 1)):
-            raise ValueError("labels must be 0/1 or booleans (1 = correct)")
+        s, y = check_scores_labels(
+            np.asarray(scores, dtype=np.float64).ravel(),
+            np.asarray(labels, dtype=np.float64).ravel(),
+        )
         if self.method not in (*METHODS, "auto"):
             raise ValueError(f"method must be one of {METHODS} or 'auto', got {self.method!r}")
         n_pos = int(y.sum())
@@ -356,7 +353,7 @@ class Calibrator:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(
-            json.dumps(_finite(self.to_dict()), indent=2, ensure_ascii=False) + "\n",
+            json.dumps(jsonable(self.to_dict(), nan="none"), indent=2, ensure_ascii=False) + "\n",
             encoding="utf-8",
         )
         tmp.replace(path)
@@ -392,14 +389,3 @@ class Calibrator:
         if hasattr(self, "method_"):
             return f"Calibrator(method={self.method_!r}, n_fit={self.n_fit_})"
         return f"Calibrator(method={self.method!r}, unfitted)"
-
-
-def _finite(obj: Any) -> Any:
-    """NaN/inf -> None so the file is strict JSON (every consumer can read it)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj

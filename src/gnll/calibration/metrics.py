@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gnll._util.validation import check_scores_labels
+
 __all__ = [
     "CLIP",
     "brier_score",
@@ -36,15 +38,7 @@ BinStrategy = Literal["uniform", "quantile"]
 
 
 def _check(p: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    p = np.asarray(p, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if p.shape != y.shape or p.ndim != 1:
-        raise ValueError(f"p and y must be 1-D of equal length, got {p.shape} and {y.shape}")
-    if not np.all(np.isfinite(p)) or p.min(initial=0) < 0 or p.max(initial=0) > 1:
-        raise ValueError("probabilities must be finite and inside [0, 1]")
-    if not np.all((y == 0) | (y == 1)):
-        raise ValueError("labels must be 0/1")
-    return p, y
+    return check_scores_labels(p, y, names=("p", "y"), probabilities=True)
 
 
 def calibration_bins(

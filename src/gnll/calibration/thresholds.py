@@ -20,7 +20,7 @@ risk only in expectation over the calibration draw, while a threshold fixed once
 on needs a bound that holds with high probability for *that* threshold.
 
 The candidate grid is built from the scores (never the labels) of the same data; the simulation in
-``tests/test_calibration.py`` checks that the violation rate stays below ``delta``.
+``tests/calibration/test_calibration.py`` checks that the violation rate stays below ``delta``.
 
 **Target coverage** (:func:`coverage_threshold`): the threshold is the ``k``-th smallest score, with
 ``k`` the smallest rank such that ``P(Binomial(n, target) >= k) <= delta``. The coverage of the
@@ -46,6 +46,8 @@ from typing import Any, Literal
 
 import numpy as np
 from scipy.stats import beta, binom
+
+from gnll._util.validation import check_scores_labels
 
 __all__ = ["Threshold", "accuracy_threshold", "clopper_pearson_lower", "coverage_threshold"]
 
@@ -116,14 +118,7 @@ def clopper_pearson_lower(k: int, n: int, delta: float) -> float:
 
 
 def _validate(scores: Any, labels: Any, target: float, delta: float) -> tuple[np.ndarray, ...]:
-    s = np.asarray(scores, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.float64)
-    if s.ndim != 1 or s.shape != y.shape or len(s) == 0:
-        raise ValueError(
-            f"scores and labels must be 1-D, equal length, non-empty; got {s.shape}, {y.shape}"
-        )
-    if not np.all(np.isfinite(s)):
-        raise ValueError("scores contain NaN or inf; drop those rows first")
+    s, y = check_scores_labels(scores, labels, nonempty=True)
     if not (0 < target < 1):
         raise ValueError(f"target must be strictly between 0 and 1, got {target}")
     if not (0 < delta < 1):

@@ -195,12 +195,11 @@ def clusterer_kwargs(
 ) -> dict[str, Any]:
     """``--clusterer_args`` for :func:`gnll.semantic.load_clusterer`, typed by the clusterer's
     parameters (``auto`` resolves to the clusterer it picks)."""
-    from gnll.semantic import CLUSTERERS, default_clusterer_name, load_clusterer
+    from gnll.semantic import CLUSTERERS, load_clusterer, resolve_clusterer_name
 
     raw = parse_kv(spec, option)
-    key = name.strip().lower()
-    if key == "auto" and raw:
-        key = default_clusterer_name()
+    # Resolving 'auto' looks for the NLI model on disk: only worth it when there are options to type.
+    key = resolve_clusterer_name(name) if raw else name.strip().lower()
     targets: list[Callable[..., Any]] = [load_clusterer]
     if key in CLUSTERERS:
         targets.append(CLUSTERERS[key])

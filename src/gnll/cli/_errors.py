@@ -90,9 +90,9 @@ def _is_oom(exc: BaseException) -> bool:
 def _user_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [ValueError, LookupError, OSError, ImportError]
     for module, names in (
-        ("gnll.evaluation.store", ("FingerprintMismatchError",)),
-        ("gnll.evaluation.runner", ("FingerprintMismatchError",)),
-        ("gnll.evaluation.rundir", ("RunDirectoryBusyError", "ForeignFilesError")),
+        ("gnll.evaluation.run.store", ("FingerprintMismatchError",)),
+        ("gnll.evaluation.run.runner", ("FingerprintMismatchError",)),
+        ("gnll.evaluation.run.rundir", ("RunDirectoryBusyError", "ForeignFilesError")),
     ):
         mod = sys.modules.get(module)
         types += [getattr(mod, n) for n in names if mod is not None and hasattr(mod, n)]

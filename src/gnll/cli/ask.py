@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs
-
-
-def ask_prompt(question: str, *, long: bool) -> str:
-    """The zero-shot prompt ``gnll ask`` sends: the evaluation's instruction, no few-shot block
-    (the ``instruction`` prompt format, :func:`gnll.backends.prompting.instruction_prompt`)."""
-    from gnll.backends.prompting import instruction_prompt
-
-    return instruction_prompt(question, long=long)
 
 
 def ask(
@@ -87,9 +79,10 @@ def ask(
     ] = None,
 ) -> None:
     """Answer QUESTION greedily and report its G-NLL (and any other requested measures)."""
-    from gnll import GenerationConfig, load_model
+    from gnll import load_model
     from gnll import measures as M
-    from gnll.backends.prompting import check_format, prompt_for
+    from gnll.backends.prompting import check_format
+    from gnll.scoring.asking import AskOptionError, ask, check_ask_options
 
     try:
         wanted = M.validate(measures)
@@ -99,110 +92,53 @@ def ask(
         fmt = check_format(prompt_format)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--prompt-format") from exc
-    if "g-nll" not in wanted:
-        wanted.insert(0, "g-nll")
-    _check_options(samples=samples, beams=beams, temperature=temperature, max_new=max_new_tokens)
-    options = model_kwargs(model_args)
-    lm = load_model(model, progress=not as_json, **options)
-    prompt, raw = prompt_for(question, fmt, long=long)
-    cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
-    how = {"raw_prompt": True} if raw else {}
-    [[greedy]] = lm.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap), **how)
-
-    needs = M.requirements(wanted)
-    beam_gens = sample_gens = cluster_ids = None
-    sample_texts: list[str] = []
-    if M.Needs.BEAMS in needs:
-        [beam_gens] = lm.generate([prompt], GenerationConfig.beam(beams, max_new_tokens=cap), **how)
-    if M.Needs.SAMPLES in needs:
-        cfg = GenerationConfig.sample(
-            samples, temperature=temperature, max_new_tokens=cap, seed=seed
+    try:  # before the model loads, not after the greedy pass
+        check_ask_options(
+            samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
         )
-        [sample_gens] = lm.generate([prompt], cfg, **how)
-        sample_texts = [g.text for g in sample_gens]
-    if M.Needs.CLUSTERS in needs:
-        from gnll.semantic import load_clusterer
-
-        options = clusterer_kwargs(clusterer, clusterer_args)
-        cluster_ids = load_clusterer(clusterer, **options).cluster(question, sample_texts)
-    values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
-    calibrated = _calibrated(calibration, lm.name, long, fmt, values) if calibration else {}
-
+    except AskOptionError as exc:
+        raise typer.BadParameter(exc.reason, param_hint=f"--{exc.option}") from exc
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
+    cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
+    result = ask(
+        lm,
+        question,
+        wanted,
+        long=long,
+        samples=samples,
+        temperature=temperature,
+        beams=beams,
+        clusterer=clusterer,
+        clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        calibration=cal,
+        prompt_format=fmt,
+    )
     if as_json:
-        record: dict[str, object] = {
-            "question": question,
-            "model": lm.name,
-            "prompt_format": fmt,
-            "answer": greedy.text,
-            "tokens": greedy.tokens,
-            "token_logprobs": greedy.token_logprobs,
-            "finish_reason": greedy.finish_reason,
-        }
-        record.update({name.replace("-", "_"): value for name, value in values.items()})
-        record.update(calibrated)
-        if sample_gens is not None:
-            record["samples"] = sample_texts
-            record["sample_token_logprobs"] = [g.token_logprobs for g in sample_gens]
-        if beam_gens is not None:
-            record["beam_token_logprobs"] = [g.token_logprobs for g in beam_gens]
-        if cluster_ids is not None:
-            record["cluster_ids"] = list(cluster_ids)
-        typer.echo(json.dumps(record, ensure_ascii=False))
+        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
         return
-    _print_report(question, greedy, values, calibrated, fmt)
+    _print_report(question, result.greedy, result.measures, result.calibrated(), fmt)
 
 
-def _check_options(*, samples: int, beams: int, temperature: float, max_new: int | None) -> None:
-    """Refuse impossible options before the model loads (not after the greedy pass)."""
-    if samples < 1:
-        raise typer.BadParameter(f"must be >= 1, got {samples}", param_hint="--samples")
-    if beams < 1:
-        raise typer.BadParameter(f"must be >= 1, got {beams}", param_hint="--beams")
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise typer.BadParameter(
-            f"must be a positive number, got {temperature} (temperature 0 is greedy decoding, "
-            "whose answer G-NLL already scores)",
-            param_hint="--temperature",
-        )
-    if max_new is not None and max_new < 1:
-        raise typer.BadParameter(f"must be >= 1, got {max_new}", param_hint="--max_new_tokens")
-
-
-def _calibrated(
-    spec: str, model: str, long: bool, fmt: str, values: dict[str, float]
-) -> dict[str, object]:
-    """p_correct and abstain from a calibration file; a model/prompt mismatch is one warning line,
-    a calibration fitted on another prompt format is refused."""
+def _calibration(spec: str, model: str, long: bool, measures: list[str], fmt: str) -> Any:
+    """The calibration for ``--calibration``; a model/prompt mismatch is one warning line, one
+    fitted on another prompt format is refused."""
     import warnings
 
-    from gnll.calibration import load_calibration, prompt_fingerprint
+    from gnll.scoring.asking import ask_calibration
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            cal = load_calibration(
-                spec,
-                model=model,
-                prompt_fingerprint=(
-                    prompt_fingerprint(ask_prompt("{question}", long=long))
-                    if fmt == "instruction"
-                    else None
-                ),
-                prompt_format=fmt,
+            cal = ask_calibration(
+                spec, model=model, long=long, measures=measures, prompt_format=fmt
             )
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--calibration") from exc
     for w in caught:
         typer.echo(f"warning: {w.message}", err=True)
-    measure = cal.meta.get("measure", "g-nll")
-    if measure not in values:
-        raise typer.BadParameter(
-            f"the calibration maps {measure!r}; add it to --measures", param_hint="--calibration"
-        )
-    out: dict[str, object] = {"p_correct": float(cal.predict_proba([values[measure]])[0])}
-    if cal.thresholds_:
-        out["abstain"] = bool(cal.abstain([values[measure]])[0])
-    return out
+    return cal
 
 
 def _print_report(

@@ -270,8 +270,9 @@ def evaluate(
 
     from gnll import measures as M
     from gnll.cli._errors import safe_text
-    from gnll.evaluation.runner import EvalConfig, Evaluator
-    from gnll.evaluation.tasks import parse_task_list
+    from gnll.evaluation.data.tasks import parse_task_list
+    from gnll.evaluation.results.tables import render_table
+    from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
     console = Console(stderr=True)
     logging.basicConfig(
@@ -325,10 +326,11 @@ def evaluate(
         _run_preset(ctx, preset, cfg, console, verbose)
         return
     t0 = time.perf_counter()
-    Evaluator(cfg).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
+    results = Evaluator(
+        cfg
+    ).run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
-    table = (output_path / "table.md").read_text(encoding="utf-8")
-    typer.echo(table.split("\n## AUROC averaged")[0].rstrip())
+    typer.echo(render_table([results], sections=("notes", "auroc")).rstrip())
     timings = json.loads((output_path / "timings.json").read_text())
     console.print(
         Text.assemble(
@@ -342,8 +344,8 @@ def evaluate(
 
 
 def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:
-    from gnll.evaluation.presets import preset_configs, run_preset
-    from gnll.evaluation.runner import FingerprintMismatchError
+    from gnll.evaluation.run.presets import preset_configs, run_preset
+    from gnll.evaluation.run.runner import FingerprintMismatchError
 
     given = {
         _CLI_TO_FIELD.get(k, k)

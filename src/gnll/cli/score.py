@@ -108,10 +108,10 @@ def score_command(
     from rich.console import Console
 
     from gnll import load_model
+    from gnll._util.tabular import file_format
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
     from gnll.scoring import ScoreJob, run_score_job
-    from gnll.scoring.rows import detect_format
     from gnll.scoring.stream import CALIBRATED_COLUMNS
 
     console = Console(stderr=True)
@@ -127,8 +127,8 @@ def score_command(
     if max_new_tokens is not None and max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     try:
-        in_fmt = detect_format(input, input_format)
-        out_fmt = detect_format(output)
+        in_fmt = file_format(input, input_format)
+        out_fmt = file_format(output)
     except ValueError as e:
         fail(str(e), e)
     if input != "-" and not Path(input).is_file():

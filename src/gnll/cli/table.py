@@ -18,8 +18,8 @@ def table(
     ] = None,
 ) -> None:
     """Print (or write) the paper-style tables of one or more runs (rows: model/task/metric)."""
-    from gnll.evaluation.report import averaged_significance, load_results, read_strata
-    from gnll.evaluation.tables import render_table
+    from gnll.evaluation.results.report import averaged_significance, load_results, read_strata
+    from gnll.evaluation.results.tables import render_table
 
     try:
         results = [load_results(d) for d in run_dirs]

@@ -1,10 +1,12 @@
 """Uncertainty measures: pure functions of token log-probabilities, and their registry.
 
 - :mod:`~gnll.measures.functions` -- the measures as pure functions (G-NLL, PE, SE, ...);
+- :mod:`~gnll.measures.logprobs` -- :func:`check_logprobs`, what a valid token log-prob is (one rule
+  for every layer);
 - :mod:`~gnll.measures.registry` -- :class:`Measure` specs, the paper's column :data:`ORDER`, and
   the one :func:`compute` that ``gnll ask``, ``gnll eval``, scoring and serving share.
 
-Every name of both modules is available here, so ``from gnll import measures`` is all a caller needs.
+Every name of these modules is available here, so ``from gnll import measures`` is all a caller needs.
 
 Example
 -------
@@ -30,6 +32,12 @@ from gnll.measures.functions import (
     semantic_entropy,
     semantic_entropy_plugin,
     sequence_logprob,
+)
+from gnll.measures.logprobs import (
+    LOGPROB_TOLERANCE,
+    SENTINEL_LOGPROB,
+    LogprobError,
+    check_logprobs,
 )
 from gnll.measures.registry import (
     MEASURES,
@@ -62,6 +70,10 @@ __all__ = [
     "max_cluster_probability",
     "cluster_log_probs",
     "TokenLogprobs",
+    "LOGPROB_TOLERANCE",
+    "SENTINEL_LOGPROB",
+    "LogprobError",
+    "check_logprobs",
     "Evidence",
     "MEASURES",
     "Measure",

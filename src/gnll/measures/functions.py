@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.special import logsumexp
 
+from gnll.measures.logprobs import check_logprobs
+
 TokenLogprobs = Sequence[float] | np.ndarray
 
 __all__ = [
@@ -46,35 +48,10 @@ __all__ = [
     "TokenLogprobs",
 ]
 
-# Log-probs a hair above zero come from float round-off in log-softmax; anything larger is a bug upstream.
-_POSITIVE_TOL = 1e-5
-
 
 def _as_logprobs(token_logprobs: TokenLogprobs, *, name: str = "token_logprobs") -> np.ndarray:
     """Validate one sequence of token log-probs and return it as a float64 array."""
-    if isinstance(token_logprobs, str | bytes):
-        raise TypeError(f"{name} must be a sequence of floats, got a string")
-    try:
-        arr = np.asarray(token_logprobs, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be a sequence of floats: {exc}") from exc
-    if arr.ndim != 1:
-        raise ValueError(
-            f"{name} must be one-dimensional (one log-prob per token), got shape {arr.shape}"
-        )
-    if not np.all(np.isfinite(arr)):
-        bad = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise ValueError(
-            f"{name} contains a non-finite value ({arr[bad]}) at token {bad}; "
-            "log-probs must be finite (a -inf means the model gave the chosen token zero probability)"
-        )
-    if np.any(arr > _POSITIVE_TOL):
-        bad = int(np.flatnonzero(arr > _POSITIVE_TOL)[0])
-        raise ValueError(
-            f"{name} has a positive log-probability ({arr[bad]:.6g}) at token {bad}; "
-            "pass log-probabilities (<= 0), not probabilities or logits"
-        )
-    return np.minimum(arr, 0.0)
+    return check_logprobs(token_logprobs, where=name)
 
 
 def _as_batch(list_of_token_logprobs: Sequence[TokenLogprobs]) -> list[np.ndarray]:

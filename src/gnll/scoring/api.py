@@ -10,12 +10,12 @@ Example::
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
 from gnll.backends.base import Model, ScoredAnswer
 from gnll.backends.prompting import PromptFormat, prompt_for
+from gnll.measures import check_logprobs
 
 __all__ = ["ScoringError", "check_scored", "join_answer", "score"]
 
@@ -24,17 +24,22 @@ class ScoringError(ValueError):
     """A model cannot score, or returned something that is not a valid score."""
 
 
-def check_scored(item: ScoredAnswer, answer: str) -> None:
-    """Refuse a score that is not a valid log-likelihood (NaN, inf, positive, or no tokens)."""
+def check_scored(item: ScoredAnswer, answer: str) -> ScoredAnswer:
+    """Refuse a score that is not a valid log-likelihood (NaN, inf, positive, or no tokens).
+
+    Returns ``item`` with round-off above 0 clamped (:func:`gnll.measures.check_logprobs`).
+    """
     lps = item.token_logprobs
     if not item.token_ids or len(lps) != len(item.token_ids):
         raise ScoringError(
             f"the backend returned {len(item.token_ids)} tokens and {len(lps)} log-probs for "
             f"answer {answer[:40]!r}"
         )
-    bad = [x for x in lps if not (math.isfinite(x) and x <= 1e-6)]
-    if bad:
-        raise ScoringError(f"invalid token log-prob(s) {bad[:3]} for answer {answer[:40]!r}")
+    try:
+        clean = check_logprobs(lps, where=f"answer {answer[:40]!r}", tokens=item.tokens)
+    except ValueError as exc:
+        raise ScoringError(str(exc)) from None
+    return replace(item, token_logprobs=clean.tolist())
 
 
 def join_answer(rendered_prompt: str, answer: str) -> str:
@@ -127,6 +132,4 @@ def score(
     out = model.score(texts, joined, raw_prompt=raw, batch_size=batch_size, progress=progress)
     if len(out) != len(answers):
         raise ScoringError(f"the backend returned {len(out)} scores for {len(answers)} answers")
-    for item, a in zip(out, answers, strict=True):
-        check_scored(item, a)
-    return [replace(item, text=a) for item, a in zip(out, answers, strict=True)]
+    return [replace(check_scored(item, a), text=a) for item, a in zip(out, answers, strict=True)]

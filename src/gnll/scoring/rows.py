@@ -14,36 +14,16 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from gnll.backends.prompting import prompt_for
 
-__all__ = ["FORMATS", "Item", "count_rows", "detect_format", "iter_rows", "to_item"]
+__all__ = ["Item", "count_rows", "iter_rows", "to_item"]
 
-FORMATS = ("jsonl", "csv", "parquet")
 PROMPT_FIELDS = ("messages", "prompt", "question")
 LABEL_FIELDS = ("correct", "label")
 
 Row = tuple[int, dict[str, Any] | None, str | None]
-
-
-def detect_format(path: str, given: str | None = None) -> str:
-    """The input/output format from ``given`` or the file name (stdin/stdout: JSONL)."""
-    if given:
-        if given not in FORMATS:
-            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {given!r}")
-        return given
-    if path == "-":
-        return "jsonl"
-    suffix = Path(path).suffix.lower()
-    fmt = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv"}.get(suffix)
-    fmt = fmt or {".parquet": "parquet", ".pq": "parquet"}.get(suffix)
-    if fmt is None:
-        raise ValueError(
-            f"{path}: cannot tell the format from {suffix!r}; name it .jsonl/.csv/.parquet or pass --format"
-        )
-    return fmt
 
 
 def _open_binary(path: str) -> BinaryIO:

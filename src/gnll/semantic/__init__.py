@@ -62,6 +62,7 @@ from gnll.semantic.partition import (
 )
 
 __all__ = [
+    "AUTO_NAMES",
     "CLUSTERERS",
     "DEFAULT_CLUSTERER",
     "DEFAULT_EMBEDDING_THRESHOLD",
@@ -80,6 +81,8 @@ __all__ = [
     "canonical_variant",
     "dedupe_answers",
     "default_clusterer_name",
+    "resolve_clusterer_name",
+    "takes_option",
     "entailment_prompt",
     "equivalent",
     "find_embedded_minilm",
@@ -90,6 +93,7 @@ __all__ = [
     "local_nli_model_available",
     "nli_label_map",
     "parse_entailment",
+    "register_clusterer",
 ]
 
 #: Registry: name -> class.
@@ -102,7 +106,7 @@ CLUSTERERS: dict[str, type[Clusterer]] = {
 DEFAULT_CLUSTERER = "auto"
 
 # Which generic options each clusterer understands (the CLI passes model/threshold/relation).
-_ACCEPTS = {
+_ACCEPTS: dict[str, set[str]] = {
     "exact": set(),
     "embedding": {"model", "threshold"},
     "nli": {"model", "relation"},
@@ -110,9 +114,53 @@ _ACCEPTS = {
 }
 
 
+def register_clusterer(cls: type[Clusterer], *, accepts: tuple[str, ...] = ()) -> type[Clusterer]:
+    """Make ``cls`` selectable by its ``name`` (``--clusterer NAME``, :func:`load_clusterer`).
+
+    ``accepts`` lists the generic options (``model``, ``threshold``, ``relation``) it takes; other
+    constructor arguments come through ``--clusterer_args``. Usable as a decorator.
+
+    >>> class Length(Clusterer):
+    ...     name = "length-demo"
+    ...     def _cluster_unique(self, questions, texts):
+    ...         return [[len(t) for t in ts] for ts in texts]
+    >>> _ = register_clusterer(Length)
+    >>> load_clusterer("length-demo").cluster("Q?", ["ab", "cd", "abc"])
+    [0, 0, 1]
+    >>> _ = CLUSTERERS.pop("length-demo"), _ACCEPTS.pop("length-demo")
+    """
+    unknown = set(accepts) - {"model", "threshold", "relation"}
+    if unknown:
+        raise ValueError(f"accepts takes model, threshold and relation, not {sorted(unknown)}")
+    if cls.name in CLUSTERERS or cls.name in AUTO_NAMES:
+        raise ValueError(f"a clusterer named {cls.name!r} already exists")
+    CLUSTERERS[cls.name] = cls
+    _ACCEPTS[cls.name] = set(accepts)
+    return cls
+
+
+#: Names that ask for the default clusterer of this machine.
+AUTO_NAMES = ("auto", "default")
+
+
 def default_clusterer_name(nli_model: str = DEFAULT_NLI_MODEL) -> str:
     """``"nli"`` if ``nli_model`` is available without the network, else ``"embedding"``."""
     return "nli" if local_nli_model_available(nli_model) else "embedding"
+
+
+def resolve_clusterer_name(name: str) -> str:
+    """The registered clusterer ``name`` stands for: ``auto``/``default`` -> this machine's default.
+
+    >>> resolve_clusterer_name(" Exact ")
+    'exact'
+    """
+    key = name.strip().lower()
+    return default_clusterer_name() if key in AUTO_NAMES else key
+
+
+def takes_option(name: str, option: str) -> bool:
+    """Whether the registered clusterer ``name`` understands ``model``/``threshold``/``relation``."""
+    return option in _ACCEPTS.get(name, set())
 
 
 def load_clusterer(
@@ -142,17 +190,16 @@ def load_clusterer(
     Options set to ``None`` are ignored, so a CLI can pass all of them; an option that the chosen
     clusterer does not use raises ``ValueError`` rather than being silently dropped.
     """
-    key = name.strip().lower()
-    if key == "auto":
+    key = resolve_clusterer_name(name)
+    if name.strip().lower() in AUTO_NAMES:
         if model is not None:
             raise ValueError(
                 "name a clusterer explicitly ('nli', 'embedding', ...) when giving a model"
             )
-        key = default_clusterer_name()
         # 'auto' may resolve to a clusterer without a relation or a threshold: drop what does not
         # apply.
-        relation = relation if "relation" in _ACCEPTS[key] else None
-        threshold = threshold if "threshold" in _ACCEPTS[key] else None
+        relation = relation if takes_option(key, "relation") else None
+        threshold = threshold if takes_option(key, "threshold") else None
     if key not in CLUSTERERS:
         raise ValueError(
             f"unknown clusterer {name!r}; choose one of {sorted(CLUSTERERS)} or 'auto'"

@@ -20,13 +20,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
+from gnll.measures import LogprobError
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Reply, error_body
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
-from gnll.serving.uncertainty import LogprobError, headers_for
+from gnll.serving.uncertainty import headers_for
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")

@@ -27,12 +27,13 @@ from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
+from gnll.measures import LogprobError
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.streaming import StreamedChoice
-from gnll.serving.uncertainty import LogprobError, annotate
+from gnll.serving.uncertainty import annotate
 
 
 class ProxyService:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
+from gnll.measures.logprobs import check_logprobs
 
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
@@ -32,25 +33,6 @@ if TYPE_CHECKING:
 Mode = Literal["annotate", "flag", "refuse"]
 MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
-#: Log-probs a hair above 0 come from float rounding (log-softmax of a near-certain token).
-_LOGPROB_TOLERANCE = 1e-4
-
-
-class LogprobError(ValueError):
-    """A token log-prob that no G-NLL can be computed from (NaN, inf, a -9999 sentinel, > 0)."""
-
-
-def check_logprobs(values: Sequence[float], *, source: str = "model") -> list[float]:
-    """Validate token log-probs: finite, <= 0, and not a server's ``-9999`` stand-in for -inf."""
-    out = []
-    for t, v in enumerate(values):
-        if v is None:
-            raise LogprobError(f"{source} returned no log-prob for answer token {t}")
-        v = float(v)
-        if not math.isfinite(v) or v > _LOGPROB_TOLERANCE or v <= -9999.0:
-            raise LogprobError(f"{source} returned an unusable log-prob {v!r} for answer token {t}")
-        out.append(min(v, 0.0))
-    return out
 
 
 @dataclass
@@ -209,7 +191,7 @@ def uncertainty_record(
 ) -> dict[str, Any]:
     """The ``uncertainty`` object of one answer (see the module docstring for the fields);
     ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`)."""
-    lps = check_logprobs(token_logprobs, source=source)
+    lps = check_logprobs(token_logprobs, where=source, tokens=tokens).tolist()
     nll = _g_nll(lps) if lps else 0.0
     ln = _ln_g_nll(lps) if lps else 0.0
     greedy = decoding == "greedy"

@@ -30,7 +30,7 @@ def add_routes(app: FastAPI, service: Any, settings: Any) -> None:
 
     @app.get("/ui/api/config")
     async def config() -> dict[str, Any]:
-        from gnll.evaluation.prompts import BRIEF_SHORT
+        from gnll.evaluation.data.prompts import BRIEF_SHORT
 
         return {
             **service.describe(),
@@ -56,7 +56,7 @@ def add_routes(app: FastAPI, service: Any, settings: Any) -> None:
 
 @lru_cache(maxsize=8)
 def _examples(task: str, data_dir: str, limit: int) -> list[dict[str, Any]]:
-    from gnll.evaluation.tasks import get_task
+    from gnll.evaluation.data.tasks import get_task
 
     data = get_task(task).load(data_dir=data_dir or None)
     return [

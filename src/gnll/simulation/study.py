@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from gnll._util import jsonable
 from gnll.simulation.distributions import (
     LeafPool,
     PrefixTreeDistribution,
@@ -559,24 +560,10 @@ def _mp_context() -> Any:
     return mp.get_context("fork" if "fork" in methods and os.name == "posix" else "spawn")
 
 
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
 def write_results(results: dict[str, Any], output_path: str | Path) -> Path:
     """Write ``results.json`` into directory ``output_path`` (created if needed); return it."""
     out = Path(output_path)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    path.write_text(json.dumps(_jsonable(results), indent=1, allow_nan=False))
+    path.write_text(json.dumps(jsonable(results, nan="none"), indent=1, allow_nan=False))
     return path

@@ -17,7 +17,7 @@ padding), because that makes savings possible that ``model.generate`` cannot off
   (:class:`~.kv_cache.GrowingLayer`) instead of ``torch.cat``-ing the whole cache at every step.
 
 Samples are drawn by inverse-CDF sampling with one seeded uniform stream per (prompt, sample), so
-sample j of a prompt depends on the seed, the prompt and j only (:func:`~gnll.backends.base.sample_seed`),
+sample j of a prompt depends on the seed, the prompt and j only (:func:`~gnll._util.seeds.sample_seed`),
 not on the batch it shares -- up to floating-point noise: a batch of other lengths pads the prompt
 differently, which moves its logits by ~1e-5, and at temperature 1 a uniform that falls that close
 to a boundary of the CDF picks the neighbouring token (rare per token, but a long sample can part).

@@ -25,7 +25,7 @@ def load_tokenizer_json(directory: str | os.PathLike[str]) -> PreTrainedTokenize
     ``AutoTokenizer`` in transformers 5 re-parses ``tokenizer.json`` in Python and rebuilds
     model-specific tokenizer classes: 4.6 s for Gemma-3's 262k vocabulary, against 2 s for the
     Rust parser alone. Only for checkpoints whose ``tokenizer.json`` is the whole tokenizer (true
-    for gnll's converted embedded models; ``tests/test_backend_hf.py`` checks equal token ids).
+    for gnll's converted embedded models; ``tests/backends/test_backend_hf.py`` checks equal token ids).
     """
     from tokenizers import Tokenizer
 

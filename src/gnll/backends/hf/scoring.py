@@ -1,8 +1,10 @@
 """Teacher-forced scoring: ``log p(c_t | prompt, c_<t)`` of given continuations, batched like generation.
 
 Rows are packed under the same position budget as generation (``max_batch_tokens``) and a bound
-on the logits tensor (rows x scored positions x vocab); a continuation too long for that bound on
-its own is scored in pieces. The prompts' shared prefix runs once, the log-probs come from
+on the logits tensor (rows x scored positions x vocab) that follows it: no more float32 logits than
+the KV cache of ``max_batch_tokens`` positions holds (:func:`max_logits_elements`), so lowering
+``max_batch_tokens`` lowers scoring's memory too. A continuation too long for that bound on its own
+is scored in pieces. The prompts' shared prefix runs once, the log-probs come from
 ``logsumexp`` and a gather (no second rows x positions x vocab tensor), and a batch that runs out
 of memory is retried in halves.
 """
@@ -23,9 +25,50 @@ from gnll.backends.hf.planning import halving_on_oom
 from gnll.backends.hf.prefill import Prefiller, left_padded, pad_token_id
 from gnll.backends.hf.stopping import StopRules
 
-#: Bound on the float32 logits of one scoring batch, in elements (1 GiB): with Gemma's 262k vocabulary
-#: this is 1,024 scored positions, with SmolLM2's 49k about 5,400.
+#: Bound on the float32 logits of one scoring batch, in elements (1 GiB), when ``max_batch_tokens``
+#: is ``None`` (no position budget): with Gemma's 262k vocabulary 1,024 scored positions.
 MAX_LOGITS_ELEMENTS = 2**28
+
+
+def kv_elements_per_position(config: Any) -> int | None:
+    """Floats the KV cache holds per position (keys and values of every layer), if the config says.
+
+    >>> from types import SimpleNamespace as C
+    >>> kv_elements_per_position(C(num_hidden_layers=30, num_attention_heads=9,
+    ...     num_key_value_heads=3, hidden_size=576))  # SmolLM2-135M: 2 x 30 x 3 x 64
+    11520
+    >>> kv_elements_per_position(C()) is None
+    True
+    """
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None and heads and getattr(config, "hidden_size", None):
+        head_dim = config.hidden_size // heads
+    if not (layers and kv_heads and head_dim):
+        return None
+    return 2 * int(layers) * int(kv_heads) * int(head_dim)
+
+
+def max_logits_elements(config: Any, max_batch_tokens: int | None) -> int:
+    """The logits bound of one scoring batch: the KV cache of ``max_batch_tokens`` positions.
+
+    Scoring then needs no more memory for its logits than generation needs for its cache under the
+    same ``max_batch_tokens`` (SmolLM2-135M at the default 20,480: 236M floats, 0.9 GiB). Without a
+    position budget, or for a config that does not describe its cache, :data:`MAX_LOGITS_ELEMENTS`.
+
+    >>> from types import SimpleNamespace as C
+    >>> smol = C(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    >>> max_logits_elements(smol, 20480), max_logits_elements(smol, 64)
+    (235929600, 737280)
+    >>> max_logits_elements(smol, None) == MAX_LOGITS_ELEMENTS
+    True
+    """
+    per_position = kv_elements_per_position(config)
+    if max_batch_tokens is None or per_position is None:
+        return MAX_LOGITS_ELEMENTS
+    return int(max_batch_tokens) * per_position
 
 
 @dataclass
@@ -53,11 +96,12 @@ def plan_batches(
     max_rows: int,
     max_tokens: int | None,
     vocab: int,
+    max_logits: int = MAX_LOGITS_ELEMENTS,
 ) -> list[list[int]]:
     """Cut rows (sorted longest first) into consecutive batches under the row and budget bounds.
 
     A batch of rows ``i..j`` holds ``rows x lengths[i]`` positions and ``rows x max(keeps) x vocab``
-    logits. A row over a budget on its own still gets a batch of its own.
+    logits (at most ``max_logits``). A row over a budget on its own still gets a batch of its own.
 
     >>> plan_batches([9, 8, 3], [2, 6, 2], max_rows=8, max_tokens=None, vocab=10)
     [[0, 1, 2]]
@@ -71,7 +115,7 @@ def plan_batches(
             rows = len(cur) + 1
             keep = max(keeps[j] for j in (*cur, i))
             fits = (max_tokens is None or rows * lengths[cur[0]] <= max_tokens) and (
-                rows * keep * vocab <= MAX_LOGITS_ELEMENTS
+                rows * keep * vocab <= max_logits
             )
             if rows <= max_rows and fits:
                 cur.append(i)
@@ -105,7 +149,8 @@ def score_ids(
     if not todo:
         return out
     vocab = getattr(model.config, "vocab_size", None) or len(tokenizer)
-    longest = max(1, MAX_LOGITS_ELEMENTS // vocab - 1)
+    max_logits = max_logits_elements(model.config, max_batch_tokens)
+    longest = max(1, max_logits // vocab - 1)
     if any(len(conts[i]) > longest for i in todo):
         return _score_in_pieces(
             model,
@@ -134,6 +179,7 @@ def score_ids(
         max_rows=batch_size,
         max_tokens=max_batch_tokens,
         vocab=vocab,
+        max_logits=max_logits,
     )
 
     def run(idx: list[int]) -> list[TokenScores]:

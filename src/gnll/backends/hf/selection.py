@@ -13,7 +13,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from gnll.backends.base import sample_seed
+from gnll._util.seeds import sample_seed
 
 #: Uniforms are capped below 1 so that ``u * total`` stays strictly below the CDF's last entry in
 #: float32, and a zero-probability token can never be picked.
@@ -25,7 +25,7 @@ def sample_uniforms(
 ) -> torch.Tensor:
     """One uniform per (row, step); row ``i * num_samples + j`` is sample j of ``prompts[i]``.
 
-    Each row's stream is seeded by :func:`~gnll.backends.base.sample_seed` from the seed, the
+    Each row's stream is seeded by :func:`~gnll._util.seeds.sample_seed` from the seed, the
     prompt's token ids and j: it does not depend on which other prompts share the call or the batch.
 
     >>> u = sample_uniforms(0, [[5, 6], [7]], 2, 3)

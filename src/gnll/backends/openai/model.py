@@ -9,7 +9,6 @@ servers keep is split off as the terminator (see :mod:`gnll.backends.openai.pars
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import replace
 from typing import Any
 
+from gnll._util.seeds import request_seed
 from gnll.backends.base import (
     DEFAULT_STOP,
     Capabilities,
@@ -28,7 +28,7 @@ from gnll.backends.base import (
     chat_messages,
 )
 from gnll.backends.openai.client import HTTPClient, ServerError, resolve_api_key
-from gnll.backends.openai.parse import RawTokens, check_logprobs, read_choice, to_generation
+from gnll.backends.openai.parse import RawTokens, read_choice, server_logprobs, to_generation
 from gnll.backends.openai.servers import ServerProfile, get_profile, profile_from_models
 
 # Substrings of served names that mark instruction-tuned models (chat template on by default).
@@ -70,7 +70,7 @@ class OpenAICompatModel(Model):
     Examples
     --------
     Against ``vllm serve Qwen/Qwen2.5-7B-Instruct`` (needs a server, so not run as a doctest;
-    ``tests/test_server_llamacpp.py`` runs it against a real llama.cpp server)::
+    ``tests/backends/test_server_llamacpp.py`` runs it against a real llama.cpp server)::
 
         model = load_model("Qwen/Qwen2.5-7B-Instruct", backend="openai",
                            base_url="http://localhost:8000/v1")
@@ -246,11 +246,7 @@ class OpenAICompatModel(Model):
         return results  # type: ignore[return-value]
 
     def _seed(self, config: GenerationConfig, prompt: str, offset: int) -> int | None:
-        # From the prompt's text, not its position, so a resumed or re-batched run draws the same.
-        if config.seed is None:
-            return None
-        key = f"{config.seed}\x00{offset}\x00{prompt}".encode()
-        return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") >> 1
+        return None if config.seed is None else request_seed(config.seed, offset, prompt)
 
     def _request(
         self,
@@ -420,7 +416,7 @@ class OpenAICompatModel(Model):
             )
         span = slice(start, len(full))
         tokens = raw.tokens[span]
-        values = check_logprobs(raw.logprobs[span], tokens, where)
+        values = server_logprobs(raw.logprobs[span], tokens, where)
         tops = raw.top1[span]
         is_greedy = None
         if all(t is not None for t in tops):

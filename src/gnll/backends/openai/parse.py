@@ -21,9 +21,8 @@ from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
-
-#: vLLM clamps -inf to -9999.0 and llama.cpp sends the lowest float: anything this low is a sentinel.
-SENTINEL_LOGPROB = -9999.0
+from gnll.measures.logprobs import LogprobError
+from gnll.measures.logprobs import check_logprobs as _check_logprobs
 
 
 @dataclass
@@ -138,33 +137,23 @@ def _top1_content(top: Any) -> tuple[str, float] | None:
     )
 
 
-def check_logprobs(values: list[float | None], tokens: list[str], where: str) -> list[float]:
-    """Finite, <= 0 log-probs or a clear error naming the prompt and the token.
+def server_logprobs(values: list[float | None], tokens: list[str], where: str) -> list[float]:
+    """:func:`gnll.measures.check_logprobs` for a server's reply: a :class:`ServerError`, with the server's remedy.
 
     Examples
     --------
-    >>> check_logprobs([-0.5, 1e-7], ["a", "b"], "prompt 3")
+    >>> server_logprobs([-0.5, 1e-7], ["a", "b"], "prompt 3")
     [-0.5, 0.0]
-    >>> check_logprobs([-9999.0], ["x"], "prompt 3")
+    >>> server_logprobs([-9999.0], ["x"], "prompt 3")
     Traceback (most recent call last):
     ...
-    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, the server's stand-in for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
+    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, the stand-in servers send for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
     """
-    out: list[float] = []
-    for i, (v, tok) in enumerate(zip(values, tokens, strict=True)):
-        if v is None:
-            raise ServerError(f"{where}: token {i} {tok!r} has no log-prob (null)")
-        v = float(v)
-        if math.isnan(v) or v > 1e-4:
-            raise ServerError(f"{where}: token {i} {tok!r} has an invalid log-prob {v}")
-        if v <= SENTINEL_LOGPROB:
-            raise ServerError(
-                f"{where}: token {i} {tok!r} has log-prob {v}, the server's stand-in for -inf "
-                "(probability 0): the token could not have been generated from the raw "
-                "distribution; check the server's logprobs mode and sampling settings"
-            )
-        out.append(min(v, 0.0))
-    return out
+    try:
+        return _check_logprobs(values, where=where, tokens=tokens).tolist()
+    except LogprobError as exc:
+        remedy = "; check the server's logprobs mode and sampling settings"
+        raise ServerError(f"{exc}{remedy if exc.kind == 'sentinel' else ''}") from None
 
 
 def to_generation(
@@ -226,7 +215,7 @@ def to_generation(
         term = slice(k, min(n, k + 1))
     else:
         term = slice(k, k)
-    values = check_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
+    values = server_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
     ids = raw.token_ids if raw.token_ids is not None else [-1] * n
     answer_lp, term_lp = values[:k], values[term]
     return Generation(

@@ -1,0 +1,364 @@
+"""Loaders for the paper's three QA benchmarks, in their original file formats.
+
+The files are never part of the repository. They are looked up, in this order, in
+
+1. ``data_path`` -- one file of the dataset's own format (``--data_path``), else
+2. ``data_dir`` -- a folder laid out like ``shared/data`` (``--data_dir``), else
+3. ``$GNLL_DATA_DIR``, else
+4. ``../shared/data`` relative to the working directory, then relative to the project root.
+
+Users who are online can instead load the same splits from the Hugging Face hub
+(``source="hub"``, needs the ``datasets`` package: ``pip install gnll[hub]``).
+
+Example
+-------
+>>> from gnll.evaluation.data.datasets import DATASETS
+>>> DATASETS["svamp"].relpath
+'svamp/SVAMP.json'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gnll.evaluation.data.records import (
+    DataError,
+    Row,
+    arith,
+    finite_number_field,
+    id_field,
+    iter_json_array,
+    iter_jsonl,
+    optional_str_field,
+    str_field,
+    str_list_field,
+)
+
+__all__ = [
+    "DATASETS",
+    "DataError",
+    "DatasetSpec",
+    "Example",
+    "candidate_data_dirs",
+    "detect_dataset",
+    "file_sha256",
+    "load_dataset",
+    "resolve_data_file",
+]
+
+ENV_VAR = "GNLL_DATA_DIR"
+
+
+@dataclass(frozen=True)
+class Example:
+    """One question with its gold answers.
+
+    Attributes
+    ----------
+    id:
+        Stable identifier (TriviaQA ``index``, SVAMP ``ID``, NQ-Open line number).
+    question:
+        The question text shown to the model.
+    answers:
+        Gold answers; for TriviaQA every alias, for SVAMP the number formatted without a trailing
+        ``.0``.
+    context:
+        SVAMP's problem body (shown in a ``Context:`` line), else ``None``.
+    numeric_answer:
+        SVAMP's gold number, else ``None``.
+    """
+
+    id: str
+    question: str
+    answers: tuple[str, ...]
+    context: str | None = None
+    numeric_answer: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def format_number(value: float) -> str:
+    """``51.0`` -> ``'51'``, ``2.5`` -> ``'2.5'`` (how a gold number is shown in prompts and F1)."""
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+# --------------------------------------------------------------------------- local file parsers
+def _unique_ids(rows: list[tuple[Row, Example]]) -> list[Example]:
+    seen: dict[str, str] = {}
+    for row, ex in rows:
+        if ex.id in seen:
+            raise DataError(f"{row.where}: duplicate id {ex.id!r} (first at {seen[ex.id]})")
+        seen[ex.id] = row.where
+    return [ex for _, ex in rows]
+
+
+def _triviaqa_example(row: Row, i: int) -> Example:
+    return Example(
+        id=id_field(row, "index", str(i)),
+        question=str_field(row, "question"),
+        answers=str_list_field(row, "aliases"),
+    )
+
+
+def parse_triviaqa(path: Path) -> list[Example]:
+    return _unique_ids([(r, _triviaqa_example(r, i)) for i, r in enumerate(iter_jsonl(path))])
+
+
+def _svamp_example(row: Row) -> Example:
+    ans = finite_number_field(row, "Answer")
+    equation = optional_str_field(row, "Equation")
+    eq = arith(equation) if equation is not None else None
+    return Example(
+        id=id_field(row, "ID"),
+        question=str_field(row, "Question"),
+        answers=(format_number(ans),),
+        context=str_field(row, "Body"),
+        numeric_answer=ans,
+        extra={
+            "equation": equation,
+            "type": row.data.get("Type"),
+            # chal-680's Answer (1) contradicts its Equation (5): never show it as an example
+            "consistent": eq is None or abs(eq - ans) < 1e-6,
+        },
+    )
+
+
+def parse_svamp(path: Path) -> list[Example]:
+    return _unique_ids([(r, _svamp_example(r)) for r in iter_json_array(path)])
+
+
+def _nq_question(q: str) -> str:
+    # NQ-Open questions are lower-case search queries without a question mark; Farquhar et al.
+    # append one.
+    q = q.strip()
+    return q if q.endswith("?") else q + "?"
+
+
+def _nq_example(row: Row, i: int) -> Example:
+    return Example(
+        id=str(i),
+        question=_nq_question(str_field(row, "question")),
+        answers=str_list_field(row, "answer"),
+    )
+
+
+def parse_nq_open(path: Path) -> list[Example]:
+    return [_nq_example(r, i) for i, r in enumerate(iter_jsonl(path))]
+
+
+# --------------------------------------------------------------------------- hub loaders (optional)
+def _import_hf_datasets():
+    try:
+        import datasets as hf_datasets  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise ImportError(
+            "loading from the Hugging Face hub needs the `datasets` package: "
+            "pip install 'gnll[hub]'"
+        ) from exc
+    return hf_datasets
+
+
+def _hub_triviaqa() -> list[Example]:
+    ds = _import_hf_datasets().load_dataset("trivia_qa", "unfiltered.nocontext", split="validation")
+    return [
+        _triviaqa_example(
+            Row(
+                f"hub trivia_qa row {i}",
+                {"question": r["question"], "aliases": r["answer"]["aliases"]},
+            ),
+            i,
+        )
+        for i, r in enumerate(ds)
+    ]
+
+
+def _hub_svamp() -> list[Example]:
+    dd = _import_hf_datasets().load_dataset("ChilleD/SVAMP")
+    examples = []
+    for split in ("train", "test"):
+        for i, r in enumerate(dd[split]):
+            ex = _svamp_example(Row(f"hub ChilleD/SVAMP {split} row {i}", r))
+            # the paper evaluates the 300-problem test split (gnll.evaluation.data.tasks uses the mark)
+            ex.extra["split"] = split
+            examples.append(ex)
+    examples.sort(key=lambda e: int(e.id.split("-")[-1]))
+    return examples
+
+
+def _hub_nq_open() -> list[Example]:
+    ds = _import_hf_datasets().load_dataset("nq_open", split="validation")
+    return [_nq_example(Row(f"hub nq_open row {i}", r), i) for i, r in enumerate(ds)]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a dataset's original file lives under a data directory, and how to read it."""
+
+    name: str
+    relpath: str
+    parse: Callable[[Path], list[Example]]
+    hub: Callable[[], list[Example]]
+    hub_id: str
+    size: int
+
+
+DATASETS: dict[str, DatasetSpec] = {
+    "triviaqa": DatasetSpec(
+        "triviaqa",
+        "triviaqa/triviaqa_unfiltered_validation.jsonl",
+        parse_triviaqa,
+        _hub_triviaqa,
+        "trivia_qa (unfiltered.nocontext, validation)",
+        11313,
+    ),
+    "svamp": DatasetSpec(
+        "svamp", "svamp/SVAMP.json", parse_svamp, _hub_svamp, "ChilleD/SVAMP", 1000
+    ),
+    "nq_open": DatasetSpec(
+        "nq_open",
+        "nq_open/NQ-open.dev.jsonl",
+        parse_nq_open,
+        _hub_nq_open,
+        "nq_open (validation)",
+        3610,
+    ),
+}
+
+
+def detect_dataset(path: str | Path) -> str:
+    """Guess a file's dataset from its first record (``triviaqa``, ``svamp`` or ``nq_open``)."""
+    path = Path(path)
+    with path.open("rb") as fh:
+        # Bad bytes are the parser's to report, with their line; here they only must not crash.
+        head = fh.read(1 << 16).decode("utf-8", errors="replace").lstrip()
+    if head.startswith("["):
+        return "svamp"
+    first = head.splitlines()[0] if head else ""
+    try:
+        rec = json.loads(first)
+    except json.JSONDecodeError:
+        rec = None
+    if not isinstance(rec, dict):
+        raise DataError(
+            f"{path}:1: cannot tell the dataset format: expected a JSON list (SVAMP) or one JSON "
+            "object per line (TriviaQA, NQ-Open)"
+        )
+    if "aliases" in rec:
+        return "triviaqa"
+    if "answer" in rec:
+        return "nq_open"
+    if "Body" in rec:
+        return "svamp"
+    raise DataError(f"{path}:1: unknown dataset format (fields {sorted(rec)})")
+
+
+def _project_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def candidate_data_dirs(data_dir: str | Path | None = None) -> list[Path]:
+    """Data directories searched, in order.
+
+    An explicit ``data_dir`` (or else ``$GNLL_DATA_DIR``) is the only place looked at, so a typo is
+    an error rather than a silent fall-back to some other copy; without either, ``../shared/data``
+    relative to the working directory and to the project root are tried.
+    """
+    if data_dir:
+        return [Path(data_dir).expanduser()]
+    if os.environ.get(ENV_VAR):
+        return [Path(os.environ[ENV_VAR]).expanduser()]
+    dirs = [Path.cwd() / ".." / "shared" / "data", _project_root() / ".." / "shared" / "data"]
+    if dirs[0].resolve() == dirs[1].resolve():
+        dirs = dirs[:1]
+    return dirs
+
+
+def resolve_data_file(
+    dataset: str, data_dir: str | Path | None = None, data_path: str | Path | None = None
+) -> Path:
+    """Find the local file of ``dataset``; the error says which file was expected where."""
+    spec = _spec(dataset)
+    if data_path:
+        p = Path(data_path).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(
+                f"--data_path {p} does not exist (expected the {dataset} file {spec.relpath})"
+            )
+        fmt = detect_dataset(p)
+        if fmt != dataset:
+            raise ValueError(f"--data_path {p} holds {fmt} data, but the task needs {dataset}")
+        return p
+    searched = []
+    for d in candidate_data_dirs(data_dir):
+        p = d / spec.relpath
+        if p.is_file():
+            return p
+        searched.append(str(p))
+    raise FileNotFoundError(
+        f"no local copy of {dataset}: expected the file '{spec.relpath}' under a data directory; "
+        "looked for\n  "
+        + "\n  ".join(searched)
+        + f"\nGive --data_dir DIR (or set ${ENV_VAR}) pointing at a folder that holds "
+        f"'{spec.relpath}', "
+        f"--data_path FILE for a single file, or --data_source hub to load {spec.hub_id} from the "
+        "Hugging Face hub (needs `pip install datasets` and network)."
+    )
+
+
+def _spec(dataset: str) -> DatasetSpec:
+    try:
+        return DATASETS[dataset]
+    except KeyError:
+        raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)}") from None
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_dataset(
+    dataset: str,
+    *,
+    data_dir: str | Path | None = None,
+    data_path: str | Path | None = None,
+    source: str = "local",
+) -> tuple[list[Example], dict[str, Any]]:
+    """Load all examples of ``dataset`` and a provenance record (file, sha256, count).
+
+    ``source`` is ``"local"`` (files, see module docstring) or ``"hub"`` (Hugging Face
+    ``datasets``).
+    """
+    spec = _spec(dataset)
+    if source == "hub":
+        examples = spec.hub()
+        return examples, {
+            "dataset": dataset,
+            "source": "hub",
+            "hub_id": spec.hub_id,
+            "n": len(examples),
+        }
+    if source != "local":
+        raise ValueError(f"data source must be 'local' or 'hub', got {source!r}")
+    path = resolve_data_file(dataset, data_dir, data_path)
+    examples = spec.parse(path)  # checks every row; ids are unique
+    if not examples:
+        raise DataError(f"{path}: no examples")
+    info = {
+        "dataset": dataset,
+        "source": "local",
+        "file": str(path.resolve()),
+        "sha256": file_sha256(path),
+        "n": len(examples),
+    }
+    return examples, info

@@ -1,0 +1,275 @@
+"""How well an uncertainty score separates correct from incorrect answers.
+
+Conventions: ``correct`` is a 0/1 (or bool) array, ``scores`` are uncertainties (higher = more
+uncertain).
+AUROC treats *incorrect* answers as positives. Answers are "rejected" most-uncertain first; ties
+among
+uncertainties are resolved by their expected value under random tie-breaking, so results never
+depend on
+the order of records.
+
+Examples
+--------
+>>> auroc([1, 1, 0, 0], [0.1, 0.2, 0.3, 0.4])  # wrong answers all more uncertain
+1.0
+>>> rejection_accuracy([1, 1, 0, 0, 1], [0.1, 0.2, 0.3, 0.9, 0.4], fraction=0.8)
+0.75
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from scipy.stats import rankdata
+
+from gnll._util.seeds import seed_from
+from gnll._util.validation import check_scores_labels
+from gnll.measures import PAPER_BASELINES
+
+__all__ = [
+    "accuracy_curve",
+    "aurac",
+    "auroc",
+    "averaged_paired_test",
+    "bootstrap_auroc",
+    "evaluate_measures",
+    "paired_bootstrap_test",
+    "rejection_accuracy",
+]
+
+
+def _arrays(correct: Sequence, scores: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    s, c = check_scores_labels(scores, correct, names=("scores", "correct"), binary=False)
+    return c, s
+
+
+def auroc(correct: Sequence, scores: Sequence) -> float:
+    """AUROC of ``scores`` for detecting incorrect answers (scikit-learn); NaN for one class."""
+    from sklearn.metrics import roc_auc_score
+
+    c, s = _arrays(correct, scores)
+    y = (c < 0.5).astype(int)
+    if (
+        len(y) == 0 or y.min() == y.max()
+    ):  # no decided question (e.g. every judge reply unparseable)
+        return float("nan")
+    return float(roc_auc_score(y, s))
+
+
+def _auroc_batch(y: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Row-wise AUROC by the Mann-Whitney U statistic (midranks for ties); ``y``, ``s``: (B, n)."""
+    ranks = rankdata(s, axis=1)
+    n_pos = y.sum(axis=1)
+    n_neg = y.shape[1] - n_pos
+    u = (ranks * y).sum(axis=1) - n_pos * (n_pos + 1) / 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = u / (n_pos * n_neg)
+    out[(n_pos == 0) | (n_neg == 0)] = np.nan
+    return out
+
+
+def _bootstrap_indices(n: int, n_boot: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def bootstrap_auroc(
+    correct: Sequence, scores: Sequence, *, n_boot: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """AUROC and its bootstrap standard error (std of AUROC over ``n_boot`` resamples of questions).
+
+    Resamples in which only one class occurs are skipped. Deterministic for a given ``seed``.
+    """
+    c, s = _arrays(correct, scores)
+    point = auroc(c, s)
+    if math.isnan(point) or n_boot < 2:
+        return point, float("nan")
+    idx = _bootstrap_indices(len(c), n_boot, seed)
+    vals = _auroc_batch((c[idx] < 0.5).astype(np.float64), s[idx])
+    vals = vals[np.isfinite(vals)]
+    return point, float(np.std(vals, ddof=1)) if len(vals) > 1 else float("nan")
+
+
+def paired_bootstrap_test(
+    correct: Sequence, scores_a: Sequence, scores_b: Sequence, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, float]:
+    """One-sided paired bootstrap test of ``H0: AUROC(a) <= AUROC(b)``.
+
+    Both measures are evaluated on the same resampled questions; the p-value is
+    ``(1 + #{resamples with AUROC(a) - AUROC(b) <= 0}) / (1 + #resamples)``.
+    """
+    c, a = _arrays(correct, scores_a)
+    _, b = _arrays(correct, scores_b)
+    diff = auroc(c, a) - auroc(c, b)
+    if math.isnan(diff):
+        return {"diff": float("nan"), "p_value": float("nan"), "n_boot": 0}
+    idx = _bootstrap_indices(len(c), n_boot, seed)
+    y = (c[idx] < 0.5).astype(np.float64)
+    d = _auroc_batch(y, a[idx]) - _auroc_batch(y, b[idx])
+    d = d[np.isfinite(d)]
+    p = (1 + int(np.sum(d <= 0))) / (1 + len(d))
+    return {"diff": float(diff), "p_value": float(p), "n_boot": int(len(d))}
+
+
+def averaged_paired_test(
+    strata: Sequence[tuple[str, Sequence, dict[str, Sequence[float]]]],
+    *,
+    reference: str = "g-nll",
+    baselines: Sequence[str] = ("pe", "ln-pe", "se", "ln-se", "d-se"),
+    n_boot: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """Paired bootstrap test of G-NLL against the best baseline on an AUROC *averaged over tasks*.
+
+    ``strata`` holds one ``(key, correct, {measure: scores})`` per task (the rows of the paper's
+    dataset-averaged lines). Questions are resampled within each task (stratified bootstrap; the
+    resample indices of a task are seeded by ``seed`` and its ``key``, so two correctness metrics of
+    one task resample the same questions); each resample's statistic is the mean over tasks of
+    AUROC(reference) - AUROC(best baseline). The best baseline is the one with the highest mean
+    AUROC on the full data. Resamples in which some task has a single class are skipped. The
+    one-sided p-value is ``(1 + #{diff <= 0}) / (1 + #resamples)``, as in
+    :func:`paired_bootstrap_test`.
+
+    >>> c = [1, 1, 1, 0, 0, 0] * 5
+    >>> good, bad = [0, 1, 2, 7, 8, 9] * 5, [5, 0, 9, 1, 8, 2] * 5
+    >>> res = averaged_paired_test([("a", c, {"g-nll": good, "pe": bad}),
+    ...                             ("b", c, {"g-nll": good, "pe": bad})], n_boot=200)
+    >>> res["best_baseline"], res["significant"]
+    ('pe', True)
+    """
+    names = None
+    for _key, _c, ms in strata:
+        names = set(ms) if names is None else names & set(ms)
+    names = names or set()
+    out: dict[str, Any] = {
+        "reference": reference,
+        "alpha": alpha,
+        "n_boot": n_boot,
+        "seed": seed,
+        "n_tasks": len(strata),
+        "stratified": True,
+    }
+    present = [b for b in baselines if b in names]
+    if reference not in names or not present or not strata:
+        return out
+    used = [reference, *present]
+    points = {m: [auroc(c, ms[m]) for _k, c, ms in strata] for m in used}
+    if any(math.isnan(v) for vals in points.values() for v in vals):
+        out["note"] = "a task has a single correctness class: its AUROC is undefined"
+        return out
+    mean = {m: float(np.mean(v)) for m, v in points.items()}
+    best = max(present, key=lambda m: mean[m])
+    total = np.zeros(n_boot)
+    for key, c, ms in strata:
+        cc = np.asarray(c, dtype=np.float64)
+        idx = _bootstrap_indices(len(cc), n_boot, seed_from(seed, key))
+        y = (cc[idx] < 0.5).astype(np.float64)
+        a = np.asarray(ms[reference], dtype=np.float64)[idx]
+        b = np.asarray(ms[best], dtype=np.float64)[idx]
+        total += _auroc_batch(y, a) - _auroc_batch(y, b)  # NaN where a resample has one class
+    d = total[np.isfinite(total)] / len(strata)
+    p = (1 + int(np.sum(d <= 0))) / (1 + len(d))
+    out.update(
+        {
+            "best_baseline": best,
+            "diff": mean[reference] - mean[best],
+            "p_value": float(p),
+            "n_valid": int(len(d)),
+            "significant": bool(p < alpha),
+        }
+    )
+    return out
+
+
+def accuracy_curve(correct: Sequence, scores: Sequence) -> np.ndarray:
+    """Accuracy of the ``k`` least uncertain answers for ``k = 1..n`` (ties at expected value).
+
+    >>> accuracy_curve([1, 0], [0.5, 0.5]).tolist()
+    [0.5, 0.5]
+    """
+    c, s = _arrays(correct, scores)
+    if len(c) == 0:
+        return np.array([])
+    order = np.argsort(s, kind="stable")
+    s_sorted, c_sorted = s[order], c[order]
+    # Replace correctness within each group of tied scores by the group mean.
+    _, start, counts = np.unique(s_sorted, return_index=True, return_counts=True)
+    group_mean = np.add.reduceat(c_sorted, start) / counts
+    c_avg = np.repeat(group_mean, counts)
+    return np.cumsum(c_avg) / np.arange(1, len(c) + 1)
+
+
+def rejection_accuracy(correct: Sequence, scores: Sequence, fraction: float = 0.8) -> float:
+    """Accuracy on the ``fraction`` of answers with the lowest uncertainty (ARA@80 for 0.8).
+
+    Keeps ``ceil(fraction * n)`` answers.
+    """
+    if not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    curve = accuracy_curve(correct, scores)
+    if len(curve) == 0:
+        return float("nan")
+    k = max(1, math.ceil(fraction * len(curve) - 1e-9))
+    return float(curve[k - 1])
+
+
+def aurac(correct: Sequence, scores: Sequence) -> float:
+    """Area under the accuracy-vs-retained-fraction curve: mean of :func:`accuracy_curve`."""
+    curve = accuracy_curve(correct, scores)
+    return float(curve.mean()) if len(curve) else float("nan")
+
+
+def evaluate_measures(
+    correct: Sequence,
+    measures: dict[str, Sequence[float]],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    reference: str = "g-nll",
+    baselines: Sequence[str] = PAPER_BASELINES,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """All metrics for one task x correctness metric.
+
+    Returns ``{"n", "accuracy", "measures": {name: {auroc, auroc_se, ara80, aurac}},
+    "significance"}``,
+    where ``significance`` compares ``reference`` (G-NLL) with the best of ``baselines`` present
+    (the
+    paper's sampling-based measures) by a paired bootstrap, and lists its p-value against every
+    measure.
+    """
+    c = np.asarray(correct, dtype=np.float64)
+    out: dict[str, Any] = {
+        "n": int(len(c)),
+        "accuracy": float(c.mean()) if len(c) else float("nan"),
+    }
+    per: dict[str, dict[str, float]] = {}
+    for name, sc in measures.items():
+        a, se = bootstrap_auroc(c, sc, n_boot=n_boot, seed=seed)
+        per[name] = {
+            "auroc": a,
+            "auroc_se": se,
+            "ara80": rejection_accuracy(c, sc, 0.8),
+            "aurac": aurac(c, sc),
+        }
+    out["measures"] = per
+    sig: dict[str, Any] = {"reference": reference, "alpha": alpha, "n_boot": n_boot, "seed": seed}
+    present = [b for b in baselines if b in per and not math.isnan(per[b]["auroc"])]
+    if reference in per and not math.isnan(per[reference]["auroc"]):
+        sig["p_values"] = {
+            m: paired_bootstrap_test(c, measures[reference], measures[m], n_boot=n_boot, seed=seed)[
+                "p_value"
+            ]
+            for m in per
+            if m != reference
+        }
+        if present:
+            best = max(present, key=lambda m: per[m]["auroc"])
+            sig["best_baseline"] = best
+            sig["p_value"] = sig["p_values"][best]
+            sig["significant"] = bool(sig["p_value"] < alpha)
+    out["significance"] = sig
+    return out

@@ -1,0 +1,199 @@
+"""Results of a run (``results.json``), computed from its ``samples.jsonl``.
+
+``results.json`` holds, per task and correctness metric, the number of questions, the accuracy of the
+greedy answers, and per measure its AUROC with bootstrap standard error, ARA@80, AURAC and the mean
+number of generated tokens it needs per question; the paired bootstrap test of G-NLL against the best
+sampling-based measure; the sampling temperature and how it was chosen; agreement between correctness
+metrics; and the full configuration with seeds and library versions. It is deterministic: run it twice
+(or resume an interrupted run) and the file is byte-identical.
+
+:func:`gnll.evaluation.results.tables.render_table` lays one or more results out like the paper's Table 1.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gnll import measures as M
+from gnll._util import jsonable
+from gnll._util.runfiles import iter_samples
+from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements
+from gnll.evaluation.results.groups import average_groups, defined, overall_keys
+from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures
+
+__all__ = [
+    "SCHEMA",
+    "averaged_significance",
+    "build_results",
+    "load_results",
+    "read_rows",
+    "read_strata",
+    "versions",
+]
+
+SCHEMA = "gnll.eval.results/1"
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the libraries that shape results."""
+    out = {"python": platform.python_version()}
+    import importlib
+
+    for mod in ("gnll", "numpy", "scipy", "sklearn", "torch", "transformers"):
+        try:
+            out[mod] = str(importlib.import_module(mod).__version__)
+        except Exception:  # noqa: BLE001 - a missing optional library is simply not recorded
+            continue
+    return out
+
+
+def read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Per task, each question's verdicts, measures and token costs (one pass over ``samples.jsonl``)."""
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _lineno, r in iter_samples(samples_path):
+        rows[r["task"]].append(
+            {
+                "verdicts": r["correctness"],
+                "correct": {m: v.get("correct") for m, v in r["correctness"].items()},
+                "measures": r["measures"],
+                "cost": r.get("cost_tokens", {}),
+            }
+        )
+    return rows
+
+
+def _strata(
+    rows: dict[str, list[dict[str, Any]]], task_meta: dict[str, Any]
+) -> dict[tuple[str, str], tuple[list[float], dict[str, list[float]]]]:
+    """Per (task, metric): the decided questions' correctness and every table measure's scores."""
+    out = {}
+    for task, meta in task_meta.items():
+        trs = rows.get(task, [])
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
+        for metric in meta["correctness"]:
+            keep = [row for row in trs if row["correct"].get(metric) is not None]
+            correct = [float(row["correct"][metric]) for row in keep]
+            out[(task, metric)] = (
+                correct,
+                {m: [row["measures"][m] for row in keep] for m in names},
+            )
+    return out
+
+
+def read_strata(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[float], dict]] | None:
+    """The per-question data of a finished run (from its ``samples.jsonl``), or ``None`` if absent."""
+    run_dir = Path(run_dir)
+    samples = run_dir / "samples.jsonl"
+    if not samples.exists():
+        return None
+    res = load_results(run_dir)
+    meta = {t: {"correctness": list(v["metrics"])} for t, v in res["tasks"].items()}
+    return _strata(read_rows(samples), meta)
+
+
+def averaged_significance(
+    results_list: Sequence[dict[str, Any]],
+    strata_list: Sequence[dict[tuple[str, str], tuple[list[float], dict]] | None],
+    *,
+    n_boot: int | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Stratified paired tests of G-NLL on every dataset-averaged row and on the overall average.
+
+    Returns ``{"groups": {"<run>|<mode>|<metric label>": test}, "overall": test}`` (see
+    :func:`gnll.evaluation.results.metrics.averaged_paired_test`); a run without per-question data
+    (``None`` in ``strata_list``) leaves the rows it belongs to untested.
+    """
+    cfg = results_list[0]["config"] if results_list else {}
+    n_boot = cfg.get("n_boot", 1000) if n_boot is None else n_boot
+    seed = cfg.get("seed", 0) if seed is None else seed
+    out: dict[str, Any] = {"groups": {}}
+    overall: list[tuple[str, list[float], dict]] | None = []
+    groups = average_groups(results_list)
+    in_overall = set(overall_keys(groups))
+    for (i, model, mode, label), rows in groups.items():
+        strata = strata_list[i]
+        used = [(t, m) for t, m, mres in rows if defined(mres)]
+        if strata is None or not used:
+            overall = None if strata is None else overall
+            continue
+        group = [(f"{i}|{model}|{t}", *strata[(t, m)]) for t, m in used]
+        out["groups"][f"{i}|{mode}|{label}"] = averaged_paired_test(group, n_boot=n_boot, seed=seed)
+        if overall is not None and (i, model, mode, label) in in_overall:
+            overall += group
+    if overall and len(in_overall) > 1:
+        out["overall"] = averaged_paired_test(overall, n_boot=n_boot, seed=seed)
+    return out
+
+
+def build_results(
+    samples_path: str | Path, config: Any, task_meta: dict[str, Any], components: dict[str, Any]
+) -> dict[str, Any]:
+    """Compute ``results.json`` from ``samples.jsonl`` (read once, keeping scores per question)."""
+    rows = read_rows(samples_path)
+    strata = _strata(rows, task_meta)
+    tasks_out: dict[str, Any] = {}
+    for task, meta in task_meta.items():
+        trs = rows.get(task, [])
+        metrics_out: dict[str, Any] = {}
+        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
+        mean_tokens = {}
+        for m in names:
+            src = M.get(m).source
+            mean_tokens[m] = sum(row["cost"].get(src, 0) for row in trs) / len(trs)
+        for metric in meta["correctness"]:
+            correct, scores = strata[(task, metric)]
+            res = evaluate_measures(correct, scores, n_boot=config.n_boot, seed=config.seed)
+            res["n_undecided"] = len(trs) - len(correct)
+            for m in names:
+                res["measures"][m]["mean_tokens"] = mean_tokens[m]
+            metrics_out[metric] = res
+        agreements = {}
+        present = [m for m in ("f1", "contains", "judge") if m in meta["correctness"]]
+        for i, a in enumerate(present):
+            for b in present[i + 1 :]:
+                agreements[f"{a}_vs_{b}"] = agreement(
+                    [row["correct"].get(a) for row in trs], [row["correct"].get(b) for row in trs]
+                )
+        extra: dict[str, Any] = {}
+        if "f1" in meta["correctness"]:
+            extra["f1_rule"] = {
+                "rule": getattr(config, "f1_rule", "gt"),
+                "disagreements": f1_rule_disagreements([r["verdicts"]["f1"] for r in trs]),
+                "n": len(trs),
+            }
+        if "judge" in meta["correctness"]:
+            extra["judge_unparseable"] = sum(
+                r["verdicts"]["judge"].get("detail") == "unparseable" for r in trs
+            )
+        tasks_out[task] = {**meta, "metrics": metrics_out, "agreement": agreements, **extra}
+    results = {
+        "schema": SCHEMA,
+        "model": config.model,
+        "config": config.public(),
+        "components": components,
+        "versions": versions(),
+        "tasks": tasks_out,
+    }
+    results["averages"] = averaged_significance([results], [strata])
+    return jsonable(results, nan="none")
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read ``results.json`` from a run directory (or the file itself)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    if not p.exists():
+        raise FileNotFoundError(
+            f"{p} not found: is {path} the --output_path of a finished `gnll eval` run?"
+        )
+    data = json.loads(p.read_text(encoding="utf-8"))
+    if data.get("schema") != SCHEMA:
+        raise ValueError(f"{p}: not a gnll eval results file (schema {data.get('schema')!r})")
+    return data

@@ -1,0 +1,389 @@
+"""The paper-style tables of one or more runs (``table.md``, ``gnll table``).
+
+Rows are model / task / correctness metric, columns the measures in :data:`gnll.measures.ORDER`:
+AUROC (with bootstrap standard errors and G-NLL's significance star), averages over datasets, ARA@80,
+AURAC, the chosen temperatures and the agreement between correctness metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gnll import measures as M
+from gnll.evaluation.results.groups import (
+    average_groups,
+    defined,
+    iter_rows,
+    metric_label,
+    overall_keys,
+)
+
+__all__ = ["render_table"]
+
+
+def _undefined(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _fmt(x: float | None) -> str:
+    if _undefined(x):
+        return "–"
+    s = f"{x:.3f}"
+    return s[1:] if s.startswith("0.") else ("-" + s[2:] if s.startswith("-0.") else s)
+
+
+def _row_cells(
+    values: dict[str, float | None], ses: dict[str, float | None] | None, star: bool
+) -> list[str]:
+    present = {m: v for m, v in values.items() if v is not None}
+    best = max((round(v, 3) for v in present.values()), default=None)
+    cells = []
+    for m in M.ORDER:
+        v = values.get(m)
+        if v is None:
+            cells.append("–")
+            continue
+        txt = _fmt(v)
+        if ses is not None and ses.get(m) is not None:
+            txt += f" ± {_fmt(ses[m])}"
+        if best is not None and round(v, 3) == best:
+            txt = f"**{txt}**"
+        if star and m == "g-nll":
+            txt += "\\*"
+        cells.append(txt)
+    return cells
+
+
+def _header(first: Sequence[str]) -> list[str]:
+    head = list(first) + [M.get(m).label for m in M.ORDER]
+    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+
+
+def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
+    """Header lines: evaluation pools, correctness rules and fallbacks that change the numbers."""
+    out = []
+    pools, rules, fallback, unparseable = [], [], [], []
+    for res in results_list:
+        for task, tres in res["tasks"].items():
+            if tres.get("n_eval_pool") is not None:
+                pools.append(
+                    f"{task} {tres.get('n_eval', '?')} of {tres['n_eval_pool']:,} "
+                    f"(few-shot pool {tres.get('n_fewshot_pool', '?')}, held-out pool "
+                    f"{tres.get('n_heldout_pool', '?')})"
+                )
+            rule = tres.get("f1_rule")
+            if rule:
+                sym = ">" if rule["rule"] == "gt" else ">="
+                rules.append(f"{task}: F1 {sym} 0.5, {rule['disagreements']} of {rule['n']} differ")
+            if tres.get("mode") == "long" and "judge" not in tres.get("correctness", []):
+                fallback.append(task)
+            if tres.get("judge_unparseable") is not None:
+                unparseable.append(f"{task}: {tres['judge_unparseable']}")
+    if any(res.get("config", {}).get("reference") == "beam" for res in results_list):
+        out.append(
+            "**Reference answer: the most likely of the K beams** (the paper's Table 6): "
+            "correctness is judged on the top beam and G-NLL / LN-G-NLL are its NLL."
+        )
+    if pools:
+        out.append(
+            "Evaluated questions of each evaluation pool: " + "; ".join(dict.fromkeys(pools))
+        )
+    if rules:
+        out.append(
+            "F1 correctness rule per task (F1 > 0.5 is the paper's, the default; `--f1_rule ge` "
+            "gives the reference code's >= 0.5) and how many questions the two rules label "
+            "differently: " + "; ".join(rules) + "."
+        )
+    if fallback:
+        out.append(
+            "**No judge**: " + ", ".join(dict.fromkeys(fallback)) + " are long-answer tasks scored "
+            'by substring containment ("Contains"), which is not the paper\'s metric; give '
+            "`--judge MODEL` for the paper's LLM-as-a-judge."
+        )
+    if unparseable:
+        out.append(
+            "Unparseable judge replies (left out of the judge rows): "
+            + "; ".join(unparseable)
+            + "."
+        )
+    return out
+
+
+def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Per model, task and metric: AUROC ± bootstrap SE, G-NLL's star (the paper's Table 1 rows)."""
+    out = ["## AUROC (↑)", ""]
+    out.append(
+        "Positives are incorrect greedy answers, the score is the uncertainty; ± bootstrap "
+        "standard error; best per row in bold; `*`: G-NLL significantly better than the best "
+        "sampling-based measure of the "
+        "paper (PE, LN-PE, SE, LN-SE, D-SE; one-sided paired bootstrap, p < 0.05). "
+        "PE…MCP use N sampled answers, G-NLL and LN-G-NLL the greedy answer only, BS-MSP K beams. "
+        "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
+        "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
+    )
+    out.append("")
+    out += _header(["Model", "Task", "Metric", "n", "Acc."])
+    for res, task, _tres, metric, mres in iter_rows(results_list):
+        ms = mres["measures"]
+        values = {m: ms[m]["auroc"] for m in ms}
+        ses = {m: ms[m]["auroc_se"] for m in ms}
+        star = bool(mres.get("significance", {}).get("significant"))
+        cells = _task_cells(res, task, metric, mres)
+        out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
+    return out
+
+
+def _task_cells(res: dict[str, Any], task: str, metric: str, mres: dict[str, Any]) -> list[str]:
+    return [res["model"], task, metric_label(metric, res), str(mres["n"]), _fmt(mres["accuracy"])]
+
+
+def _run_significance(results_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The averaged rows' tests as each run recorded them (``results["averages"]``)."""
+    significance: dict[str, Any] = {"groups": {}}
+    for i, res in enumerate(results_list):
+        for key, test in ((res.get("averages") or {}).get("groups") or {}).items():
+            significance["groups"][f"{i}|{key.split('|', 1)[1]}"] = test
+        if len(results_list) == 1 and (res.get("averages") or {}).get("overall"):
+            significance["overall"] = res["averages"]["overall"]
+    return significance
+
+
+def _auroc_averaged(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+) -> list[str]:
+    """AUROC averaged over datasets, as in the paper's Table 1 (rows: model / length / metric).
+
+    One group per run x generation length x metric (two runs of one model stay separate rows),
+    then the overall **Average** when more than one group counts towards it.
+    """
+    groups = average_groups(results_list)
+    out = ["", "## AUROC averaged over datasets (↑)", ""]
+    out.append(
+        "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
+        "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
+        "significantly better than the best sampling-based measure of the row (one-sided paired "
+        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
+        "overall **Average** takes one metric per run and generation length, the first given "
+        "(a task scored under two metrics is one dataset, not two)."
+    )
+    out.append("")
+    out += _header(["Model", "Gen.", "Metric", "#tasks"])
+    all_vals: dict[str, list[float]] = defaultdict(list)
+    all_ses: dict[str, list[float]] = defaultdict(list)
+    in_overall = overall_keys(groups)
+    for (run, model, mode, label), full_rows in groups.items():
+        counted = (run, model, mode, label) in in_overall
+        full = [mres for _t, _m, mres in full_rows]
+        # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
+        lst = [x for x in full if defined(x)]
+        vals, ses = {}, {}
+        for m in M.ORDER:
+            a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
+            s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
+            if a and len(a) == len(lst):
+                vals[m] = sum(a) / len(a)
+                if counted:
+                    all_vals[m] += a
+                if all(v is not None for v in s):
+                    ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
+                    if counted:
+                        all_ses[m] += s
+        n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
+        star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
+        out.append(
+            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
+        )
+    if len(in_overall) > 1:
+        out += _overall_average(in_overall, all_vals, all_ses, significance)
+    return out
+
+
+def _overall_average(
+    in_overall: Sequence[tuple[int, str, str, str]],
+    all_vals: dict[str, list[float]],
+    all_ses: dict[str, list[float]],
+    significance: dict[str, Any],
+) -> list[str]:
+    n_rows = max((len(v) for v in all_vals.values()), default=0)
+    vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
+    ses = {
+        m: math.sqrt(sum(x * x for x in s)) / len(s) for m, s in all_ses.items() if len(s) == n_rows
+    }
+    star = bool((significance.get("overall") or {}).get("significant"))
+    metrics = " / ".join(dict.fromkeys(k[3] for k in in_overall))
+    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(vals, ses, star)
+    out = ["| " + " | ".join(cells) + " |"]
+    if "overall" not in significance:
+        out += ["", "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)"]
+    return out
+
+
+def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note: str) -> list[str]:
+    """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric."""
+    out = ["", f"## {title}", "", note, ""]
+    out += _header(["Model", "Task", "Metric", "n", "Acc."])
+    for res, task, _tres, metric, mres in iter_rows(results_list):
+        ms = mres["measures"]
+        values = {m: ms[m][key] for m in ms}
+        cells = _task_cells(res, task, metric, mres)
+        out.append("| " + " | ".join(cells + _row_cells(values, None, False)) + " |")
+    return out
+
+
+def _ara80(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Rejection accuracy at 80% per task, then averaged over datasets (the paper's Table 3)."""
+    note = "Accuracy on the 80% of questions with the lowest uncertainty (ties at expected value)."
+    out = _per_task(results_list, "ara80", "Rejection accuracy at 80% (↑)", note)
+    out += ["", "## Rejection accuracy at 80% averaged over datasets (↑, the paper's Table 3)", ""]
+    out.append(
+        "Mean ARA@80 over the tasks in the row, as the paper prints it (plus the mean accuracy)."
+    )
+    out.append("")
+    out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."])
+    for (_run, model, mode, label), rows in average_groups(results_list).items():
+        lst = [mres for _t, _m, mres in rows if mres.get("n")]
+        vals = {}
+        for m in M.ORDER:
+            a = [x["measures"][m]["ara80"] for x in lst if m in x["measures"]]
+            if a and len(a) == len(lst) and all(v is not None for v in a):
+                vals[m] = sum(a) / len(a)
+        acc = [x["accuracy"] for x in lst if x.get("accuracy") is not None]
+        cells = [model, mode, label, str(len(lst)), _fmt(sum(acc) / len(acc) if acc else None)]
+        out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
+    return out
+
+
+def _aurac(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Area under the accuracy-vs-retained-fraction curve per task."""
+    note = "Area under the accuracy-vs-retained-fraction curve."
+    return _per_task(results_list, "aurac", "AURAC (↑)", note)
+
+
+def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str:
+    cand = sel.get("candidates") or {}
+    per = sel.get("per_measure") or {}
+    how = sel["selected_by"]
+    if how == "heldout":
+        how = f"held-out, {sel.get('mode', 'shared')}"
+    if sel.get("single_class") or (
+        cand and all(_undefined(c.get("mean_auroc")) for c in cand.values())
+    ):
+        how = "default (held-out AUROC undefined)"
+    chosen = (
+        ", ".join(f"{M.get(m).label} {t:g}" for m, t in per.items()) if per else f"{sel['value']:g}"
+    )
+    detail = "; ".join(
+        f"T={t}: "
+        + ", ".join(f"{M.get(m).label} {_fmt(a)}" for m, a in (c.get("auroc") or {}).items())
+        for t, c in cand.items()
+    )
+    return f"| {res['model']} | {task} | {chosen} | {how} | {detail or '–'} |"
+
+
+def _temperatures(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+) -> list[str]:
+    """The sampling temperature of each task and how it was chosen (absent if none was needed)."""
+    temps = [
+        _temperature_row(res, task, tres["temperature"])
+        for res in results_list
+        for task, tres in res["tasks"].items()
+        if (tres.get("temperature") or {}).get("value") is not None
+    ]
+    if not temps:
+        return []
+    out = ["", "## Sampling temperature", ""]
+    out.append(
+        "Per measure (default, `--temperature_selection per-measure`): each sampling-based "
+        "measure is computed from the samples at the candidate with its own best held-out "
+        "AUROC (the paper's baselines use their optimal settings); `shared`: one temperature "
+        "per task, the best mean held-out AUROC of PE, LN-PE, SE, LN-SE, D-SE."
+    )
+    out.append("")
+    out += [
+        "| Model | Task | T per measure | Chosen by | Held-out AUROC per candidate |",
+        "|---|---|---|---|---|",
+    ]
+    return out + temps
+
+
+def _agreement(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """Agreement rate and Cohen's kappa between correctness metrics (absent with one metric)."""
+    agree = [
+        f"| {res['model']} | {task} | {pair.replace('_vs_', ' vs ')} | {a['n']} | "
+        f"{_fmt(a['agreement'])} | {_fmt(a['kappa'])} |"
+        for res in results_list
+        for task, tres in res["tasks"].items()
+        for pair, a in (tres.get("agreement") or {}).items()
+    ]
+    if not agree:
+        return []
+    out = ["", "## Agreement between correctness metrics", ""]
+    out.append(
+        "How far to trust a small judge: agreement rate and Cohen's kappa on the "
+        "questions both metrics decided."
+    )
+    out.append("")
+    out += ["| Model | Task | Metrics | n | Agreement | Cohen's κ |", "|---|---|---|---|---|---|"]
+    return out + agree
+
+
+def _header_notes(
+    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+) -> list[str]:
+    return [line + "\n" for line in _notes(results_list)]
+
+
+Section = Callable[[Sequence[dict[str, Any]], dict[str, Any]], list[str]]
+
+#: The sections of ``table.md`` in order; :func:`render_table` takes any subset by name.
+SECTIONS: dict[str, Section] = {
+    "notes": _header_notes,
+    "auroc": _auroc,
+    "auroc_averaged": _auroc_averaged,
+    "ara80": _ara80,
+    "aurac": _aurac,
+    "temperature": _temperatures,
+    "agreement": _agreement,
+}
+
+
+def render_table(
+    results_list: Sequence[dict[str, Any]],
+    significance: dict[str, Any] | None = None,
+    *,
+    sections: Sequence[str] | None = None,
+) -> str:
+    """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
+
+    Parameters
+    ----------
+    results_list
+        One ``results.json`` dictionary per run (:func:`gnll.evaluation.run_evaluation` returns one).
+    significance
+        :func:`~gnll.evaluation.results.report.averaged_significance` of ``results_list``; without
+        it the averaged rows use each run's own tests (``results["averages"]``) and an overall
+        average over several runs carries no star.
+    sections
+        Names from :data:`SECTIONS` to render, in table order (default: all of them). ``gnll eval``
+        prints ``("notes", "auroc")``.
+
+    Returns
+    -------
+    str
+        The Markdown text, ending with a newline.
+    """
+    names = list(SECTIONS) if sections is None else list(sections)
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown table sections {unknown}; known: {', '.join(SECTIONS)}")
+    if significance is None:
+        significance = _run_significance(results_list)
+    out: list[str] = []
+    for name in SECTIONS:
+        if name in names:
+            out += SECTIONS[name](results_list, significance)
+    return "\n".join(out) + "\n"

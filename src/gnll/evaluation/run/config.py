@@ -1,0 +1,164 @@
+"""What defines an evaluation run: :class:`EvalConfig` (``gnll eval`` maps one-to-one onto it).
+
+Example
+-------
+>>> cfg = EvalConfig(model="smollm2-135m-instruct", tasks=["svamp_short"], output_path="runs/x",
+...                  measures=["g-nll"], limit=20)
+>>> cfg.needs_samples, cfg.needs_beams
+(False, False)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gnll import measures as M
+from gnll.backends.identity import redact
+from gnll.evaluation.data.tasks import Task, get_task
+from gnll.evaluation.results.correctness import CORRECTNESS_METRICS, F1_RULES
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TEMPERATURES", "EvalConfig"]
+
+#: Candidate sampling temperatures (the held-out pool picks one).
+TEMPERATURES = (0.5, 1.0, 1.5)
+
+
+@dataclass
+class EvalConfig:
+    """Everything that defines an evaluation run (the CLI maps one-to-one onto it)."""
+
+    model: str
+    tasks: list[str]
+    output_path: str | Path
+    model_args: dict[str, Any] = field(default_factory=dict)
+    limit: int | None = None
+    data_dir: str | None = None
+    data_path: str | None = None
+    data_source: str = "local"
+    split_path: str | None = None  # ids of the evaluation pool (e.g. a test split), one per line
+    pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
+    correctness: list[str] | None = None
+    judge: str | None = None
+    judge_args: dict[str, Any] = field(default_factory=dict)
+    beams: int = 5
+    samples: int = 10
+    temperature: float | None = None
+    temperatures: tuple[float, ...] = TEMPERATURES
+    measures: list[str] = field(default_factory=lambda: list(M.ORDER))
+    batch_size: int | None = None
+    chunk_size: int = 256
+    seed: int = 0
+    resume: bool = False
+    clusterer: str = "auto"
+    clusterer_args: dict[str, Any] = field(default_factory=dict)
+    semantic_relation: str | None = None
+    heldout_size: int | None = None  # None: min(100, limit)
+    fewshot_as_multiturn: bool = False  # chat models: few-shot examples as chat turns
+    n_boot: int = 1000
+    f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
+    # each sampling measure its own held-out temperature ("their optimal hyperparameter settings")
+    temperature_selection: str = "per-measure"
+    # log-probs of sampled answers: "model" (temperature 1) or "sampling" (the distribution they were
+    # drawn from, as the reference code scores them)
+    sample_logprobs: str = "model"
+    # an empty answer's likelihood: "terminator" (its stop token, as the reference code) or "zero"
+    empty_answer: str = "terminator"
+    # the answer whose correctness is judged and whose NLL is G-NLL: the greedy answer (Table 1) or
+    # the most likely of the K beams (the paper's Table 6)
+    reference: str = "greedy"
+    plots: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.output_path = Path(self.output_path)
+        self.tasks = [get_task(t).name for t in self.tasks]
+        self.measures = M.validate(self.measures, paper_order=True)
+        if self.correctness is not None:
+            bad = [c for c in self.correctness if c not in CORRECTNESS_METRICS]
+            if bad:
+                raise ValueError(
+                    f"unknown correctness metric(s) {bad}; choose from {CORRECTNESS_METRICS}"
+                )
+            if "judge" in self.correctness and not self.judge:
+                raise ValueError("correctness 'judge' needs a judge model: give --judge MODEL")
+        if self.beams < 0 or self.samples < 0:
+            raise ValueError("--beams and --samples must be >= 0")
+        if self.samples == 1 and self.needs_samples:
+            logger.warning(
+                "--samples 1: sampling-based measures from a single sample are degenerate"
+            )
+        if self.temperature is not None and not (
+            self.temperature > 0 and math.isfinite(self.temperature)
+        ):
+            raise ValueError(f"--temperature must be positive, got {self.temperature}")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError("--limit must be >= 1")
+        if self.chunk_size < 1:
+            raise ValueError("--chunk_size must be >= 1")
+        for name, value, allowed in (
+            ("--temperature_selection", self.temperature_selection, ("per-measure", "shared")),
+            ("--sample_logprobs", self.sample_logprobs, ("model", "sampling")),
+            ("--empty_answer", self.empty_answer, ("terminator", "zero")),
+            ("--reference", self.reference, ("greedy", "beam")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.reference == "beam" and self.beams < 1:
+            raise ValueError("--reference beam needs --beams K >= 1")
+        if self.f1_rule not in F1_RULES:
+            raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
+
+    @property
+    def needs_beams(self) -> bool:
+        if self.reference == "beam":
+            return True  # the reference answer is the top beam
+        return self.beams > 0 and M.Needs.BEAMS in M.requirements(self.measures)
+
+    @property
+    def needs_samples(self) -> bool:
+        return self.samples > 0 and M.Needs.SAMPLES in M.requirements(self.measures)
+
+    @property
+    def needs_clusters(self) -> bool:
+        return self.needs_samples and M.Needs.CLUSTERS in M.requirements(self.measures)
+
+    @property
+    def generated(self) -> M.Needs:
+        """The evidence this run generates (``--beams 0`` / ``--samples 0`` switch parts off)."""
+        have = M.Needs.GREEDY
+        if self.needs_beams:
+            have |= M.Needs.BEAMS
+        if self.needs_samples:
+            have |= M.Needs.SAMPLES
+        if self.needs_clusters:
+            have |= M.Needs.CLUSTERS
+        return have
+
+    @property
+    def active_measures(self) -> list[str]:
+        """The selected measures that the generated evidence allows (paper order)."""
+        return M.computable(self.measures, self.generated)
+
+    def correctness_for(self, task: Task) -> list[str]:
+        """Correctness metrics of ``task``; the first is the primary one (temperature selection)."""
+        if self.correctness is not None:
+            return list(dict.fromkeys(self.correctness))
+        if self.judge:
+            return ["f1", "judge"] if task.mode == "short" else ["judge", "contains"]
+        return list(task.default_correctness)
+
+    def public(self) -> dict[str, Any]:
+        """The configuration as recorded in results (run mechanics such as paths are left out)."""
+        d = asdict(self)
+        for k in ("output_path", "resume", "progress", "plots"):
+            d.pop(k)
+        for k in ("model_args", "judge_args", "clusterer_args"):
+            d[k] = redact(d[k])  # results.json is shared: credentials never go in it
+        d["temperatures"] = list(self.temperatures)
+        return d

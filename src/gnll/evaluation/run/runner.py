@@ -1,0 +1,459 @@
+"""The evaluation pipeline: greedy -> correctness -> beams -> samples -> clustering -> measures.
+
+:class:`Evaluator` runs an :class:`~gnll.evaluation.run.config.EvalConfig`. Work is done in chunks of
+questions (one ``Model.generate`` call per chunk and stage, so the backend can batch and
+length-sort many prompts); each stage (:mod:`~gnll.evaluation.run.stages`) appends its output to its own
+flushed JSONL cache as soon as a chunk finishes, so an interrupted run continues with
+``resume=True`` and recomputes nothing that reached the disk. Each task's fingerprint (model,
+prompt, data, split; :mod:`~gnll.evaluation.run.store`) is checked on resume and a mismatch stops the
+run with a message instead of mixing runs.
+
+The sampling temperature is chosen on the held-out pool (:mod:`~gnll.evaluation.run.temperature`). At
+the end, ``samples.jsonl`` is assembled from the caches in one streaming pass
+(:mod:`~gnll.evaluation.run.assemble`), and results, tables and plots are computed from it.
+
+Example
+-------
+>>> cfg = EvalConfig(model="smollm2-135m-instruct", tasks=["svamp_short"], output_path="runs/x",
+...                  measures=["g-nll"], limit=20)
+>>> cfg.needs_samples, cfg.needs_beams
+(False, False)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gnll import measures as M
+from gnll._util import jsonable, progress_enabled
+from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.identity import model_identity
+from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.results.portable import without_local_paths
+from gnll.evaluation.run.assemble import assemble_record
+from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
+from gnll.evaluation.run.config import TEMPERATURES, EvalConfig
+from gnll.evaluation.run.progress import SplitProgress, stage_weights
+from gnll.evaluation.run.rundir import RunLock
+from gnll.evaluation.run.stages import Chunk, TaskStages
+from gnll.evaluation.run.store import (
+    FingerprintMismatchError,
+    TaskRun,
+    fingerprint,
+    prepare_output_dir,
+)
+from gnll.evaluation.run.temperature import choose_temperatures, default_temperature, heldout_size
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "TEMPERATURES",
+    "EvalConfig",
+    "Evaluator",
+    "FingerprintMismatchError",
+    "run_evaluation",
+]
+
+
+@dataclass(frozen=True)
+class _TaskPlan:
+    """A task whose stages have run: what its ``samples.jsonl`` records are assembled from."""
+
+    stages: TaskStages
+    metrics: list[str]
+    temperature: dict[str, float] | None  # per sampling-based measure
+    n: int
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def add(self, stage: str, dt: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + dt
+        self.calls[stage] = self.calls.get(stage, 0) + 1
+
+
+class Evaluator:
+    """Runs an :class:`EvalConfig`.
+
+    ``model``, ``judge`` and ``clusterer`` may be passed in (already loaded, or fakes in tests);
+    otherwise they are loaded on first use, so a run whose every stage is cached loads nothing.
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig,
+        *,
+        model: Model | None = None,
+        judge: Model | None = None,
+        clusterer: Any = None,
+    ) -> None:
+        self.config = config
+        self.out = Path(config.output_path)
+        self._model = model
+        if model is not None:
+            self._check_capabilities(model)
+        self._identity: dict[str, Any] | None = None
+        self._judge = judge
+        self._clusterer = clusterer
+        self._clusterer_name = self._resolve_clusterer_name()
+        self.timer = _Timer()
+        self._noted: set[str] = set()
+        self._progress: SplitProgress | None = None
+
+    # ------------------------------------------------------------------ lazily loaded components
+    @property
+    def model(self) -> Model:
+        if self._model is None:
+            from gnll.backends import load_model
+
+            logger.info("loading model %s", self.config.model)
+            t = time.perf_counter()
+            self._model = load_model(
+                self.config.model, progress=self.config.progress, **self.config.model_args
+            )
+            self.timer.add("load_model", time.perf_counter() - t)
+            self._check_capabilities(self._model)
+        self._note_component("model", self._model)
+        return self._model
+
+    @property
+    def judge(self) -> Model:
+        if self._judge is None:
+            cfg = self.config
+            if cfg.judge == cfg.model and cfg.judge_args == cfg.model_args:
+                self._judge = self.model
+            else:
+                from gnll.backends import load_model
+
+                t = time.perf_counter()
+                self._judge = load_model(cfg.judge, progress=cfg.progress, **cfg.judge_args)
+                self.timer.add("load_judge", time.perf_counter() - t)
+        self._note_component("judge", self._judge)
+        return self._judge
+
+    @property
+    def clusterer(self) -> Any:
+        if self._clusterer is None:
+            from gnll.semantic import AUTO_NAMES, load_clusterer, takes_option
+
+            t = time.perf_counter()
+            name = self.config.clusterer
+            relation = self.config.semantic_relation
+            if name in AUTO_NAMES:
+                # The name was resolved once at start-up so the cache fingerprint cannot drift.
+                name = self._clusterer_name
+                if relation is not None and not takes_option(name, "relation"):
+                    logger.warning(
+                        "--semantic_relation %s ignored: 'auto' chose the %s clusterer, which has "
+                        "no entailment relation (pass --clusterer nli or llm to use it)",
+                        relation,
+                        name,
+                    )
+                    relation = None
+            self._clusterer = load_clusterer(name, relation=relation, **self.config.clusterer_args)
+            self.timer.add("load_clusterer", time.perf_counter() - t)
+        self._note_component("clusterer", self._clusterer)
+        return self._clusterer
+
+    def _note_component(self, kind: str, obj: Any) -> None:
+        """Persist ``obj.info()`` the first time a component is used (survives interruptions)."""
+        if kind in self._noted or not hasattr(obj, "info"):
+            return
+        self._noted.add(kind)
+        path = self.out / "components.json"
+        info = json.loads(path.read_text()) if path.exists() else {}
+        info[kind] = jsonable(obj.info(), nan="keep")
+        write_json_atomic(path, info)
+
+    def _resolve_clusterer_name(self) -> str:
+        if self._clusterer is not None:
+            info = self._clusterer.info() if hasattr(self._clusterer, "info") else {}
+            return str(info.get("clusterer", info.get("name", type(self._clusterer).__name__)))
+        name = self.config.clusterer
+        if self.config.needs_clusters:
+            from gnll.semantic import AUTO_NAMES, resolve_clusterer_name
+
+            if name in AUTO_NAMES:
+                return resolve_clusterer_name(name)
+        return name
+
+    # ------------------------------------------------------------------ what stages compute with
+    def generate(
+        self, model: Model, prompts: list[str], config: GenerationConfig
+    ) -> list[list[Generation]]:
+        hook: Any = False
+        if self._progress is not None:
+            progress, n = self._progress, len(prompts)
+
+            def hook(done: float) -> None:
+                progress.prompts_done(done, of=n)
+
+        out = model.generate(prompts, config, batch_size=self.config.batch_size, progress=hook)
+        if len(out) != len(prompts):
+            raise RuntimeError(f"model returned {len(out)} outputs for {len(prompts)} prompts")
+        return out
+
+    def timed(self, label: str, seconds: float) -> None:
+        self.timer.add(label, seconds)
+
+    def _model_identity(self) -> dict[str, Any]:
+        """What the evaluated model is (computed once, without loading it)."""
+        if self._identity is None:
+            self._identity = model_identity(self.config.model, self.config.model_args)
+        return self._identity
+
+    # ------------------------------------------------------------------ running a split
+    def _run_split(
+        self,
+        stages: TaskStages,
+        split: str,
+        n: int,
+        temperatures: Sequence[float],
+        metrics: list[str],
+        *,
+        beams: bool,
+        what: str | None = None,
+    ) -> None:
+        """Run ``split``'s first ``n`` questions in chunks, with a progress bar labelled ``what``
+        (default: the split's name)."""
+        from tqdm.auto import tqdm
+
+        cfg = self.config
+        examples = stages.run.data.split(split, n)
+        cs = cfg.chunk_size
+        bar = tqdm(
+            total=len(examples),
+            desc=f"{stages.run.name} [{what or split}]",
+            unit="q",
+            disable=not progress_enabled(cfg.progress),
+            dynamic_ncols=True,
+            mininterval=1.0,
+            smoothing=0.1,
+            bar_format=SplitProgress.BAR_FORMAT,
+        )
+        # The bar moves as the backend finishes prompts (SplitProgress), not once per chunk.
+        progress = self._progress = SplitProgress(bar, stage_weights(cfg.beams, cfg.samples))
+        labels = stages.plan(temperatures, metrics, beams=beams)
+        try:
+            for start in range(0, len(examples), cs):
+                part = examples[start : start + cs]
+                chunk = Chunk(
+                    stages.run,
+                    split,
+                    start // cs,
+                    part,
+                    [(split, start + i) for i in range(len(part))],
+                )
+                progress.start_chunk(len(part), labels)
+                stages.run_chunk(chunk, temperatures, metrics, beams=beams, status=progress.stage)
+                progress.end_chunk()
+        finally:
+            self._progress = None
+            bar.close()
+
+    # ------------------------------------------------------------------ temperature selection
+    def _select_temperature(
+        self, stages: TaskStages, metrics: list[str]
+    ) -> tuple[dict[str, float] | None, dict[str, Any]]:
+        """The sampling temperature of every sampling-based measure, and how it was chosen."""
+        cfg = self.config
+        if not cfg.needs_samples:
+            return None, {"selected_by": "not needed"}
+        sampling = [m for m in cfg.active_measures if M.get(m).uses_samples]
+        if cfg.temperature is not None:
+            fixed = dict.fromkeys(sampling, cfg.temperature)
+            return fixed, {"selected_by": "fixed", "value": cfg.temperature, "per_measure": fixed}
+        n = heldout_size(cfg, len(stages.run.data.heldout_idx))
+        primary = metrics[0]
+        examples = stages.run.data.split("heldout", n)
+
+        def records(temp: float | None) -> Iterator[dict[str, Any]]:
+            for pos, ex in enumerate(examples):
+                yield assemble_record(stages, ("heldout", pos), ex, [primary], temp, beams=False)
+
+        # The held-out answers are judged before any sampling: when every verdict is the same no
+        # candidate's AUROC is defined, and sampling them would not change the choice.
+        self._run_split(stages, "heldout", n, [], [primary], beams=False, what="heldout: judging")
+        verdicts = [r["correctness"][primary]["correct"] for r in records(None)]
+        if len(set(verdicts) - {None}) < 2:
+            return self._default_temperature(sampling, primary, n, verdicts)
+        self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
+        temps, choice = choose_temperatures(
+            cfg.temperatures,
+            {t: list(records(t)) for t in cfg.temperatures},
+            primary,
+            sampling,
+            cfg.temperature_selection,
+            M.PAPER_BASELINES,
+        )
+        values = list(temps.values())
+        return temps, {
+            "selected_by": "heldout",
+            # the temperature most measures use (all of them with --temperature_selection shared)
+            "value": max(sorted(set(values)), key=values.count),
+            "metric": primary,
+            "n_heldout": n,
+            "measures": sampling,
+            **choice,
+        }
+
+    def _default_temperature(
+        self, sampling: list[str], metric: str, n: int, verdicts: list[bool | None]
+    ) -> tuple[dict[str, float], dict[str, Any]]:
+        """The fallback of :func:`~.temperature.choose_temperatures` for a held-out pool whose
+        answers are all right or all wrong, chosen without sampling it."""
+        cfg = self.config
+        best = default_temperature(cfg.temperatures)
+        temps = dict.fromkeys(sampling, best)
+        judged = [v for v in verdicts if v is not None]
+        note = (
+            f"all {len(judged)} judged held-out answers are "
+            f"{'right' if judged and judged[0] else 'wrong'}: no temperature can be ranked, so "
+            "the default was used and the held-out questions were not sampled"
+        )
+        return temps, {
+            "selected_by": "heldout",
+            "value": best,
+            "metric": metric,
+            "n_heldout": n,
+            "measures": sampling,
+            "mode": cfg.temperature_selection,
+            "single_class": True,
+            "candidates": {},
+            "per_measure": temps,
+            "notes": dict.fromkeys(sampling, note),
+        }
+
+    # ------------------------------------------------------------------ main entry point
+    def _check_capabilities(self, model: Model) -> None:
+        """Refuse measures the backend cannot compute before any work (e.g. BS-MSP on a server)."""
+        bad = M.unsupported(self.config.active_measures, model.capabilities)
+        if bad:
+            ok = [m for m in self.config.active_measures if m not in bad]
+            lacks = ", ".join(f"{m} (needs {'/'.join(c)})" for m, c in bad.items())
+            raise ValueError(
+                f"model {self.config.model!r} cannot compute {lacks} on this backend; it can run "
+                f"{', '.join(ok) or 'none of the selected measures'}: pass --measures "
+                f"{','.join(ok) or 'g-nll'}"
+            )
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        t0 = time.perf_counter()
+        # Load every task's data and check every fingerprint before generating anything (and before
+        # touching the output directory), so a missing file or a mismatched cache fails in seconds.
+        datas = [
+            get_task(name).load(
+                seed=cfg.seed,
+                data_dir=cfg.data_dir,
+                data_path=cfg.data_path,
+                source=cfg.data_source,
+                split_path=cfg.split_path,
+                pool_path=cfg.pool_path,
+            )
+            for name in cfg.tasks
+        ]
+        for td in datas:
+            td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
+        # One run per directory at a time, for the whole run (released on any exit).
+        with RunLock(self.out):
+            prepare_output_dir(self.out, resume=cfg.resume)
+            runs = [
+                TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
+                for data in datas
+            ]
+            # Only now, with every fingerprint checked, may run.json describe this directory.
+            write_json_atomic(
+                self.out / "run.json", {"config": cfg.public(), "output_path": str(self.out)}
+            )
+            return self._run_tasks(runs, t0)
+
+    def _run_tasks(self, runs: list[TaskRun], t0: float) -> dict[str, Any]:
+        from gnll.evaluation.results import report, tables
+
+        cfg = self.config
+        task_meta: dict[str, Any] = {}
+        plan: list[_TaskPlan] = []
+        for run in runs:
+            task = run.data.task
+            stages = TaskStages(run, self, cfg, self._clusterer_name)
+            metrics = cfg.correctness_for(task)
+            if "f1" in metrics and task.mode == "long":
+                logger.warning("%s: F1 is only meaningful for short answers", task.name)
+            temp, selection = self._select_temperature(stages, metrics)
+            n_pool = len(run.data.eval_idx)
+            n = n_pool if cfg.limit is None else min(cfg.limit, n_pool)
+            temps = sorted(set(temp.values())) if temp else []
+            self._run_split(stages, "eval", n, temps, metrics, beams=cfg.needs_beams)
+            task_meta[task.name] = {
+                **{k: v for k, v in run.data.describe().items() if k != "prompt_prefix"},
+                "n_eval": n,
+                # gnll's instruction prompt with few-shot blocks (gnll.backends.prompting)
+                "prompt_format": "instruction",
+                "correctness": metrics,
+                "temperature": selection,
+            }
+            plan.append(_TaskPlan(stages, metrics, temp, n))
+
+        # Assemble samples.jsonl in one streaming pass over the caches.
+        t = time.perf_counter()
+        samples_path = self.out / "samples.jsonl"
+        # fsynced before the rename and the directory after it (atomic_file)
+        with atomic_file(samples_path) as fh:
+            for p in plan:
+                for pos, ex in enumerate(p.stages.run.data.split("eval", p.n)):
+                    r = assemble_record(
+                        p.stages, ("eval", pos), ex, p.metrics, p.temperature, beams=cfg.needs_beams
+                    )
+                    fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+        self.timer.add("assemble", time.perf_counter() - t)
+
+        t = time.perf_counter()
+        info = self._component_info()
+        # results.json is the file people share: no paths of this machine in it
+        results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
+        write_json_atomic(self.out / "results.json", results)
+        write_text_atomic(self.out / "table.md", tables.render_table([results]))
+        self.timer.add("metrics", time.perf_counter() - t)
+        if cfg.plots:
+            from gnll.evaluation.results import plots
+
+            t = time.perf_counter()
+            plots.make_plots(samples_path, results, self.out / "plots")
+            self.timer.add("plots", time.perf_counter() - t)
+        self.timer.add("total", time.perf_counter() - t0)
+        write_json_atomic(
+            self.out / "timings.json",
+            {
+                "seconds": self.timer.seconds,
+                "calls": self.timer.calls,
+                "note": "this invocation only",
+            },
+        )
+        return results
+
+    def _component_info(self) -> dict[str, Any]:
+        """Model / judge / clusterer descriptions (``components.json``, written on first use)."""
+        path = self.out / "components.json"
+        info: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        info.setdefault("model", {"name": self.config.model})
+        if self.config.judge:
+            info.setdefault("judge", {"name": self.config.judge})
+        if self.config.needs_clusters:
+            info.setdefault("clusterer", {"name": self._clusterer_name})
+        write_json_atomic(path, info)
+        return info
+
+
+def run_evaluation(config: EvalConfig, **components: Any) -> dict[str, Any]:
+    """Run ``config`` and return the results dictionary (also written to ``output_path``)."""
+    return Evaluator(config, **components).run()

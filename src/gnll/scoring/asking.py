@@ -1,0 +1,282 @@
+"""``gnll.ask``: answer one question and say how uncertain the model is, in one call.
+
+The pipeline of ``gnll ask`` as a library function (uqlm's ``generate_and_score``): the greedy
+answer, then only what the requested measures need (beams, samples, semantic clusters), then the
+measures and, given a calibration, P(correct) and the abstention decision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gnll import measures as M
+from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.prompting import PromptFormat, check_format, instruction_prompt, prompt_for
+
+if TYPE_CHECKING:
+    from gnll.calibration import Calibrator
+
+__all__ = ["AskOptionError", "AskResult", "ask", "ask_calibration", "check_ask_options"]
+
+
+class AskOptionError(ValueError):
+    """An option of :func:`ask` that cannot work; ``option`` names it, ``reason`` says why."""
+
+    def __init__(self, option: str, reason: str) -> None:
+        super().__init__(f"{option} {reason}")
+        self.option = option
+        self.reason = reason
+
+
+@dataclass
+class AskResult:
+    """One answered question and its uncertainty.
+
+    Attributes
+    ----------
+    question, model, prompt
+        The question, the model's name and the prompt sent (the user text, before any chat template).
+    prompt_format
+        How the question became the prompt (:mod:`gnll.backends.prompting`).
+    greedy
+        The greedy answer with its tokens and log-probs; ``answer`` is its text.
+    measures
+        Measure name -> value (higher = more uncertain), in the order asked for, G-NLL first.
+    beams, samples, cluster_ids
+        What the measures needed (``None`` when none needed it).
+    p_correct, abstain
+        From a calibration, if one was given (``abstain`` only if it has a threshold).
+    """
+
+    question: str
+    model: str
+    prompt: str
+    greedy: Generation
+    measures: dict[str, float]
+    beams: list[Generation] | None = None
+    samples: list[Generation] | None = None
+    cluster_ids: list[int] | None = None
+    p_correct: float | None = None
+    abstain: bool | None = field(default=None)
+    prompt_format: str = "instruction"
+
+    @property
+    def answer(self) -> str:
+        """The greedy answer's text."""
+        return self.greedy.text
+
+    def calibrated(self) -> dict[str, object]:
+        """``p_correct`` and ``abstain`` when they were computed (empty without a calibration)."""
+        out: dict[str, object] = {}
+        if self.p_correct is not None:
+            out["p_correct"] = self.p_correct
+        if self.abstain is not None:
+            out["abstain"] = self.abstain
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON record ``gnll ask --json`` prints (measure names with ``_`` for ``-``)."""
+        record: dict[str, object] = {
+            "question": self.question,
+            "model": self.model,
+            "prompt_format": self.prompt_format,
+            "answer": self.greedy.text,
+            "tokens": self.greedy.tokens,
+            "token_logprobs": self.greedy.token_logprobs,
+            "finish_reason": self.greedy.finish_reason,
+        }
+        record.update({name.replace("-", "_"): value for name, value in self.measures.items()})
+        record.update(self.calibrated())
+        if self.samples is not None:
+            record["samples"] = [g.text for g in self.samples]
+            record["sample_token_logprobs"] = [g.token_logprobs for g in self.samples]
+        if self.beams is not None:
+            record["beam_token_logprobs"] = [g.token_logprobs for g in self.beams]
+        if self.cluster_ids is not None:
+            record["cluster_ids"] = list(self.cluster_ids)
+        return record
+
+
+def check_ask_options(
+    *,
+    samples: int = 10,
+    beams: int = 5,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+) -> None:
+    """Refuse options :func:`ask` cannot work with (raises :class:`AskOptionError`).
+
+    Cheap, so callers can run it before loading a model.
+
+    >>> check_ask_options(samples=0)
+    Traceback (most recent call last):
+    ...
+    gnll.scoring.asking.AskOptionError: samples must be >= 1, got 0
+    """
+    if samples < 1:
+        raise AskOptionError("samples", f"must be >= 1, got {samples}")
+    if beams < 1:
+        raise AskOptionError("beams", f"must be >= 1, got {beams}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise AskOptionError(
+            "temperature",
+            f"must be a positive number, got {temperature} (temperature 0 is greedy decoding, "
+            "whose answer G-NLL already scores)",
+        )
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise AskOptionError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
+
+
+def ask_calibration(
+    spec: str,
+    *,
+    model: str,
+    long: bool = False,
+    measures: Iterable[str] | None = None,
+    prompt_format: PromptFormat = "instruction",
+) -> Calibrator:
+    """Load the calibration for :func:`ask`: a ``gnll calibrate`` file, or ``"auto"`` (shipped).
+
+    Warns (:class:`gnll.calibration.CalibrationMismatchWarning`) when the file was fitted on another
+    model or prompt; raises ``FileNotFoundError``/``ValueError`` for a missing or unusable file,
+    :class:`gnll.calibration.CalibrationFormatError` (a ``ValueError``) when it was fitted on
+    another ``prompt_format``, and ``ValueError`` when the measure it maps is not among
+    ``measures``.
+    """
+    from gnll.calibration import load_calibration, prompt_fingerprint
+
+    fmt = check_format(prompt_format)
+    cal = load_calibration(
+        spec,
+        model=model,
+        prompt_fingerprint=(
+            prompt_fingerprint(instruction_prompt("{question}", long=long))
+            if fmt == "instruction"
+            else None
+        ),
+        prompt_format=fmt,
+    )
+    if measures is not None:
+        _calibrated_measure(cal, measures)
+    return cal
+
+
+def _calibrated_measure(cal: Calibrator, measures: Iterable[str]) -> str:
+    measure = str(cal.meta.get("measure", "g-nll"))
+    if measure not in {"g-nll", *measures}:  # ask always computes G-NLL
+        raise ValueError(f"the calibration maps {measure!r}; add it to the measures")
+    return measure
+
+
+def ask(
+    model: Model,
+    question: str,
+    measures: Sequence[str] | str = ("g-nll",),
+    *,
+    long: bool = False,
+    samples: int = 10,
+    temperature: float = 1.0,
+    beams: int = 5,
+    clusterer: Any = "auto",
+    clusterer_args: Mapping[str, Any] | None = None,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
+    calibration: str | Calibrator | None = None,
+    prompt_format: PromptFormat = "instruction",
+) -> AskResult:
+    """Answer ``question`` greedily and compute the requested uncertainty measures.
+
+    Parameters
+    ----------
+    model
+        A loaded model (:func:`gnll.load_model`).
+    question
+        The question, sent in ``prompt_format`` (:mod:`gnll.backends.prompting`): by default
+        ``"instruction"``, the evaluation's zero-shot prompt
+        (:func:`gnll.backends.prompting.instruction_prompt`); ``"chat"``, the question alone as a
+        chat message; ``"text"``, the question as the exact text.
+    measures
+        Measure names (or one comma-separated string) from :data:`gnll.measures.ORDER`; G-NLL is
+        always computed.
+    long
+        Ask for a one-sentence answer instead of a brief one.
+    samples, temperature, seed
+        Sampled answers for the sampling-based measures (PE, SE, ...).
+    beams
+        Beam width for BS-MSP.
+    clusterer, clusterer_args
+        Semantic clusterer for SE, LN-SE, D-SE and MCP: a name for
+        :func:`gnll.semantic.load_clusterer` (with its keyword arguments) or a clusterer object.
+    max_new_tokens
+        Answer length cap; default 50 (100 with ``long``).
+    calibration
+        A :class:`gnll.calibration.Calibrator`, a ``gnll calibrate`` file or ``"auto"``: adds
+        ``p_correct`` and ``abstain``. One fitted on another prompt format is refused
+        (:class:`gnll.calibration.CalibrationFormatError`).
+
+    Returns
+    -------
+    AskResult
+        The answer, its tokens and log-probs, the measures and what they were computed from.
+
+    Examples
+    --------
+    >>> from gnll import ask, load_model
+    >>> model = load_model("smollm2-135m-instruct", progress=False)  # doctest: +SKIP
+    >>> result = ask(model, "What is the capital of France?", measures=["g-nll", "pe"])  # doctest: +SKIP
+    >>> result.answer, round(result.measures["g-nll"], 3)  # doctest: +SKIP
+    ('Paris', 0.012)
+    """
+    wanted = M.validate(measures)
+    if "g-nll" not in wanted:
+        wanted.insert(0, "g-nll")
+    check_ask_options(
+        samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
+    )
+    fmt = check_format(prompt_format)
+    if isinstance(calibration, str):
+        calibration = ask_calibration(calibration, model=model.name, long=long, prompt_format=fmt)
+    elif calibration is not None:
+        calibration.check(prompt_format=fmt)
+    calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)
+    prompt, raw = prompt_for(question, fmt, long=long)
+    how = {"raw_prompt": True} if raw else {}  # models that render every prompt verbatim
+    cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
+    [[greedy]] = model.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap), **how)
+
+    needs = M.requirements(wanted)
+    beam_gens = sample_gens = cluster_ids = None
+    if M.Needs.BEAMS in needs:
+        beam = GenerationConfig.beam(beams, max_new_tokens=cap)
+        [beam_gens] = model.generate([prompt], beam, **how)
+    if M.Needs.SAMPLES in needs:
+        cfg = GenerationConfig.sample(
+            samples, temperature=temperature, max_new_tokens=cap, seed=seed
+        )
+        [sample_gens] = model.generate([prompt], cfg, **how)
+    if M.Needs.CLUSTERS in needs:
+        if isinstance(clusterer, str):
+            from gnll.semantic import load_clusterer
+
+            clusterer = load_clusterer(clusterer, **dict(clusterer_args or {}))
+        cluster_ids = list(clusterer.cluster(question, [g.text for g in sample_gens or []]))
+    values = M.compute(wanted, greedy, beam_gens, sample_gens, cluster_ids)
+    result = AskResult(
+        question=question,
+        model=model.name,
+        prompt=prompt,
+        greedy=greedy,
+        measures=values,
+        beams=beam_gens,
+        samples=sample_gens,
+        cluster_ids=cluster_ids,
+        prompt_format=fmt,
+    )
+    if calibration is not None and calibrated is not None:
+        result.p_correct = float(calibration.predict_proba([values[calibrated]])[0])
+        if calibration.thresholds_:
+            result.abstain = bool(calibration.abstain([values[calibrated]])[0])
+    return result

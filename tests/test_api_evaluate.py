@@ -1,0 +1,65 @@
+"""``gnll.evaluate``: the evaluation protocol in memory, on the runner tests' scripted model."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from test_eval_runner import FakeModel, cfg, make_data_dir
+
+import gnll
+from gnll.evaluation import Evaluation, evaluate
+from gnll.evaluation.results.tables import render_table
+from gnll.evaluation.run.runner import Evaluator
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_data_dir(tmp_path_factory.mktemp("data"))
+
+
+OPTIONS = dict(beams=3, samples=4, chunk_size=8, heldout_size=16, clusterer="exact", n_boot=50)
+
+
+def test_evaluate_returns_what_a_run_directory_would_hold_and_leaves_nothing(
+    data_dir, tmp_path, monkeypatch
+):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    ev = evaluate(
+        FakeModel(), "triviaqa_short,svamp_short", limit=24, data_dir=str(data_dir), **OPTIONS
+    )
+    assert isinstance(ev, Evaluation)
+    assert not list(scratch.iterdir())  # the temporary run directory is gone
+
+    ref = Evaluator(cfg(data_dir, tmp_path / "ref"), model=FakeModel()).run()
+    assert ev.results["tasks"] == ref["tasks"]
+    ref_samples = [json.loads(x) for x in (tmp_path / "ref" / "samples.jsonl").open()]
+    assert ev.samples == ref_samples and len(ev.samples) == 48
+    assert ev.table() == (tmp_path / "ref" / "table.md").read_text()
+
+
+def test_evaluate_is_the_top_level_entry_point_and_refuses_run_directory_options(data_dir):
+    assert gnll.evaluate is evaluate
+    with pytest.raises(TypeError, match="output_path"):
+        evaluate(FakeModel(), "svamp_short", output_path="runs/x")
+    with pytest.raises(TypeError, match="resume"):
+        evaluate(FakeModel(), "svamp_short", resume=True)
+    ev = evaluate(
+        FakeModel(), ["svamp_short"], limit=10, data_dir=str(data_dir), measures=["g-nll"]
+    )
+    assert ev.results["tasks"]["svamp_short"]["metrics"]["f1"]["n"] == 10
+    assert set(ev.samples[0]["measures"]) == {"g-nll"}
+
+
+def test_render_table_sections_are_the_table_in_parts(data_dir):
+    ev = evaluate(FakeModel(), "svamp_short", limit=24, data_dir=str(data_dir), **OPTIONS)
+    whole = render_table([ev.results])
+    head = render_table([ev.results], sections=("notes", "auroc"))
+    assert whole.startswith(head.rstrip("\n")) and "## AUROC averaged" not in head
+    assert "## AUROC (↑)" in head and "## Sampling temperature" in whole
+    with pytest.raises(ValueError, match="unknown table sections"):
+        render_table([ev.results], sections=["bogus"])
