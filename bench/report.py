@@ -36,6 +36,7 @@ ORDER = [
     "serve_load",
     "stop_split",
     "continuous_batching",
+    "distributed",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -55,6 +56,7 @@ TITLES = {
     "serve_load": "`gnll serve` under concurrent clients (dynamic batching) and proxy overhead",
     "stop_split": "Cutting an answer at its stop string (`StopRules.split`), before/now",
     "continuous_batching": "Continuous batching vs fixed batches, greedy and sampling (issue 17.3b)",
+    "distributed": "`gnll score` on Ray: overhead against the local engine, 1 vs 2 replicas",
 }
 
 
@@ -334,6 +336,31 @@ def prefix_attention(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def distributed(r: dict[str, Any]) -> list[str]:
+    rows = [
+        {
+            "arm": k,
+            "median s (model load included)": f"{v:.1f}",
+            "rows/s": f"{r['rows_per_s'][k]:.1f}",
+        }
+        for k, v in r["median_s"].items()
+    ]
+    return [
+        f"{r['rows']} TriviaQA (question, gold answer) rows scored by {r['model']}, chunks of "
+        f"{r['chunk_size']}; {r['repeats']} interleaved repetition(s) per arm; T = {r['threads']} "
+        "threads. `local`: the local engine; `ray_1xT`: Ray, one replica of T threads; "
+        "`ray_1x1`/`ray_2x1`: one and two replicas of one thread.",
+        "",
+        common.table(rows),
+        "",
+        f"Ray's overhead against the local engine at T threads: **{r['ray_overhead']:+.0%}** "
+        f"(target <= 10%). One to two single-thread replicas: **{r['speedup_2_vs_1']:.2f}x**, "
+        f"scaling efficiency **{r['scaling_efficiency']:.2f}** (target >= 0.85). Outputs of "
+        f"`local` and `ray_1xT` byte-identical: {r['local_equals_ray_bytes']}.",
+        "",
+    ]
+
+
 RENDER = {
     "overhead": overhead,
     "cost_per_method": cost,
@@ -350,6 +377,7 @@ RENDER = {
     "serve_load": serve_load,
     "stop_split": stop_split,
     "continuous_batching": continuous_batching,
+    "distributed": distributed,
 }
 
 

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import threading
 import time
+from typing import Literal
 
-from gnll.backends.base import Generation, Model
+from openai.types import Completion
+from openai.types.completion_choice import CompletionChoice
+
+from gnll.backends.base import Capabilities, Generation, Model
+
+#: Debian's Chromium, driven by Playwright in the browser tests.
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 #: prompt -> (answer tokens, their log-probs); other prompts get SURE.
 SURE = (["Paris", "."], [-0.01, -0.02])
@@ -55,3 +75,161 @@ class ScriptedModel(Model):
 
     def score(self, prompts, answers, **kwargs):
         raise NotImplementedError("the scripted model only generates")
+
+
+#: A long answer (for streams that a client abandons): 200 one-word tokens.
+LONG = ([f" w{i}" for i in range(200)], [-0.5] * 200)
+STREAM_SCRIPT = {**SCRIPT, "long": LONG}
+EOS = 0
+
+
+class _Tokenizer:
+    def __init__(self, vocab: dict[int, str]) -> None:
+        self.vocab = vocab
+
+    def decode(self, ids) -> str:
+        return "".join(self.vocab[i] for i in ids)
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": list(range(len(text.split())))}
+
+
+class _StopRules:
+    def __init__(self, stop) -> None:
+        self.token_ids, self.strings, self.stop = {EOS}, tuple(stop), tuple(stop)
+
+
+class FakeDecoder:
+    """The continuous decoding loop's interface (``add``/``step``/``busy``/``cancel``) over
+    scripted answers, one token per row per step, ``width`` rows at a time, ``delay`` s a step."""
+
+    def __init__(self, model: StreamingModel, config, width: int) -> None:
+        self.model, self.config, self.width = model, config, width
+        self.waiting: list = []
+        self.rows: dict = {}  # (tag, j) -> [tokens, position, max_new]
+        self.results: dict = {}
+        self.on_token = None
+        self.top_k = 0
+        self.top_logprobs: dict = {}
+        self.n = config.num_sequences
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.rows)
+
+    def add(self, tag, ids, prefix=None, *, seed=None, max_new_tokens=None, stops=None) -> None:
+        prompt = "".join(chr(i) for i in ids).strip()
+        script = STREAM_SCRIPT.get(prompt, SURE)
+        self.results[tag] = [None] * self.n
+        self.waiting.append((tag, script, max_new_tokens or self.config.max_new_tokens))
+
+    def cancel(self, tag) -> None:
+        self.model.cancelled.append(tag)
+        self.waiting = [w for w in self.waiting if w[0] != tag]
+        self.results.pop(tag, None)
+        for key in [k for k in self.rows if k[0] == tag]:
+            del self.rows[key]
+
+    def step(self):
+        while self.waiting and len(self.rows) + self.n <= self.width:
+            tag, script, cap = self.waiting.pop(0)
+            for j in range(self.n):
+                self.rows[(tag, j)] = [script, 0, cap]
+        time.sleep(self.model.delay)
+        self.model.steps.append(sorted({k[0] for k in self.rows}))
+        heard, done = [], []
+        for (tag, j), row in list(self.rows.items()):
+            (tokens, lps), t, cap = row
+            token = self.model.ids[tokens[t]] if t < len(tokens) else EOS
+            heard.append((tag, j, token, lps[t] if t < len(tokens) else -0.1))
+            row[1] = t + 1
+            if token == EOS or row[1] >= cap:
+                k = min(row[1], len(tokens))
+                ended = "eos" if token == EOS else "length"
+                gen = Generation(
+                    "".join(tokens[:k]).strip(),
+                    [self.model.ids[x] for x in tokens[:k]],
+                    list(tokens[:k]),
+                    list(lps[:k]),
+                    ended,
+                    terminator_token_ids=[EOS] if ended == "eos" else [],
+                    terminator_logprobs=[-0.1] if ended == "eos" else [],
+                )
+                self.results[tag][j] = gen
+                if self.top_k:
+                    alts = self.top_logprobs.setdefault(tag, [None] * self.n)
+                    alts[j] = [
+                        {tok: lp, " else": lp - 1.0}
+                        for tok, lp in zip(tokens[:k], lps[:k], strict=True)
+                    ]
+                del self.rows[(tag, j)]
+                if all(g is not None for g in self.results[tag]):
+                    done.append((tag, self.results.pop(tag)))
+        if self.on_token is not None:
+            self.on_token(heard)
+        return done
+
+
+class StreamingModel(ScriptedModel):
+    """:class:`ScriptedModel` with a decoding loop (``open_decoder``), as the hf backend has: the
+    engine batches continuously, streams token by token and reports alternatives."""
+
+    name = "streaming"
+    capabilities = Capabilities(beams=False, scoring=False, streaming=True)
+
+    def __init__(self, delay: float = 0.002) -> None:
+        super().__init__(delay=0.0)
+        self.delay = delay
+        words = sorted({w for toks, _ in STREAM_SCRIPT.values() for w in toks} | set(SURE[0]))
+        self.ids = {w: i + 1 for i, w in enumerate(words)}
+        self.tokenizer = _Tokenizer({EOS: "", **{i: w for w, i in self.ids.items()}})
+        self.steps: list[list] = []
+        self.cancelled: list = []
+
+    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
+        return [[ord(c) for c in p] for p in prompts]
+
+    def check_context(self, ids, max_new_tokens: int) -> None:
+        if any(len(row) > 4000 for row in ids):
+            raise ValueError("the prompt is longer than the model's context")
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def stop_rules(self, stop) -> _StopRules:
+        return _StopRules(stop)
+
+    def open_decoder(self, config, *, width=None) -> FakeDecoder:
+        return FakeDecoder(self, config, width or 1)
+
+
+class StreamedChoice(CompletionChoice):
+    # OpenAI's own streamed completions carry finish_reason null until the last chunk; the SDK
+    # types them as Completion all the same.
+    finish_reason: Literal["stop", "length", "content_filter"] | None = None
+
+
+class StreamedCompletion(Completion):
+    choices: list[StreamedChoice]
+
+
+def sse(text: str) -> list:
+    """The events of a server-sent-event body, ``[DONE]`` included as a string."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+@contextlib.contextmanager
+def access_log(caplog):
+    """Capture the access log (``gnll serve``'s own set-up stops it from propagating)."""
+    logger = logging.getLogger("gnll.serve.access")
+    was, logger.propagate = logger.propagate, True
+    try:
+        with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
+            yield
+    finally:
+        logger.propagate = was

@@ -157,7 +157,7 @@ def test_split_is_seeded_disjoint_and_complete():
 
 
 def test_short_and_long_tasks_share_questions(tmp_path):
-    from test_eval_runner import make_data_dir
+    from fakes import make_data_dir
 
     d = make_data_dir(tmp_path / "d")
     s = get_task("nq_open_short").load(data_dir=d).split("eval", 5)
@@ -175,7 +175,7 @@ def test_parse_task_list():
 
 # ------------------------------------------------------------------------------------ loaders
 def test_loaders_read_original_formats(tmp_path):
-    from test_eval_runner import make_data_dir
+    from fakes import make_data_dir
 
     d = make_data_dir(tmp_path / "d")
     tq, info = load_dataset("triviaqa", data_dir=d)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import openai
 import pytest
-from scoring_toy import ToyModel
+from fakes import ToyModel
 from serve_helpers import ScriptedModel
 from typer.testing import CliRunner
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scoring_toy import CONTEXT, ToyModel
+from fakes import CONTEXT, ToyModel
 from typer.testing import CliRunner
 
 import gnll
@@ -22,7 +22,7 @@ from gnll.cli.main import app
 from gnll.evaluation.data.prompts import ask_prompt
 from gnll.scoring import ScoreJob, run_score_job
 
-HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives
+HERE = Path(__file__).resolve().parents[1]  # tests/, where fakes.py lives
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_resume_after_kill_writes_every_row_once(tmp_path):
     with inp.open("a") as fh:
         fh.write((tmp_path / "more.jsonl").read_text())
     code = (
-        f"import sys, gnll; sys.path.insert(0, {str(HERE)!r}); from scoring_toy import ToyModel;"
+        f"import sys, gnll; sys.path.insert(0, {str(HERE)!r}); from fakes import ToyModel;"
         "gnll.load_model = lambda name, **kw: ToyModel(delay=0.02);"
         "from gnll.cli.main import app; app()"
     )

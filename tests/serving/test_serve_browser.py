@@ -143,6 +143,16 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     values = [float(v) for v in rows]
     assert values == sorted(values, reverse=True)  # most uncertain first
     assert all(math.isfinite(v) for v in values)
+    # The picked question's answer is marked right or wrong by the evaluation's F1 rule, and the
+    # history says which row it was (the typed question has no gold answer: "–").
+    from gnll.evaluation.results.correctness import f1_verdict
+
+    answer = page.locator("#answer").inner_text().strip()
+    gold = page.evaluate("state.examples[1].answers")
+    right = f1_verdict(answer, gold).correct
+    assert page.locator("#verdict").inner_text().startswith("✓ right" if right else "✗ wrong")
+    marks = page.locator("#history tbody tr td:nth-child(4)").all_inner_texts()
+    assert sorted(marks) == sorted(["–", "✓" if right else "✗"])
 
     page.hover("#answer .tok >> nth=0")
     tip = page.locator("#tooltip").inner_text()

@@ -103,8 +103,22 @@ def test_proxy_policy_refuse(upstream):
             model="scripted", messages=[{"role": "user", "content": "unsure"}]
         )
         assert r.choices[0].message.content == AbstentionPolicy().refusal
-        assert r.choices[0].uncertainty["original_text"] == "Maybe Lyon"
-        assert r.choices[0].finish_reason == "abstain"
+        assert r.choices[0].uncertainty["refused"] is True
+        assert "Maybe" not in r.model_dump_json()  # the refused answer is not sent anywhere
+        assert r.choices[0].finish_reason == "stop"
+        chunks = list(
+            client(px).chat.completions.create(
+                model="scripted",
+                messages=[{"role": "user", "content": "unsure"}],
+                stream=True,
+                logprobs=True,
+            )
+        )
+        assert (
+            "".join(c.choices[0].delta.content or "" for c in chunks)
+            == r.choices[0].message.content
+        )
+        assert not any("Lyon" in c.model_dump_json() for c in chunks)
 
 
 def test_upstream_4xx_passes_through_with_its_message(upstream):

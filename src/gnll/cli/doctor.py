@@ -28,7 +28,7 @@ def doctor(
     ] = None,
     server: Annotated[
         str,
-        typer.Option(help="auto, vllm, llama-cpp-python, llama.cpp, openai or generic."),
+        typer.Option(help="auto, vllm, llama-cpp-python, llama.cpp, openai, gnll or generic."),
     ] = "auto",
     chat: Annotated[
         bool | None,

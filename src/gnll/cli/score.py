@@ -103,6 +103,19 @@ def score_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
     ] = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
+    engine: Annotated[
+        str, typer.Option("--engine", help="local (this process) or ray (replicas on a cluster).")
+    ] = "local",
+    address: Annotated[
+        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+    ] = "auto",
+    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
+    cpus_per_replica: Annotated[
+        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+    ] = 1.0,
+    gpus_per_replica: Annotated[
+        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
+    ] = 0.0,
 ) -> None:
     """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
     from rich.console import Console
@@ -139,6 +152,38 @@ def score_command(
         fail("--resume needs an output file, not stdout")
     if errors is None and output != "-":
         errors = Path(output + ".errors.jsonl")
+    if engine not in ("local", "ray"):
+        fail(f"--engine must be local or ray, got {engine!r}")
+    if engine == "ray":
+        from gnll.cli._ray import cluster_of, score_on_ray
+
+        try:
+            summary = score_on_ray(
+                console=console,
+                cluster=cluster_of(address, replicas, cpus_per_replica, gpus_per_replica),
+                model=model,
+                model_args=model_args,
+                calibration=calibration,
+                long=long,
+                input=input,
+                output=output,
+                input_format=in_fmt,
+                output_format=out_fmt,
+                errors=errors,
+                raw_prompt=raw_prompt,
+                verbatim=verbatim,
+                logprobs=logprobs,
+                with_greedy=with_greedy,
+                max_new_tokens=max_new_tokens or (100 if long else 50),
+                resume=resume,
+                chunk_size=chunk_size,
+                batch_size=batch_size,
+                progress=progress,
+            )
+        except (FileNotFoundError, ValueError, ImportError, RuntimeError) as e:
+            fail(str(e), e)
+        _report(console, summary)
+        return
     try:
         lm = load_model(model, progress=progress, **model_kwargs(model_args))
     except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
@@ -187,6 +232,10 @@ def score_command(
         summary = run_score_job(lm, job)
     except (FileNotFoundError, ValueError, ImportError) as e:
         fail(str(e), e)
+    _report(console, summary)
+
+
+def _report(console, summary) -> None:  # type: ignore[no-untyped-def]
     rate = summary.scored / summary.seconds if summary.seconds else 0.0
     msg = f"scored {summary.scored} rows in {summary.seconds:.1f} s ({rate:.1f} rows/s)"
     if summary.skipped_resume:
@@ -196,8 +245,8 @@ def score_command(
     console.print(msg)
     for fmt, n in summary.uncalibrated.items():
         console.print(
-            f"[yellow]warning:[/] {n} row(s) have no p_correct: {plain(calibration)} was fitted "
-            f"on answers to {cal.meta['prompt_format']!r} prompts, these rows' prompts are {fmt!r}"
+            f"[yellow]warning:[/] {n} row(s) have no p_correct: their prompts are {fmt!r}, the "
+            "calibration was fitted on answers to prompts of another format"
         )
     if summary.failed:
         where = summary.errors_path or "stderr"

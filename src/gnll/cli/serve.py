@@ -91,6 +91,14 @@ def serve(
     max_request_bytes: Annotated[
         int, typer.Option("--max_request_bytes", "--max-request-bytes")
     ] = 1_000_000,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body_timeout",
+            "--body-timeout",
+            help="Seconds a request body may take to arrive (408 past it).",
+        ),
+    ] = 30.0,
     max_tokens_limit: Annotated[
         int, typer.Option("--max_tokens_limit", "--max-tokens-limit")
     ] = 512,
@@ -160,6 +168,7 @@ def serve(
         settings = ServeSettings(
             api_key=api_key,
             max_request_bytes=max_request_bytes,
+            body_timeout=body_timeout,
             default_max_tokens=default_max_tokens,
             max_tokens_limit=max_tokens_limit,
             log_prompts=log_prompts,
@@ -172,6 +181,13 @@ def serve(
         typer.echo(f"gnll serve: {exc}", err=True)
         raise typer.Exit(2) from None
 
+    from gnll.serving.server import listen
+
+    try:
+        sock = listen(host, port)  # before loading anything: a busy port fails at once
+    except OSError as exc:
+        typer.echo(f"gnll serve: {exc}", err=True)
+        raise typer.Exit(1) from None
     configure_logging()
     if upstream:
         from gnll.serving.proxy import ProxyService
@@ -194,4 +210,4 @@ def serve(
         f"policy {pol.mode}; {pol.source})",
         err=True,
     )
-    serve_forever(application, host, port)
+    serve_forever(application, host, port, sock=sock)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
@@ -60,7 +60,7 @@ class AskResult:
     samples: list[Generation] | None = None
     cluster_ids: list[int] | None = None
     p_correct: float | None = None
-    abstain: bool | None = field(default=None)
+    abstain: bool | None = None
     prompt_format: str = "instruction"
 
     @property
@@ -172,7 +172,7 @@ def _calibrated_measure(cal: Calibrator, measures: Iterable[str]) -> str:
 
 
 def ask(
-    model: Model,
+    model: Model | str,
     question: str,
     measures: Sequence[str] | str = ("g-nll",),
     *,
@@ -192,7 +192,7 @@ def ask(
     Parameters
     ----------
     model
-        A loaded model (:func:`gnll.load_model`).
+        A loaded model, or a name for :func:`gnll.load_model` (loaded for this call only).
     question
         The question, sent in ``prompt_format`` (:mod:`gnll.backends.prompting`): by default
         ``"instruction"``, the evaluation's zero-shot prompt
@@ -236,6 +236,10 @@ def ask(
     check_ask_options(
         samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
     )
+    if isinstance(model, str):
+        from gnll.backends import load_model
+
+        model = load_model(model, progress=False)
     fmt = check_format(prompt_format)
     if isinstance(calibration, str):
         calibration = ask_calibration(calibration, model=model.name, long=long, prompt_format=fmt)

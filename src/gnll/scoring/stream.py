@@ -19,11 +19,18 @@ from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
-from gnll.scoring.rows import Item, count_rows, iter_rows, to_item
+from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CALIBRATED_COLUMNS", "ScoreJob", "ScoreSummary", "run_score_job"]
+__all__ = [
+    "CALIBRATED_COLUMNS",
+    "ChunkResult",
+    "ScoreJob",
+    "ScoreSummary",
+    "run_score_job",
+    "score_chunk",
+]
 
 #: What a row's scoring may raise that concerns that row only (over-long, untokenisable, ...).
 ERRORS = (ScoringError, ValueError, RuntimeError, IndexError, TypeError)
@@ -63,7 +70,7 @@ class ScoreSummary:
     failed: int = 0
     skipped_resume: int = 0
     boundary_merged: int = 0
-    #: Rows left without ``p_correct``: their prompt format is not the calibration's.
+    #: Rows left without ``p_correct`` per prompt format: not the calibration's format.
     uncalibrated: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     errors_path: str | None = None
@@ -151,8 +158,69 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     return row
 
 
-def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
-    """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log."""
+@dataclass
+class ChunkResult:
+    """What one chunk of input rows became: errors (in the order the local loop writes them: unreadable
+    and invalid rows as met, then rows the model could not score) and output rows."""
+
+    rows: list[dict[str, Any]]
+    errors: list[tuple[int, str, dict[str, Any] | None]]
+    rows_in: int = 0
+    skipped_resume: int = 0
+    boundary_merged: int = 0
+    uncalibrated: dict[str, int] = field(default_factory=dict)
+
+
+def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -> ChunkResult:
+    """Score one chunk of ``(line, row, error)`` input rows; rows up to line ``start`` are skipped."""
+    res = ChunkResult(rows=[], errors=[])
+    items: list[Item] = []
+    for line, row, err in chunk:
+        res.rows_in += 1
+        if line <= start:
+            res.skipped_resume += 1
+            continue
+        if err is None:
+            item = to_item(
+                line,
+                row,
+                long=job.long,
+                render_messages=job.render_messages,
+                raw_prompt=job.raw_prompt,
+            )
+            if isinstance(item, Item):
+                items.append(item)
+                continue
+            err = item
+        res.errors.append((line, err, row))
+    scored = _score_items(model, items, job.batch_size, job.verbatim) if items else []
+    greedy = _greedy(model, items, job.max_new_tokens) if job.with_greedy and items else []
+    for k, (item, s) in enumerate(zip(items, scored, strict=True)):
+        if isinstance(s, str):
+            res.errors.append((item.line, s, item.row))
+            continue
+        res.boundary_merged += bool(s.boundary_merged)
+        if job.calibrator is not None and not calibration_applies(
+            job.calibrator, item.prompt_format
+        ):
+            fmt = item.prompt_format
+            res.uncalibrated[fmt] = res.uncalibrated.get(fmt, 0) + 1
+        res.rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
+    return res
+
+
+#: Turns the chunks of a job into their results, in order (the local engine: one after another).
+ChunkMapper = Callable[[Iterator[tuple[list[Row], int]]], Iterator[ChunkResult]]
+
+
+def run_score_job(
+    model: Model | None, job: ScoreJob, *, map_chunks: ChunkMapper | None = None
+) -> ScoreSummary:
+    """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log.
+
+    ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas); it gets
+    ``(chunk, resume line)`` pairs and must yield their :class:`ChunkResult` in the same order.
+    """
     t0 = time.perf_counter()
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0
@@ -166,47 +234,28 @@ def run_score_job(model: Model, job: ScoreJob) -> ScoreSummary:
     total = count_rows(job.input, job.input_format) if job.progress else None
     from tqdm.auto import tqdm
 
+    if map_chunks is None:
+        assert model is not None
+
+        def map_chunks(todo: Iterator[tuple[list[Row], int]]) -> Iterator[ChunkResult]:
+            return (score_chunk(model, job, chunk, first) for chunk, first in todo)
+
+    chunks = ((c, start) for c in _chunks(iter_rows(job.input, job.input_format), job.chunk_size))
     bar = tqdm(total=total, unit="rows", disable=not job.progress, desc="scoring", smoothing=0.1)
     try:
-        for chunk in _chunks(iter_rows(job.input, job.input_format), job.chunk_size):
-            items: list[Item] = []
-            for line, row, err in chunk:
-                summary.rows_in += 1
-                if line <= start:
-                    summary.skipped_resume += 1
-                    continue
-                if err is None:
-                    res = to_item(
-                        line,
-                        row,
-                        long=job.long,
-                        render_messages=job.render_messages,
-                        raw_prompt=job.raw_prompt,
-                    )
-                    if isinstance(res, Item):
-                        items.append(res)
-                        continue
-                    err = res
+        for res in map_chunks(chunks):
+            summary.rows_in += res.rows_in
+            summary.skipped_resume += res.skipped_resume
+            summary.boundary_merged += res.boundary_merged
+            for fmt, n in res.uncalibrated.items():
+                summary.uncalibrated[fmt] = summary.uncalibrated.get(fmt, 0) + n
+            for line, err, row in res.errors:
                 errors.write(line, err, row)
-            scored = _score_items(model, items, job.batch_size, job.verbatim) if items else []
-            greedy = _greedy(model, items, job.max_new_tokens) if job.with_greedy and items else []
-            rows = []
-            for k, (item, s) in enumerate(zip(items, scored, strict=True)):
-                if isinstance(s, str):
-                    errors.write(item.line, s, item.row)
-                    continue
-                summary.boundary_merged += bool(s.boundary_merged)
-                if job.calibrator is not None and not calibration_applies(
-                    job.calibrator, item.prompt_format
-                ):
-                    fmt = item.prompt_format
-                    summary.uncalibrated[fmt] = summary.uncalibrated.get(fmt, 0) + 1
-                rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
             # Errors first: a row past the last output row is re-scored on resume, never lost.
             errors.flush()
-            writer.write(rows)
-            summary.scored += len(rows)
-            bar.update(len(chunk))
+            writer.write(res.rows)
+            summary.scored += len(res.rows)
+            bar.update(res.rows_in)
     finally:
         bar.close()
         writer.close()

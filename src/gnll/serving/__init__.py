@@ -1,20 +1,31 @@
 """``gnll serve``: an OpenAI-compatible server (or proxy) that puts G-NLL on every answer.
 
 Layers: this package sits beside ``gnll.cli`` on top of the library (measures, backends,
-evaluation); nothing below imports it. Modules: ``schemas`` (request bodies), ``engine`` (dynamic
-batching of the in-process model), ``inprocess`` and ``proxy`` (the two services; ``streaming`` reassembles a proxied stream), ``uncertainty``
-(the ``uncertainty`` object and the abstention policy), ``responses`` (OpenAI bodies and stream
-chunks), ``errors``, ``metrics`` (Prometheus), ``app`` (routes, auth, limits, access log), ``webui`` (the page
-at ``/``), ``server`` (uvicorn).
+evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and their
+``GenerationConfig``), ``service`` (the interface of the two modes), ``inprocess`` and ``proxy``
+(the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
+replayed and proxied streams), ``uncertainty`` (the ``uncertainty`` object and the abstention
+policy), ``responses`` (OpenAI bodies), ``errors``, ``metrics`` (Prometheus), ``app`` (routes, auth,
+limits, access log), ``webui`` (the page at ``/``), ``server`` (uvicorn).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.uncertainty import AbstentionPolicy
 
-__all__ = ["AbstentionPolicy", "ServeSettings", "build_inprocess_app", "create_app"]
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from gnll.backends.base import Model
+
+__all__ = ["AbstentionPolicy", "ServeSettings", "Service", "build_inprocess_app", "create_app"]
 
 
-def create_app(service, settings=None):
+def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
     """Build the FastAPI app around a service (see :mod:`gnll.serving.app`)."""
     from gnll.serving.app import create_app as _create
 
@@ -22,8 +33,12 @@ def create_app(service, settings=None):
 
 
 def build_inprocess_app(
-    model, settings=None, *, max_batch_prompts: int = 64, max_wait_ms: float = 200.0
-):
+    model: Model,
+    settings: ServeSettings | None = None,
+    *,
+    max_batch_prompts: int = 64,
+    max_wait_ms: float = 200.0,
+) -> FastAPI:
     """The app serving an already loaded gnll model with dynamic batching."""
     from gnll.serving.engine import BatchingEngine
     from gnll.serving.inprocess import InProcessService

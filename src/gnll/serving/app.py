@@ -1,9 +1,13 @@
 """The FastAPI app of ``gnll serve``: OpenAI routes, auth, limits, metrics, access log, web page.
 
-Both modes plug a *service* into the same app: :class:`~gnll.serving.inprocess.InProcessService`
-(an in-process model behind the batching engine) or :class:`~gnll.serving.proxy.ProxyService` (an
-upstream OpenAI-compatible server). A service has ``handle(request, settings) -> Reply``,
-``models()``, ``describe()``, ``start()`` and ``stop()``.
+Both modes plug a :class:`~gnll.serving.service.Service` into the same app:
+:class:`~gnll.serving.inprocess.InProcessService` (an in-process model behind the batching engine)
+or :class:`~gnll.serving.proxy.ProxyService` (an upstream OpenAI-compatible server).
+
+Every error, unknown routes included, is answered in OpenAI's error envelope. ``/health`` is the
+readiness probe (503 while a proxy's upstream is unreachable); ``/live`` says only that the process
+answers. A streamed request is logged (and timed) when its stream has ended, with its answers'
+uncertainty.
 """
 
 from __future__ import annotations
@@ -16,16 +20,20 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnll.measures import LogprobError
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Reply, error_body
-from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
+from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.uncertainty import headers_for
 
@@ -33,12 +41,16 @@ access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
 
 
-def _error(status: int, message: str, type_: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param=param, code=status), status_code=status)
+def _error(
+    status: int, message: str, type_: str, param: str | None = None, code: Any = None
+) -> JSONResponse:
+    body = error_body(message, type_, param=param, code=code if code is not None else status)
+    return JSONResponse(body, status_code=status)
 
 
-async def read_body(request: Request, limit: int) -> dict[str, Any]:
-    """The JSON body, refusing oversized ones (413) before parsing and bad JSON with a 400."""
+async def read_body(request: Request, limit: int, timeout: float = 30.0) -> dict[str, Any]:
+    """The JSON body, refusing oversized ones (413) before parsing, a body that takes longer than
+    ``timeout`` seconds to arrive (408: a slow sender holds a connection) and bad JSON (400)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(
@@ -47,15 +59,22 @@ async def read_body(request: Request, limit: int) -> dict[str, Any]:
             "invalid_request_error",
         )
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(
-                413,
-                f"request body is above this server's limit of {limit} bytes",
-                "invalid_request_error",
-            )
-        chunks.append(chunk)
+    with anyio.move_on_after(timeout) as scope:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(
+                    413,
+                    f"request body is above this server's limit of {limit} bytes",
+                    "invalid_request_error",
+                )
+            chunks.append(chunk)
+    if scope.cancelled_caught:
+        raise HTTPError(
+            408,
+            f"the request body did not arrive within {timeout:g} s (got {size} bytes)",
+            "invalid_request_error",
+        )
     try:
         data = json.loads(b"".join(chunks) or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -73,25 +92,45 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {err.get('msg')}", where or None
 
 
-async def _observed(stream: Any, records: list[dict[str, Any]], metrics: Metrics) -> Any:
-    """``stream``, then the answers' metrics once ``records`` has been filled."""
-    if hasattr(stream, "__aiter__"):
-        async for chunk in stream:
-            yield chunk
-    else:
-        for chunk in stream:
-            yield chunk
-    for record in records:
-        metrics.observe_answer(record)
+def _uncertainty_fields(records: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "choices": len(records),
+        "g_nll": [r.get("g_nll") for r in records],
+        "num_tokens": [r.get("num_tokens") for r in records],
+        "abstain": [r.get("abstain") for r in records],
+    }
 
 
-def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
+async def _observed(
+    stream: Any, records: list[dict[str, Any]], metrics: Metrics, done: Any, observe: bool
+) -> Any:
+    """``stream``, then (once it has ended and ``records`` is filled) the answers' metrics and the
+    request's access-log entry (``done``), also when the client went away mid-stream (``done``
+    hears whether the stream was sent to its end)."""
+    sent = False
+    try:
+        if hasattr(stream, "__aiter__"):
+            async for chunk in stream:
+                yield chunk
+        else:
+            for chunk in stream:
+                yield chunk
+        sent = True
+    finally:
+        if hasattr(stream, "aclose"):  # the client left: the service frees what the stream held
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+        if observe:
+            for record in records:
+                metrics.observe_answer(record)
+        done(records, sent)
+
+
+def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
     """Build the app around a service (see the module docstring)."""
     settings = settings or ServeSettings()
     metrics = Metrics()
-    engine = getattr(service, "engine", None)
-    if engine is not None:
-        engine.on_batch = metrics.observe_batch
+    service.attach(metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -114,10 +153,32 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
             token.strip().encode(), settings.api_key.encode()
         )
 
+    def log_request(request: Request, status: int, started: float) -> None:
+        seconds = time.perf_counter() - started
+        path = request.url.path
+        endpoint = (
+            path
+            if path.startswith("/v1/") or path in ("/health", "/live", "/metrics", "/")
+            else "other"
+        )
+        metrics.observe_request(endpoint, status, seconds)
+        entry = {
+            "event": "request",
+            "id": request.state.log.pop("id", uuid.uuid4().hex[:12]),
+            "method": request.method,
+            "path": path,
+            "status": status,
+            "seconds": round(seconds, 4),
+            **request.state.log,
+        }
+        access_log.info(json.dumps(entry, ensure_ascii=False))
+
     @app.middleware("http")
     async def access(request: Request, call_next):
         started = time.perf_counter()
         request.state.log = {}
+        request.state.started = started
+        request.state.deferred = False
         path = request.url.path
         protected = path.startswith(("/v1/", "/metrics", "/ui/api"))
         if protected and not authorised(request):
@@ -132,35 +193,49 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
             except Exception:  # the handler's own errors are answered there; this is a bug
                 log.exception("unhandled error on %s", path)
                 response = _error(500, "internal server error", "server_error")
-        seconds = time.perf_counter() - started
-        endpoint = (
-            path if path.startswith("/v1/") or path in ("/health", "/metrics", "/") else "other"
-        )
-        metrics.observe_request(endpoint, response.status_code, seconds)
-        entry = {
-            "event": "request",
-            "id": request.state.log.pop("id", uuid.uuid4().hex[:12]),
-            "method": request.method,
-            "path": path,
-            "status": response.status_code,
-            "seconds": round(seconds, 4),
-            **request.state.log,
-        }
-        access_log.info(json.dumps(entry, ensure_ascii=False))
+        if not request.state.deferred:  # a stream is logged when it ends (see _observed)
+            log_request(request, response.status_code, started)
         return response
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
         request.state.log["error"] = exc.message
-        return _error(exc.status, exc.message, exc.type, exc.param)
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _route_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods: OpenAI's envelope, not FastAPI's {"detail": ...}.
+        message = {404: f"no route {request.method} {request.url.path}"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, message, kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _query_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return _error(400, f"invalid request: {where}: {err.get('msg')}", "invalid_request_error")
 
     async def serve(request: Request, model_cls: type) -> Response:
-        raw = await read_body(request, settings.max_request_bytes)
+        raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
         try:
+            check_free_text(raw)
             req = model_cls.model_validate(raw)
         except ValidationError as exc:
             message, param = _validation_message(exc)
             raise HTTPError(400, message, "invalid_request_error", param) from None
+        except RequestError as exc:
+            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
+        if not req.greedy and settings.policy.mode == "refuse" and settings.policy.active:
+            # G-NLL (and the policy's decision) exists for the greedy answer only.
+            raise HTTPError(
+                400,
+                "temperature > 0 is not served under --policy refuse: the policy decides on the "
+                "greedy answer's G-NLL",
+                "invalid_request_error",
+                "temperature",
+            )
         try:
             reply: Reply = await service.handle(req, settings)
         except RequestError as exc:
@@ -173,12 +248,7 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
             raise HTTPError(503, str(exc), "server_error") from None
         info = request.state.log
         info.update(
-            model=getattr(service, "model_name", None),
-            stream=req.stream,
-            choices=len(reply.records),
-            g_nll=[r.get("g_nll") for r in reply.records],
-            num_tokens=[r.get("num_tokens") for r in reply.records],
-            abstain=[r.get("abstain") for r in reply.records],
+            model=service.model_name, stream=req.stream, **_uncertainty_fields(reply.records)
         )
         if settings.log_prompts:
             info["prompt"] = reply.prompt
@@ -187,13 +257,18 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
                     c.get("text", (c.get("message") or {}).get("content"))
                     for c in reply.body.get("choices", [])
                 ]
+        known = bool(reply.records)  # a live stream's records are known when it has ended
         for record in reply.records:
             metrics.observe_answer(record)
         headers = headers_for(reply.records) if reply.records else {}
         if reply.stream is not None:
-            stream = reply.stream
-            if not reply.records:  # known when the stream has ended (see gnll.serving.live)
-                stream = _observed(stream, reply.records, metrics)
+            request.state.deferred = True
+
+            def done(records: list[dict[str, Any]], sent: bool) -> None:
+                info.update(_uncertainty_fields(records), stream_sent=sent)
+                log_request(request, reply.status, request.state.started)
+
+            stream = _observed(reply.stream, reply.records, metrics, done, observe=not known)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
@@ -210,15 +285,22 @@ def create_app(service: Any, settings: ServeSettings | None = None) -> FastAPI:
         return {"object": "list", "data": await service.models()}
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        queued = engine.queued if engine is not None else None
-        return {
-            "status": "ok",
+    async def health() -> JSONResponse:
+        """Readiness: 200 when requests can be answered, 503 (with the reason) when not."""
+        ok, facts = await service.ready()
+        body = {
+            "status": "ok" if ok else "unavailable",
             **service.describe(),
+            **facts,
             "auth": bool(settings.api_key),
-            "queued": queued,
             "policy": settings.policy.describe(),
         }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/live")
+    async def live() -> dict[str, str]:
+        """Liveness: the process answers (whatever the model or upstream is doing)."""
+        return {"status": "alive"}
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:

@@ -67,6 +67,13 @@ class _Job:
     #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob), ...])`` per decoding step,
     #: then ``("done", generations)`` or ``("error", exception)``.
     events: asyncio.Queue | None = None
+    #: Set (from the event loop) when nobody waits for the answer any more: the client of a stream
+    #: went away. The worker drops the job from the queue or its rows from the decoding loop.
+    cancelled: bool = False
+    #: Alternatives per answer token to report (``top_logprobs``); filled into :attr:`tops` per
+    #: prompt and sequence before the job resolves.
+    top_k: int = 0
+    tops: list[list[list[dict[str, float]]]] | None = None
 
     def resolve(self, value: Any) -> None:
         """Deliver the job's generations (from the worker thread)."""
@@ -75,6 +82,25 @@ class _Job:
     def reject(self, exc: BaseException) -> None:
         """Deliver the job's failure (from the worker thread)."""
         self.loop.call_soon_threadsafe(_settle, self, None, exc)
+
+
+@dataclass
+class Decoded:
+    """A job's generations (per prompt, per sequence) and, if asked for, each answer token's most
+    likely alternatives (per prompt, per sequence, per token: ``{token text: log-prob}``)."""
+
+    generations: list[list[Generation]]
+    top_logprobs: list[list[list[dict[str, float]]] | None] | None = None
+
+
+@dataclass
+class _Open:
+    """A job decoding in the continuous loop: its generations so far and the prompts still going."""
+
+    job: _Job
+    outputs: list[list[Generation] | None]
+    left: int
+    tops: list[list[list[dict[str, float]]] | None]
 
 
 class EngineStopped(RuntimeError):
@@ -148,11 +174,36 @@ class BatchingEngine:
         return len(self._queue)
 
     # ------------------------------------------------------------------ submitting
+    @property
+    def reports_alternatives(self) -> bool:
+        """Whether ``top_logprobs`` can be asked for (the continuous decoding loop records them)."""
+        return self._continuous
+
     async def submit(
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
     ) -> list[list[Generation]]:
         """Generate for ``prompts`` in some upcoming batch; ``raw`` skips the chat template."""
-        return await self._enqueue(prompts, config, raw, stream=False).future
+        return (await self.decode(prompts, config, raw=raw)).generations
+
+    async def decode(
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        *,
+        raw: bool = False,
+        top_logprobs: int = 0,
+    ) -> Decoded:
+        """Like :meth:`submit`, with the ``top_logprobs`` most likely alternatives per answer token
+        (needs :attr:`reports_alternatives`)."""
+        if top_logprobs and not self._continuous:
+            raise RequestError("this model reports no alternatives (top_logprobs)", "top_logprobs")
+        job = self._enqueue(prompts, config, raw, stream=False, top_k=int(top_logprobs))
+        try:
+            gens = await job.future
+        except asyncio.CancelledError:  # the request's task was cancelled: free its rows
+            job.cancelled = True
+            raise
+        return Decoded(gens, job.tops)
 
     def stream(
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
@@ -168,7 +219,13 @@ class BatchingEngine:
         return _events(job)
 
     def _enqueue(
-        self, prompts: Sequence[str], config: GenerationConfig, raw: bool, *, stream: bool
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        raw: bool,
+        *,
+        stream: bool,
+        top_k: int = 0,
     ) -> _Job:
         loop = asyncio.get_running_loop()
         # Sampling with a client's seed is reproducible to the bit only alone in its batch (other
@@ -179,7 +236,7 @@ class BatchingEngine:
         if self._continuous:
             # One decoding loop takes prompts of any length limit, stop strings and rendering.
             key = (config.replace(max_new_tokens=1, stop=()), None, key[2])
-        job = _Job(list(prompts), config, raw, key, loop, loop.create_future())
+        job = _Job(list(prompts), config, raw, key, loop, loop.create_future(), top_k=top_k)
         if stream:
             job.events = asyncio.Queue()
         with self._cond:
@@ -213,6 +270,9 @@ class BatchingEngine:
                 and (left := deadline - time.perf_counter()) > 0
             ):
                 self._cond.wait(left)
+            self._queue = deque(j for j in self._queue if not j.cancelled)
+            if not self._queue:
+                return [] if not self._stopping else None
             key = self._queue[0].key
             batch, rest, size = [], deque(), 0
             for job in self._queue:
@@ -228,6 +288,8 @@ class BatchingEngine:
 
     def _run(self) -> None:
         while (batch := self._take_batch()) is not None:
+            if not batch:
+                continue
             decoder = self._decoder(batch[0])
             if decoder is not None:
                 self._run_continuous(decoder, batch)
@@ -248,7 +310,7 @@ class BatchingEngine:
         """Decode the group of ``batch[0]``: jobs of the same group that queue meanwhile join it
         (up to the first job of another group, which runs next), each answered when done."""
         key, started, served = batch[0].key, time.perf_counter(), 0
-        open_jobs: dict[int, list[Any]] = {}  # number -> [job, outputs, prompts left]
+        open_jobs: dict[int, _Open] = {}
         numbers = itertools.count()
 
         def join(job: _Job) -> None:
@@ -279,7 +341,8 @@ class BatchingEngine:
                     max_new_tokens=job.config.max_new_tokens,
                     stops=stops,
                 )
-            open_jobs[number] = [job, [None] * len(ids), len(ids)]
+            open_jobs[number] = _Open(job, [None] * len(ids), len(ids), [None] * len(ids))
+            decoder.top_k = max(decoder.top_k, job.top_k)
             served += len(ids)
             if job.events is not None:  # the loop reports its tokens only when someone listens
                 decoder.on_token = heard
@@ -288,10 +351,10 @@ class BatchingEngine:
             # One hand-off per streaming job and step: the event loop wakes once per chunk batch.
             per_job: dict[int, list[tuple[int, int, int, float]]] = {}
             for (jid, i), j, token, lp in tokens:
-                if open_jobs[jid][0].events is not None:
+                if jid in open_jobs and open_jobs[jid].job.events is not None:
                     per_job.setdefault(jid, []).append((i, j, token, lp))
             for jid, items in per_job.items():
-                job = open_jobs[jid][0]
+                job = open_jobs[jid].job
                 job.loop.call_soon_threadsafe(job.events.put_nowait, ("tokens", items))
 
         for job in batch:
@@ -301,18 +364,29 @@ class BatchingEngine:
                 finished = decoder.step()
             except Exception as exc:  # delivered to every request in the loop; the worker lives on
                 log.exception("decoding failed with %d requests in flight", len(open_jobs))
-                for job, _, _ in open_jobs.values():
-                    job.reject(exc)
+                for entry in open_jobs.values():
+                    entry.job.reject(exc)
                 break
             for (jid, i), gens in finished:
-                entry = open_jobs[jid]
-                entry[1][i], entry[2] = gens, entry[2] - 1
-                if entry[2] == 0:
-                    open_jobs.pop(jid)[0].resolve(entry[1])
+                entry = open_jobs.get(jid)
+                if entry is None:  # cancelled meanwhile
+                    continue
+                entry.outputs[i], entry.left = gens, entry.left - 1
+                entry.tops[i] = decoder.top_logprobs.pop((jid, i), None)
+                if entry.left == 0:
+                    if entry.job.top_k:
+                        entry.job.tops = entry.tops
+                    open_jobs.pop(jid).job.resolve(entry.outputs)
+            for jid in [jid for jid, entry in open_jobs.items() if entry.job.cancelled]:
+                # Its client went away: its rows leave the loop and their slots go to others.
+                for i in range(len(open_jobs.pop(jid).outputs)):
+                    decoder.cancel((jid, i))
             with self._cond:
                 joining = []
                 while self._queue and self._queue[0].key == key:
-                    joining.append(self._queue.popleft())
+                    job = self._queue.popleft()
+                    if not job.cancelled:
+                        joining.append(job)
             for job in joining:
                 join(job)
         self.batches += 1
@@ -367,10 +441,16 @@ def _settle(job: _Job, value: Any, exc: BaseException | None) -> None:
 
 
 async def _events(job: _Job) -> AsyncIterator[tuple[str, Any]]:
-    while True:
-        kind, value = await job.events.get()
-        if kind == "error":
-            raise value
-        yield kind, value
-        if kind == "done":
-            return
+    try:
+        while True:
+            kind, value = await job.events.get()
+            if kind == "error":
+                raise value
+            yield kind, value
+            if kind == "done":
+                return
+    finally:
+        # Closed before the end (the client went away): nobody waits for the rest.
+        if not job.future.done():
+            job.cancelled = True
+            job.future.cancel()

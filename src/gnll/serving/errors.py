@@ -14,6 +14,27 @@ class RequestError(ValueError):
 class HTTPError(Exception):
     """An error with its HTTP status and OpenAI error type (raised by services and helpers)."""
 
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.type, self.param = status, message, type_, param
+        self.code = code
+
+
+class ModelNotFound(HTTPError):
+    """A request names a model this server does not serve (404 ``model_not_found``, as OpenAI)."""
+
+    def __init__(self, requested: str, served: str | None) -> None:
+        super().__init__(
+            404,
+            f"the model {requested!r} does not exist here; this server serves {served!r}",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )

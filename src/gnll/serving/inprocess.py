@@ -4,7 +4,9 @@ Requests become :class:`~gnll.backends.base.GenerationConfig` objects and go thr
 :class:`~gnll.serving.engine.BatchingEngine`. Temperature 0 or unset means greedy decoding (the
 answer G-NLL is defined for); a positive temperature samples from the unwarped, tempered model
 distribution. Options that would warp the distribution the log-probs describe (``top_p < 1``,
-penalties, ``logit_bias``) are refused with a 400 rather than ignored.
+penalties, ``logit_bias``) are refused with a 400 rather than ignored. ``top_logprobs`` (chat) and
+``logprobs`` (completions) report each answer token's most likely alternatives under the raw
+distribution, as the decoding loop computes them.
 
 Prompt rendering (:mod:`gnll.backends.prompting`): ``/v1/completions`` prompts are ``text``, the
 exact text. Chat requests are ``chat`` by default: the messages are a
@@ -23,48 +25,12 @@ from typing import Any, cast
 from gnll.backends.base import ChatPrompt, Generation, GenerationConfig, Model, StreamingModel
 from gnll.backends.prompting import prompt_for
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.errors import RequestError
+from gnll.serving.errors import ModelNotFound, RequestError
+from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import annotate
-
-
-def generation_config(
-    req: CompletionRequest | ChatCompletionRequest,
-    *,
-    default_max_tokens: int,
-    max_tokens_limit: int,
-) -> GenerationConfig:
-    """The decoding a request asks for, or a :class:`RequestError` saying what cannot be honoured."""
-    if req.top_p is not None and req.top_p != 1.0:
-        raise RequestError(
-            "top_p < 1 is not supported: log-probs are reported under the full distribution",
-            "top_p",
-        )
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise RequestError(f"{name} is not supported by the in-process model", name)
-    if req.logit_bias:
-        raise RequestError("logit_bias is not supported by the in-process model", "logit_bias")
-    if isinstance(req, CompletionRequest) and req.echo:
-        raise RequestError("echo is not supported; use `gnll score` to score given text", "echo")
-    max_tokens = req.max_tokens_requested() or default_max_tokens
-    if max_tokens > max_tokens_limit:
-        raise RequestError(
-            f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}",
-            "max_tokens",
-        )
-    if req.greedy:
-        if req.n != 1:
-            raise RequestError("n > 1 needs temperature > 0: greedy decoding has one answer", "n")
-        return GenerationConfig.greedy(max_new_tokens=max_tokens, stop=req.stop_list)
-    return GenerationConfig.sample(
-        req.n,
-        temperature=req.temperature,
-        max_new_tokens=max_tokens,
-        stop=req.stop_list,
-        seed=req.seed,
-    )
 
 
 def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
@@ -72,7 +38,9 @@ def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
     return ChatPrompt.of([{"role": m.role, "content": m.text()} for m in messages])
 
 
-def to_answer(gen: Generation, decoding: str) -> Answer:
+def to_answer(
+    gen: Generation, decoding: str, top_logprobs: list[dict[str, float]] | None = None
+) -> Answer:
     # The text the tokens spell (a completion's leading space included), as servers return it, so
     # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
     # single-token decoding does not reproduce it (split multi-byte characters), with the leading
@@ -85,7 +53,7 @@ def to_answer(gen: Generation, decoding: str) -> Answer:
         tokens=list(gen.tokens),
         token_logprobs=list(gen.token_logprobs),
         decoding=decoding,
-        top_logprobs=None,
+        top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
     )
 
@@ -116,19 +84,23 @@ class InProcessService:
         return self.model.name
 
     def describe(self) -> dict[str, Any]:
+        top = 20 if self.engine.reports_alternatives else 0
         return {
             "mode": self.mode,
             "model": self.model_name,
-            "top_logprobs": 0,
+            "top_logprobs": top,
             "prompt_format": {"chat": self.prompt_format, "completions": "text"},
         }
 
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        return True, {"queued": self.engine.queued}
+
+    def attach(self, metrics: Metrics) -> None:
+        self.engine.on_batch = metrics.observe_batch
+
     def check_model(self, requested: str | None) -> None:
         if requested and requested != self.model_name:
-            raise RequestError(
-                f"model {requested!r} is not served here; this server serves {self.model_name!r}",
-                "model",
-            )
+            raise ModelNotFound(requested, self.model_name)
 
     async def start(self) -> None:
         self.engine.start()
@@ -155,8 +127,14 @@ class InProcessService:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
         from gnll.serving import responses as R
 
-        # Under `refuse` the text is known only when the answer is: its stream is a replay.
-        if req.stream and settings.policy.mode != "refuse" and self.streams_live():
+        # Under `refuse` the text is known only when the answer is, and alternatives are known
+        # when a row ends: such streams are replays.
+        if (
+            req.stream
+            and settings.policy.mode != "refuse"
+            and not req.num_top_logprobs
+            and self.streams_live()
+        ):
             return await self._stream(req, settings)
         answers, n_prompt, prompt = await self.generate(req)
         chat = isinstance(req, ChatCompletionRequest)
@@ -187,14 +165,18 @@ class InProcessService:
                 logprobs=req.logprobs,
                 prompt_tokens=n_prompt,
             )
-        stream = R.stream_chunks(body, answers, chat=chat) if req.stream else None
+        stream = (
+            stream_chunks(body, answers, chat=chat, include_usage=req.include_usage)
+            if req.stream
+            else None
+        )
         return Reply(body=body, records=records, stream=stream, prompt=prompt)
 
     async def _stream(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
-        """A reply whose chunks go out as the tokens are decoded (see :mod:`gnll.serving.live`);
+        """A reply whose chunks go out as the tokens are decoded (:mod:`gnll.serving.streams.live`);
         its ``records`` fill in when the stream ends."""
         from gnll.serving import responses as R
-        from gnll.serving.live import LiveStream, relay
+        from gnll.serving.streams.live import LiveStream, relay
 
         config, prompts, raw = self._plan(req)
         events = self.engine.stream(prompts, config, raw=raw)
@@ -209,6 +191,7 @@ class InProcessService:
             n=n,
             chat=isinstance(req, ChatCompletionRequest),
             logprobs=req.wants_logprobs,
+            include_usage=req.include_usage,
         )
         records: list[dict[str, Any]] = []
 
@@ -232,8 +215,9 @@ class InProcessService:
     ) -> tuple[GenerationConfig, list[str], bool]:
         """The decoding, the prompts and whether they are already rendered."""
         self.check_model(req.model)
-        config = generation_config(
-            req, default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
+        req.check_unwarped()
+        config = req.generation_config(
+            default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
         )
         if not isinstance(req, ChatCompletionRequest):
             return config, req.prompts, True
@@ -256,16 +240,25 @@ class InProcessService:
         return self.prompt_format if isinstance(req, ChatCompletionRequest) else "text"
 
     @staticmethod
-    def _answers(outs: list[list[Generation]], config: GenerationConfig) -> list[Answer]:
+    def _answers(
+        outs: list[list[Generation]], config: GenerationConfig, tops: list | None = None
+    ) -> list[Answer]:
         decoding = "greedy" if config.strategy == "greedy" else "sampled"
-        return [to_answer(g, decoding) for gens in outs for g in gens]
+        tops = tops or [None] * len(outs)
+        return [
+            to_answer(g, decoding, (alts or [None] * len(gens))[j])
+            for gens, alts in zip(outs, tops, strict=True)
+            for j, g in enumerate(gens)
+        ]
 
     async def generate(
         self, req: CompletionRequest | ChatCompletionRequest
     ) -> tuple[list[Answer], int, str]:
         """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
         config, prompts, raw = self._plan(req)
-        outs = await self.engine.submit(prompts, config, raw=raw)
-        answers = self._answers(outs, config)
+        # A model without a decoding loop has no alternatives to give (``/health`` says 0).
+        top = req.num_top_logprobs if self.engine.reports_alternatives else 0
+        decoded = await self.engine.decode(prompts, config, raw=raw, top_logprobs=top)
+        answers = self._answers(decoded.generations, config, decoded.top_logprobs)
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]

@@ -29,10 +29,11 @@ from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
-from gnll.serving.errors import HTTPError, RequestError
+from gnll.serving.errors import HTTPError
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
-from gnll.serving.streaming import StreamedChoice
+from gnll.serving.streams.replay import stream_chunks
+from gnll.serving.streams.upstream import StreamedChoice
 from gnll.serving.uncertainty import annotate
 
 
@@ -53,7 +54,6 @@ class ProxyService:
     """
 
     mode = "proxy"
-    engine = None
 
     def __init__(
         self,
@@ -75,6 +75,31 @@ class ProxyService:
 
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
+
+    def attach(self, metrics: Any) -> None:
+        """Nothing to report: the upstream batches on its own."""
+
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the upstream answers ``GET /models`` now (a few seconds at most)."""
+        upstream: dict[str, Any] = {"url": self.upstream}
+        try:
+            assert self.client is not None, "the proxy is not started"
+            response = await self.client.get(
+                self.upstream + "/models", timeout=min(5.0, self.timeout)
+            )
+            upstream["status"] = response.status_code
+            ok = response.status_code < 400
+            if not ok:
+                upstream["error"] = (
+                    _upstream_message(response.text) or f"HTTP {response.status_code}"
+                )
+        except httpx.HTTPError as exc:
+            ok, upstream["error"] = False, f"cannot reach it: {exc or type(exc).__name__}"
+        upstream["reachable"] = ok
+        if ok:
+            with contextlib.suppress(HTTPError):
+                await self._detect()
+        return ok, {"upstream": upstream}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -141,6 +166,8 @@ class ProxyService:
                 status,
                 f"upstream {url} answered {response.status_code}: {message}",
                 "upstream_error" if status == 502 else "invalid_request_error",
+                param=_upstream_error(text).get("param") if status < 500 else None,
+                code=_upstream_error(text).get("code") if status < 500 else None,
             )
         return response
 
@@ -167,20 +194,10 @@ class ProxyService:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
         chat = isinstance(req, ChatCompletionRequest)
-        asked = req.max_tokens_requested()
-        if asked is not None and asked > settings.max_tokens_limit:
-            raise RequestError(
-                f"max_tokens={asked} is above this server's limit of {settings.max_tokens_limit}",
-                "max_tokens",
-            )
-        if asked is None:
+        if req.max_tokens_requested() is None:
             key = profile.max_tokens_key if chat else "max_tokens"
             body[key] = settings.default_max_tokens
         if req.greedy:
-            if req.n != 1:
-                raise RequestError(
-                    "n > 1 needs temperature > 0: greedy decoding has one answer", "n"
-                )
             body.update(temperature=0.0, **profile.pins)
         else:
             for k, v in profile.pins.items():
@@ -197,11 +214,14 @@ class ProxyService:
         return body
 
     async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+        config = req.generation_config(
+            default_max_tokens=settings.default_max_tokens,
+            max_tokens_limit=settings.max_tokens_limit,
+        )
         profile = await self._detect()
         chat = isinstance(req, ChatCompletionRequest)
         body = self.upstream_body(req, settings, profile)
         path = "/chat/completions" if chat else "/completions"
-        config = _config(req, body)
         prompt = _prompt_text(req)
         if req.stream and settings.policy.mode != "refuse":
             response = await self._send("POST", path, body, stream=True)
@@ -227,7 +247,9 @@ class ProxyService:
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
         if req.stream:  # refuse: the answer is known before its first piece is sent
-            stream = R.stream_chunks(_as_own_body(data, chat), answers, chat=chat)
+            stream = stream_chunks(
+                _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
+            )
             return Reply(body=data, records=records, stream=stream, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
 
@@ -264,15 +286,24 @@ class ProxyService:
         chat = isinstance(req, ChatCompletionRequest)
         acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
+        usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
+        finished = False
         try:
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
+                    finished = True
                     break
                 chunk = json.loads(payload)
+                if isinstance(chunk, dict) and "error" in chunk:
+                    yield R.sse(chunk)  # the upstream's own error event ends the stream
+                    return
                 last = chunk
+                if not chunk.get("choices") and chunk.get("usage") is not None:
+                    usage = chunk
+                    continue
                 for choice in chunk.get("choices") or []:
                     acc.setdefault(choice.get("index", 0), StreamedChoice(chat)).add(choice)
                     if not req.wants_logprobs:
@@ -284,6 +315,11 @@ class ProxyService:
             return
         finally:
             await response.aclose()
+        if not finished:  # the connection closed cleanly, but before the stream's end
+            yield R.sse(
+                R.error_body(f"upstream {self.upstream} ended the stream early", "upstream_error")
+            )
+            return
         try:
             answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
             records, _, finishes = annotate(
@@ -302,23 +338,24 @@ class ProxyService:
             c = {"index": i, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
             c.update({"delta": {}} if chat else {"text": ""})
             yield R.sse({**base, "choices": [c]})
+        if usage is not None and req.include_usage:
+            yield R.sse(usage)
         yield R.sse("[DONE]")
-
-
-def _config(req: Any, body: dict[str, Any]) -> GenerationConfig:
-    """The decoding the upstream was asked for, as the parser needs it (stop strings, cap)."""
-    cap = body.get("max_tokens") or body.get("max_completion_tokens") or 1
-    if req.greedy:
-        return GenerationConfig.greedy(max_new_tokens=int(cap), stop=req.stop_list)
-    return GenerationConfig.sample(
-        req.n, temperature=float(req.temperature), max_new_tokens=int(cap), stop=req.stop_list
-    )
 
 
 def _prompt_text(req: Any) -> str:
     if isinstance(req, ChatCompletionRequest):
         return "\n".join(m.text() for m in req.messages)
     return "\n".join(req.prompts)
+
+
+def _upstream_error(text: str) -> dict[str, Any]:
+    """The upstream's OpenAI error object (``param``, ``code``), or an empty dict."""
+    try:
+        err = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return {}
+    return err if isinstance(err, dict) else {}
 
 
 def _upstream_message(text: str) -> str:
@@ -346,12 +383,12 @@ def _decorate(
             choice["message"]["content"] = text
     else:
         choice["text"] = text
-    if not keep_logprobs or "original_text" in rec:
+    if not keep_logprobs or rec.get("refused"):
         choice["logprobs"] = None
 
 
 def _as_own_body(data: dict, chat: bool) -> dict:
-    """An upstream body with the fields :func:`responses.stream_chunks` reads, filled if absent."""
+    """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
     import time
 
     return {

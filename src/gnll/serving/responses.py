@@ -1,8 +1,8 @@
 """OpenAI-shaped response bodies and server-sent-event chunks for answers gnll generated itself.
 
 An :class:`Answer` is what either mode knows about one choice; the builders here turn answers and
-their ``uncertainty`` records into ``text_completion`` / ``chat.completion`` objects (and their
-streaming ``chunk`` counterparts) that the official ``openai`` client parses.
+their ``uncertainty`` records into ``text_completion`` / ``chat.completion`` objects that the
+official ``openai`` client parses. Streams are built in :mod:`gnll.serving.streams`.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def completion_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = completion_logprobs(a, logprobs or 0) if logprobs is not None else None
-        if "original_text" in rec:  # refused: the log-probs describe the text that was withheld
+        if rec.get("refused"):  # refused: the log-probs describe the text that was withheld
             lp = None
         choices.append(
             {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "uncertainty": rec}
@@ -133,7 +133,7 @@ def chat_body(
 ) -> dict[str, Any]:
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
-        lp = chat_logprobs(a, top_logprobs) if logprobs and "original_text" not in rec else None
+        lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.get("refused") else None
         choices.append(
             {
                 "index": i,
@@ -156,75 +156,3 @@ def chat_body(
 def sse(data: Any) -> str:
     """One server-sent event line (``[DONE]`` is sent verbatim, as OpenAI does)."""
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-
-def _pieces(answer: Answer, text: str) -> list[tuple[str, int | None]]:
-    """The text cut at token boundaries (with each piece's token index) when the tokens spell it."""
-    joined = "".join(answer.tokens)
-    if answer.tokens and joined == text:
-        return [(tok, t) for t, tok in enumerate(answer.tokens)]
-    lead = len(joined) - len(joined.lstrip())
-    if answer.tokens and joined.strip() == text:
-        pieces, pos = [], 0
-        for t, tok in enumerate(answer.tokens):
-            start, end = max(pos, lead), min(pos + len(tok), lead + len(text))
-            pos += len(tok)
-            pieces.append((joined[start:end] if end > start else "", t))
-        return pieces
-    return [(text, None)]
-
-
-def stream_chunks(body: dict[str, Any], answers: Sequence[Answer], *, chat: bool) -> Iterator[str]:
-    """Replay a finished response as OpenAI streaming chunks; the uncertainty rides on the last one.
-
-    In-process generation finishes a whole batch before any token is known to the server, so the
-    pieces follow each other immediately; the stream still has the shape clients expect.
-    """
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {"id": body["id"], "object": kind, "created": body["created"], "model": body["model"]}
-    for choice, answer in zip(body["choices"], answers, strict=True):
-        i = choice["index"]
-        text = choice["message"]["content"] if chat else choice["text"]
-        lp = choice.get("logprobs")
-        if chat:
-            yield sse(
-                {
-                    **base,
-                    "choices": [
-                        {
-                            "index": i,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
-        pieces = (
-            _pieces(answer, text)
-            if "original_text" not in choice["uncertainty"]
-            else [(text, None)]
-        )
-        for piece, t in pieces:
-            piece_lp = None
-            if lp is not None and t is not None:
-                if chat:
-                    piece_lp = {"content": [lp["content"][t]], "refusal": None}
-                else:
-                    piece_lp = {
-                        k: (v[t : t + 1] if isinstance(v, list) else v) for k, v in lp.items()
-                    }
-            delta = {"content": piece} if chat else None
-            c = {"index": i, "logprobs": piece_lp, "finish_reason": None}
-            c.update({"delta": delta} if chat else {"text": piece})
-            yield sse({**base, "choices": [c]})
-        last = {
-            "index": i,
-            "logprobs": None,
-            "finish_reason": choice["finish_reason"],
-            "uncertainty": choice["uncertainty"],
-        }
-        last.update({"delta": {}} if chat else {"text": ""})
-        yield sse({**base, "choices": [last]})
-    yield sse({**base, "choices": [], "usage": body.get("usage")})
-    yield sse("[DONE]")

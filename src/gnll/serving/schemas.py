@@ -1,15 +1,22 @@
 """Request bodies of the OpenAI API that ``gnll serve`` accepts, validated at the boundary.
 
 Only the fields gnll can honour are typed; unknown fields are kept (``extra="allow"``) so a proxy can
-forward vendor extensions unchanged. Sampling options that would change the distribution the
-log-probs describe (``top_p``, penalties, ``logit_bias``) are accepted only at their neutral values
-by the in-process model (see :func:`gnll.serving.inprocess.generation_config`).
+forward vendor extensions unchanged. Options that change what an answer *is* (``tools``,
+``functions``, a ``response_format`` other than text) are refused with a 400 in both modes: G-NLL is
+computed for a free-text answer. Sampling options that would change the distribution the log-probs
+describe (``top_p``, penalties, ``logit_bias``) are accepted only at their neutral values by the
+in-process model (:meth:`_Request.check_unwarped`).
+
+A request becomes a :class:`~gnll.backends.base.GenerationConfig` in one place,
+:meth:`_Request.generation_config` (vLLM's ``to_sampling_params``), for both modes.
 
 Examples
 --------
 >>> req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}])
 >>> req.greedy, req.max_tokens is None
 (True, True)
+>>> req.generation_config(default_max_tokens=16, max_tokens_limit=64).max_new_tokens
+16
 """
 
 from __future__ import annotations
@@ -17,6 +24,33 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from gnll.backends.base import GenerationConfig
+from gnll.serving.errors import RequestError
+
+#: Request fields that ask for something other than a free-text answer (refused with a 400).
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+def check_free_text(data: dict[str, Any]) -> None:
+    """Refuse (400) a raw request body that asks for something other than a free-text answer."""
+    for name in UNSUPPORTED:
+        value = data.get(name)
+        if value and value != "none":  # an empty list, false or "none" asks for nothing
+            raise RequestError(f"{name} is not supported: gnll serve answers in free text", name)
+    fmt = data.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise RequestError(
+            'response_format is not supported (only {"type": "text"}): gnll serve answers in '
+            "free text",
+            "response_format",
+        )
 
 
 class _Request(BaseModel):
@@ -34,6 +68,7 @@ class _Request(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    stream_options: StreamOptions | None = None
 
     @field_validator("stop")
     @classmethod
@@ -58,6 +93,55 @@ class _Request(BaseModel):
 
     def max_tokens_requested(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk (``stream_options.include_usage``, as OpenAI)."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def generation_config(
+        self, *, default_max_tokens: int, max_tokens_limit: int
+    ) -> GenerationConfig:
+        """The decoding this request asks for, or a :class:`RequestError` naming what is refused.
+
+        Both modes call it: the token limit and greedy's single answer are checked here once.
+        """
+        max_tokens = self.max_tokens_requested() or default_max_tokens
+        if max_tokens > max_tokens_limit:
+            raise RequestError(
+                f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}",
+                "max_tokens",
+            )
+        if self.greedy:
+            if self.n != 1:
+                raise RequestError(
+                    "n > 1 needs temperature > 0: greedy decoding has one answer", "n"
+                )
+            return GenerationConfig.greedy(max_new_tokens=max_tokens, stop=self.stop_list)
+        return GenerationConfig.sample(
+            self.n,
+            temperature=float(self.temperature or 0.0),
+            max_new_tokens=max_tokens,
+            stop=self.stop_list,
+            seed=self.seed,
+        )
+
+    def check_unwarped(self) -> None:
+        """Refuse (400) options that warp the distribution the in-process log-probs describe."""
+        if self.top_p is not None and self.top_p != 1.0:
+            raise RequestError(
+                "top_p < 1 is not supported: log-probs are reported under the full distribution",
+                "top_p",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise RequestError(f"{name} is not supported by the in-process model", name)
+        if self.logit_bias:
+            raise RequestError("logit_bias is not supported by the in-process model", "logit_bias")
+        if getattr(self, "echo", False):
+            raise RequestError(
+                "echo is not supported; use `gnll score` to score given text", "echo"
+            )
 
 
 class CompletionRequest(_Request):

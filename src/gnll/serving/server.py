@@ -46,11 +46,40 @@ def uvicorn_config(
     )
 
 
-def serve_forever(app: FastAPI, host: str, port: int, *, graceful_timeout: float = 60.0) -> None:
-    """Serve until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout`` s)."""
-    uvicorn.Server(
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (before a model loads: a busy port fails at once).
+
+    Raises
+    ------
+    OSError
+        With one line naming the address and the reason (``address already in use``).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_forever(
+    app: FastAPI,
+    host: str,
+    port: int,
+    *,
+    graceful_timeout: float = 60.0,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM; in-flight requests finish (up to ``graceful_timeout`` s).
+    ``sock``: an already bound socket (:func:`listen`)."""
+    server = uvicorn.Server(
         uvicorn_config(app, host, port, graceful_timeout=graceful_timeout, log_level="info")
-    ).run()
+    )
+    server.run(sockets=[sock] if sock is not None else None)
 
 
 class ServerThread:

@@ -26,6 +26,10 @@ class ServeSettings:
         Put prompt and answer texts into the access log (off: only sizes and uncertainty).
     data_dir:
         Where the web page's example questions come from (``../shared/data`` layout).
+    upstream_timeout:
+        Proxy mode: seconds per upstream request (504 past it).
+    body_timeout:
+        Seconds a request body may take to arrive (408 past it: a slow sender holds a connection).
     prompt_format:
         How ``/v1/chat/completions`` messages become the model's prompt
         (:mod:`gnll.backends.prompting`): ``"chat"``, the messages through the model's chat
@@ -42,6 +46,7 @@ class ServeSettings:
     policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
+    body_timeout: float = 30.0
     prompt_format: str = "chat"
 
     def __post_init__(self) -> None:
@@ -68,6 +73,8 @@ class ServeSettings:
                 )
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if not self.body_timeout > 0:
+            raise ValueError(f"--body_timeout must be > 0 seconds, got {self.body_timeout}")
         if not 1 <= self.default_max_tokens <= self.max_tokens_limit:
             raise ValueError(
                 f"--default_max_tokens ({self.default_max_tokens}) must be between 1 and "

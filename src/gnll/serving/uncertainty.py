@@ -42,9 +42,10 @@ class AbstentionPolicy:
     Parameters
     ----------
     mode:
-        ``"annotate"`` (only add ``p_correct``/``abstain``), ``"flag"`` (also set the choice's
-        ``finish_reason`` to ``"abstain"``) or ``"refuse"`` (replace the answer text by ``refusal``;
-        the original stays in ``uncertainty.original_text``).
+        ``"annotate"`` (add ``p_correct``/``abstain``), ``"flag"`` (the same; clients read
+        ``uncertainty.abstain`` or the ``X-Uncertainty-Abstain`` header: ``finish_reason`` keeps
+        OpenAI's values) or ``"refuse"`` (replace the answer text by ``refusal``; the refused text,
+        its tokens and log-probs are not sent anywhere).
     calibrator:
         A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
         by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
@@ -222,7 +223,7 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
 
     def fmt(v: Any) -> str:
         if v is None:
-            return "none"
+            return "none"  # one choice among several without the value
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, float):
@@ -238,23 +239,29 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
         "P-Correct": "p_correct",
         "Abstain": "abstain",
     }
+    # A header none of the choices has a value for (P-Correct without a calibration) is left out.
     return {
-        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records) for h, k in fields.items()
+        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records)
+        for h, k in fields.items()
+        if any(r.get(k) is not None for r in records)
     }
 
 
 def apply_policy(
     policy: AbstentionPolicy, text: str, finish_reason: str | None, record: dict[str, Any]
 ) -> tuple[str, str | None]:
-    """The answer text and finish reason a client sees under ``policy`` for one choice."""
-    if not record.get("abstain"):
+    """The answer text and finish reason a client sees under ``policy`` for one choice.
+
+    ``finish_reason`` stays within OpenAI's values (``"length"`` still says the answer was cut);
+    abstention is ``record["abstain"]``. A refused answer's text, tokens and log-probs are removed
+    from ``record`` (``record["refused"]`` is set), so nothing the client receives reveals it.
+    """
+    if not record.get("abstain") or policy.mode != "refuse":
         return text, finish_reason
-    if policy.mode == "refuse":
-        record["original_text"] = text
-        return policy.refusal, "abstain"
-    if policy.mode == "flag":
-        return text, "abstain"
-    return text, finish_reason
+    record["refused"] = True
+    for key in ("tokens", "token_logprobs", "top_logprobs"):
+        record.pop(key, None)
+    return policy.refusal, finish_reason
 
 
 def annotate(

@@ -1,8 +1,9 @@
 """The web page at ``/``: ask a question, see each token shaded by its probability and the G-NLL.
 
 Plain HTML, CSS and a small script in ``static/`` (no build step, nothing fetched from outside).
-The page talks to the public ``/v1/chat/completions`` route like any client; the two ``/ui/api``
-routes only give it the server's set-up and example questions from the evaluation tasks.
+The page talks to the public ``/v1/chat/completions`` route like any client; the ``/ui/api`` routes
+only give it the server's set-up, example questions from the evaluation tasks, and whether an
+answer to a picked example is right (the evaluation's own F1 rule, :func:`f1_verdict`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import Any
 from fastapi import FastAPI, Query
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
+
+from gnll.serving.service import Service
+from gnll.serving.settings import ServeSettings
 
 STATIC = Path(__file__).parent / "static"
 #: The tasks whose questions the page offers (short answers: what G-NLL is calibrated on).
@@ -21,7 +26,15 @@ UI_TASKS = ("triviaqa_short", "svamp_short", "nq_open_short")
 STOP = ["\n", "Question:", "Context:"]
 
 
-def add_routes(app: FastAPI, service: Any, settings: Any) -> None:
+class JudgeRequest(BaseModel):
+    """An answer to a picked example and the example's gold answers."""
+
+    answer: str = Field(max_length=10_000)
+    answers: list[str] = Field(min_length=1, max_length=1000)
+    numeric_answer: float | None = None
+
+
+def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)
@@ -40,6 +53,14 @@ def add_routes(app: FastAPI, service: Any, settings: Any) -> None:
             "stop": STOP,
             "max_tokens": 50,
         }
+
+    @app.post("/ui/api/judge")
+    async def judge(req: JudgeRequest) -> dict[str, Any]:
+        from gnll.evaluation.results.correctness import F1_THRESHOLD, f1_verdict
+
+        verdict = f1_verdict(req.answer, req.answers, req.numeric_answer)
+        rule = "numeric match" if verdict.detail == "numeric" else f"F1 > {F1_THRESHOLD:g}"
+        return {"correct": verdict.correct, "score": verdict.score, "rule": rule}
 
     @app.get("/ui/api/examples")
     async def examples(task: str = Query("triviaqa_short"), limit: int = Query(25, ge=1, le=200)):
@@ -64,7 +85,8 @@ def _examples(task: str, data_dir: str, limit: int) -> list[dict[str, Any]]:
             "id": ex.id,
             "question": data.task.judge_question(ex),
             "prompt": data.prompt(ex),
-            "answers": list(ex.answers[:5]),
+            "answers": list(ex.answers),
+            "numeric_answer": ex.numeric_answer,
         }
         for ex in data.split("eval", limit)
     ]

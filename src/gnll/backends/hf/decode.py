@@ -46,6 +46,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     raw: list[float] = field(default_factory=list)
     tempered: list[float] = field(default_factory=list)
+    #: With :attr:`Decoder.top_k`: per step, the ``top_k`` most likely ``(token id, raw log-prob)``.
+    tops: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class Slots:
@@ -224,6 +226,11 @@ class Decoder:
         #: that decoded one (the token that ends a row included), before the row's answer is cut;
         #: a server streams answers with it. ``None``: nothing to call.
         self.on_token: Callable[[list[tuple[Hashable, int, int, float]]], None] | None = None
+        #: Alternatives per position to record (OpenAI's ``top_logprobs``; 0: none). A finished
+        #: prompt's are in :attr:`top_logprobs` under its tag, one list per sequence, one
+        #: ``{token text: raw log-prob}`` per answer token.
+        self.top_k = 0
+        self.top_logprobs: dict[Hashable, list[list[dict[str, float]]]] = {}
 
     @property
     def busy(self) -> bool:
@@ -257,6 +264,16 @@ class Decoder:
         seed = config.seed if seed is None else seed
         self.results[tag] = [None] * self.n
         self.waiting.append(_Prompt(tag, ids, prefix, seed, config, stops or self.stops))
+
+    def cancel(self, tag: Hashable) -> None:
+        """Forget a prompt: out of the queue, or its rows out of the batch (their slots are free
+        for the next prompts at once). A server calls it when a client goes away."""
+        self.waiting = deque(p for p in self.waiting if p.tag != tag)
+        self.results.pop(tag, None)
+        self.top_logprobs.pop(tag, None)
+        self.slots.release(
+            [s for s, r in enumerate(self.slots.rows) if r is not None and r.prompt.tag == tag]
+        )
 
     def _admit(self, free: int) -> None:
         take = []
@@ -333,6 +350,14 @@ class Decoder:
         # One host transfer per step for ids and one per log-prob kind.
         ids, lp = chosen.tolist(), lp.tolist()
         lpt = lpt.tolist() if lpt is not None else None
+        tops = None
+        if self.top_k:
+            values, top_ids = torch.topk(slots.logits, min(self.top_k, slots.logits.shape[-1]))
+            values = values - scores.lse[:, None]
+            tops = [
+                list(zip(i, v, strict=True))
+                for i, v in zip(top_ids.tolist(), values.tolist(), strict=True)
+            ]
         ended, going = [], []
         for s in slots.live():
             row = slots.rows[s]
@@ -340,6 +365,8 @@ class Decoder:
             row.raw.append(lp[s])
             if lpt is not None:
                 row.tempered.append(lpt[s])
+            if tops is not None:
+                row.tops.append(tops[s])
             p = row.prompt
             if ids[s] in p.stops.token_ids or len(row.tokens) == p.config.max_new_tokens:
                 ended.append(s)
@@ -375,10 +402,22 @@ class Decoder:
             p = row.prompt
             out = self.results[p.tag]
             tempered = np.asarray(row.tempered) if row.tempered else None
-            out[row.j] = p.stops.split(row.tokens, np.asarray(row.raw), tempered, p.config)
+            out[row.j] = gen = p.stops.split(row.tokens, np.asarray(row.raw), tempered, p.config)
+            if self.top_k:
+                decode = p.stops.tokenizer.decode
+                alts = self.top_logprobs.setdefault(p.tag, [[] for _ in range(self.n)])
+                alts[row.j] = [_named(step, decode) for step in row.tops[: len(gen.token_ids)]]
             if all(g is not None for g in out):
                 done.append((p.tag, self.results.pop(p.tag)))
         return done
+
+
+def _named(step: list[tuple[int, float]], decode: Callable) -> dict[str, float]:
+    """``{token text: log-prob}``, most likely first (the likelier keeps a text two ids share)."""
+    out: dict[str, float] = {}
+    for i, v in step:
+        out.setdefault(decode([i]), v)
+    return out
 
 
 @torch.inference_mode()

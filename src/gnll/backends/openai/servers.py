@@ -15,7 +15,7 @@ from typing import Any
 from gnll.backends.base import Capabilities
 
 #: Values of ``GET /v1/models`` ``owned_by`` that identify a server.
-_OWNERS = {"vllm": "vllm", "me": "llama-cpp-python", "llamacpp": "llama.cpp"}
+_OWNERS = {"vllm": "vllm", "me": "llama-cpp-python", "llamacpp": "llama.cpp", "gnll": "gnll"}
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ServerProfile:
     Attributes
     ----------
     name:
-        ``vllm``, ``llama-cpp-python``, ``llama.cpp``, ``openai`` or ``generic``.
+        ``vllm``, ``llama-cpp-python``, ``llama.cpp``, ``openai``, ``gnll`` or ``generic``.
     pins:
         Neutral sampling parameters sent with every request (besides ``temperature``).
     extras:
@@ -120,6 +120,14 @@ PROFILES: dict[str, ServerProfile] = {
         completions=False,
         supports_n=True,
         max_tokens_key="max_completion_tokens",
+        capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
+    ),
+    # `gnll serve` itself: greedy when temperature is 0, raw log-probs, alternatives from the hf
+    # decoding loop; answer tokens only (no terminator), no echo.
+    "gnll": ServerProfile(
+        name="gnll",
+        pins=dict(_PLAIN),
+        supports_n=True,
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
     ),
     "generic": ServerProfile(

@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from gnll.evaluation.results.correctness import judge_index
+
 __all__ = [
     "METRIC_LABELS",
     "average_groups",
@@ -23,9 +25,16 @@ METRIC_LABELS = {"f1": "F1", "judge": "LLM", "contains": "Contains"}
 
 
 def metric_label(metric: str, results: dict[str, Any]) -> str:
-    """The label of a correctness metric in a table (the judge is named after its model)."""
-    if metric == "judge":
-        return f"LLM ({results['config'].get('judge')})"
+    """The label of a correctness metric in a table (a judge is named after its model).
+
+    >>> cfg = {"config": {"judge": "meta-llama/Llama-3.1-70B,meta-llama/Llama-3.1-70B-Instruct"}}
+    >>> metric_label("judge", cfg), metric_label("judge2", cfg), metric_label("f1", cfg)
+    ('LLM (meta-llama/Llama-3.1-70B)', 'LLM (meta-llama/Llama-3.1-70B-Instruct)', 'F1')
+    """
+    index = judge_index(metric)
+    if index is not None:
+        judges = str(results["config"].get("judge") or "").split(",")
+        return f"LLM ({judges[index].strip() if index < len(judges) else metric})"
     return METRIC_LABELS.get(metric, metric)
 
 
@@ -53,18 +62,29 @@ def average_groups(
     return groups
 
 
-def overall_keys(groups: dict[tuple[int, str, str, str], Any]) -> list[tuple[int, str, str, str]]:
-    """The groups the overall average spans: per run and generation length, its first metric.
+def overall_keys(
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> list[tuple[int, str, str, str]]:
+    """The groups the overall average spans: every row of a paper metric (F1 and each judge).
 
-    A task scored under several correctness metrics (``--correctness f1,contains``) is one dataset,
-    not several: averaging all its metric rows would count its questions twice and understate the
-    standard error. The paper's overall average takes one metric per generation length (F1 for
-    short answers, the judge for long ones); the first metric of a run plays that part here.
+    The paper's Table 1 "Average" is the mean of all its rows, the short-answer judge rows included
+    (PE .677, LN-PE .689, G-NLL .721 are the means of its 18 rows). Contains is not a paper metric:
+    where a paper metric scores the same run and generation length its rows stay out, so a task
+    scored under F1 and Contains is not counted twice. A run and length scored by Contains alone (no
+    judge for long answers) contributes its first metric.
     """
-    first: dict[tuple[int, str, str], tuple[int, str, str, str]] = {}
+    by_length: dict[tuple[int, str, str], list[tuple[int, str, str, str]]] = {}
     for key in groups:
-        first.setdefault((key[0], key[1], key[2]), key)
-    return list(first.values())
+        by_length.setdefault((key[0], key[1], key[2]), []).append(key)
+    out = []
+    for keys in by_length.values():
+        paper = [k for k in keys if any(_is_paper(m) for _t, m, _r in groups[k])]
+        out += paper or keys[:1]
+    return out
+
+
+def _is_paper(metric: str) -> bool:
+    return metric == "f1" or judge_index(metric) is not None
 
 
 def defined(mres: dict[str, Any]) -> bool:

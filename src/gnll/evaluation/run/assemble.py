@@ -12,7 +12,12 @@ from typing import Any
 from gnll import measures as M
 from gnll.backends.base import Generation
 from gnll.evaluation.data.datasets import Example
-from gnll.evaluation.results.correctness import contains_match, f1_verdict, judge_verdict
+from gnll.evaluation.results.correctness import (
+    contains_match,
+    f1_verdict,
+    judge_index,
+    judge_verdict,
+)
 from gnll.evaluation.run.stages import TaskStages
 
 __all__ = ["assemble_record", "correctness_of", "measure_logprobs", "token_cost"]
@@ -63,11 +68,12 @@ def correctness_of(
             out["contains"] = contains_match(
                 answer, example.answers, example.numeric_answer
             ).to_dict()
-        elif metric == "judge":
-            if stages.judge is None:
-                raise ValueError("correctness 'judge' needs a judge model: give --judge MODEL")
-            reply = stages.judge.reply(key)
-            out["judge"] = {**judge_verdict(reply).to_dict(), "reply": reply, "judge": cfg.judge}
+        elif judge_index(metric) is not None:
+            judge = stages.judges.get(metric)
+            if judge is None:
+                raise ValueError(f"correctness {metric!r} needs a judge model: give --judge MODEL")
+            reply = judge.reply(key)
+            out[metric] = {**judge_verdict(reply).to_dict(), "reply": reply, "judge": judge.name}
     return out
 
 
@@ -102,7 +108,7 @@ def assemble_record(
     record["answers"] = list(example.answers)
     record["prompt"] = stages.greedy.rendered_prompt(key)
     record["greedy"] = greedy.to_dict()
-    # --reference beam (the paper's Table 6): the top beam is judged and is G-NLL's sequence
+    # --reference beam (the paper's Table 5): the top beam is judged and is G-NLL's sequence
     reference = greedy if cfg.reference == "greedy" else stages.reference.answer(key)
     if cfg.reference == "beam":
         record["reference"] = {"kind": "top beam", **reference.to_dict()}

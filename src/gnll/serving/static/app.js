@@ -44,6 +44,8 @@ async function init() {
     state.config = await getJSON("/ui/api/config");
     const c = state.config;
     $("server-info").textContent = `${c.model} · ${c.mode === "proxy" ? "proxy to " + c.upstream : "in-process"} · policy ${c.policy.policy}`;
+    // The rule in use, before any answer: what "abstain" will mean on this server.
+    $("rule").textContent = `Rule in use: policy ${c.policy.policy}; ${c.policy.source}`;
     $("task").innerHTML = c.tasks.map((t) => `<option>${t}</option>`).join("");
     await loadExamples();
   } catch (e) {
@@ -80,7 +82,8 @@ function currentPrompt() {
   }
   if (i !== "") {
     const ex = state.examples[Number(i)];
-    return { question: ex.question, prompt: serverAsks ? ex.question : ex.prompt, gold: ex.answers };
+    const prompt = serverAsks ? ex.question : ex.prompt;
+    return { question: ex.question, prompt, gold: ex.answers, numeric: ex.numeric_answer };
   }
   return null;
 }
@@ -105,7 +108,9 @@ async function ask(ev) {
       const body = await r.json();
       throw new Error(body.error ? body.error.message : r.statusText);
     }
-    render(q, await readStream(r));
+    const choice = await readStream(r);
+    const verdict = q.gold ? await judge(q, choice.message.content) : null;
+    render(q, choice, verdict);
   } catch (e) {
     showError(e.message);
   } finally {
@@ -157,10 +162,28 @@ async function readStream(r) {
   return choice;
 }
 
-function render(q, choice) {
+// Whether the answer to a picked example is right, by the evaluation's own rule (server side).
+async function judge(q, text) {
+  const r = await fetch("/ui/api/judge", {
+    method: "POST",
+    headers: headers(),
+    body: JSON.stringify({ answer: text, answers: q.gold, numeric_answer: q.numeric ?? null }),
+  });
+  const body = await r.json();
+  if (!r.ok) throw new Error(body.error ? body.error.message : r.statusText);
+  return body;
+}
+
+function render(q, choice, verdict) {
   const u = choice.uncertainty;
   const answer = $("answer");
   answer.innerHTML = "";
+  if (!u.tokens) {
+    // Refused (or log-probs not sent): the text as the client received it, unshaded.
+    const span = document.createElement("span");
+    span.textContent = choice.message.content;
+    answer.appendChild(span);
+  }
   const tops = (choice.logprobs && choice.logprobs.content) || [];
   (u.tokens || []).forEach((tok, t) => {
     const lp = u.token_logprobs[t];
@@ -176,19 +199,26 @@ function render(q, choice) {
                    : "top alternatives: not reported by this model");
     answer.appendChild(span);
   });
-  if (u.original_text !== undefined) {
+  if (u.refused) {
     const note = document.createElement("div");
     note.className = "muted";
-    note.textContent = `Refused; the model's answer was: ${u.original_text}`;
+    note.textContent = "Refused: the server withheld the model's answer.";
     answer.appendChild(note);
   }
-  $("gold").textContent = q.gold ? "Gold: " + q.gold.join(" | ") : "";
+  $("gold").textContent = q.gold ? "Gold: " + q.gold.slice(0, 5).join(" | ") : "";
+  const v = $("verdict");
+  v.hidden = !verdict;
+  if (verdict) {
+    v.className = "verdict " + (verdict.correct ? "right" : "wrong");
+    v.textContent = (verdict.correct ? "✓ right" : "✗ wrong") + ` (${verdict.rule})`;
+  }
   $("g-nll").textContent = fmt(u.g_nll);
   $("g-nll").dataset.value = String(u.g_nll);
   $("n-tokens").textContent = String(u.num_tokens);
   const pol = state.config.policy;
   const p = u.p_correct;
   $("p-correct").textContent = p === null || p === undefined ? "not calibrated" : fmt(p, 3);
+  $("p-correct").className = "big" + (p === null || p === undefined ? " none" : "");
   $("gauge-fill").style.width = p === null || p === undefined ? "0" : `${Math.round(100 * p)}%`;
   $("calibration").textContent = pol.calibrated ? `calibration: ${pol.source}` : "start the server with --calibration FILE for p(correct)";
   const d = $("decision");
@@ -197,18 +227,22 @@ function render(q, choice) {
   $("policy").textContent = `policy ${pol.policy}; ${pol.source}`;
   $("result").hidden = false;
   answer.dataset.state = "done";
-  state.history.push({ g: u.g_nll, p, abstain: u.abstain, q: q.question, a: choice.message.content });
+  const correct = verdict ? verdict.correct : null;
+  state.history.push({ g: u.g_nll, p, abstain: u.abstain, correct, q: q.question, a: choice.message.content });
   drawHistory();
 }
 
 function drawHistory() {
   const rows = [...state.history].sort((a, b) => b.g - a.g);
+  $("history-empty").hidden = rows.length > 0;
   $("history").querySelector("tbody").innerHTML = "";
   for (const h of rows) {
     const tr = document.createElement("tr");
-    for (const v of [fmt(h.g), p2(h.p), h.abstain === null || h.abstain === undefined ? "–" : h.abstain ? "abstain" : "answer", h.q, h.a]) {
+    const mark = h.correct === null || h.correct === undefined ? "–" : h.correct ? "✓" : "✗";
+    for (const v of [fmt(h.g), p2(h.p), h.abstain === null || h.abstain === undefined ? "–" : h.abstain ? "abstain" : "answer", mark, h.q, h.a]) {
       const td = document.createElement("td");
       td.textContent = v;
+      if (v === mark && mark !== "–") td.className = h.correct ? "right" : "wrong";
       tr.appendChild(td);
     }
     $("history").querySelector("tbody").appendChild(tr);
@@ -234,6 +268,13 @@ document.addEventListener("mouseover", (e) => {
   }
 });
 $("ask-form").addEventListener("submit", ask);
+// Enter asks (as in a chat box); Shift+Enter keeps the newline.
+$("question").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    $("ask-form").requestSubmit();
+  }
+});
 $("task").addEventListener("change", loadExamples);
 $("example").addEventListener("change", () => { if ($("example").value !== "") $("question").value = ""; });
 init();

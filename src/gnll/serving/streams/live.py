@@ -144,6 +144,8 @@ class LiveStream:
         Chat chunks (``delta``) or legacy completion chunks (``text``).
     logprobs:
         Whether chunks carry their tokens' log-probs.
+    include_usage:
+        End with a ``choices: []`` usage chunk (``stream_options.include_usage``).
     """
 
     def __init__(
@@ -155,10 +157,12 @@ class LiveStream:
         n: int,
         chat: bool,
         logprobs: bool,
+        include_usage: bool = False,
     ) -> None:
         rules = model.stop_rules(stop)
         self.held = [HeldText(model.decode, rules.token_ids, rules.strings) for _ in range(choices)]
         self.n, self.chat, self.logprobs = n, chat, logprobs
+        self.include_usage = include_usage
         self.offsets = [0] * choices  # characters of tokens sent per choice (``text_offset``)
         kind = "chat.completion.chunk" if chat else "text_completion"
         self.base = {
@@ -194,14 +198,16 @@ class LiveStream:
         finishes: Sequence[str | None],
         usage: dict[str, int],
     ) -> list[str]:
-        """The held pieces, the final chunk of every choice (with its uncertainty), the usage."""
+        """The held pieces, the final chunk of every choice (with its uncertainty), the usage if
+        asked for."""
         out = []
         for c, (answer, rec, finish) in enumerate(zip(answers, records, finishes, strict=True)):
             out += [self._piece(c, p) for p in self.held[c].finish(answer)]
             last = {"index": c, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
             last.update({"delta": {}} if self.chat else {"text": ""})
             out.append(self._chunk(last))
-        out.append(R.sse({**self.base, "choices": [], "usage": usage}))
+        if self.include_usage:
+            out.append(R.sse({**self.base, "choices": [], "usage": usage}))
         out.append(R.sse("[DONE]"))
         return out
 
@@ -236,18 +242,22 @@ async def relay(
     ``finish`` turns the engine's generations into answers, uncertainty records, finish reasons
     and usage (as for a non-streamed response).
     """
-    for chunk in live.opening():
-        yield chunk
-    event = first
     try:
-        while event[0] == "tokens":
-            for chunk in live.tokens(event[1]):
-                yield chunk
-            event = await anext(events)
-        answers, records, finishes, usage = finish(event[1])
-    except Exception as exc:  # headers are out: the client hears of it in the stream
-        log.exception("streamed generation failed")
-        yield R.sse(R.error_body(f"generation failed: {exc}", "server_error"))
-        return
-    for chunk in live.closing(answers, records, finishes, usage):
-        yield chunk
+        for chunk in live.opening():
+            yield chunk
+        event = first
+        try:
+            while event[0] == "tokens":
+                for chunk in live.tokens(event[1]):
+                    yield chunk
+                event = await anext(events)
+            answers, records, finishes, usage = finish(event[1])
+        except Exception as exc:  # headers are out: the client hears of it in the stream
+            log.exception("streamed generation failed")
+            yield R.sse(R.error_body(f"generation failed: {exc}", "server_error"))
+            return
+        for chunk in live.closing(answers, records, finishes, usage):
+            yield chunk
+    finally:
+        # Also when the client went away mid-stream: the engine drops the job's rows.
+        await events.aclose()

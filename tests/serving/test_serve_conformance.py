@@ -1,0 +1,324 @@
+"""`gnll serve` speaks the OpenAI API as the official `openai` package types it.
+
+Every response body and every stream chunk is validated with the package's own pydantic types
+(``Completion``, ``ChatCompletion``, ``ChatCompletionChunk``), and the SDK's canonical loops
+(``for chunk in stream: chunk.choices[0]...``) run, for completions, chat and both streams, in
+both modes: in-process (a stand-in model with a decoding loop, so streams go out live, and one
+without, so streams are replays) and proxy (in front of the in-process server).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from serve_helpers import (
+    UNSURE,
+    ScriptedModel,
+    StreamedCompletion,
+    StreamingModel,
+    access_log,
+    sse,
+)
+
+from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
+from gnll.serving.proxy import ProxyService
+from gnll.serving.server import ServerThread
+
+MODES = ("live", "replay", "proxy")
+USER = [{"role": "user", "content": "unsure"}]
+
+
+def check_body(body: dict, chat: bool) -> None:
+    (ChatCompletion if chat else Completion).model_validate(body)
+    for c in body["choices"]:
+        assert c["finish_reason"] in ("stop", "length")
+
+
+def check_stream(events: list, chat: bool, *, usage: bool) -> list[dict]:
+    """Validate every chunk; the ``choices: []`` usage chunk is last, and only when asked for."""
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    for chunk in chunks:
+        assert "error" not in chunk, chunk
+        if chat:
+            ChatCompletionChunk.model_validate(chunk)
+        else:
+            StreamedCompletion.model_validate(chunk)
+            if chunk["choices"] and chunk["choices"][0]["finish_reason"] is not None:
+                Completion.model_validate(chunk)
+    empty = [i for i, c in enumerate(chunks) if not c["choices"]]
+    if usage:
+        assert empty == [len(chunks) - 1] and chunks[-1]["usage"]["completion_tokens"] > 0
+    else:
+        assert empty == []
+    return chunks
+
+
+@pytest.fixture(scope="module", params=MODES)
+def server(request):
+    """(mode, server) with the policy off; the upstream of the proxy is the live server."""
+    mode = request.param
+    model = ScriptedModel() if mode == "replay" else StreamingModel()
+    app = build_inprocess_app(model, ServeSettings(), max_wait_ms=1)
+    with ServerThread(app) as srv:
+        srv.mode, srv.model_id = mode, model.name
+        if mode != "proxy":
+            yield srv
+            return
+        service = ProxyService(srv.url + "/v1", timeout=30)
+        with ServerThread(create_app(service, ServeSettings())) as px:
+            px.mode, px.model_id = mode, model.name
+            yield px
+
+
+def client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def post(srv, path: str, **body) -> httpx.Response:
+    return httpx.post(srv.url + "/v1" + path, json={"model": srv.model_id, **body}, timeout=30)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_responses_validate_with_the_openai_types(server, chat):
+    path, kw = ("/chat/completions", {"messages": USER}) if chat else ("/completions", {})
+    if not chat:
+        kw["prompt"] = "unsure"
+    for extra in ({}, {"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2}):
+        r = post(server, path, **kw, **extra)
+        assert r.status_code == 200, r.text
+        check_body(r.json(), chat)
+        assert r.json()["choices"][0]["uncertainty"]["num_tokens"] == 2
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("usage", [False, True])
+def test_streams_validate_and_end_with_usage_only_when_asked(server, chat, usage):
+    path, kw = ("/chat/completions", {"messages": USER}) if chat else ("/completions", {})
+    if not chat:
+        kw["prompt"] = "unsure"
+    opts = {"stream_options": {"include_usage": True}} if usage else {}
+    r = post(server, path, stream=True, logprobs=True if chat else 1, **kw, **opts)
+    assert r.status_code == 200, r.text
+    chunks = check_stream(sse(r.text), chat, usage=usage)
+    text = "".join(
+        (c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
+        for c in chunks
+        if c["choices"]
+    )
+    assert text == "".join(UNSURE[0])
+    last = [c for c in chunks if c["choices"] and "uncertainty" in c["choices"][0]]
+    assert last[-1]["choices"][0]["uncertainty"]["g_nll"] == pytest.approx(5.0)
+
+
+def test_the_sdks_canonical_loops_run(server):
+    c = client(server)
+    pieces = []
+    for chunk in c.completions.create(
+        model=server.model_id, prompt="unsure", stream=True, max_tokens=10
+    ):
+        pieces.append(chunk.choices[0].text)
+    assert "".join(pieces) == "".join(UNSURE[0])
+    pieces = []
+    for chunk in c.chat.completions.create(model=server.model_id, messages=USER, stream=True):
+        pieces.append(chunk.choices[0].delta.content or "")
+    assert "".join(pieces) == "".join(UNSURE[0])
+    stream = c.chat.completions.create(
+        model=server.model_id,
+        messages=USER,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 2
+
+
+def test_top_logprobs_come_back_as_asked(server):
+    c = client(server)
+    r = c.chat.completions.create(
+        model=server.model_id, messages=USER, logprobs=True, top_logprobs=2
+    )
+    content = r.choices[0].logprobs.content
+    legacy = c.completions.create(model=server.model_id, prompt="unsure", logprobs=2)
+    if server.mode == "replay":  # no decoding loop, no alternatives: /health says so
+        assert httpx.get(server.url + "/health").json()["top_logprobs"] == 0
+        assert [t.top_logprobs for t in content] == [[], []]
+        return
+    assert [len(t.top_logprobs) for t in content] == [2, 2]
+    assert content[0].top_logprobs[0].token == UNSURE[0][0]
+    assert content[0].top_logprobs[0].logprob == pytest.approx(UNSURE[1][0])
+    assert [len(t) for t in legacy.choices[0].logprobs.top_logprobs] == [2, 2]
+
+
+def test_unknown_model_is_404_model_not_found(server):
+    # In proxy mode the upstream (gnll in-process) says so and the proxy passes it through.
+    with pytest.raises(openai.NotFoundError) as err:
+        client(server).chat.completions.create(model="gpt-4o", messages=USER)
+    assert err.value.code == "model_not_found" and err.value.status_code == 404
+
+
+def test_every_error_has_the_openai_envelope(server):
+    for method, path, status in (
+        ("GET", "/v1/nowhere", 404),
+        ("POST", "/v1/models", 405),
+        ("GET", "/nowhere", 404),
+    ):
+        r = httpx.request(method, server.url + path)
+        assert r.status_code == status
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        {"response_format": {"type": "json_object"}},
+        {"functions": [{"name": "f"}]},
+    ],
+)
+def test_options_that_change_the_answer_format_are_refused(server, extra):
+    r = post(server, "/chat/completions", messages=USER, **extra)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == next(iter(extra))
+    ok = post(server, "/chat/completions", messages=USER, response_format={"type": "text"})
+    assert ok.status_code == 200
+
+
+def test_no_p_correct_header_without_calibration(server):
+    r = post(server, "/chat/completions", messages=USER)
+    assert "x-uncertainty-p-correct" not in r.headers
+    assert "x-uncertainty-abstain" not in r.headers  # no policy: nothing decided
+    assert float(r.headers["x-uncertainty-g-nll"]) == pytest.approx(5.0)
+
+
+def test_streamed_requests_are_logged_with_their_uncertainty(server, caplog):
+    with access_log(caplog):
+        r = post(server, "/chat/completions", messages=USER, stream=True)
+        assert r.status_code == 200
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            lines = [json.loads(x.message) for x in caplog.records if "stream" in x.message]
+            if lines:
+                break
+            time.sleep(0.02)
+    entry = lines[-1]
+    assert entry["stream"] is True and entry["choices"] == 1 and entry["stream_sent"] is True
+    assert entry["g_nll"] == [pytest.approx(5.0)] and entry["num_tokens"] == [2]
+
+
+@pytest.fixture(scope="module")
+def policed():
+    """In-process servers (live streams) under flag and refuse, threshold between SURE and UNSURE."""
+    out = {}
+    threads = []
+    for mode in ("flag", "refuse"):
+        policy = AbstentionPolicy(mode=mode, threshold=1.0, refusal="I do not know.")
+        srv = ServerThread(build_inprocess_app(StreamingModel(), ServeSettings(policy=policy)))
+        threads.append(srv.start())
+        srv.model_id = "streaming"
+        out[mode] = srv
+    yield out
+    for srv in threads:
+        srv.stop()
+
+
+def test_flag_keeps_the_finish_reason_enum_and_length(policed):
+    srv = policed["flag"]
+    r = post(srv, "/completions", prompt="unsure", max_tokens=1)
+    check_body(r.json(), chat=False)
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length"  # cut at max_tokens: still said
+    assert choice["uncertainty"]["abstain"] is True and r.headers["x-uncertainty-abstain"] == "true"
+    events = sse(post(srv, "/chat/completions", messages=USER, stream=True).text)
+    finals = [
+        c for c in check_stream(events, True, usage=False) if c["choices"][0]["finish_reason"]
+    ]
+    assert finals[-1]["choices"][0]["finish_reason"] == "stop"
+    assert finals[-1]["choices"][0]["uncertainty"]["abstain"] is True
+
+
+def test_refuse_withholds_the_answer_and_covers_sampling(policed):
+    srv = policed["refuse"]
+    r = post(srv, "/chat/completions", messages=USER, logprobs=True, top_logprobs=2)
+    check_body(r.json(), chat=True)
+    assert r.json()["choices"][0]["message"]["content"] == "I do not know."
+    assert "Maybe" not in r.text and "Lyon" not in r.text
+    events = sse(post(srv, "/chat/completions", messages=USER, stream=True, logprobs=True).text)
+    check_stream(events, True, usage=False)
+    assert "Lyon" not in json.dumps(events)
+    sampled = post(srv, "/chat/completions", messages=USER, temperature=0.7)
+    assert sampled.status_code == 400 and sampled.json()["error"]["param"] == "temperature"
+
+
+def test_proxy_health_reports_the_upstream():
+    service = ProxyService("http://127.0.0.1:9/v1", timeout=2)
+    with ServerThread(create_app(service, ServeSettings())) as px:
+        health = httpx.get(px.url + "/health")
+        assert health.status_code == 503
+        body = health.json()
+        assert body["status"] == "unavailable" and body["upstream"]["reachable"] is False
+        assert "cannot reach" in body["upstream"]["error"]
+        assert httpx.get(px.url + "/live").json() == {"status": "alive"}
+
+
+def test_proxy_stream_is_logged_for_its_whole_duration(caplog):
+    model = StreamingModel(delay=0.05)  # 3 steps (2 tokens and EOS): >= 0.15 s of decoding
+    with ServerThread(build_inprocess_app(model, ServeSettings(), max_wait_ms=1)) as up:
+        service = ProxyService(up.url + "/v1", timeout=30)
+        with ServerThread(create_app(service, ServeSettings())) as px:
+            px.model_id = model.name
+            with access_log(caplog):
+                started = time.perf_counter()
+                r = post(px, "/chat/completions", messages=USER, stream=True)
+                took = time.perf_counter() - started
+                time.sleep(0.2)
+    assert r.status_code == 200 and took >= 0.15
+    mine = [
+        json.loads(x.message)
+        for x in caplog.records
+        if x.name == "gnll.serve.access" and '"stream": true' in x.message
+    ]
+    proxy_entry = mine[-1]  # the proxy's line is written after the upstream's
+    assert proxy_entry["seconds"] >= 0.15
+    assert proxy_entry["g_nll"] == [pytest.approx(5.0)]
+
+
+def test_gnll_doctor_recognises_and_passes_gnll_serve():
+    from gnll.backends.openai.doctor import diagnose
+    from gnll.backends.openai.model import OpenAICompatModel
+
+    app = build_inprocess_app(StreamingModel(delay=0.0), ServeSettings(), max_wait_ms=1)
+    with ServerThread(app) as srv:
+        model = OpenAICompatModel("streaming", base_url=srv.url + "/v1")
+        checks = {c.name: c for c in diagnose(model, requests=2, concurrency=1)}
+    assert model.profile.name == "gnll"
+    assert not [c for c in checks.values() if c.verdict == "fail"]
+    for name in ("greedy decoding", "log-probs raw", "deterministic", "server defaults"):
+        assert checks[name].verdict == "pass", checks[name]
+    # The one warning left is a real limit: answers' log-probs exclude the end-of-sequence token.
+    assert [c.name for c in checks.values() if c.verdict == "warn"] == ["terminator reported"]
+
+
+@pytest.mark.server
+def test_a_busy_port_fails_before_the_banner():
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-c", "from gnll.cli.main import app; app()", "serve"]
+        args = ["--upstream", "http://127.0.0.1:9/v1", "--port", str(port)]
+        done = subprocess.run(cmd + args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "on http://" not in done.stderr  # no "serving on" banner for a server that never was

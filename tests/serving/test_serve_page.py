@@ -1,0 +1,107 @@
+"""The web page's behaviour in a real headless Chromium, with a stand-in model (no weights): the rule
+in use shows before the first answer, Enter asks, picked examples get a right/wrong mark (also in
+the history), and errors show next to the Ask button. The page on the real model, with its shading
+and numbers checked against the API, is ``test_serve_browser.py``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from serve_helpers import CHROMIUM, CHROMIUM_ARGS, StreamingModel
+
+from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
+from gnll.serving.server import ServerThread
+
+pytestmark = pytest.mark.browser
+
+#: Two picked examples the stand-in answers "Paris." to: one right, one wrong.
+EXAMPLES = {
+    "task": "triviaqa_short",
+    "examples": [
+        {"id": "a", "question": "Capital of France?", "prompt": "sure", "answers": ["Paris"]},
+        {"id": "b", "question": "Capital of Italy?", "prompt": "sure", "answers": ["Rome"]},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def page_url():
+    policy = AbstentionPolicy(mode="flag", threshold=1.0)
+    app = build_inprocess_app(StreamingModel(), ServeSettings(policy=policy), max_wait_ms=1)
+    with ServerThread(app) as srv:
+        yield srv.url
+
+
+@pytest.fixture
+def page(page_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.route(
+                "**/ui/api/examples*",
+                lambda route: route.fulfill(
+                    content_type="application/json", body=json.dumps(EXAMPLES)
+                ),
+            )
+            page.goto(page_url + "/")
+            page.wait_for_function(
+                "document.querySelector('#example').options.length > 1", timeout=30_000
+            )
+            yield page
+        finally:
+            browser.close()
+
+
+def test_the_rule_in_use_shows_before_the_first_answer(page):
+    assert page.locator("#result").is_hidden()
+    rule = page.locator("#rule").inner_text()
+    assert "policy flag" in rule and "abstain when G-NLL > 1" in rule
+
+
+def test_enter_asks_and_shift_enter_does_not(page):
+    page.fill("#question", "What is the capital of France?")
+    page.press("#question", "Shift+Enter")
+    assert page.locator("#result").is_hidden()
+    page.press("#question", "Enter")
+    page.wait_for_selector("#answer[data-state=done]", timeout=30_000)
+    assert "Paris" in page.locator("#answer").inner_text()
+    assert page.locator("#verdict").is_hidden()  # a typed question has no gold answer
+
+
+def test_picked_examples_are_marked_right_or_wrong_here_and_in_the_history(page):
+    marks = []
+    for index, expected in ((1, "✓ right"), (2, "✗ wrong")):
+        page.select_option("#example", index=index)
+        page.click("#ask")
+        page.wait_for_function(
+            f"document.querySelectorAll('#history tbody tr').length == {index}", timeout=30_000
+        )
+        verdict = page.locator("#verdict")
+        assert verdict.is_visible() and verdict.inner_text().startswith(expected)
+        assert "F1 > 0.5" in verdict.inner_text()
+        marks.append(expected[0])
+    header = page.locator("#history thead th").all_inner_texts()
+    column = header.index("correct")
+    shown = page.locator(f"#history tbody tr td:nth-child({column + 1})").all_inner_texts()
+    assert sorted(shown) == sorted(marks)
+
+
+def test_errors_show_next_to_the_ask_button(page):
+    body = {"error": {"message": "scripted failure", "type": "x", "param": None, "code": 400}}
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=400, content_type="application/json", body=json.dumps(body)
+        ),
+    )
+    page.fill("#question", "anything")
+    page.click("#ask")
+    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    assert page.locator("#error").inner_text() == "scripted failure"
+    button = page.locator("#ask").bounding_box()
+    error = page.locator("#error").bounding_box()
+    assert 0 <= error["y"] - (button["y"] + button["height"]) < 80  # right under the button
