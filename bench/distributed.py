@@ -39,6 +39,31 @@ def write_rows(path: Path, n: int) -> None:
             out.write("\n")
 
 
+def sizing(per_replica: float, efficiency: float) -> list[dict[str, Any]]:
+    """Projected throughput of N replicas of the measured kind on a 4-node, 8-GPU cluster.
+
+    Each replica runs at the measured single-replica rate, discounted once by the measured scaling
+    efficiency (the driver's per-chunk work does not grow with N; the pool only has to be fed).
+    """
+    rows = []
+    for layout, n in (
+        ("1 node, 1 GPU", 1),
+        ("1 node, 2 GPUs", 2),
+        ("2 nodes, 4 GPUs", 4),
+        ("4 nodes, 8 GPUs (1 replica/GPU)", 8),
+    ):
+        rate = per_replica * (n if n == 1 else n * min(efficiency, 1.0))
+        rows.append(
+            {
+                "layout": layout,
+                "replicas": n,
+                "projected rows/s": round(rate, 1),
+                "hours per 10M rows": round(1e7 / rate / 3600, 1),
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = common.parser(__doc__)
     ap.add_argument("--rows", type=int, default=2000)
@@ -108,6 +133,7 @@ def main() -> None:
         "scaling_efficiency": speedup["median_paired_ratio"] / 2,
         "speedup_ratios": speedup,
         "local_equals_ray_bytes": same,
+        "sizing": sizing(rows / med["ray_1x1"], speedup["median_paired_ratio"] / 2),
         "targets": {"ray_overhead_max": 0.10, "scaling_efficiency_min": 0.85},
         "runs": res,
         "machine": {**info, "load_average_end": common.load_average()},
@@ -123,6 +149,8 @@ def main() -> None:
     print(f"1 -> 2 single-thread replicas: {summary['speedup_2_vs_1']:.2f}x, efficiency "
           f"{summary['scaling_efficiency']:.2f} (target >= 0.85)")  # fmt: skip
     print(f"local and ray_1xT outputs byte-identical: {same}")
+    print("projection from the single-thread replica:")
+    print(common.table(summary["sizing"]))
     print(f"load average {info['load_average_start']} -> {common.load_average()}")
     if args.output:
         args.output.write_text(json.dumps(summary, indent=2) + "\n")

@@ -358,6 +358,11 @@ def distributed(r: dict[str, Any]) -> list[str]:
         f"scaling efficiency **{r['scaling_efficiency']:.2f}** (target >= 0.85). Outputs of "
         f"`local` and `ray_1xT` byte-identical: {r['local_equals_ray_bytes']}.",
         "",
+        "Projection (not a measurement) from the single-thread replica's rate and the measured "
+        "efficiency, as `docs/distributed.md` sizes a cluster:",
+        "",
+        common.table(r["sizing"]) if "sizing" in r else "",
+        "",
     ]
 
 

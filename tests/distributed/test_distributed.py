@@ -26,7 +26,7 @@ TESTS = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e  # Ray starts worker processes
 
 
-def make_data_dir(root: Path, n: int = 40) -> Path:
+def make_data_dir(root: Path, n: int = 200) -> Path:
     """A TriviaQA file in its original format: question k asks for k + 1."""
     (root / "triviaqa").mkdir(parents=True)
     with (root / "triviaqa" / "triviaqa_unfiltered_validation.jsonl").open("w") as fh:

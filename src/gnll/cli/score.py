@@ -70,6 +70,13 @@ def score_command(
     logprobs: Annotated[
         bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans",
+            help="Add the NLL of each sentence or JSON field value: sentence or json.",
+        ),
+    ] = None,
     with_greedy: Annotated[
         bool,
         typer.Option(
@@ -137,6 +144,8 @@ def score_command(
 
     if chunk_size < 1:
         fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    if spans is not None and spans not in ("sentence", "json"):
+        fail(f"--spans must be sentence or json, got {spans!r}")
     if max_new_tokens is not None and max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     try:
@@ -219,6 +228,7 @@ def score_command(
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
+        spans=spans,
         max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
         calibrator=cal,
         resume=resume,

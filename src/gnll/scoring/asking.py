@@ -88,6 +88,8 @@ class AskResult:
             "token_logprobs": self.greedy.token_logprobs,
             "finish_reason": self.greedy.finish_reason,
         }
+        if not self.greedy.tokens:  # what its measures were computed from (the empty-answer rule)
+            record["stop_token_logprob"] = self.greedy.measured_logprobs[0]
         record.update({name.replace("-", "_"): value for name, value in self.measures.items()})
         record.update(self.calibrated())
         if self.samples is not None:

@@ -271,6 +271,7 @@ class ProxyService:
             tokens=gen.tokens,
             token_logprobs=gen.token_logprobs,
             decoding="greedy" if req.greedy else "sampled",
+            measured_logprobs=gen.measured_logprobs,
         )
 
     async def _relay(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gnll.serving.uncertainty import AbstentionPolicy
 
@@ -36,6 +37,9 @@ class ServeSettings:
         template; ``"instruction"``, one user message taken as a question and asked as ``gnll
         ask`` asks it (in-process only). ``/v1/completions`` prompts are always ``"text"``. A
         calibration fitted on another format than the chat requests' is refused here.
+    tracing:
+        A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
+        answer's scores; ``None`` (the default) emits nothing and imports nothing.
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -48,6 +52,7 @@ class ServeSettings:
     upstream_timeout: float = 120.0
     body_timeout: float = 30.0
     prompt_format: str = "chat"
+    tracing: Any = None
 
     def __post_init__(self) -> None:
         if self.prompt_format not in ("chat", "instruction"):

@@ -388,6 +388,19 @@ class Evaluator:
                 f"{', '.join(ok) or 'none of the selected measures'}: pass --measures "
                 f"{','.join(ok) or 'g-nll'}"
             )
+        sampled = [m for m in self.config.active_measures if M.get(m).uses_samples]
+        if (
+            self.config.sample_logprobs == "sampling"
+            and sampled
+            and model.capabilities.missing(["sampling_logprobs"])
+        ):
+            # servers return temperature-1 log-probs only: a silent fallback would change PE/SE
+            raise ValueError(
+                f"--sample_logprobs sampling needs the samples' log-probs under the tempered "
+                f"sampling distribution, which model {self.config.model!r} does not report on this "
+                "backend (OpenAI-compatible servers return temperature-1 log-probs only); use "
+                "--sample_logprobs model or the hf backend"
+            )
 
     def run(self) -> dict[str, Any]:
         cfg = self.config
