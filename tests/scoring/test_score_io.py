@@ -306,3 +306,38 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
     monkeypatch.setattr(gnll, "load_model", lambda name, **kw: NoScoring())
     res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no-progress"])
     assert res.exit_code == 2 and "cannot score given answers" in res.output
+
+
+def test_csv_output_keeps_columns_the_first_row_lacks(tmp_path, toy):
+    rows = [
+        {"id": "c1", "question": "Who wrote Hamlet?", "answer": "shakespeare"},
+        {"id": "c2", "question": "Who wrote Hamlet?", "answer": "marlowe", "note": "extra"},
+        {"id": "c3", "question": "Who?", "answer": "kyd", "late": 7},
+    ]
+    inp = tmp_path / "two.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "two.csv"
+    # One row per chunk: "late" arrives after rows are on disk, so the header must widen.
+    args = ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--chunk_size", "1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    got = pd.read_csv(out)
+    assert {"note", "late", "nll"} <= set(got.columns)
+    assert got["note"].fillna("").tolist() == ["", "extra", ""]
+    assert got["late"].fillna(0).tolist() == [0, 0, 7]
+    assert got["nll"].tolist() == pytest.approx([_toy_nll(r["answer"]) for r in rows])
+
+
+def test_no_errors_file_without_bad_rows_and_one_wording_of_bad_json(tmp_path, toy):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"question": "q", "answer": "abc"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    assert res.exit_code == 0, res.output
+    assert not Path(str(out) + ".errors.jsonl").exists()
+    inp.write_text('{"question": "q", "answer": "a\tb\x01"}\n'.replace("\x01", "\\x01"))
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    [err] = _read_jsonl(Path(str(out) + ".errors.jsonl"))
+    assert err["error"].startswith("not valid JSON (") and " at at " not in err["error"]

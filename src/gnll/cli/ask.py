@@ -106,7 +106,8 @@ def ask(
         raise typer.BadParameter(exc.reason, param_hint=f"--{exc.option}") from exc
     if spans is not None and spans not in ("sentence", "json"):
         raise typer.BadParameter(f"must be sentence or json, got {spans!r}", param_hint="--spans")
-    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
+    typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
     result = ask(
         lm,

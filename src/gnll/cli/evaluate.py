@@ -167,7 +167,6 @@ def evaluate(
     resume: Annotated[
         bool,
         typer.Option(
-            "--resume",
             "--resume/--no-resume",
             help="Continue a run in OUTPUT_PATH, reusing its caches.",
         ),
@@ -209,7 +208,7 @@ def evaluate(
         typer.Option(
             "--heldout_size",
             "--heldout-size",
-            help="Held-out questions for temperature selection [default: min(100, limit)].",
+            help="Held-out questions for temperature selection (default: min(100, limit)).",
         ),
     ] = None,
     fewshot_as_multiturn: Annotated[

@@ -252,7 +252,7 @@ def serve(
         from gnll import load_model
         from gnll.cli._args import model_kwargs
 
-        lm = load_model(model, **model_kwargs(model_args))
+        lm = load_model(model, **model_kwargs(model_args, model=model))
         application = build_inprocess_app(
             lm,
             settings,
