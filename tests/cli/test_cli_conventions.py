@@ -109,3 +109,15 @@ def test_ask_says_it_is_loading_the_model_on_stderr(monkeypatch):
     assert res.exit_code == 0, res.output
     assert "loading smollm2-135m-instruct" in res.stderr
     json.loads(res.stdout)  # stdout stays one JSON object
+
+
+def test_docs_list_every_model_args_key():
+    from pathlib import Path
+
+    from gnll.cli._args import model_arg_keys
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
+    section = doc.split("### `--model_args` keys", 1)[1].split("\n## ", 1)[0]
+    for backend in ("hf", "openai"):
+        missing = [k for k in model_arg_keys(backend) if k != "backend" and f"`{k}`" not in section]
+        assert not missing, (backend, missing)
