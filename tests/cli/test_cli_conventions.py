@@ -33,6 +33,20 @@ def test_version_and_short_help():
         assert f"gnll {name}" in res.stdout
 
 
+def test_python_dash_m_gnll_is_the_gnll_command():
+    import runpy
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["gnll", "--version"]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_module("gnll", run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert exit_.value.code in (0, None)
+
+
 def test_every_option_has_one_canonical_name():
     for name, cmd in _commands().items():
         for param in cmd.params:

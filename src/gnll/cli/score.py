@@ -158,7 +158,7 @@ def score_command(
         float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
     ] = 0.0,
 ) -> None:
-    """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
+    """Score given answers by teacher forcing (no generation, unless --with_greedy)."""
     from rich.console import Console
 
     from gnll import load_model
