@@ -24,7 +24,6 @@ from typer.testing import CliRunner
 
 from gnll import GenerationConfig, load_model
 from gnll.backends.openai.launch import LlamaServer
-from gnll.backends.registry import EMBEDDED_MODELS
 from gnll.cli.main import app
 from gnll.evaluation.data.tasks import get_task
 
@@ -43,17 +42,6 @@ GNLL_REL_TOLERANCE = 0.2
 MIN_SPEARMAN = 0.99
 #: A wide terminal for rich, so that table cells are not wrapped in the captured output.
 WIDE = {"COLUMNS": "400"}
-
-
-@pytest.fixture(scope="session")
-def gguf(tmp_path_factory) -> Path:
-    return EMBEDDED_MODELS[MODEL].gguf(tmp_path_factory.mktemp("gguf"))
-
-
-@pytest.fixture(scope="session")
-def llama_server(gguf):
-    with LlamaServer(gguf, MODEL, lifetime=3600) as server:
-        yield server
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.model
 
 DATA = Path(
     os.environ.get("GNLL_DATA_DIR")
-    or Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 )
 
 
