@@ -135,3 +135,20 @@ def test_docs_list_every_model_args_key():
     for backend in ("hf", "openai"):
         missing = [k for k in model_arg_keys(backend) if k != "backend" and f"`{k}`" not in section]
         assert not missing, (backend, missing)
+
+
+def test_unreachable_hub_is_one_short_network_failure(monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def no_network(name, **kw):
+        calls.append(kw.get("timeout"))
+        raise OSError("Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "model_info", no_network)
+    res = runner.invoke(app, ["ask", "Q?", "--model", "org/not-cached"])
+    assert res.exit_code == 1  # a network failure, not a usage error
+    assert "the hub cannot be reached" in " ".join(res.output.split())
+    assert calls == [pytest.approx(5.0)]  # one request with a short timeout, no retries
