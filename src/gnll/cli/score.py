@@ -160,7 +160,7 @@ def score_command(
         float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
     ] = 0.0,
 ) -> None:
-    """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
+    """Score given answers by teacher forcing (no generation, unless --with_greedy)."""
     from rich.console import Console
 
     from gnll import load_model
@@ -178,11 +178,11 @@ def score_command(
         raise typer.Exit(code=2)
 
     if chunk_size < 1:
-        fail(f"--chunk-size must be >= 1, got {chunk_size}")
+        fail(f"--chunk_size must be >= 1, got {chunk_size}")
     if spans is not None and spans not in ("sentence", "json"):
         fail(f"--spans must be sentence or json, got {spans!r}")
     if max_new_tokens is not None and max_new_tokens < 1:
-        fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        fail(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
     in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
