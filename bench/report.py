@@ -34,6 +34,7 @@ ORDER = [
     "eval_speed_equal_work",
     "prefix_attention",
     "serve_load",
+    "serve_soak",
     "stop_split",
     "continuous_batching",
     "distributed",
@@ -54,6 +55,7 @@ TITLES = {
     "the code issue 17 was filed on",
     "prefix_attention": "What shared-prefix (cascade) attention could save: an upper bound (issue 17.3c)",
     "serve_load": "`gnll serve` under concurrent clients (dynamic batching) and proxy overhead",
+    "serve_soak": "`gnll serve` soaked: 16 clients, mixed request kinds, in-process and proxy",
     "stop_split": "Cutting an answer at its stop string (`StopRules.split`), before/now",
     "continuous_batching": "Continuous batching vs fixed batches, greedy and sampling (issue 17.3b)",
     "distributed": "`gnll score` on Ray: overhead against the local engine, 1 vs 2 replicas",
@@ -290,6 +292,44 @@ def serve_load(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def serve_soak(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for mode, m in r["modes"].items():
+        lat = m["latency"]
+        memory = "; ".join(
+            f"{name} {g['rss_after_warmup_mb']:.0f} -> {g['rss_end_mb']:.0f} MB "
+            f"({g['slope_mb_per_min']:+.2f} MB/min, "
+            f"{m['memory_mb_per_1000_requests'].get(name, 0):+.2f} MB per 1,000 requests)"
+            for name, g in m["memory"].items()
+            if g
+        )
+        rows.append(
+            {
+                "mode": mode,
+                "minutes": round(m["seconds"] / 60, 1),
+                "requests": m["requests"],
+                "errors": m["errors"],
+                "lost": sum(m["lost"].values()),
+                "duplicated": m["duplicate_answer_ids"],
+                "req/s": m["throughput_rps"],
+                "p50 s": lat["all"]["p50_s"],
+                "p99 s": lat["all"]["p99_s"],
+                "stream p50 / p99 s": f"{lat['chat-stream']['p50_s']} / {lat['chat-stream']['p99_s']}",
+                "server memory after warm-up": memory,
+            }
+        )
+    return [
+        f"Model `{r['model']}`; {next(iter(r['modes'].values()))['clients']} clients, each cycling "
+        "completions, chat, chat stream and completions stream (greedy, at most "
+        "16 tokens). Every response and chunk validated with the `openai` types; 'lost' counts "
+        "requests without exactly one entry in each server's access log; memory is each server "
+        "process's RSS after the first quarter of the run, with a least-squares slope.",
+        "",
+        common.table(rows),
+        "",
+    ]
+
+
 def continuous_batching(r: dict[str, Any]) -> list[str]:
     return [
         f"{r['n']} TriviaQA prompts, {r['repeats']} interleaved repetitions per arm; medians.",
@@ -388,6 +428,7 @@ RENDER = {
     "eval_speed_equal_work": eval_speed,
     "prefix_attention": prefix_attention,
     "serve_load": serve_load,
+    "serve_soak": serve_soak,
     "stop_split": stop_split,
     "continuous_batching": continuous_batching,
     "distributed": distributed,

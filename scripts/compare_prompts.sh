@@ -22,7 +22,7 @@ for fmt in single multiturn plain; do
     plain) extra=(--model_args chat_template=false) ;;
   esac
   gnll eval --model smollm2-135m-instruct --tasks "$TASKS" --limit "$LIMIT" \
-    --measures g-nll,ln-g-nll --data_dir "$DATA_DIR" --output_path "$OUT/$fmt" --no-plots \
+    --measures g-nll,ln-g-nll --data_dir "$DATA_DIR" --output_path "$OUT/$fmt" --overwrite --no-plots \
     --resume "${extra[@]}" > /dev/null
 done
 python - "$OUT" <<'EOF'

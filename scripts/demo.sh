@@ -20,7 +20,7 @@ START=$SECONDS
 gnll eval --model smollm2-135m-instruct --model_args chat_template=false \
   --tasks triviaqa_short --limit "${LIMIT:-400}" \
   --measures g-nll,ln-g-nll,pe,ln-pe,se,ln-se,d-se --samples "${SAMPLES:-3}" --temperature 1.0 \
-  --data_dir "$DATA_DIR" --output_path "$OUTPUT" "$@"
+  --data_dir "$DATA_DIR" --output_path "$OUTPUT" --overwrite "$@"
 cat <<EOF
 
 Evaluation finished in $((SECONDS - START)) s. AUROC: how well each measure separates wrong answers

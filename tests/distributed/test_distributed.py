@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from scoring_toy import ToyModel
+from fakes import ToyModel
 
 from gnll.distributed.cluster import Cluster
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
@@ -164,7 +164,7 @@ import sys
 sys.modules["ray"] = None  # as if Ray were not installed
 sys.path[:0] = [{str(TESTS)!r}, {str(Path(__file__).parent)!r}]
 import gnll, gnll.distributed, gnll.scoring
-from scoring_toy import ToyModel
+from fakes import ToyModel
 from test_distributed import toy_job
 from pathlib import Path
 s = gnll.scoring.run_score_job(ToyModel(), toy_job(Path({str(tmp_path)!r}), Path({str(inp)!r}), "o"))

@@ -100,7 +100,9 @@ def test_scoring_bad_rows_get_the_error_of_gnll_score(tiny):
     ids = ok["tokenized_prompt"]
     sentinel = [None] + [{i: {"logprob": -9999.0, "rank": 9}} for i in ids[1:]]
     got = vs.postprocess({**ok, "prompt_token_ids": ids, "prompt_logprobs": sentinel})
-    assert got["error"].startswith("cannot score: answer token 0 has log-prob -9999.0")
+    # the error gnll score gives (gnll.measures.check_logprobs), naming answer, token and value
+    assert got["error"].startswith("cannot score: answer 'yes': token 0 ")
+    assert "has log-prob -9999.0, the stand-in servers send for -inf" in got["error"]
 
 
 def vllm_greedy_row(lm, request: dict, gen) -> dict:

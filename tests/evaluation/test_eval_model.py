@@ -20,13 +20,9 @@ def _data_dir() -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def model():
-    from gnll.backends import load_model
-
-    try:
-        return load_model("smollm2-135m-instruct", progress=False)
-    except ModuleNotFoundError as exc:
-        pytest.skip(f"embedded model not installed: {exc}")
+def model(smollm):
+    """The session's SmolLM2 (conftest), not a second load of it."""
+    return smollm
 
 
 def test_end_to_end_real_model(model, tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 from gnll.evaluation.run.progress import SplitProgress
 from gnll.evaluation.run.runner import Evaluator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from test_eval_runner import FakeModel, make_data_dir
+from fakes import FakeModel, make_data_dir
 
 from gnll.evaluation.data.tasks import get_task
 from gnll.evaluation.figures.ablation import plot_ablation, run_ablation
@@ -32,3 +32,50 @@ def test_ablation_curves_and_figure(tmp_path):
     png = plot_ablation(res, tmp_path / "fig2.png")
     assert png.stat().st_size > 5_000
     json.dumps(res)  # serialisable, as the script writes it
+
+
+def test_ablation_draws_the_baselines_of_an_eval_run_and_averages_runs(tmp_path):
+    """Fig. 2's reference lines: PE ... D-SE from a `gnll eval` run of the same questions, scored
+    against the same greedy correctness; and the mean over several runs (the paper's models)."""
+    from fakes import cfg
+
+    from gnll.evaluation.figures.ablation import BASELINES, average_ablations, baseline_scores
+    from gnll.evaluation.results.metrics import auroc
+    from gnll.evaluation.run.runner import Evaluator
+
+    data = make_data_dir(tmp_path / "data")
+    run = tmp_path / "run"
+    Evaluator(
+        cfg(data, run, tasks=["triviaqa_short"], limit=30, beams=0, temperature=1.0),
+        model=FakeModel(),
+    ).run()
+    scores = baseline_scores(run / "samples.jsonl", "triviaqa_short")
+    td = get_task("triviaqa_short").load(data_dir=data)
+    res = run_ablation(
+        FakeModel(), td, limit=30, widths=(1,), temperatures=(1.0,), samples=2, baselines=scores
+    )
+    assert set(res["baselines"]) == set(BASELINES)
+    # the same correctness as the run's F1 rows, so the same AUROCs as its table
+    results = json.loads((run / "results.json").read_text())
+    f1 = results["tasks"]["triviaqa_short"]["metrics"]["f1"]["measures"]
+    for m in BASELINES:
+        assert res["baselines"][m] == f1[m]["auroc"]
+    recs = [json.loads(x) for x in (run / "samples.jsonl").open()]
+    want = auroc([float(r["correctness"]["f1"]["correct"]) for r in recs],
+                 [r["measures"]["pe"] for r in recs])  # fmt: skip
+    assert res["baselines"]["pe"] == want
+    # a run that lacks questions is refused, naming what to rerun
+    import pytest
+
+    with pytest.raises(ValueError, match="lacks 10 of the 40"):
+        run_ablation(FakeModel(), td, limit=40, widths=(), temperatures=(), baselines=scores)
+    # averaging two runs: the mean of every AUROC, SEs combined
+    other = {**res, "auroc": {n: {k: v / 2 for k, v in c.items()} for n, c in res["auroc"].items()}}
+    mean = average_ablations([res, other])
+    g = res["auroc"]["greedy"]["1"]
+    assert mean["auroc"]["greedy"]["1"] == (g + g / 2) / 2
+    assert mean["baselines"]["se"] == res["baselines"]["se"] and mean["n"] == 60
+    se = res["auroc_se"]["beam search"]["1"]
+    assert math.isclose(mean["auroc_se"]["beam search"]["1"], math.sqrt(2 * se * se) / 2)
+    png = plot_ablation(mean, tmp_path / "mean.png")
+    assert png.stat().st_size > 5_000

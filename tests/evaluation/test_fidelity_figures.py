@@ -1,4 +1,5 @@
-"""Fig. 3: next-token distributions along the greedy answer, on a tiny local checkpoint."""
+"""A real model's next-token distributions along the greedy answer (the counterpart of the paper's
+Fig. 3), on a tiny local checkpoint."""
 
 from __future__ import annotations
 

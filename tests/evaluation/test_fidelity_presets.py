@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_eval_runner import make_data_dir
+from fakes import make_data_dir
 from typer.testing import CliRunner
 
 from gnll.cli.main import app
@@ -28,10 +28,15 @@ def test_paper_table1_expands_to_the_papers_grid(tmp_path):
     c = cfgs[0]
     assert len(c.tasks) == 6 and (c.samples, c.beams, c.clusterer) == (10, 5, "nli")
     assert c.output_path == tmp_path / "meta-llama--Llama-3.1-8B"
+    # both of the paper's judges (Table 3's "LLM" and "LLM-Instruct" rows)
     assert c.correctness_for(__import__("gnll").evaluation.get_task("svamp_long")) == [
         "judge",
+        "judge2",
         "contains",
     ]
+    assert c.judges == ["meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct"]
+    assert c.data_source == "reference" and c.temperature_scope == "dataset"
+    assert c.clusterer_args == {"model": "microsoft/deberta-v2-xlarge-mnli"}
     # what the user gave on the command line wins
     over = preset_configs(
         "paper-table1",

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from test_eval_runner import FakeJudge, FakeModel, cfg, make_data_dir
+from fakes import FakeJudge, FakeModel, cfg, make_data_dir
 
 from gnll.evaluation.results.correctness import f1_rule_disagreements, f1_verdict
 from gnll.evaluation.results.metrics import averaged_paired_test, paired_bootstrap_test

@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 from gnll import measures as M
 from gnll.evaluation.run.runner import Evaluator

@@ -90,7 +90,7 @@ class _Recorder:
 
 
 def test_outputs_are_fsynced_renamed_and_their_directory_fsynced(tmp_path, monkeypatch):
-    from test_eval_runner import FakeModel, cfg, make_data_dir
+    from fakes import FakeModel, cfg, make_data_dir
 
     from gnll.evaluation.run.runner import Evaluator
 
@@ -110,7 +110,7 @@ def test_outputs_are_fsynced_renamed_and_their_directory_fsynced(tmp_path, monke
 
 
 def test_results_json_has_no_local_paths(tmp_path):
-    from test_eval_runner import FakeModel, cfg, make_data_dir
+    from fakes import FakeModel, cfg, make_data_dir
 
     from gnll.evaluation.run.runner import Evaluator
 

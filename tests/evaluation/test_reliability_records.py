@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_eval_runner import FakeJudge, FakeModel, cfg, make_data_dir
+from fakes import FakeJudge, FakeModel, cfg, make_data_dir
 
 from gnll.backends.identity import is_secret, model_identity, outcome_args, redact
 from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError

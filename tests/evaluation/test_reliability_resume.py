@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 from gnll.evaluation.run.runner import Evaluator
 

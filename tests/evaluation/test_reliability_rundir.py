@@ -11,12 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 from gnll.evaluation.run.rundir import ForeignFilesError, RunDirectoryBusyError, RunLock
 from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
+from gnll.evaluation.run.store import EarlierRunError
 
-TESTS = str(Path(__file__).parent)
+TESTS = str(Path(__file__).resolve().parents[1])  # tests/, where fakes.py lives
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
@@ -30,7 +31,7 @@ SLOW_RUN = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     from pathlib import Path
-    from test_eval_runner import FakeModel, cfg
+    from fakes import FakeModel, cfg
     from gnll.evaluation.run.runner import Evaluator
     Evaluator(cfg(Path({data!r}), Path({out!r})), model=FakeModel(delay=0.3)).run()
     """
@@ -88,13 +89,15 @@ def test_starting_over_never_deletes_files_gnll_did_not_write(data_dir, tmp_path
     before = sorted(str(p) for p in out.rglob("*"))
     for p in mine:
         with pytest.raises(ForeignFilesError, match=p.name):
-            Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
+            Evaluator(
+                cfg(data_dir, out, measures=["g-nll"], overwrite=True), model=FakeModel()
+            ).run()
         assert sorted(str(q) for q in out.rglob("*")) == before  # nothing at all was deleted
         p.unlink()
         before = sorted(str(q) for q in out.rglob("*"))
     (out / "README.md").write_text("not an output entry: left alone")
     (out / ".results.json.x1y2.tmp").write_text("left by a killed run")
-    Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
+    Evaluator(cfg(data_dir, out, measures=["g-nll"], overwrite=True), model=FakeModel()).run()
     assert (out / "README.md").read_text() == "not an output entry: left alone"
     assert not (out / ".results.json.x1y2.tmp").exists()
     assert not (out / "plots").exists()  # the earlier run's own figures were removed
@@ -108,8 +111,33 @@ def test_symlinked_entries_are_never_followed(data_dir, tmp_path):
     out.mkdir()
     (out / "plots").symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(ForeignFilesError, match="plots"):
-        Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
+        Evaluator(cfg(data_dir, out, measures=["g-nll"], overwrite=True), model=FakeModel()).run()
     assert (elsewhere / "data.csv").read_text() == "precious"
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_an_earlier_run_is_never_deleted_without_overwrite(data_dir, tmp_path, finished):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    out = tmp_path / "run"
+    Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
+    if not finished:  # killed before the end: caches but no results
+        for name in ("results.json", "samples.jsonl", "table.md"):
+            (out / name).unlink()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(EarlierRunError, match="--overwrite"):
+        Evaluator(cfg(data_dir, out, measures=["g-nll"]), model=FakeModel()).run()
+    args = ["eval", "--tasks", "svamp_short", "--data_dir", str(data_dir),
+            "--output_path", str(out), "--measures", "g-nll"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    kind = "a finished run" if finished else "an unfinished run"
+    assert (
+        result.output.startswith(f"error: {out} holds {kind}") and "Traceback" not in result.output
+    )
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_run_json_is_written_only_after_the_resume_check(data_dir, tmp_path):

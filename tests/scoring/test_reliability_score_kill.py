@@ -1,6 +1,6 @@
 """`gnll score` killed with -9 ten times at random moments, resumed each time, equals one clean run.
 
-The model is the toy stand-in of ``scoring_toy`` (a few milliseconds a chunk), so the time goes into
+The model is the toy stand-in of ``tests/fakes.py`` (a few milliseconds a chunk), so the time goes into
 what is under test: the CLI's writing, the torn-line repair and the skip-what-is-done logic of
 ``--resume``. Each kill comes at a random moment of the scoring itself (start-up is most of a
 run's wall time here, so a moment drawn from the wall clock would mostly hit the imports): when
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives
+HERE = Path(__file__).resolve().parents[1]  # tests/, where fakes.py lives
 ROWS = 2000
 KILLS = 10
 
@@ -40,7 +40,7 @@ def _input(path: Path) -> None:
 
 def _command(inp: Path, out: Path, *, resume: bool) -> list[str]:
     code = (
-        f"import sys, gnll; sys.path.insert(0, {str(HERE)!r}); from scoring_toy import ToyModel;"
+        f"import sys, gnll; sys.path.insert(0, {str(HERE)!r}); from fakes import ToyModel;"
         "gnll.load_model = lambda name, **kw: ToyModel(delay=0.01);"
         "from gnll.cli.main import app; app()"
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scoring_toy import CONTEXT, ToyModel
+from fakes import CONTEXT, ToyModel
 from typer.testing import CliRunner
 
 import gnll
@@ -22,7 +22,7 @@ from gnll.cli.main import app
 from gnll.evaluation.data.prompts import ask_prompt
 from gnll.scoring import ScoreJob, run_score_job
 
-HERE = Path(__file__).resolve().parents[1]  # tests/, where scoring_toy lives
+HERE = Path(__file__).resolve().parents[1]  # tests/, where fakes.py lives
 
 
 @pytest.fixture
@@ -187,7 +187,7 @@ def test_resume_after_kill_writes_every_row_once(tmp_path):
     with inp.open("a") as fh:
         fh.write((tmp_path / "more.jsonl").read_text())
     code = (
-        f"import sys, gnll; sys.path.insert(0, {str(HERE)!r}); from scoring_toy import ToyModel;"
+        f"import sys, gnll; sys.path.insert(0, {str(HERE)!r}); from fakes import ToyModel;"
         "gnll.load_model = lambda name, **kw: ToyModel(delay=0.02);"
         "from gnll.cli.main import app; app()"
     )
@@ -310,3 +310,38 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
     monkeypatch.setattr(gnll, "load_model", lambda name, **kw: NoScoring())
     res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no-progress"])
     assert res.exit_code == 2 and "cannot score given answers" in res.output
+
+
+def test_csv_output_keeps_columns_the_first_row_lacks(tmp_path, toy):
+    rows = [
+        {"id": "c1", "question": "Who wrote Hamlet?", "answer": "shakespeare"},
+        {"id": "c2", "question": "Who wrote Hamlet?", "answer": "marlowe", "note": "extra"},
+        {"id": "c3", "question": "Who?", "answer": "kyd", "late": 7},
+    ]
+    inp = tmp_path / "two.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "two.csv"
+    # One row per chunk: "late" arrives after rows are on disk, so the header must widen.
+    args = ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--chunk_size", "1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    got = pd.read_csv(out)
+    assert {"note", "late", "nll"} <= set(got.columns)
+    assert got["note"].fillna("").tolist() == ["", "extra", ""]
+    assert got["late"].fillna(0).tolist() == [0, 0, 7]
+    assert got["nll"].tolist() == pytest.approx([_toy_nll(r["answer"]) for r in rows])
+
+
+def test_no_errors_file_without_bad_rows_and_one_wording_of_bad_json(tmp_path, toy):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"question": "q", "answer": "abc"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    assert res.exit_code == 0, res.output
+    assert not Path(str(out) + ".errors.jsonl").exists()
+    inp.write_text('{"question": "q", "answer": "a\tb\x01"}\n'.replace("\x01", "\\x01"))
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    [err] = _read_jsonl(Path(str(out) + ".errors.jsonl"))
+    assert err["error"].startswith("not valid JSON (") and " at at " not in err["error"]

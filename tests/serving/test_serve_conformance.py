@@ -52,6 +52,8 @@ def check_stream(events: list, chat: bool, *, usage: bool) -> list[dict]:
             StreamedCompletion.model_validate(chunk)
             if chunk["choices"] and chunk["choices"][0]["finish_reason"] is not None:
                 Completion.model_validate(chunk)
+    finishing = [c["index"] for ch in chunks for c in ch["choices"] if c["finish_reason"]]
+    assert sorted(finishing) == sorted(set(finishing)), finishing  # each choice finishes once
     empty = [i for i, c in enumerate(chunks) if not c["choices"]]
     if usage:
         assert empty == [len(chunks) - 1] and chunks[-1]["usage"]["completion_tokens"] > 0

@@ -513,3 +513,24 @@ def test_poisson_binomial() -> None:
     assert _poisson_binomial_at_most([0.5, 0.5], 1) == pytest.approx(0.75)
     assert _poisson_binomial_at_most([0.1, 0.2, 0.3], 3) == pytest.approx(1.0)
     assert _poisson_binomial_at_most([0.1, 0.2], 0) == pytest.approx(0.9 * 0.8)
+
+
+def test_fig3_examples_are_draws_of_the_appendix_dirichlet_model():
+    """Fig. 3: rows are distributions over |V| = 20 / 100 whose two alpha-10 tokens carry most mass."""
+    from gnll.simulation.distributions import paper_alphas
+    from gnll.simulation.plots import next_token_examples
+
+    data = next_token_examples(seed=0, examples=400)
+    assert sorted(data) == [20, 100]
+    for v, probs in data.items():
+        assert probs.shape == (400, v)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-12)
+        top2 = np.sort(probs, axis=1)[:, -2:].sum(axis=1).mean()
+        a = np.sort(paper_alphas(v))[::-1]
+        # E[mass of the two alpha-10 tokens] = 20 / sum(alpha); the two largest carry at least that.
+        assert top2 >= 20 / a.sum() - 0.03, (v, top2)
+        # the draws are shuffled per row: the largest entry is not always at the same index
+        assert len(set(np.argmax(probs, axis=1).tolist())) > v // 2
+    again = next_token_examples(seed=0, examples=400)
+    assert all(np.array_equal(data[v], again[v]) for v in data)
+    assert not np.array_equal(next_token_examples(seed=1, examples=400)[20], data[20])

@@ -13,6 +13,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = (
     "fig1a_entropy.png",
     "fig1b_max.png",
+    "fig3_dirichlet_next_tokens.png",
     "fig4_entropy_grid.png",
     "fig4_entropy_grid_quantiles.png",
     "fig5_max_grid.png",

@@ -6,6 +6,7 @@ This module imports nothing from gnll, so any module can import it without creat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import json
 import math
@@ -114,6 +115,15 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
     with atomic_file(path) as fh:
         json.dump(obj, fh, ensure_ascii=False, indent=indent, allow_nan=True)
         fh.write("\n")
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (data files, checkpoint files)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def jsonable(obj: Any, *, nan: str = "keep") -> Any:

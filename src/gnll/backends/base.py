@@ -142,6 +142,10 @@ class GenerationConfig:
         return d
 
 
+class EmptyAnswerError(ValueError):
+    """An empty answer whose stop token's log-prob is unknown: no measure can score it."""
+
+
 @dataclass
 class Generation:
     """One generated output and the evidence the uncertainty measures need.
@@ -178,9 +182,44 @@ class Generation:
     sampling_logprobs: list[float] | None = None
 
     @property
+    def measured_logprobs(self) -> list[float]:
+        """The token log-probs every uncertainty measure and every ranking sees for this output.
+
+        The answer's :attr:`token_logprobs`; for an **empty answer** (no answer tokens: the model
+        ended at once), the log-prob of the token that ended it (the first terminator token), as in
+        Farquhar et al.'s code. An empty answer is thus exactly as certain as the model was in
+        stopping there, never "log-likelihood 0" (maximal certainty). This is gnll's one rule for
+        empty answers: ``gnll ask``, ``score``, ``serve``, ``eval``, the beam ranking and the
+        Fig. 2 ablation all take their log-probs from here.
+
+        Raises
+        ------
+        EmptyAnswerError
+            The answer is empty and the log-prob of the token that ended it is unknown (a server
+            that does not report it): no measure can score it.
+
+        Examples
+        --------
+        >>> Generation("", [], [], [], "stop", terminator_token_ids=[198],
+        ...            terminator_logprobs=[-2.5, -0.1]).measured_logprobs
+        [-2.5]
+        >>> Generation("Paris", [7], ["Paris"], [-0.2], "stop").measured_logprobs
+        [-0.2]
+        """
+        if self.token_ids or self.tokens:
+            return [float(x) for x in self.token_logprobs]
+        if self.terminator_logprobs:
+            return [float(self.terminator_logprobs[0])]
+        raise EmptyAnswerError(
+            "the answer is empty and the log-prob of the token that ended it "
+            f"({self.finish_reason}) is unknown, so no uncertainty measure can score it "
+            "(an empty answer is scored by its stop token's log-prob)"
+        )
+
+    @property
     def logprob(self) -> float:
-        """Sequence log-likelihood ``log p(y|x)`` (sum of :attr:`token_logprobs`)."""
-        return float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
+        """Sequence log-likelihood ``log p(y|x)`` of :attr:`measured_logprobs` (beams rank by it)."""
+        return float(np.sum(self.measured_logprobs)) + 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -269,8 +308,8 @@ class ScoredAnswer:
 
     @property
     def nll(self) -> float:
-        """Negative log-likelihood of the answer, ``-sum_t log p(y_t | ...)``."""
-        return -float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
+        """Negative log-likelihood of the answer, ``-sum_t log p(y_t | ...)`` (never ``-0.0``)."""
+        return 0.0 - float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
 
     @property
     def ln_nll(self) -> float:

@@ -19,12 +19,13 @@ loading the weights. Loader arguments fall into three kinds:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from gnll._util import file_sha256
 
 __all__ = [
     "REDACTED",
@@ -92,14 +93,6 @@ def outcome_args(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- model identity
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 #: Small files that define the tokenizer, chat template and architecture of a checkpoint.
 _DEFINING_FILES = (
     "config.json",
@@ -136,11 +129,11 @@ def checkpoint_identity(directory: str | Path, *, hash_weights: bool = False) ->
     files: dict[str, str] = {}
     for name in _DEFINING_FILES:
         if (d / name).is_file():
-            files[name] = _sha256_file(d / name)[:16]
+            files[name] = file_sha256(d / name)[:16]
     weights: dict[str, Any] = {}
     for p in sorted(d.iterdir()) if d.is_dir() else []:
         if p.is_file() and p.name.endswith(_WEIGHT_SUFFIXES):
-            weights[p.name] = _sha256_file(p) if hash_weights else p.stat().st_size
+            weights[p.name] = file_sha256(p) if hash_weights else p.stat().st_size
     return {"files": files, "weights": weights}
 
 

@@ -144,6 +144,13 @@ def load_model(
     >>> "Paris" in answer.text, answer.finish_reason in ("stop", "eos", "length")
     (True, True)
     """
+    if backend == "hf" and name not in EMBEDDED_MODELS:
+        from gnll.backends.resolve import check_model_source
+
+        # Before the backend's import (torch): a typo is refused in a second, not a minute.
+        check_model_source(
+            name, revision=model_args.get("revision"), gguf_file=model_args.get("gguf_file")
+        )
     spec = get_backend(backend)
     missing = [k for k in spec.requires if k not in model_args]
     if missing:

@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ __all__ = ["FORMAT", "CalibrationMismatchWarning", "Calibrator"]
 
 FORMAT = "gnll-calibration/1"
 METHODS = ("isotonic", "platt")
+RULES = ("accuracy", "coverage")
 
 
 class CalibrationMismatchWarning(UserWarning):
@@ -115,6 +117,11 @@ class Calibrator:
         Out-of-fold predictions of the chosen method: ``{"p": ..., "y": ...}`` (for the diagram).
     thresholds_:
         ``{"accuracy": Threshold, "coverage": Threshold}`` (those asked for).
+    default_rule:
+        The threshold :meth:`abstain` (and ``gnll ask``/``serve``) applies when none is named:
+        ``default_rule`` as given; otherwise ``"accuracy"`` when that rule answers some questions
+        of the labelled data, else ``"coverage"`` (an accuracy target the model cannot reach would
+        refuse every answer). Written to the file with its reason.
     meta:
         Free-form facts recorded in the file: measure, model, prompt fingerprint, data.
     """
@@ -129,7 +136,11 @@ class Calibrator:
         delta: float = 0.1,
         bins: int = 10,
         random_state: int = 0,
+        default_rule: str | None = None,
     ) -> None:
+        if default_rule not in (None, *RULES):
+            raise ValueError(f"default_rule must be one of {RULES}, got {default_rule!r}")
+        self.default_rule_given = default_rule
         self.method = method
         self.cv = cv
         self.target_accuracy = target_accuracy
@@ -200,14 +211,24 @@ class Calibrator:
         out[ok] = _apply_map(self.map_, s[ok])
         return out
 
+    @property
+    def default_rule(self) -> str | None:
+        """The rule applied when none is named (see the class docstring); ``None``: none fitted."""
+        self._check_fitted()
+        return _default_rule(self.thresholds_, self.default_rule_given)[0]
+
     def abstain(self, scores: Any, rule: str | None = None) -> np.ndarray:
-        """True where the abstention rule (``"accuracy"`` first, else ``"coverage"``) abstains."""
+        """True where the abstention rule (by default :attr:`default_rule`) abstains."""
         self._check_fitted()
         if not self.thresholds_:
             raise ValueError(
                 "no abstention threshold was fitted (target_accuracy and target_coverage were None)"
             )
-        rule = rule or ("accuracy" if "accuracy" in self.thresholds_ else "coverage")
+        rule = rule or self.default_rule
+        if rule not in self.thresholds_:
+            raise ValueError(
+                f"no {rule!r} threshold was fitted (there is: {', '.join(self.thresholds_)})"
+            )
         s = np.atleast_1d(np.asarray(scores, dtype=np.float64))
         # A NaN score is not evidence of being right: abstain.
         return ~(np.isfinite(s) & self.thresholds_[rule].answers(s))
@@ -254,6 +275,13 @@ class Calibrator:
             "heldout": self.heldout_metrics,
             "cv": self.cv_,
             "thresholds": {k: t.to_dict() for k, t in self.thresholds_.items()},
+            "default_rule": dict(
+                zip(
+                    ("rule", "why"),
+                    _default_rule(self.thresholds_, self.default_rule_given),
+                    strict=True,
+                )
+            ),
             "params": {
                 "cv": self.cv,
                 "delta": self.delta,
@@ -283,6 +311,11 @@ class Calibrator:
         _apply_map(cal.map_, np.zeros(1))  # fails now, not at first use, on an unknown map kind
         cal.cv_ = d.get("cv", {})
         cal.thresholds_ = {k: Threshold.from_dict(t) for k, t in d.get("thresholds", {}).items()}
+        # a file states its default rule; older files had none (then the same choice is made)
+        given = (d.get("default_rule") or {}).get("rule")
+        if given is not None and given not in cal.thresholds_:
+            raise ValueError(f"default_rule {given!r} has no fitted threshold")
+        cal.default_rule_given = given
         cal.n_fit_ = d.get("n_fit")
         known = {
             "format",
@@ -294,6 +327,7 @@ class Calibrator:
             "thresholds",
             "params",
             "n_fit",
+            "default_rule",
         }
         cal.meta = {k: v for k, v in d.items() if k not in known}
         return cal
@@ -338,3 +372,27 @@ class Calibrator:
         if hasattr(self, "method_"):
             return f"Calibrator(method={self.method_!r}, n_fit={self.n_fit_})"
         return f"Calibrator(method={self.method!r}, unfitted)"
+
+
+def _default_rule(thresholds: dict[str, Threshold], given: str | None) -> tuple[str | None, str]:
+    """The rule applied when none is named, and why (written to the calibration file)."""
+    if given is not None:
+        return given, "chosen when the calibration was fitted"
+    acc, cov = thresholds.get("accuracy"), thresholds.get("coverage")
+    if acc is not None and (cov is None or acc.threshold != -math.inf):
+        return "accuracy", (
+            f"accuracy among answered >= {acc.target:g} (probability {1 - acc.delta:g}) is "
+            "reachable on the calibration data"
+            if acc.threshold != -math.inf
+            else "the only rule fitted"
+        )
+    if cov is not None:
+        why = "the only rule fitted"
+        if acc is not None:
+            why = (
+                f"accuracy among answered >= {acc.target:g} is out of reach on the calibration "
+                f"data (that rule refuses every answer); answer the {cov.target:g} most certain "
+                "fraction instead"
+            )
+        return "coverage", why
+    return None, "no threshold fitted"

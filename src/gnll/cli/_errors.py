@@ -90,7 +90,7 @@ def _is_oom(exc: BaseException) -> bool:
 def _user_error_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [ValueError, LookupError, OSError, ImportError]
     for module, names in (
-        ("gnll.evaluation.run.store", ("FingerprintMismatchError",)),
+        ("gnll.evaluation.run.store", ("FingerprintMismatchError", "EarlierRunError")),
         ("gnll.evaluation.run.runner", ("FingerprintMismatchError",)),
         ("gnll.evaluation.run.rundir", ("RunDirectoryBusyError", "ForeignFilesError")),
     ):

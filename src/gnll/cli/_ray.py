@@ -14,9 +14,7 @@ __all__ = ["cluster_of", "score_on_ray"]
 def cluster_of(address: str, replicas: int, cpus: float, gpus: float) -> Any:
     from gnll.distributed.cluster import Cluster
 
-    return Cluster(
-        address=address, replicas=replicas, cpus_per_replica=cpus, gpus_per_replica=gpus
-    )
+    return Cluster(address=address, replicas=replicas, cpus_per_replica=cpus, gpus_per_replica=gpus)
 
 
 def score_on_ray(

@@ -59,6 +59,12 @@ def ask(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of tables.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans", help="Also the NLL of each sentence or JSON field: sentence or json."
+        ),
+    ] = None,
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -83,7 +89,10 @@ def ask(
         )
     except AskOptionError as exc:
         raise typer.BadParameter(exc.reason, param_hint=f"--{exc.option}") from exc
-    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
+    if spans is not None and spans not in ("sentence", "json"):
+        raise typer.BadParameter(f"must be sentence or json, got {spans!r}", param_hint="--spans")
+    typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted) if calibration else None
     result = ask(
         lm,
@@ -99,10 +108,53 @@ def ask(
         seed=seed,
         calibration=cal,
     )
+    span_report = _spans(result.greedy, spans) if spans else None
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        record = result.to_dict()
+        if span_report is not None:
+            record["spans"] = span_report
+        typer.echo(json.dumps(record, ensure_ascii=False))
         return
     _print_report(question, result.greedy, result.measures, result.calibrated())
+    if span_report is not None:
+        _print_spans(span_report)
+
+
+def _spans(greedy, kind: str) -> dict[str, object]:
+    """The answer's span NLLs (:mod:`gnll.spans`), or ``{"error": ...}`` when it has none of that kind."""
+    from gnll.spans import span_nlls
+
+    try:
+        return span_nlls(greedy.tokens, greedy.token_logprobs, greedy.text, kind).to_dict()
+    except ValueError as exc:
+        return {"kind": kind, "error": str(exc)}
+
+
+def _print_spans(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from gnll.cli._errors import safe_text
+
+    console = Console()
+    if "error" in report:
+        console.print(f"[yellow]spans:[/] {report['error']}")
+        return
+    table = Table(
+        title=f"NLL per {'JSON field' if report['kind'] == 'json' else 'sentence'}",
+        caption=f"not in any span: {report['unassigned_nll']:.4f} ({report['unassigned_tokens']} "
+        "tokens); * least certain",
+        show_edge=False,
+    )
+    for col in ("span", "text", "NLL", "tokens"):
+        table.add_column(col, justify="right" if col in ("NLL", "tokens") else "left")
+    for s in report["spans"]:
+        mark = " *" if s["path"] == report["least_certain"] else ""
+        table.add_row(
+            s["path"] + mark, Text(safe_text(s["text"])), f"{s['nll']:.4f}", str(s["num_tokens"])
+        )
+    console.print(table)
 
 
 def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
@@ -154,6 +206,12 @@ def _print_report(
                 "[red]abstain[/red]" if calibrated["abstain"] else "[green]answer[/green]"
             )
         console.print(line)
+    if not greedy.tokens:
+        console.print(
+            f"[dim]empty answer: scored by the log-prob of the token that ended it, "
+            f"{greedy.measured_logprobs[0]:.4f}[/dim]"
+        )
+        return
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")
     tokens.add_column("token")

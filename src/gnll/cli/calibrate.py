@@ -74,10 +74,24 @@ def calibrate(
         Path | None,
         typer.Option("--plot", help="Reliability diagram PNG (default: next to --output)."),
     ] = None,
+    cascade: Annotated[
+        bool,
+        typer.Option(
+            "--cascade",
+            help="Two eval runs over the same questions, SMALL then LARGE: the escalation "
+            "threshold whose cascade accuracy >= --target-accuracy w.p. 1 - delta, and its curve.",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Fit a monotone map from an uncertainty measure to P(correct), with held-out metrics and thresholds."""
     from rich.console import Console
+
+    if cascade:
+        from gnll.cli.calibrate_cascade import calibrate_cascade
+
+        calibrate_cascade(inputs, output, plot, measure, correctness, target_accuracy, delta, debug)
+        return
 
     from gnll.calibration import calibrate_files
     from gnll.calibration.plot import reliability_diagram
@@ -163,4 +177,6 @@ def _print_summary(console, cal, data, output: Path, plot: Path) -> None:
             )
             th.add_row(label, thr, _fmt(t.coverage), _fmt(t.accuracy), _fmt(t.accuracy_lower))
         console.print(th)
+        rule, why = cal.to_dict()["default_rule"].values()
+        console.print(f"default rule (--calibration without --rule): {rule}: {plain(why)}")
     console.print(f"[green]wrote[/] {plain(output)} and {plain(plot)}")

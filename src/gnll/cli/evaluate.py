@@ -9,7 +9,6 @@ Example
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -74,7 +73,8 @@ def evaluate(
         typer.Option(
             "--data_source",
             "--data-source",
-            help="'local' files or 'hub' (Hugging Face datasets, needs network).",
+            help="'local' files, 'hub' (Hugging Face datasets, needs network) or 'reference' (the "
+            "hub with Farquhar et al.'s TriviaQA split; the presets').",
         ),
     ] = "local",
     split_path: Annotated[
@@ -105,11 +105,21 @@ def evaluate(
         ),
     ] = None,
     judge: Annotated[
-        str | None, typer.Option("--judge", help="Judge model for the 'judge' metric.")
+        str | None,
+        typer.Option(
+            "--judge",
+            help="Judge model(s), comma-separated: each is a correctness metric of its own "
+            "(judge, judge2, ...) with rows labelled by judge.",
+        ),
     ] = None,
     judge_args: Annotated[
         str | None,
-        typer.Option("--judge_args", "--judge-args", help="key=value,... for the judge loader."),
+        typer.Option(
+            "--judge_args",
+            "--judge-args",
+            help="key=value,... for the judge loader; with several judges, one set for all or "
+            "one per judge separated by ';' (e.g. two vLLM servers).",
+        ),
     ] = None,
     beams: Annotated[
         int, typer.Option("--beams", help="Beam width K for BS-MSP (0 disables).")
@@ -157,9 +167,16 @@ def evaluate(
     resume: Annotated[
         bool,
         typer.Option(
-            "--resume",
             "--resume/--no-resume",
             help="Continue a run in OUTPUT_PATH, reusing its caches.",
+        ),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Delete an earlier run in OUTPUT_PATH and start over (without it, or --resume, "
+            "an earlier run there is an error).",
         ),
     ] = False,
     clusterer: Annotated[
@@ -191,7 +208,7 @@ def evaluate(
         typer.Option(
             "--heldout_size",
             "--heldout-size",
-            help="Held-out questions for temperature selection [default: min(100, limit)].",
+            help="Held-out questions for temperature selection (default: min(100, limit)).",
         ),
     ] = None,
     fewshot_as_multiturn: Annotated[
@@ -223,6 +240,15 @@ def evaluate(
             "protocol) or shared (one per task, best mean AUROC of the paper's baselines).",
         ),
     ] = "per-measure",
+    temperature_scope: Annotated[
+        str,
+        typer.Option(
+            "--temperature_scope",
+            "--temperature-scope",
+            help="task (each task its own choice) or dataset (the short and long tasks of a "
+            "dataset share one, on their pooled held-out AUROCs, as the paper; the presets' default).",
+        ),
+    ] = "task",
     sample_logprobs: Annotated[
         str,
         typer.Option(
@@ -246,7 +272,7 @@ def evaluate(
         typer.Option(
             "--reference",
             help="The answer judged and scored by G-NLL: greedy (Table 1) or beam (the most "
-            "likely of --beams K beams, the paper's Table 6).",
+            "likely of --beams K beams, the paper's Table 5).",
         ),
     ] = "greedy",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
@@ -257,7 +283,7 @@ def evaluate(
         str | None,
         typer.Option(
             "--preset",
-            help="Run a paper grid (paper-table1, paper-table1-short, paper-llama-8b): one run per "
+            help="Run a paper grid (paper-table1, paper-table1-short, paper-table5, paper-llama-8b): one run per "
             "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
         ),
     ] = None,
@@ -312,7 +338,7 @@ def evaluate(
             pool_path=pool_path,
             correctness=parse_csv(correctness),
             judge=judge,
-            judge_args=model_kwargs(judge_args, "--judge_args"),
+            judge_args=_judge_kwargs(judge_args),
             beams=beams,
             samples=samples,
             temperature=temperature,
@@ -321,6 +347,7 @@ def evaluate(
             chunk_size=chunk_size,
             seed=seed,
             resume=resume,
+            overwrite=overwrite,
             clusterer=clusterer,
             clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
             semantic_relation=semantic_relation,
@@ -329,6 +356,7 @@ def evaluate(
             n_boot=bootstrap,
             f1_rule=f1_rule,
             temperature_selection=temperature_selection,
+            temperature_scope=temperature_scope,
             sample_logprobs=sample_logprobs,
             empty_answer=empty_answer,
             reference=reference,
@@ -351,13 +379,12 @@ def evaluate(
         from gnll.distributed.evaluation import RayEvaluator
 
         cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
-        results = RayEvaluator(cfg, cluster=cluster).run()  # the same outputs as a local run
+        evaluator: Evaluator = RayEvaluator(cfg, cluster=cluster)  # the same outputs as local
     else:
-        # errors: one line from the CLI's error boundary (--debug: traceback)
-        results = Evaluator(cfg).run()
+        evaluator = Evaluator(cfg)
+    results = evaluator.run()  # errors: one line from the CLI's error boundary (--debug: traceback)
     dt = time.perf_counter() - t0
     typer.echo(render_table([results], sections=("notes", "auroc")).rstrip())
-    timings = json.loads((output_path / "timings.json").read_text())
     console.print(
         Text.assemble(
             ("\ndone", "green"),
@@ -366,7 +393,14 @@ def evaluate(
         )
     )
     if verbose:
-        console.print({k: round(v, 2) for k, v in timings["seconds"].items()})
+        console.print({k: round(v, 2) for k, v in evaluator.timer.seconds.items()})
+
+
+def _judge_kwargs(spec: str | None) -> dict[str, Any] | list[dict[str, Any]]:
+    """``--judge_args``: one key=value set for every judge, or one per judge split by ';'."""
+    if spec is None or ";" not in spec:
+        return model_kwargs(spec, "--judge_args")
+    return [model_kwargs(part, "--judge_args") for part in spec.split(";")]
 
 
 def _run_preset(ctx: typer.Context, preset: str, cfg: Any, console: Any, verbose: bool) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +20,42 @@ import typer
 
 from gnll.cli._errors import plain
 
-__all__ = ["score_command"]
+__all__ = ["check_files", "score_command"]
+
+
+def check_files(
+    fail: Callable[..., None],
+    input: str,
+    output: str,
+    input_format: str | None,
+    errors: Path | None,
+    resume: bool,
+) -> tuple[str, str, Path | None]:
+    """The input and output formats and the errors file of a streaming job (``score``,
+    ``generate``); calls ``fail(message)`` for an unusable combination."""
+    from gnll._util.tabular import file_format
+
+    try:
+        in_fmt = file_format(input, input_format)
+    except ValueError as e:
+        fail(str(e), e)
+    try:
+        out_fmt = file_format(output)
+    except ValueError as e:
+        fail(
+            f"{output}: cannot tell the output format from its name; name it .jsonl or .csv "
+            "(--format sets the input's format only)",
+            e,
+        )
+    if input != "-" and not Path(input).is_file():
+        fail(f"input file {input} does not exist")
+    if out_fmt == "parquet":
+        fail("output must be .jsonl or .csv (or - for stdout); Parquet output is not supported")
+    if resume and output == "-":
+        fail("--resume needs an output file, not stdout")
+    if errors is None and output != "-":
+        errors = Path(output + ".errors.jsonl")
+    return in_fmt, out_fmt, errors
 
 
 def score_command(
@@ -68,6 +104,13 @@ def score_command(
     logprobs: Annotated[
         bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans",
+            help="Add the NLL of each sentence or JSON field value: sentence or json.",
+        ),
+    ] = None,
     with_greedy: Annotated[
         bool,
         typer.Option(
@@ -77,7 +120,7 @@ def score_command(
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
-            "--max-new-tokens", help="Cap of --with-greedy answers (50; 100 with --long)."
+            "--max-new-tokens", help="Cap of --with_greedy answers (50; 100 with --long)."
         ),
     ] = None,
     calibration: Annotated[
@@ -119,7 +162,6 @@ def score_command(
     from rich.console import Console
 
     from gnll import load_model
-    from gnll._util.tabular import file_format
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
     from gnll.evaluation.data.prompts import ask_prompt
@@ -136,21 +178,11 @@ def score_command(
 
     if chunk_size < 1:
         fail(f"--chunk-size must be >= 1, got {chunk_size}")
+    if spans is not None and spans not in ("sentence", "json"):
+        fail(f"--spans must be sentence or json, got {spans!r}")
     if max_new_tokens is not None and max_new_tokens < 1:
         fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    try:
-        in_fmt = file_format(input, input_format)
-        out_fmt = file_format(output)
-    except ValueError as e:
-        fail(str(e), e)
-    if input != "-" and not Path(input).is_file():
-        fail(f"input file {input} does not exist")
-    if out_fmt == "parquet":
-        fail("output must be .jsonl or .csv (or - for stdout); Parquet output is not supported")
-    if resume and output == "-":
-        fail("--resume needs an output file, not stdout")
-    if errors is None and output != "-":
-        errors = Path(output + ".errors.jsonl")
+    in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     if engine == "ray":
@@ -184,7 +216,7 @@ def score_command(
         _report(console, summary)
         return
     try:
-        lm = load_model(model, progress=progress, **model_kwargs(model_args))
+        lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
     except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
         fail(f"cannot load model {model!r}: {e}", e)
     cal = None
@@ -224,6 +256,7 @@ def score_command(
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
+        spans=spans,
         max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
         calibrator=cal,
         resume=resume,

@@ -17,7 +17,7 @@ Three wings (and the figures that only ``scripts/`` use); a lower wing never imp
   judge, beam, sample and cluster stages), :mod:`~gnll.evaluation.run.assemble` (``samples.jsonl``),
   :mod:`~gnll.evaluation.run.temperature`, and :mod:`~gnll.evaluation.run.runner`
   (:class:`Evaluator`, ``gnll eval``), which runs them in order;
-- :mod:`gnll.evaluation.figures` -- the Fig. 2 ablation and Fig. 3 next-token distributions.
+- :mod:`gnll.evaluation.figures` -- the Fig. 2 ablation and a real model's next-token distributions.
 
 The names below are importable from :mod:`gnll.evaluation` itself.
 

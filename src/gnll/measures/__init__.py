@@ -17,74 +17,10 @@ Example
 {'g-nll': 0.75, 'ln-g-nll': 0.375}
 """
 
-from gnll.measures.functions import (
-    TokenLogprobs,
-    cluster_log_probs,
-    discrete_semantic_entropy,
-    g_nll,
-    ln_g_nll,
-    ln_predictive_entropy,
-    ln_semantic_entropy,
-    ln_semantic_entropy_plugin,
-    max_cluster_probability,
-    msp_estimate,
-    predictive_entropy,
-    semantic_entropy,
-    semantic_entropy_plugin,
-    sequence_logprob,
-)
-from gnll.measures.logprobs import (
-    LOGPROB_TOLERANCE,
-    SENTINEL_LOGPROB,
-    LogprobError,
-    check_logprobs,
-)
-from gnll.measures.registry import (
-    MEASURES,
-    ORDER,
-    PAPER_BASELINES,
-    Evidence,
-    Measure,
-    Needs,
-    computable,
-    compute,
-    get,
-    required_capabilities,
-    requirements,
-    unsupported,
-    validate,
-)
+# Each module lists its public names once, in its own __all__; this package re-exports all of them.
+from gnll.measures import functions, logprobs, registry
+from gnll.measures.functions import *  # noqa: F403
+from gnll.measures.logprobs import *  # noqa: F403
+from gnll.measures.registry import *  # noqa: F403
 
-__all__ = [
-    "g_nll",
-    "ln_g_nll",
-    "sequence_logprob",
-    "msp_estimate",
-    "predictive_entropy",
-    "ln_predictive_entropy",
-    "semantic_entropy",
-    "ln_semantic_entropy",
-    "semantic_entropy_plugin",
-    "ln_semantic_entropy_plugin",
-    "discrete_semantic_entropy",
-    "max_cluster_probability",
-    "cluster_log_probs",
-    "TokenLogprobs",
-    "LOGPROB_TOLERANCE",
-    "SENTINEL_LOGPROB",
-    "LogprobError",
-    "check_logprobs",
-    "Evidence",
-    "MEASURES",
-    "Measure",
-    "Needs",
-    "ORDER",
-    "PAPER_BASELINES",
-    "computable",
-    "compute",
-    "get",
-    "required_capabilities",
-    "requirements",
-    "unsupported",
-    "validate",
-]
+__all__ = [*functions.__all__, *logprobs.__all__, *registry.__all__]

@@ -149,7 +149,10 @@ Output = TokenLogprobs | HasTokenLogprobs
 
 
 def _logprobs_of(output: Output) -> TokenLogprobs:
-    lp = getattr(output, "token_logprobs", None)
+    # A Generation's measured_logprobs carries the empty-answer rule (its stop token's log-prob).
+    lp = getattr(output, "measured_logprobs", None)
+    if lp is None:
+        lp = getattr(output, "token_logprobs", None)
     return output if lp is None else lp  # type: ignore[return-value]
 
 
@@ -210,8 +213,9 @@ _REGISTRY = (
 #: Every measure by name, in :data:`ORDER`.
 MEASURES: dict[str, Measure] = {m.name: m for m in _REGISTRY}
 
-#: Column order of tables and figures: the paper's Table 1 (PE ... D-SE, G-NLL), plus the plug-in
-#: SE forms (SE-RB, LN-SE-RB), MCP, LN-G-NLL and BS-MSP.
+#: Column order of tables and figures: the paper's Table 1 baselines (PE ... D-SE), then the plug-in
+#: SE forms (SE-RB, LN-SE-RB) and MCP, which the paper does not report, then G-NLL (Table 1's last
+#: column), LN-G-NLL (Table 4) and BS-MSP.
 ORDER: tuple[str, ...] = tuple(MEASURES)
 
 #: The paper's sampling-based baselines (G-NLL's significance is tested against the best of them).
@@ -312,7 +316,8 @@ def compute(
     """Compute the measures ``names`` of one question (keys in ``names`` order).
 
     Each of ``greedy`` (one output), ``beams`` and ``samples`` (lists of outputs) is a sequence of
-    token log-probs or an object with a ``token_logprobs`` attribute (a ``Generation``);
+    token log-probs or a ``Generation`` (its ``measured_logprobs``: an empty answer counts its stop
+    token's log-prob) or another object with a ``token_logprobs`` attribute;
     ``cluster_ids`` gives the samples' semantic clusters. A measure whose evidence is missing raises
     ``ValueError``; use :func:`computable` to select the measures the evidence allows.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
@@ -58,7 +58,7 @@ class AskResult:
     samples: list[Generation] | None = None
     cluster_ids: list[int] | None = None
     p_correct: float | None = None
-    abstain: bool | None = field(default=None)
+    abstain: bool | None = None
 
     @property
     def answer(self) -> str:
@@ -84,6 +84,8 @@ class AskResult:
             "token_logprobs": self.greedy.token_logprobs,
             "finish_reason": self.greedy.finish_reason,
         }
+        if not self.greedy.tokens:  # what its measures were computed from (the empty-answer rule)
+            record["stop_token_logprob"] = self.greedy.measured_logprobs[0]
         record.update({name.replace("-", "_"): value for name, value in self.measures.items()})
         record.update(self.calibrated())
         if self.samples is not None:
@@ -155,7 +157,7 @@ def _calibrated_measure(cal: Calibrator, measures: Iterable[str]) -> str:
 
 
 def ask(
-    model: Model,
+    model: Model | str,
     question: str,
     measures: Sequence[str] | str = ("g-nll",),
     *,
@@ -174,7 +176,7 @@ def ask(
     Parameters
     ----------
     model
-        A loaded model (:func:`gnll.load_model`).
+        A loaded model, or a name for :func:`gnll.load_model` (loaded for this call only).
     question
         The question; it is sent in the evaluation's zero-shot prompt
         (:func:`gnll.evaluation.data.prompts.ask_prompt`).
@@ -215,6 +217,10 @@ def ask(
     check_ask_options(
         samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
     )
+    if isinstance(model, str):
+        from gnll.backends import load_model
+
+        model = load_model(model, progress=False)
     if isinstance(calibration, str):
         calibration = ask_calibration(calibration, model=model.name, long=long)
     calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)

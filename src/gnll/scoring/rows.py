@@ -40,7 +40,7 @@ def _jsonl(fh: BinaryIO) -> Iterator[Row]:
         try:
             row = json.loads(text)
         except json.JSONDecodeError as e:
-            yield line, None, f"not valid JSON ({e.msg} at column {e.colno})"
+            yield line, None, f"not valid JSON ({e.msg}, column {e.colno})"
             continue
         if not isinstance(row, dict):
             yield line, None, f"expected a JSON object, got {type(row).__name__}"

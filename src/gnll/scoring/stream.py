@@ -15,10 +15,12 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from gnll import measures as M
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
 from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
+from gnll.spans import span_nlls
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +55,7 @@ class ScoreJob:
     verbatim: bool = False
     logprobs: bool = False
     with_greedy: bool = False
+    spans: str | None = None  # "sentence" or "json": add each answer's span NLLs (gnll.spans)
     max_new_tokens: int = 50
     calibrator: Any = None
     resume: bool = False
@@ -127,6 +130,22 @@ def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
     return out
 
 
+def span_columns(tokens: Any, logprobs: Any, text: str, kind: str) -> dict[str, Any]:
+    """``spans``, ``max_span_nll`` and ``least_certain_span`` of one answer (None, with
+    ``spans_error``, when it has no spans of that kind, e.g. no JSON)."""
+    try:
+        report = span_nlls(list(tokens), [float(x) for x in logprobs], text, kind)  # type: ignore[arg-type]
+    except ValueError as e:
+        return {"spans": None, "spans_error": str(e)}
+    top = report.least_certain()
+    return {
+        "spans": [sp.to_dict() for sp in report.spans],
+        "max_span_nll": top.nll if top is not None else None,
+        "least_certain_span": top.path if top is not None else None,
+        "unassigned_nll": report.unassigned_nll,
+    }
+
+
 def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
     row = dict(item.row)
     row.update(
@@ -141,9 +160,12 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     if job.logprobs:
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
+    if job.spans:
+        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
-        row["g_nll"] = None if greedy is None else -greedy.logprob
+        # the greedy answer's measured log-probs: an empty answer counts its stop token's
+        row["g_nll"] = None if greedy is None else M.g_nll(greedy)
     if job.calibrator is not None:
         col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
         row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])

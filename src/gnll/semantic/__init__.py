@@ -8,10 +8,13 @@ questions). Implementations, by registry name:
 - ``embedding``: cosine similarity of all-MiniLM-L6-v2 embeddings of the answers (optionally
   prefixed by the question) above a threshold (:class:`EmbeddingClusterer`), offline from a PyPI
   package;
-- ``nli``: bidirectional entailment under an NLI classifier, default
-  ``microsoft/deberta-large-mnli`` (:class:`NLIClusterer`), the paper's choice;
+- ``nli``: bidirectional entailment under an NLI classifier (:class:`NLIClusterer`), default
+  ``microsoft/deberta-large-mnli``. The paper names no NLI model; Farquhar et al.'s code, whose setup
+  it follows, uses ``microsoft/deberta-v2-xlarge-mnli`` (:data:`REFERENCE_NLI_MODEL`, what the paper
+  presets load);
 - ``llm``: bidirectional entailment asked of a language model (:class:`LLMEntailmentClusterer`);
-- ``auto``: ``nli`` if the default NLI model is available locally, otherwise ``embedding``.
+- ``auto``: ``nli`` if the default NLI model is available locally, otherwise ``embedding`` (the
+  run's ``table.md`` names the clusterer that was used).
 
 All of them share the partition rule of :mod:`gnll.semantic.partition`. ``info()`` records what
 produced the clusters (clusterer, model, threshold, relation) for results files.
@@ -49,6 +52,7 @@ from gnll.semantic.exact import ExactClusterer
 from gnll.semantic.llm import LLMEntailmentClusterer, entailment_prompt, parse_entailment
 from gnll.semantic.nli import (
     DEFAULT_NLI_MODEL,
+    REFERENCE_NLI_MODEL,
     NLIClusterer,
     local_nli_model_available,
     nli_label_map,
@@ -68,6 +72,7 @@ __all__ = [
     "DEFAULT_EMBEDDING_THRESHOLD",
     "DEFAULT_EMBEDDING_THRESHOLD_WITH_QUESTION",
     "DEFAULT_NLI_MODEL",
+    "REFERENCE_NLI_MODEL",
     "RELATIONS",
     "Clusterer",
     "ClusteringStats",

@@ -16,10 +16,18 @@ from typing import Any
 
 from gnll.semantic.base import CONTRADICTION, ENTAILMENT, NEUTRAL, PairwiseClusterer, as_bool
 
-__all__ = ["DEFAULT_NLI_MODEL", "NLIClusterer", "nli_label_map", "local_nli_model_available"]
+__all__ = [
+    "DEFAULT_NLI_MODEL",
+    "REFERENCE_NLI_MODEL",
+    "NLIClusterer",
+    "nli_label_map",
+    "local_nli_model_available",
+]
 
-#: Default NLI model for online users (the paper's and the reference code's choice).
+#: Default NLI model: the one Kuhn et al. (2023) used, smaller than the reference code's.
 DEFAULT_NLI_MODEL = "microsoft/deberta-large-mnli"
+#: The NLI model of Farquhar et al.'s code, whose setup the paper follows (the paper names none).
+REFERENCE_NLI_MODEL = "microsoft/deberta-v2-xlarge-mnli"
 
 NOT_ENTAILMENT = "not_entailment"
 

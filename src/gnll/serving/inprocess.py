@@ -71,6 +71,7 @@ def to_answer(
         decoding=decoding,
         top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
+        measured_logprobs=gen.measured_logprobs,
     )
 
 

@@ -267,6 +267,7 @@ class ProxyService:
             tokens=gen.tokens,
             token_logprobs=gen.token_logprobs,
             decoding="greedy" if req.greedy else "sampled",
+            measured_logprobs=gen.measured_logprobs,
         )
 
     async def _relay(
@@ -302,6 +303,9 @@ class ProxyService:
                     continue
                 for choice in chunk.get("choices") or []:
                     acc.setdefault(choice.get("index", 0), StreamedChoice(chat)).add(choice)
+                    # A choice finishes once, in our last chunk (which carries the uncertainty):
+                    # a client that stops at the first finish_reason would never see it.
+                    choice["finish_reason"] = None
                     if not req.wants_logprobs:
                         choice["logprobs"] = None
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last

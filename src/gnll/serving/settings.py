@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gnll.serving.uncertainty import AbstentionPolicy
 
@@ -30,6 +31,9 @@ class ServeSettings:
         Proxy mode: seconds per upstream request (504 past it).
     body_timeout:
         Seconds a request body may take to arrive (408 past it: a slow sender holds a connection).
+    tracing:
+        A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
+        answer's scores; ``None`` (the default) emits nothing and imports nothing.
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -41,6 +45,7 @@ class ServeSettings:
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
     body_timeout: float = 30.0
+    tracing: Any = None
 
     def __post_init__(self) -> None:
         if self.max_request_bytes < 1024:

@@ -1,4 +1,7 @@
-"""Figures of the simulation study (PNG, matplotlib ``Agg``): Fig. 1a/1b and the App. C grids.
+"""Figures of the simulation study (PNG, matplotlib ``Agg``): Fig. 1a/1b, Fig. 3 and the App. C grids.
+
+Fig. 3 shows example next-token distributions drawn from the App. C Dirichlet model (``|V|`` = 20
+and 100); it depends only on the seed, not on the study's results.
 
 All panels plot the *error* ``estimate - exact`` against ``N`` because every draw has its own
 ``p(y)`` (and therefore its own exact value); the paper's appendix plots one fixed ``p`` per panel,
@@ -29,6 +32,8 @@ __all__ = [
     "FIGURE_FILES",
     "main_setting",
     "make_figures",
+    "next_token_examples",
+    "plot_next_token_examples",
     "plot_entropy_panel",
     "plot_found_max_panel",
     "plot_max_panel",
@@ -37,6 +42,7 @@ __all__ = [
 FIGURE_FILES = {
     "fig1a": "fig1a_entropy.png",
     "fig1b": "fig1b_max.png",
+    "fig3": "fig3_dirichlet_next_tokens.png",
     "fig4": "fig4_entropy_grid.png",
     "fig4_quantiles": "fig4_entropy_grid_quantiles.png",
     "fig5": "fig5_max_grid.png",
@@ -198,6 +204,52 @@ def _fig1a(setting: dict[str, Any], cap: str, path: Path) -> Path:
     return path
 
 
+def next_token_examples(
+    *, seed: int = 0, examples: int = 3, vocab_sizes: tuple[int, ...] = (20, 100)
+) -> dict[int, np.ndarray]:
+    """Example next-token distributions of the App. C Dirichlet model (the data of Fig. 3).
+
+    Per vocabulary size, ``examples`` independent draws of Dirichlet(:func:`paper_alphas`) with the
+    alphas shuffled per draw, as in every tree the study samples; shape ``(examples, V)``. The draws
+    depend only on ``seed`` and the vocabulary size.
+    """
+    from gnll.simulation.distributions import paper_alphas, sample_dirichlet_log_probs
+
+    out = {}
+    for v in vocab_sizes:
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(3, v))))
+        out[v] = np.exp(sample_dirichlet_log_probs(paper_alphas(v), examples, rng))
+    return out
+
+
+def plot_next_token_examples(
+    path: str | Path, *, seed: int = 0, examples: int = 3, vocab_sizes: tuple[int, ...] = (20, 100)
+) -> Path:
+    """The paper's Fig. 3: :func:`next_token_examples` as bars over the token index, one column per
+    vocabulary size and one row per draw."""
+    data = next_token_examples(seed=seed, examples=examples, vocab_sizes=vocab_sizes)
+    fig, axes = plt.subplots(
+        examples, len(vocab_sizes), figsize=(5.2 * len(vocab_sizes), 1.7 * examples + 0.8),
+        squeeze=False,
+    )  # fmt: skip
+    for j, (v, probs) in enumerate(data.items()):
+        for i, row in enumerate(probs):
+            ax = axes[i, j]
+            ax.bar(np.arange(1, v + 1), row, width=0.8, color=_colors(1)[0])
+            ax.set_xlim(0.3, v + 0.7)
+            ax.set_ylim(0, 1)
+            ax.set_ylabel(r"$p(y_t \mid y_{<t})$", fontsize=8)
+            if i == 0:
+                ax.set_title(f"Vocabulary size (width) = {v}", fontsize=10)
+            if i == examples - 1:
+                ax.set_xlabel("token")
+    fig.suptitle("Example next-token distributions of the Dirichlet model (App. C)", fontsize=11)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.1, top=0.88, wspace=0.2, hspace=0.35)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def make_figures(results: dict[str, Any], output_path: str | Path) -> list[Path]:
     """Write all figures for a :func:`~gnll.simulation.study.run_study` result; return the paths."""
     out = Path(output_path)
@@ -215,6 +267,9 @@ def make_figures(results: dict[str, Any], output_path: str | Path) -> list[Path]
             plot_max_panel,
             f"(b) estimating M(p): median, 5–95%\n{cap}",
             out / FIGURE_FILES["fig1b"],
+        ),
+        plot_next_token_examples(
+            out / FIGURE_FILES["fig3"], seed=int(results.get("config", {}).get("seed", 0))
         ),
         _grid(
             results,

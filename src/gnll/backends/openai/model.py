@@ -72,7 +72,7 @@ class OpenAICompatModel(Model):
         model = load_model("Qwen/Qwen2.5-7B-Instruct", backend="openai",
                            base_url="http://localhost:8000/v1")
         [[g]] = model.generate(["What is the capital of France?"])
-        g.text, -sum(g.token_logprobs)   # the answer and its G-NLL
+        g.text, -g.logprob   # the answer and its G-NLL
     """
 
     def __init__(

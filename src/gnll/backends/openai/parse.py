@@ -147,13 +147,43 @@ def server_logprobs(values: list[float | None], tokens: list[str], where: str) -
     >>> server_logprobs([-9999.0], ["x"], "prompt 3")
     Traceback (most recent call last):
     ...
-    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, the stand-in servers send for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
+    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, at or below -9999, the stand-in servers send for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
     """
     try:
         return _check_logprobs(values, where=where, tokens=tokens).tolist()
     except LogprobError as exc:
         remedy = "; check the server's logprobs mode and sampling settings"
         raise ServerError(f"{exc}{remedy if exc.kind == 'sentinel' else ''}") from None
+
+
+def _char_lengths(tokens: list[str], text: str) -> list[int]:
+    """How many characters of ``text`` each token covers.
+
+    A character split over several tokens (a multi-byte UTF-8 character) comes back from
+    llama-cpp-python as empty token strings, so counting the strings would lose it, and the stop
+    token after it would seem to lie inside the text. The characters a run of such fragments covers
+    are the gap between the tokens around it; they are given to the run's last fragment.
+
+    >>> _char_lengths(["S", " and", " ", "", "", "\\n"], "S and \\x85")
+    [1, 4, 1, 0, 1, 1]
+    >>> _char_lengths([" Paris", ".\\n"], " Paris.")
+    [6, 2]
+    """
+    out = [len(t) for t in tokens]
+    pos, pending = 0, []
+    for i, tok in enumerate(tokens):
+        if tok == "":
+            pending.append(i)
+            continue
+        if pending:
+            j = text.find(tok, pos)
+            end = j if j >= pos else len(text)  # not found: the fragments end the text
+            out[pending[-1]] = end - pos
+            pos, pending = end, []
+        pos += len(tok)
+    if pending:
+        out[pending[-1]] = max(0, len(text) - pos)
+    return out
 
 
 def to_generation(
@@ -177,7 +207,7 @@ def to_generation(
     if raw.token_bytes is not None:
         lengths, cut = raw.token_bytes, len(raw.text.encode("utf-8"))
     else:
-        lengths, cut = [len(t) for t in raw.tokens], len(raw.text)
+        lengths, cut = _char_lengths(raw.tokens, raw.text), len(raw.text)
     ends: list[int] = []
     pos = 0
     for length in lengths:
@@ -196,7 +226,11 @@ def to_generation(
         finish = "eos"  # vLLM: None (EOS) or an int stop-token id
     else:
         # No stop_reason field (llama.cpp): the stop string shows in the tokens past the text.
-        tail = full[len(raw.text) :] if full.startswith(raw.text) else ""
+        if raw.token_bytes is None:  # from the reconstructed offsets (byte fragments included)
+            start = ends[k - 1] if k else 0
+            tail = "".join(raw.tokens[k:])[max(0, cut - start) :]
+        else:
+            tail = full[len(raw.text) :] if full.startswith(raw.text) else ""
         stop_seq = next((s for s in config.stop if tail.startswith(s)), None)
         finish = "stop" if stop_seq is not None else "eos"
         if stop_seq is None and raw.finish_reason == "length":
@@ -218,6 +252,14 @@ def to_generation(
     values = server_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
     ids = raw.token_ids if raw.token_ids is not None else [-1] * n
     answer_lp, term_lp = values[:k], values[term]
+    if k == 0 and not term_lp:
+        # gnll scores an empty answer by its stop token's log-prob; without it there is no G-NLL,
+        # and 0 ("certain") would be a lie.
+        raise ServerError(
+            f"{where}: the answer is empty and the server reported no log-prob for the token that "
+            f"ended it ({finish}), so it has no G-NLL (an empty answer is scored by its stop "
+            "token's log-prob); vLLM reports it"
+        )
     return Generation(
         text=raw.text.strip(),
         token_ids=ids[:k],

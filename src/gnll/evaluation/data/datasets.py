@@ -19,14 +19,14 @@ Example
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gnll._util import file_sha256
 from gnll.evaluation.data.records import (
     DataError,
     Row,
@@ -47,7 +47,6 @@ __all__ = [
     "Example",
     "candidate_data_dirs",
     "detect_dataset",
-    "file_sha256",
     "load_dataset",
     "resolve_data_file",
 ]
@@ -193,8 +192,42 @@ def _hub_svamp() -> list[Example]:
 
 
 def _hub_nq_open() -> list[Example]:
-    ds = _import_hf_datasets().load_dataset("nq_open", split="validation")
-    return [_nq_example(Row(f"hub nq_open row {i}", r), i) for i, r in enumerate(ds)]
+    # The paper's "more than 3,600" NQ-Open questions are all of validation; as in the reference
+    # code, the few-shot and held-out pools come from train (marked, like SVAMP's split).
+    dd = _import_hf_datasets().load_dataset("nq_open")
+    examples = []
+    for split, mark, prefix in (("validation", "test", ""), ("train", "train", "train-")):
+        for i, r in enumerate(dd[split]):
+            ex = _nq_example(Row(f"hub nq_open {split} row {i}", r), i)
+            examples.append(replace(ex, id=prefix + ex.id, extra={**ex.extra, "split": mark}))
+    return examples
+
+
+#: Farquhar et al.'s TriviaQA: a ``train_test_split(test_size=0.2, seed=10)`` (their default
+#: ``--random_seed``) of this hub dataset's ``unmodified`` split; its test part is evaluated.
+REFERENCE_TRIVIAQA = "TimoImhof/TriviaQA-in-SQuAD-format"
+REFERENCE_SEED = 10
+
+
+def _reference_triviaqa() -> list[Example]:
+    ds = _import_hf_datasets().load_dataset(REFERENCE_TRIVIAQA)["unmodified"]
+    parts = ds.train_test_split(test_size=0.2, seed=REFERENCE_SEED)
+    examples = []
+    for split in ("train", "test"):
+        for i, r in enumerate(parts[split]):
+            row = Row(f"hub {REFERENCE_TRIVIAQA} {split} row {i}", r)
+            answers = tuple(dict.fromkeys(a for a in r["answers"]["text"] if a.strip()))
+            if not answers:  # nothing to judge against
+                continue
+            examples.append(
+                Example(
+                    id=id_field(row, "id"),
+                    question=str_field(row, "question"),
+                    answers=answers,
+                    extra={"split": split},
+                )
+            )
+    return examples
 
 
 @dataclass(frozen=True)
@@ -207,6 +240,10 @@ class DatasetSpec:
     hub: Callable[[], list[Example]]
     hub_id: str
     size: int
+    #: The reference code's split from the hub (``--data_source reference``), if it differs from
+    #: :attr:`hub`.
+    reference: Callable[[], list[Example]] | None = None
+    reference_id: str | None = None
 
 
 DATASETS: dict[str, DatasetSpec] = {
@@ -217,6 +254,9 @@ DATASETS: dict[str, DatasetSpec] = {
         _hub_triviaqa,
         "trivia_qa (unfiltered.nocontext, validation)",
         11313,
+        _reference_triviaqa,
+        f"{REFERENCE_TRIVIAQA} (unmodified; test part of train_test_split(0.2, seed "
+        f"{REFERENCE_SEED}))",
     ),
     "svamp": DatasetSpec(
         "svamp", "svamp/SVAMP.json", parse_svamp, _hub_svamp, "ChilleD/SVAMP", 1000
@@ -226,7 +266,7 @@ DATASETS: dict[str, DatasetSpec] = {
         "nq_open/NQ-open.dev.jsonl",
         parse_nq_open,
         _hub_nq_open,
-        "nq_open (validation)",
+        "nq_open (validation; pools from train)",
         3610,
     ),
 }
@@ -319,14 +359,6 @@ def _spec(dataset: str) -> DatasetSpec:
         raise KeyError(f"unknown dataset {dataset!r}; known: {sorted(DATASETS)}") from None
 
 
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def load_dataset(
     dataset: str,
     *,
@@ -336,20 +368,23 @@ def load_dataset(
 ) -> tuple[list[Example], dict[str, Any]]:
     """Load all examples of ``dataset`` and a provenance record (file, sha256, count).
 
-    ``source`` is ``"local"`` (files, see module docstring) or ``"hub"`` (Hugging Face
-    ``datasets``).
+    ``source`` is ``"local"`` (files, see module docstring), ``"hub"`` (Hugging Face ``datasets``:
+    SVAMP's test split and NQ-Open's validation set marked as the evaluation pool, their train parts
+    as the pools) or ``"reference"`` (the hub with Farquhar et al.'s TriviaQA split, the presets').
     """
     spec = _spec(dataset)
-    if source == "hub":
-        examples = spec.hub()
+    if source in ("hub", "reference"):
+        # "reference": the splits of Farquhar et al.'s code, where they differ from the hub's
+        ref = source == "reference" and spec.reference is not None
+        examples = spec.reference() if ref else spec.hub()
         return examples, {
             "dataset": dataset,
-            "source": "hub",
-            "hub_id": spec.hub_id,
+            "source": source,
+            "hub_id": spec.reference_id if ref else spec.hub_id,
             "n": len(examples),
         }
     if source != "local":
-        raise ValueError(f"data source must be 'local' or 'hub', got {source!r}")
+        raise ValueError(f"data source must be 'local', 'hub' or 'reference', got {source!r}")
     path = resolve_data_file(dataset, data_dir, data_path)
     examples = spec.parse(path)  # checks every row; ids are unique
     if not examples:

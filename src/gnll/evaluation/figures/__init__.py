@@ -1,1 +1,1 @@
-"""The paper's figures beyond the main tables (Fig. 2 ablation, Fig. 3 next tokens), used by ``scripts/``."""
+"""The paper's figures beyond the main tables (Fig. 2 ablation; a real model's next-token distributions), used by ``scripts/``."""

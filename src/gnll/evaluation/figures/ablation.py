@@ -9,7 +9,15 @@ the main evaluation). The uncertainty is the NLL of one output sequence found by
   ``n = 1..N`` (``n = 1`` is "a single sample's NLL"),
 
 and each estimator's AUROC is reported against its number of candidates. Better approximations of
-the most likely sequence should score higher (Sec. 5.3).
+the most likely sequence should score higher (Sec. 5.2). An empty answer, beam or sample is scored
+(and ranked) by its stop token's log-prob, as everywhere in gnll
+(:attr:`gnll.backends.Generation.measured_logprobs`).
+
+The figure's reference lines are the paper's sampling-based baselines (PE, LN-PE, SE, LN-SE, D-SE)
+"with their optimal hyperparameter settings": their scores come from a ``gnll eval`` run of the same
+model and task (:func:`baseline_scores`, its per-measure held-out temperatures and its clusterer),
+evaluated against the same greedy answers' correctness. :func:`average_ablations` averages several
+runs (models) into one figure, as the paper's Fig. 2 averages its models.
 
 Example
 -------
@@ -28,7 +36,27 @@ from gnll.backends.base import GenerationConfig
 from gnll.evaluation.results.correctness import f1_verdict
 from gnll.evaluation.results.metrics import bootstrap_auroc
 
-__all__ = ["plot_ablation", "run_ablation"]
+__all__ = ["BASELINES", "average_ablations", "baseline_scores", "plot_ablation", "run_ablation"]
+
+#: The paper's sampling-based baselines, drawn as horizontal reference lines.
+BASELINES = ("pe", "ln-pe", "se", "ln-se", "d-se")
+
+
+def baseline_scores(samples_path: str | Path, task: str) -> dict[str, dict[str, float]]:
+    """Per question id, the baselines' uncertainty scores from a ``gnll eval`` run's ``samples.jsonl``."""
+    import json
+
+    out = {}
+    with open(samples_path, encoding="utf-8") as fh:
+        for line in fh:
+            rec = json.loads(line)
+            if rec["task"] == task:
+                out[str(rec["id"])] = {
+                    m: rec["measures"][m] for m in BASELINES if m in rec["measures"]
+                }
+    if not out:
+        raise ValueError(f"{samples_path}: no records of task {task!r}")
+    return out
 
 
 def run_ablation(
@@ -40,8 +68,13 @@ def run_ablation(
     temperatures: Sequence[float] = (0.1, 0.5, 1.0),
     samples: int = 10,
     seed: int = 0,
+    baselines: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """AUROC of each single-sequence NLL estimator per number of candidates (see module docstring)."""
+    """AUROC of each single-sequence NLL estimator per number of candidates (see module docstring).
+
+    ``baselines``: :func:`baseline_scores` of a ``gnll eval`` run that covers every question here;
+    their AUROCs against the same correctness become the figure's reference lines.
+    """
     examples = task_data.split("eval", limit)
     prompts = [task_data.prompt(e) for e in examples]
     max_new = task_data.task.max_new_tokens
@@ -54,7 +87,7 @@ def run_ablation(
     ]
     # Per estimator and number of candidates, each question's NLL of the sequence it found.
     nll: dict[str, dict[str, list[float]]] = {
-        "greedy": {"1": [M.g_nll(g.token_logprobs) for g in greedy]}
+        "greedy": {"1": [M.g_nll(g.measured_logprobs) for g in greedy]}
     }
     caps = getattr(model, "capabilities", None)
     if widths and (caps is None or not caps.missing(["beams"])):
@@ -63,13 +96,13 @@ def run_ablation(
             cfg = GenerationConfig.beam(w, max_new_tokens=max_new, seed=None)
             gens = model.generate(prompts, cfg)
             nll["beam search"][str(w)] = [
-                M.msp_estimate([g.token_logprobs for g in gs]) for gs in gens
+                M.msp_estimate([g.measured_logprobs for g in gs]) for gs in gens
             ]
     for tau in temperatures:
         cfg = GenerationConfig.sample(samples, temperature=tau, max_new_tokens=max_new, seed=seed)
         gens = model.generate(prompts, cfg)
         nll[f"sampling T={tau:g}"] = {
-            str(n): [M.msp_estimate([g.token_logprobs for g in gs[:n]]) for gs in gens]
+            str(n): [M.msp_estimate([g.measured_logprobs for g in gs[:n]]) for gs in gens]
             for n in range(1, samples + 1)
         }
     # The AUROC and its bootstrap standard error, as the main evaluation reports them.
@@ -77,7 +110,7 @@ def run_ablation(
         name: {k: bootstrap_auroc(correct, scores, seed=seed) for k, scores in curve.items()}
         for name, curve in nll.items()
     }
-    return {
+    out = {
         "task": task_data.task.name,
         "n": len(examples),
         "accuracy": sum(correct) / len(correct) if correct else float("nan"),
@@ -85,6 +118,61 @@ def run_ablation(
         "auroc": {name: {k: a for k, (a, _se) in fit.items()} for name, fit in fits.items()},
         "auroc_se": {name: {k: se for k, (_a, se) in fit.items()} for name, fit in fits.items()},
     }
+    if baselines is not None:
+        missing = [e.id for e in examples if str(e.id) not in baselines]
+        if missing:
+            raise ValueError(
+                f"the baseline run lacks {len(missing)} of the {len(examples)} questions "
+                f"(first: id {missing[0]}): run `gnll eval` on the same task with at least "
+                f"--limit {len(examples)} and the same --seed"
+            )
+        fit = {
+            m: bootstrap_auroc(correct, [baselines[str(e.id)][m] for e in examples], seed=seed)
+            for m in BASELINES
+            if all(m in baselines[str(e.id)] for e in examples)
+        }
+        out["baselines"] = {m: a for m, (a, _se) in fit.items()}
+        out["baselines_se"] = {m: se for m, (_a, se) in fit.items()}
+    return out
+
+
+def average_ablations(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The mean of several ablations (models or runs), as the paper's Fig. 2 averages its models.
+
+    Every AUROC is the mean over the runs that have it for all of them (an estimator or candidate
+    count missing from one run is left out); standard errors combine as sqrt(sum SE^2) / k.
+    """
+    if not results:
+        raise ValueError("no ablation results to average")
+    k = len(results)
+
+    def mean(tables: list[dict[str, float]]) -> dict[str, float]:
+        keys = [x for x in tables[0] if all(x in t for t in tables)]
+        return {x: sum(t[x] for t in tables) / k for x in keys}
+
+    def combined(tables: list[dict[str, float | None]]) -> dict[str, float | None]:
+        keys = [x for x in tables[0] if all(x in t for t in tables)]
+        return {
+            x: None
+            if any(t[x] is None for t in tables)
+            else (sum(t[x] ** 2 for t in tables) ** 0.5) / k
+            for x in keys
+        }
+
+    names = [n for n in results[0]["auroc"] if all(n in r["auroc"] for r in results)]
+    out: dict[str, Any] = {
+        "task": " / ".join(dict.fromkeys(r["task"] for r in results)),
+        "n": sum(r["n"] for r in results),
+        "runs": [{"model": r.get("model"), "task": r["task"], "n": r["n"]} for r in results],
+        "accuracy": sum(r["accuracy"] for r in results) / k,
+        "correctness": results[0]["correctness"],
+        "auroc": {n: mean([r["auroc"][n] for r in results]) for n in names},
+        "auroc_se": {n: combined([r["auroc_se"][n] for r in results]) for n in names},
+    }
+    if all("baselines" in r for r in results):
+        out["baselines"] = mean([r["baselines"] for r in results])
+        out["baselines_se"] = combined([r["baselines_se"] for r in results])
+    return out
 
 
 def plot_ablation(result: dict[str, Any], path: str | Path, title: str = "") -> Path:
@@ -94,7 +182,7 @@ def plot_ablation(result: dict[str, Any], path: str | Path, title: str = "") -> 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
     for name, curve in result["auroc"].items():
         xs = [int(k) for k in curve]
         ys = [curve[k] for k in curve]
@@ -104,10 +192,18 @@ def plot_ablation(result: dict[str, Any], path: str | Path, title: str = "") -> 
             else {"marker": "o"}
         )
         ax.plot(xs, ys, label="greedy (G-NLL)" if name == "greedy" else name, **style)
+    # The baselines use N samples at their own best temperature whatever the x axis says: lines.
+    grey = plt.get_cmap("Greys")
+    for i, (m, value) in enumerate((result.get("baselines") or {}).items()):
+        if value is None:
+            continue
+        ax.axhline(
+            value, color=grey(0.35 + 0.12 * i), lw=1.0, ls=(0, (4, 1 + i)), label=M.get(m).label
+        )
     ax.set_xlabel("candidates (beam width / samples)")
     ax.set_ylabel("AUROC")
     ax.set_title(title or f"{result['task']}, n={result['n']}: NLL of one sequence")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

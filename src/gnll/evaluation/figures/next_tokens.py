@@ -1,4 +1,5 @@
-"""Next-token distributions along a greedy answer (the paper's Fig. 3, on a real model).
+"""Next-token distributions of a real model along a greedy answer (the counterpart of the paper's
+Fig. 3, which shows simulated Dirichlet distributions: ``gnll simulate``).
 
 For each prompt, the greedy answer is generated, then one teacher-forced forward pass over prompt and
 answer gives ``p(y_t | x, y_<t)`` at every answer step; the ``k`` most likely tokens of each step are
@@ -20,6 +21,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from gnll import measures as M
 
 __all__ = ["next_token_distributions", "plot_next_tokens"]
 
@@ -64,7 +67,7 @@ def next_token_distributions(
             {
                 "prompt": prompt,
                 "answer": gen.text,
-                "g_nll": -sum(gen.token_logprobs),
+                "g_nll": M.g_nll(gen),
                 "steps": steps,
             }
         )

@@ -27,6 +27,7 @@ from typing import Any
 from gnll.text import NUMBER, answer_tokens, as_number, normalize_answer, numbers_in
 
 __all__ = [
+    "PAPER_METRICS",
     "CORRECTNESS_METRICS",
     "F1_RULES",
     "F1_THRESHOLD",
@@ -34,6 +35,8 @@ __all__ = [
     "agreement",
     "contains_match",
     "f1_rule_disagreements",
+    "judge_index",
+    "judge_metric",
     "f1_score",
     "f1_verdict",
     "max_f1",
@@ -42,6 +45,33 @@ __all__ = [
 ]
 
 CORRECTNESS_METRICS = ("f1", "contains", "judge")
+#: Metrics the paper reports (Table 1: F1 and the LLM judge); Contains is gnll's stand-in without a
+#: judge and stays out of the overall average when a paper metric scores the same task.
+PAPER_METRICS = ("f1", "judge")
+
+
+def judge_metric(index: int) -> str:
+    """The correctness metric of the ``index``-th judge (``--judge A,B``): ``judge``, ``judge2``, ...
+
+    >>> [judge_metric(i) for i in range(3)]
+    ['judge', 'judge2', 'judge3']
+    """
+    return "judge" if index == 0 else f"judge{index + 1}"
+
+
+def judge_index(metric: str) -> int | None:
+    """The judge a metric belongs to (0 for ``judge``), or ``None`` for a metric without a judge.
+
+    >>> judge_index("judge"), judge_index("judge2"), judge_index("f1")
+    (0, 1, None)
+    """
+    if metric == "judge":
+        return 0
+    if metric.startswith("judge") and metric[5:].isdigit() and int(metric[5:]) >= 2:
+        return int(metric[5:]) - 1
+    return None
+
+
 F1_THRESHOLD = 0.5
 #: How an F1 score is compared with :data:`F1_THRESHOLD`: ``"gt"`` is the paper's rule (F1 "exceeds
 #: 0.5", Sec. 5 and Table 1's caption), ``"ge"`` the reference code's (``f1 >= 50``).

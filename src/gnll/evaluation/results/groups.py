@@ -10,10 +10,16 @@ from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from gnll.evaluation.results.correctness import judge_index
+
 __all__ = [
     "METRIC_LABELS",
+    "MIN_PER_CLASS",
     "average_groups",
+    "class_counts",
     "defined",
+    "duplicates",
+    "enough_per_class",
     "iter_rows",
     "metric_label",
     "overall_keys",
@@ -23,9 +29,16 @@ METRIC_LABELS = {"f1": "F1", "judge": "LLM", "contains": "Contains"}
 
 
 def metric_label(metric: str, results: dict[str, Any]) -> str:
-    """The label of a correctness metric in a table (the judge is named after its model)."""
-    if metric == "judge":
-        return f"LLM ({results['config'].get('judge')})"
+    """The label of a correctness metric in a table (a judge is named after its model).
+
+    >>> cfg = {"config": {"judge": "meta-llama/Llama-3.1-70B,meta-llama/Llama-3.1-70B-Instruct"}}
+    >>> metric_label("judge", cfg), metric_label("judge2", cfg), metric_label("f1", cfg)
+    ('LLM (meta-llama/Llama-3.1-70B)', 'LLM (meta-llama/Llama-3.1-70B-Instruct)', 'F1')
+    """
+    index = judge_index(metric)
+    if index is not None:
+        judges = str(results["config"].get("judge") or "").split(",")
+        return f"LLM ({judges[index].strip() if index < len(judges) else metric})"
     return METRIC_LABELS.get(metric, metric)
 
 
@@ -53,20 +66,70 @@ def average_groups(
     return groups
 
 
-def overall_keys(groups: dict[tuple[int, str, str, str], Any]) -> list[tuple[int, str, str, str]]:
-    """The groups the overall average spans: per run and generation length, its first metric.
+def overall_keys(
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> list[tuple[int, str, str, str]]:
+    """The groups the overall average spans: every row of a paper metric (F1 and each judge).
 
-    A task scored under several correctness metrics (``--correctness f1,contains``) is one dataset,
-    not several: averaging all its metric rows would count its questions twice and understate the
-    standard error. The paper's overall average takes one metric per generation length (F1 for
-    short answers, the judge for long ones); the first metric of a run plays that part here.
+    The paper's Table 1 "Average" is the mean of all its rows, the short-answer judge rows included
+    (PE .677, LN-PE .689, G-NLL .721 are the means of its 18 rows). Contains is not a paper metric:
+    where a paper metric scores the same run and generation length its rows stay out, so a task
+    scored under F1 and Contains is not counted twice. A run and length scored by Contains alone (no
+    judge for long answers) contributes its first metric.
     """
-    first: dict[tuple[int, str, str], tuple[int, str, str, str]] = {}
+    by_length: dict[tuple[int, str, str], list[tuple[int, str, str, str]]] = {}
     for key in groups:
-        first.setdefault((key[0], key[1], key[2]), key)
-    return list(first.values())
+        by_length.setdefault((key[0], key[1], key[2]), []).append(key)
+    out = []
+    for keys in by_length.values():
+        paper = [k for k in keys if any(_is_paper(m) for _t, m, _r in groups[k])]
+        out += paper or keys[:1]
+    return out
+
+
+def _is_paper(metric: str) -> bool:
+    return metric == "f1" or judge_index(metric) is not None
 
 
 def defined(mres: dict[str, Any]) -> bool:
     """Whether every measure of a metric row has an AUROC (a row of one class has none)."""
     return all(v.get("auroc") is not None for v in mres["measures"].values())
+
+
+#: Fewest correct and fewest incorrect answers a row needs before a table prints its AUROC's
+#: standard error or a significance star. With fewer, most bootstrap resamples hold one or two
+#: answers of the small class (or none, and are skipped), so the standard error collapses towards 0
+#: and the paired test can call a difference "significant" that a second draw of questions would
+#: not repeat: one correct answer in ten gives AUROC 1.000 ± .000 and p = 1/1001. Ten per class is
+#: the usual floor for a rank statistic's normal approximation (and the "ten events" rule of
+#: thumb); the AUROC itself is still printed.
+MIN_PER_CLASS = 10
+
+
+def class_counts(mres: dict[str, Any]) -> tuple[int, int]:
+    """(correct, incorrect) answers of a metric row (derived from n and accuracy for older runs)."""
+    if mres.get("n_correct") is not None and mres.get("n_incorrect") is not None:
+        return int(mres["n_correct"]), int(mres["n_incorrect"])
+    n = int(mres.get("n") or 0)
+    acc = mres.get("accuracy")
+    if acc is None or acc != acc:  # NaN: no answers
+        return 0, n
+    correct = round(float(acc) * n)
+    return correct, n - correct
+
+
+def enough_per_class(mres: dict[str, Any], minimum: int = MIN_PER_CLASS) -> bool:
+    """Whether a metric row has at least ``minimum`` correct and ``minimum`` incorrect answers."""
+    return min(class_counts(mres)) >= minimum
+
+
+def duplicates(results_list: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
+    """(model, task) -> indices of the runs holding it, for every pair held by more than one run.
+
+    Averaging over datasets would count such a task twice, as if it were two datasets.
+    """
+    where: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, res in enumerate(results_list):
+        for task in res["tasks"]:
+            where[(res.get("labelled_from") or res["model"], task)].append(i)
+    return {k: v for k, v in where.items() if len(v) > 1}

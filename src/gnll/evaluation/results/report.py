@@ -22,7 +22,7 @@ from typing import Any
 from gnll import measures as M
 from gnll._util import jsonable
 from gnll._util.runfiles import iter_samples
-from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements
+from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements, judge_index
 from gnll.evaluation.results.groups import average_groups, defined, overall_keys
 from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures
 
@@ -154,7 +154,8 @@ def build_results(
                 res["measures"][m]["mean_tokens"] = mean_tokens[m]
             metrics_out[metric] = res
         agreements = {}
-        present = [m for m in ("f1", "contains", "judge") if m in meta["correctness"]]
+        judged = [m for m in meta["correctness"] if judge_index(m) is not None]
+        present = [m for m in ("f1", "contains") if m in meta["correctness"]] + judged
         for i, a in enumerate(present):
             for b in present[i + 1 :]:
                 agreements[f"{a}_vs_{b}"] = agreement(
@@ -167,9 +168,9 @@ def build_results(
                 "disagreements": f1_rule_disagreements([r["verdicts"]["f1"] for r in trs]),
                 "n": len(trs),
             }
-        if "judge" in meta["correctness"]:
-            extra["judge_unparseable"] = sum(
-                r["verdicts"]["judge"].get("detail") == "unparseable" for r in trs
+        for m in judged:  # judge_unparseable, judge2_unparseable, ...
+            extra[f"{m}_unparseable"] = sum(
+                r["verdicts"][m].get("detail") == "unparseable" for r in trs
             )
         tasks_out[task] = {**meta, "metrics": metrics_out, "agreement": agreements, **extra}
     results = {

@@ -10,15 +10,27 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll.evaluation.results.correctness import judge_index
 from gnll.evaluation.results.groups import (
+    MIN_PER_CLASS,
     average_groups,
     defined,
+    duplicates,
+    enough_per_class,
     iter_rows,
     metric_label,
     overall_keys,
+)
+
+#: The table note on rows too small for a standard error or a star.
+SMALL_ROWS = (
+    f"± and `*` are printed only for rows with at least {MIN_PER_CLASS} correct and "
+    f"{MIN_PER_CLASS} incorrect answers (an averaged row: in every task it averages); with fewer, "
+    "the bootstrap standard error collapses and the test is not meaningful."
 )
 
 __all__ = ["render_table"]
@@ -62,34 +74,79 @@ def _header(first: Sequence[str]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
 
 
+def _pool_source(tres: dict[str, Any]) -> str:
+    """Where a task's questions came from: the hub dataset or the file, and how the pool was cut."""
+    data = tres.get("data") or {}
+    src = data.get("hub_id") or Path(str(data.get("file") or "")).name or data.get("source")
+    how = data.get("eval_pool")
+    return ", ".join(str(x) for x in (src, how) if x)
+
+
+def _clusterer_note(res: dict[str, Any]) -> str | None:
+    """Which clusterer made a run's SE / LN-SE / D-SE columns (``auto`` may have fallen back)."""
+    info = (res.get("components") or {}).get("clusterer")
+    if not info:
+        return None
+    name = info.get("clusterer") or info.get("name") or "?"
+    detail = [str(info[k]) for k in ("model",) if info.get(k)]
+    if info.get("threshold") is not None:
+        detail.append(f"cosine >= {info['threshold']:g}")
+    if info.get("relation") and name in ("nli", "llm"):
+        detail.append(f"{info['relation']} entailment")
+    text = f"{res['model']}: `{name}`" + (f" ({', '.join(detail)})" if detail else "")
+    requested = (res.get("config") or {}).get("clusterer")
+    if requested in ("auto", "default") and name != "nli":
+        text += ", chosen by `auto` because no NLI model was available offline"
+    if name != "nli":
+        text += " -- **not NLI-based**, unlike the paper's SE"
+    return text
+
+
 def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
-    """Header lines: evaluation pools, correctness rules and fallbacks that change the numbers."""
+    """Header lines: evaluation pools, clusterers, correctness rules and fallbacks that change the
+    numbers."""
     out = []
-    pools, rules, fallback, unparseable = [], [], [], []
+    pools, rules, fallback, unparseable, clusterers = [], [], [], [], []
     for res in results_list:
+        note = _clusterer_note(res)
+        if note:
+            clusterers.append(note)
         for task, tres in res["tasks"].items():
             if tres.get("n_eval_pool") is not None:
+                source = _pool_source(tres)
                 pools.append(
                     f"{task} {tres.get('n_eval', '?')} of {tres['n_eval_pool']:,} "
                     f"(few-shot pool {tres.get('n_fewshot_pool', '?')}, held-out pool "
-                    f"{tres.get('n_heldout_pool', '?')})"
+                    f"{tres.get('n_heldout_pool', '?')}" + (f"; {source})" if source else ")")
                 )
             rule = tres.get("f1_rule")
             if rule:
                 sym = ">" if rule["rule"] == "gt" else ">="
                 rules.append(f"{task}: F1 {sym} 0.5, {rule['disagreements']} of {rule['n']} differ")
-            if tres.get("mode") == "long" and "judge" not in tres.get("correctness", []):
+            correctness = tres.get("correctness", [])
+            if tres.get("mode") == "long" and not any(
+                judge_index(m) is not None for m in correctness
+            ):
                 fallback.append(task)
-            if tres.get("judge_unparseable") is not None:
-                unparseable.append(f"{task}: {tres['judge_unparseable']}")
+            for metric in correctness:
+                count = tres.get(f"{metric}_unparseable")
+                if count is not None:
+                    unparseable.append(f"{task}: {count} ({metric_label(metric, res)})")
     if any(res.get("config", {}).get("reference") == "beam" for res in results_list):
         out.append(
-            "**Reference answer: the most likely of the K beams** (the paper's Table 6): "
+            "**Reference answer: the most likely of the K beams** (the paper's Table 5): "
             "correctness is judged on the top beam and G-NLL / LN-G-NLL are its NLL."
         )
     if pools:
         out.append(
-            "Evaluated questions of each evaluation pool: " + "; ".join(dict.fromkeys(pools))
+            "Evaluated questions of each evaluation pool, and where the pool came from: "
+            + "; ".join(dict.fromkeys(pools))
+        )
+    if clusterers:
+        out.append(
+            "Semantic clusters (SE, LN-SE, D-SE, SE-RB, LN-SE-RB, MCP) made by: "
+            + "; ".join(dict.fromkeys(clusterers))
+            + "."
         )
     if rules:
         out.append(
@@ -124,13 +181,14 @@ def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
         "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
         "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
     )
-    out.append("")
+    out += ["", SMALL_ROWS, ""]
     out += _header(["Model", "Task", "Metric", "n", "Acc."])
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m]["auroc"] for m in ms}
-        ses = {m: ms[m]["auroc_se"] for m in ms}
-        star = bool(mres.get("significance", {}).get("significant"))
+        enough = enough_per_class(mres)
+        ses = {m: ms[m]["auroc_se"] for m in ms} if enough else None
+        star = enough and bool(mres.get("significance", {}).get("significant"))
         cells = _task_cells(res, task, metric, mres)
         out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
     return out
@@ -166,19 +224,25 @@ def _auroc_averaged(
         "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
         "significantly better than the best sampling-based measure of the row (one-sided paired "
         "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
-        "overall **Average** takes one metric per run and generation length, the first given "
-        "(a task scored under two metrics is one dataset, not two)."
+        "overall **Average** is the mean over every row of a paper metric (F1 and each judge), "
+        "as the paper's Table 1 averages all its rows; Contains rows stay out where a paper "
+        "metric scores the same run and length (a task is not counted twice for F1 and Contains). "
+        + SMALL_ROWS
     )
     out.append("")
     out += _header(["Model", "Gen.", "Metric", "#tasks"])
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
     in_overall = overall_keys(groups)
+    overall_enough = True
     for (run, model, mode, label), full_rows in groups.items():
         counted = (run, model, mode, label) in in_overall
         full = [mres for _t, _m, mres in full_rows]
         # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
         lst = [x for x in full if defined(x)]
+        enough = all(enough_per_class(x) for x in lst)
+        if counted:
+            overall_enough = overall_enough and enough
         vals, ses = {}, {}
         for m in M.ORDER:
             a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
@@ -193,11 +257,13 @@ def _auroc_averaged(
                         all_ses[m] += s
         n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
         star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
-        out.append(
-            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
-        )
+        cells = _row_cells(vals, ses if enough else None, star and enough)
+        out.append("| " + " | ".join([model, mode, label, n_txt] + cells) + " |")
     if len(in_overall) > 1:
-        out += _overall_average(in_overall, all_vals, all_ses, significance)
+        if duplicates(results_list):
+            out += ["", "(No overall average: some runs hold the same model and task.)"]
+        else:
+            out += _overall_average(in_overall, all_vals, all_ses, significance, overall_enough)
     return out
 
 
@@ -206,15 +272,18 @@ def _overall_average(
     all_vals: dict[str, list[float]],
     all_ses: dict[str, list[float]],
     significance: dict[str, Any],
+    enough: bool = True,
 ) -> list[str]:
     n_rows = max((len(v) for v in all_vals.values()), default=0)
     vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
     ses = {
         m: math.sqrt(sum(x * x for x in s)) / len(s) for m, s in all_ses.items() if len(s) == n_rows
     }
-    star = bool((significance.get("overall") or {}).get("significant"))
+    star = enough and bool((significance.get("overall") or {}).get("significant"))
     metrics = " / ".join(dict.fromkeys(k[3] for k in in_overall))
-    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(vals, ses, star)
+    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(
+        vals, ses if enough else None, star
+    )
     out = ["| " + " | ".join(cells) + " |"]
     if "overall" not in significance:
         out += ["", "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)"]
@@ -237,21 +306,50 @@ def _ara80(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
     """Rejection accuracy at 80% per task, then averaged over datasets (the paper's Table 3)."""
     note = "Accuracy on the 80% of questions with the lowest uncertainty (ties at expected value)."
     out = _per_task(results_list, "ara80", "Rejection accuracy at 80% (↑)", note)
-    out += ["", "## Rejection accuracy at 80% averaged over datasets (↑, the paper's Table 3)", ""]
+    return out + _ara80_averaged(results_list, average_groups(results_list))
+
+
+def _ara80_averaged(
+    results_list: Sequence[dict[str, Any]],
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> list[str]:
+    """The paper's Table 3: ARA@80 averaged over the datasets of each model x length x metric, and
+    its overall Average over the same rows as Table 1's (:func:`overall_keys`)."""
+    out = ["", "## Rejection accuracy at 80% averaged over datasets (↑, the paper's Table 3)", ""]
     out.append(
-        "Mean ARA@80 over the tasks in the row, as the paper prints it (plus the mean accuracy)."
+        "Mean ARA@80 over the tasks in the row, as the paper prints it (plus the mean accuracy). "
+        "**Average**: the mean over every paper-metric row (F1 and each judge), as in the AUROC "
+        "table."
     )
     out.append("")
     out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."])
-    for (_run, model, mode, label), rows in average_groups(results_list).items():
+    in_overall = overall_keys(groups)
+    every: dict[str, list[float]] = defaultdict(list)
+    every_acc: list[float] = []
+    n_cells = 0
+    for key, rows in groups.items():
+        _run, model, mode, label = key
         lst = [mres for _t, _m, mres in rows if mres.get("n")]
         vals = {}
         for m in M.ORDER:
             a = [x["measures"][m]["ara80"] for x in lst if m in x["measures"]]
             if a and len(a) == len(lst) and all(v is not None for v in a):
                 vals[m] = sum(a) / len(a)
+                if key in in_overall:
+                    every[m] += a
         acc = [x["accuracy"] for x in lst if x.get("accuracy") is not None]
+        if key in in_overall:
+            every_acc += acc
+            n_cells += len(lst)
         cells = [model, mode, label, str(len(lst)), _fmt(sum(acc) / len(acc) if acc else None)]
+        out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
+    if len(in_overall) > 1 and duplicates(results_list):
+        out += ["", "(No overall average: some runs hold the same model and task.)"]
+    elif len(in_overall) > 1:
+        vals = {m: sum(v) / len(v) for m, v in every.items() if len(v) == n_cells}
+        acc_txt = _fmt(sum(every_acc) / len(every_acc) if every_acc else None)
+        labels = " / ".join(dict.fromkeys(k[3] for k in in_overall))
+        cells = ["**Average**", "", labels, str(n_cells), acc_txt]
         out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
     return out
 
@@ -356,6 +454,7 @@ def render_table(
     significance: dict[str, Any] | None = None,
     *,
     sections: Sequence[str] | None = None,
+    run_labels: Sequence[str] | None = None,
 ) -> str:
     """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
 
@@ -370,6 +469,10 @@ def render_table(
     sections
         Names from :data:`SECTIONS` to render, in table order (default: all of them). ``gnll eval``
         prints ``("notes", "auroc")``.
+    run_labels
+        One name per run (``gnll table``: the run directories). Two runs holding the same model and
+        task are refused without them (an average would count one dataset twice); with them, those
+        runs' rows are labelled ``model (run)`` and the overall average is left out.
 
     Returns
     -------
@@ -380,6 +483,21 @@ def render_table(
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown table sections {unknown}; known: {', '.join(SECTIONS)}")
+    dup = duplicates(results_list)
+    if dup:
+        (model, task), runs = next(iter(dup.items()))
+        if run_labels is None:
+            raise ValueError(
+                f"runs {', '.join(str(i + 1) for i in runs)} both hold {model} / {task}: averaging "
+                "them would count one dataset twice; give each model and task once"
+            )
+        clash = {i for runs in dup.values() for i in runs}
+        results_list = [
+            {**res, "model": f"{res['model']} ({run_labels[i]})", "labelled_from": res["model"]}
+            if i in clash
+            else res
+            for i, res in enumerate(results_list)
+        ]
     if significance is None:
         significance = _run_significance(results_list)
     out: list[str] = []

@@ -12,7 +12,12 @@ from typing import Any
 from gnll import measures as M
 from gnll.backends.base import Generation
 from gnll.evaluation.data.datasets import Example
-from gnll.evaluation.results.correctness import contains_match, f1_verdict, judge_verdict
+from gnll.evaluation.results.correctness import (
+    contains_match,
+    f1_verdict,
+    judge_index,
+    judge_verdict,
+)
 from gnll.evaluation.run.stages import TaskStages
 
 __all__ = ["assemble_record", "correctness_of", "measure_logprobs", "token_cost"]
@@ -30,8 +35,9 @@ def measure_logprobs(
 
     ``sampling``: a sampled answer's log-probs under the distribution it was drawn from
     (``Generation.sampling_logprobs``, e.g. tempered) instead of the temperature-1 model's.
-    ``empty="terminator"``: an answer without tokens (the model stopped at once) gets the log-prob of
-    its stop token, as in Farquhar et al.'s code, instead of log-likelihood 0 (maximal certainty).
+    ``empty="terminator"``: gnll's one empty-answer rule (:attr:`Generation.measured_logprobs`):
+    an answer without tokens gets the log-prob of its stop token, instead of log-likelihood 0
+    (maximal certainty). ``empty="zero"`` (``--empty_answer zero``) only reassembles old runs.
 
     >>> g = Generation("", [], [], [], "stop", terminator_token_ids=[198], terminator_logprobs=[-2.5])
     >>> measure_logprobs(g), measure_logprobs(g, empty="zero")
@@ -40,13 +46,11 @@ def measure_logprobs(
     >>> measure_logprobs(s), measure_logprobs(s, sampling=True)
     ([-1.0], [-0.4])
     """
-    if not gen.token_ids:
-        if empty == "terminator" and gen.terminator_logprobs:
-            return [float(gen.terminator_logprobs[0])]
-        return []
+    if not gen.token_ids and not gen.tokens:
+        return gen.measured_logprobs if empty == "terminator" else []
     if sampling and gen.sampling_logprobs is not None:
         return list(gen.sampling_logprobs)
-    return list(gen.token_logprobs)
+    return gen.measured_logprobs
 
 
 def correctness_of(
@@ -63,11 +67,12 @@ def correctness_of(
             out["contains"] = contains_match(
                 answer, example.answers, example.numeric_answer
             ).to_dict()
-        elif metric == "judge":
-            if stages.judge is None:
-                raise ValueError("correctness 'judge' needs a judge model: give --judge MODEL")
-            reply = stages.judge.reply(key)
-            out["judge"] = {**judge_verdict(reply).to_dict(), "reply": reply, "judge": cfg.judge}
+        elif judge_index(metric) is not None:
+            judge = stages.judges.get(metric)
+            if judge is None:
+                raise ValueError(f"correctness {metric!r} needs a judge model: give --judge MODEL")
+            reply = judge.reply(key)
+            out[metric] = {**judge_verdict(reply).to_dict(), "reply": reply, "judge": judge.name}
     return out
 
 
@@ -102,7 +107,7 @@ def assemble_record(
     record["answers"] = list(example.answers)
     record["prompt"] = stages.greedy.rendered_prompt(key)
     record["greedy"] = greedy.to_dict()
-    # --reference beam (the paper's Table 6): the top beam is judged and is G-NLL's sequence
+    # --reference beam (the paper's Table 5): the top beam is judged and is G-NLL's sequence
     reference = greedy if cfg.reference == "greedy" else stages.reference.answer(key)
     if cfg.reference == "beam":
         record["reference"] = {"kind": "top beam", **reference.to_dict()}

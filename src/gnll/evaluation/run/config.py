@@ -19,7 +19,12 @@ from typing import Any
 from gnll import measures as M
 from gnll.backends.identity import redact
 from gnll.evaluation.data.tasks import Task, get_task
-from gnll.evaluation.results.correctness import CORRECTNESS_METRICS, F1_RULES
+from gnll.evaluation.results.correctness import (
+    CORRECTNESS_METRICS,
+    F1_RULES,
+    judge_index,
+    judge_metric,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +50,8 @@ class EvalConfig:
     pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
     judge: str | None = None
-    judge_args: dict[str, Any] = field(default_factory=dict)
+    # one loader-argument set for every judge, or one per judge of ``judge`` (a list)
+    judge_args: dict[str, Any] | list[dict[str, Any]] = field(default_factory=dict)
     beams: int = 5
     samples: int = 10
     temperature: float | None = None
@@ -55,6 +61,7 @@ class EvalConfig:
     chunk_size: int = 256
     seed: int = 0
     resume: bool = False
+    overwrite: bool = False  # delete an earlier run in output_path and start over
     clusterer: str = "auto"
     clusterer_args: dict[str, Any] = field(default_factory=dict)
     semantic_relation: str | None = None
@@ -64,13 +71,16 @@ class EvalConfig:
     f1_rule: str = "gt"  # the paper's "F1 exceeds 0.5"; "ge" is the reference code's >= 0.5
     # each sampling measure its own held-out temperature ("their optimal hyperparameter settings")
     temperature_selection: str = "per-measure"
+    # what one choice covers: "task", or "dataset" (App. D tunes "for each dataset": the short and
+    # long tasks of a dataset share the choice, made on their pooled held-out AUROCs)
+    temperature_scope: str = "task"
     # log-probs of sampled answers: "model" (temperature 1) or "sampling" (the distribution they were
     # drawn from, as the reference code scores them)
     sample_logprobs: str = "model"
     # an empty answer's likelihood: "terminator" (its stop token, as the reference code) or "zero"
     empty_answer: str = "terminator"
     # the answer whose correctness is judged and whose NLL is G-NLL: the greedy answer (Table 1) or
-    # the most likely of the K beams (the paper's Table 6)
+    # the most likely of the K beams (the paper's Table 5)
     reference: str = "greedy"
     plots: bool = True
     progress: bool = True
@@ -79,12 +89,23 @@ class EvalConfig:
         self.output_path = Path(self.output_path)
         self.tasks = [get_task(t).name for t in self.tasks]
         self.measures = M.validate(self.measures, paper_order=True)
+        if self.judge is not None and not all(self.judges):
+            raise ValueError(f"--judge {self.judge!r}: an empty judge name in the list")
+        if isinstance(self.judge_args, list | tuple) and len(self.judge_args) != len(self.judges):
+            raise ValueError(
+                f"--judge_args gives {len(self.judge_args)} ';'-separated sets for "
+                f"{len(self.judges)} judge(s): give one set for all or one per judge"
+            )
         if self.correctness is not None:
-            bad = [c for c in self.correctness if c not in CORRECTNESS_METRICS]
+            bad = [
+                c
+                for c in self.correctness
+                if c not in CORRECTNESS_METRICS
+                and (judge_index(c) is None or judge_index(c) >= len(self.judges))
+            ]
             if bad:
-                raise ValueError(
-                    f"unknown correctness metric(s) {bad}; choose from {CORRECTNESS_METRICS}"
-                )
+                known = (*CORRECTNESS_METRICS, *self.judge_metrics[1:])
+                raise ValueError(f"unknown correctness metric(s) {bad}; choose from {known}")
             if "judge" in self.correctness and not self.judge:
                 raise ValueError("correctness 'judge' needs a judge model: give --judge MODEL")
         if self.beams < 0 or self.samples < 0:
@@ -103,6 +124,7 @@ class EvalConfig:
             raise ValueError("--chunk_size must be >= 1")
         for name, value, allowed in (
             ("--temperature_selection", self.temperature_selection, ("per-measure", "shared")),
+            ("--temperature_scope", self.temperature_scope, ("task", "dataset")),
             ("--sample_logprobs", self.sample_logprobs, ("model", "sampling")),
             ("--empty_answer", self.empty_answer, ("terminator", "zero")),
             ("--reference", self.reference, ("greedy", "beam")),
@@ -145,20 +167,38 @@ class EvalConfig:
         """The selected measures that the generated evidence allows (paper order)."""
         return M.computable(self.measures, self.generated)
 
+    @property
+    def judges(self) -> list[str]:
+        """The judge models (``--judge A,B``: several, each with its own correctness rows)."""
+        return [j.strip() for j in self.judge.split(",")] if self.judge else []
+
+    def judge_args_for(self, index: int) -> dict[str, Any]:
+        """The loader arguments of the ``index``-th judge."""
+        if isinstance(self.judge_args, list | tuple):
+            return dict(self.judge_args[index])
+        return dict(self.judge_args)
+
+    @property
+    def judge_metrics(self) -> list[str]:
+        """The correctness metric of each judge: ``judge``, ``judge2``, ..."""
+        return [judge_metric(i) for i in range(len(self.judges))]
+
     def correctness_for(self, task: Task) -> list[str]:
         """Correctness metrics of ``task``; the first is the primary one (temperature selection)."""
         if self.correctness is not None:
             return list(dict.fromkeys(self.correctness))
         if self.judge:
-            return ["f1", "judge"] if task.mode == "short" else ["judge", "contains"]
+            judged = self.judge_metrics
+            return ["f1", *judged] if task.mode == "short" else [*judged, "contains"]
         return list(task.default_correctness)
 
     def public(self) -> dict[str, Any]:
         """The configuration as recorded in results (run mechanics such as paths are left out)."""
         d = asdict(self)
-        for k in ("output_path", "resume", "progress", "plots"):
+        for k in ("output_path", "resume", "overwrite", "progress", "plots"):
             d.pop(k)
         for k in ("model_args", "judge_args", "clusterer_args"):
-            d[k] = redact(d[k])  # results.json is shared: credentials never go in it
+            # results.json is shared: credentials never go in it
+            d[k] = [redact(x) for x in d[k]] if isinstance(d[k], list) else redact(d[k])
         d["temperatures"] = list(self.temperatures)
         return d

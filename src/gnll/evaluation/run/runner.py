@@ -35,6 +35,7 @@ from gnll._util import jsonable, progress_enabled
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.data.tasks import get_task
+from gnll.evaluation.results.correctness import judge_metric
 from gnll.evaluation.results.portable import without_local_paths
 from gnll.evaluation.run.assemble import assemble_record
 from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
@@ -48,7 +49,12 @@ from gnll.evaluation.run.store import (
     fingerprint,
     prepare_output_dir,
 )
-from gnll.evaluation.run.temperature import choose_temperatures, default_temperature, heldout_size
+from gnll.evaluation.run.temperature import (
+    choose_from_tables,
+    choose_temperature,
+    default_temperature,
+    heldout_size,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +99,7 @@ class Evaluator:
         config: EvalConfig,
         *,
         model: Model | None = None,
-        judge: Model | None = None,
+        judge: Model | Sequence[Model] | None = None,
         clusterer: Any = None,
     ) -> None:
         self.config = config
@@ -102,7 +108,10 @@ class Evaluator:
         if model is not None:
             self._check_capabilities(model)
         self._identity: dict[str, Any] | None = None
-        self._judge = judge
+        # one judge passed in serves every judge of --judge A,B; a list gives each its own
+        many = isinstance(judge, list | tuple)
+        self._judge = None if many else judge
+        self._judges: dict[int, Model] = dict(enumerate(judge)) if many else {}
         self._clusterer = clusterer
         self._clusterer_name = self._resolve_clusterer_name()
         self.timer = _Timer()
@@ -127,18 +136,28 @@ class Evaluator:
 
     @property
     def judge(self) -> Model:
-        if self._judge is None:
+        """The first judge (see :meth:`judge_model`)."""
+        return self.judge_model(0)
+
+    def judge_model(self, index: int) -> Model:
+        """The ``index``-th judge of ``--judge A,B``, loaded on first use (a judge passed in to the
+        constructor serves every judge; one that is the evaluated model reuses it)."""
+        if index not in self._judges:
             cfg = self.config
-            if cfg.judge == cfg.model and cfg.judge_args == cfg.model_args:
-                self._judge = self.model
+            name = cfg.judges[index]
+            if self._judge is not None:
+                self._judges[index] = self._judge
+            elif name == cfg.model and cfg.judge_args_for(index) == cfg.model_args:
+                self._judges[index] = self.model
             else:
                 from gnll.backends import load_model
 
                 t = time.perf_counter()
-                self._judge = load_model(cfg.judge, progress=cfg.progress, **cfg.judge_args)
+                args = cfg.judge_args_for(index)
+                self._judges[index] = load_model(name, progress=cfg.progress, **args)
                 self.timer.add("load_judge", time.perf_counter() - t)
-        self._note_component("judge", self._judge)
-        return self._judge
+        self._note_component(judge_metric(index), self._judges[index])
+        return self._judges[index]
 
     @property
     def clusterer(self) -> Any:
@@ -262,9 +281,16 @@ class Evaluator:
 
     # ------------------------------------------------------------------ temperature selection
     def _select_temperature(
-        self, stages: TaskStages, metrics: list[str]
+        self,
+        stages: TaskStages,
+        metrics: list[str],
+        siblings: Sequence[tuple[TaskStages, list[str]]] = (),
     ) -> tuple[dict[str, float] | None, dict[str, Any]]:
-        """The sampling temperature of every sampling-based measure, and how it was chosen."""
+        """The sampling temperature of every sampling-based measure, and how it was chosen.
+
+        ``siblings``: the other tasks of the same dataset when the choice is made per dataset
+        (``--temperature_scope dataset``); their held-out AUROCs are pooled with this task's.
+        """
         cfg = self.config
         if not cfg.needs_samples:
             return None, {"selected_by": "not needed"}
@@ -272,8 +298,39 @@ class Evaluator:
         if cfg.temperature is not None:
             fixed = dict.fromkeys(sampling, cfg.temperature)
             return fixed, {"selected_by": "fixed", "value": cfg.temperature, "per_measure": fixed}
-        n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         primary = metrics[0]
+        tables, pooled, first = [], [], None
+        for st, ms in [(stages, metrics), *siblings]:
+            table, n, verdicts = self._heldout_table(st, ms[0], sampling)
+            first = first or (n, verdicts)
+            if table is not None:
+                tables.append(table)
+                pooled.append(st.run.name)
+        if not tables:
+            return self._default_temperature(sampling, primary, *first)
+        temps, choice = choose_from_tables(
+            cfg.temperatures, tables, sampling, cfg.temperature_selection, M.PAPER_BASELINES
+        )
+        values = list(temps.values())
+        return temps, {
+            "selected_by": "heldout",
+            # the temperature most measures use (all of them with --temperature_selection shared)
+            "value": max(sorted(set(values)), key=values.count),
+            "metric": primary,
+            "n_heldout": first[0],
+            "measures": sampling,
+            "scope": cfg.temperature_scope,
+            **({"pooled_tasks": pooled} if cfg.temperature_scope == "dataset" else {}),
+            **choice,
+        }
+
+    def _heldout_table(
+        self, stages: TaskStages, primary: str, sampling: list[str]
+    ) -> tuple[dict[str, Any] | None, int, list[bool | None]]:
+        """Held-out AUROC of every sampling measure at every candidate temperature (``None`` when
+        the held-out answers are all right or all wrong), the pool size and its verdicts."""
+        cfg = self.config
+        n = heldout_size(cfg, len(stages.run.data.heldout_idx))
         examples = stages.run.data.split("heldout", n)
 
         def records(temp: float | None) -> Iterator[dict[str, Any]]:
@@ -285,26 +342,12 @@ class Evaluator:
         self._run_split(stages, "heldout", n, [], [primary], beams=False, what="heldout: judging")
         verdicts = [r["correctness"][primary]["correct"] for r in records(None)]
         if len(set(verdicts) - {None}) < 2:
-            return self._default_temperature(sampling, primary, n, verdicts)
+            return None, n, verdicts
         self._run_split(stages, "heldout", n, cfg.temperatures, [primary], beams=False)
-        temps, choice = choose_temperatures(
-            cfg.temperatures,
-            {t: list(records(t)) for t in cfg.temperatures},
-            primary,
-            sampling,
-            cfg.temperature_selection,
-            M.PAPER_BASELINES,
+        _, info = choose_temperature(
+            cfg.temperatures, {t: list(records(t)) for t in cfg.temperatures}, primary, sampling
         )
-        values = list(temps.values())
-        return temps, {
-            "selected_by": "heldout",
-            # the temperature most measures use (all of them with --temperature_selection shared)
-            "value": max(sorted(set(values)), key=values.count),
-            "metric": primary,
-            "n_heldout": n,
-            "measures": sampling,
-            **choice,
-        }
+        return info["candidates"], n, verdicts
 
     def _default_temperature(
         self, sampling: list[str], metric: str, n: int, verdicts: list[bool | None]
@@ -346,6 +389,20 @@ class Evaluator:
                 f"{', '.join(ok) or 'none of the selected measures'}: pass --measures "
                 f"{','.join(ok) or 'g-nll'}"
             )
+        sampled = [m for m in self.config.active_measures if M.get(m).uses_samples]
+        if (
+            caps is not None
+            and self.config.sample_logprobs == "sampling"
+            and sampled
+            and caps.missing(["sampling_logprobs"])
+        ):
+            # servers return temperature-1 log-probs only: a silent fallback would change PE/SE
+            raise ValueError(
+                f"--sample_logprobs sampling needs the samples' log-probs under the tempered "
+                f"sampling distribution, which model {self.config.model!r} does not report on this "
+                "backend (OpenAI-compatible servers return temperature-1 log-probs only); use "
+                "--sample_logprobs model or the hf backend"
+            )
 
     def run(self) -> dict[str, Any]:
         cfg = self.config
@@ -367,7 +424,7 @@ class Evaluator:
             td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
-            prepare_output_dir(self.out, resume=cfg.resume)
+            prepare_output_dir(self.out, resume=cfg.resume, overwrite=cfg.overwrite)
             runs = [
                 TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
                 for data in datas
@@ -384,13 +441,31 @@ class Evaluator:
         cfg = self.config
         task_meta: dict[str, Any] = {}
         plan: list[_TaskPlan] = []
-        for run in runs:
+        built = [
+            (
+                run,
+                TaskStages(run, self, cfg, self._clusterer_name),
+                cfg.correctness_for(run.data.task),
+            )
+            for run in runs
+        ]
+        by_dataset: dict[str, tuple[dict[str, float] | None, dict[str, Any]]] = {}
+        for run, stages, metrics in built:
             task = run.data.task
-            stages = TaskStages(run, self, cfg, self._clusterer_name)
-            metrics = cfg.correctness_for(task)
             if "f1" in metrics and task.mode == "long":
                 logger.warning("%s: F1 is only meaningful for short answers", task.name)
-            temp, selection = self._select_temperature(stages, metrics)
+            if cfg.temperature_scope == "dataset":
+                # App. D: one choice "for each dataset", shared by its short and long tasks
+                if task.dataset not in by_dataset:
+                    siblings = [
+                        (st, ms)
+                        for r, st, ms in built
+                        if r.data.task.dataset == task.dataset and r is not run
+                    ]
+                    by_dataset[task.dataset] = self._select_temperature(stages, metrics, siblings)
+                temp, selection = by_dataset[task.dataset]
+            else:
+                temp, selection = self._select_temperature(stages, metrics)
             n_pool = len(run.data.eval_idx)
             n = n_pool if cfg.limit is None else min(cfg.limit, n_pool)
             temps = sorted(set(temp.values())) if temp else []
@@ -445,8 +520,8 @@ class Evaluator:
         path = self.out / "components.json"
         info: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
         info.setdefault("model", {"name": self.config.model})
-        if self.config.judge:
-            info.setdefault("judge", {"name": self.config.judge})
+        for metric, name in zip(self.config.judge_metrics, self.config.judges, strict=True):
+            info.setdefault(metric, {"name": name})
         if self.config.needs_clusters:
             info.setdefault("clusterer", {"name": self._clusterer_name})
         write_json_atomic(path, info)

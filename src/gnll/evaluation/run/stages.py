@@ -24,7 +24,7 @@ from gnll.backends.base import Generation, GenerationConfig, GenerationErrors, M
 from gnll.backends.identity import outcome_args
 from gnll.evaluation.data.datasets import Example
 from gnll.evaluation.data.prompts import judge_prompt
-from gnll.evaluation.results.correctness import judge_verdict
+from gnll.evaluation.results.correctness import judge_metric, judge_verdict
 from gnll.evaluation.run.cache import JsonlCache
 from gnll.evaluation.run.config import EvalConfig
 from gnll.evaluation.run.store import TaskRun
@@ -55,8 +55,9 @@ class Components(Protocol):
     @property
     def model(self) -> Model: ...
 
-    @property
-    def judge(self) -> Model: ...
+    def judge_model(self, index: int) -> Model:
+        """The ``index``-th judge of ``--judge A,B`` (0: the first)."""
+        ...
 
     @property
     def clusterer(self) -> Any: ...
@@ -215,22 +216,28 @@ class JudgeStage(Stage):
 
     label = "judge"
 
-    def __init__(self, run: TaskRun, comps: Components, greedy: Any, cfg: EvalConfig):
+    def __init__(
+        self, run: TaskRun, comps: Components, greedy: Any, cfg: EvalConfig, index: int = 0
+    ):
         # ``greedy``: the stage whose ``answer(key)`` is judged (the top beam for --reference beam)
-        self.greedy = greedy
+        self.greedy, self.index = greedy, index
+        self.metric = judge_metric(index)
+        self.name = cfg.judges[index]
+        if index:
+            self.label = f"judge #{index + 1}"
         header = {
             "fingerprint": run.cache_key,
             "stage": "judge",
             "greedy": stable_hash(greedy.header),
-            "judge": cfg.judge,
-            "judge_args": outcome_args(cfg.judge_args),
+            "judge": self.name,
+            "judge_args": outcome_args(cfg.judge_args_for(index)),
             "generation": JUDGE_CONFIG.to_dict(),
             # the judge prompt's wording (a change invalidates the judgements)
             "prompt": stable_hash(
                 judge_prompt("Q?", ["A", "B"], "P") + judge_prompt("Q?", ["A"], "P")
             ),
         }
-        super().__init__(run, comps, "judge", header)
+        super().__init__(run, comps, self.metric, header)
 
     def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
         task = self.run.data.task
@@ -242,7 +249,7 @@ class JudgeStage(Stage):
             )
             for i in todo
         ]
-        replies = self._generate(self.comps.judge, todo, prompts, JUDGE_CONFIG)
+        replies = self._generate(self.comps.judge_model(self.index), todo, prompts, JUDGE_CONFIG)
         return [
             chunk.record(i, reply=r[0].text, verdict=judge_verdict(r[0].text).detail)
             for i, r in replies
@@ -336,7 +343,7 @@ class ClusterStage(Stage):
 
 
 class TopBeam:
-    """The most likely of the K beams as the reference answer (the paper's Table 6)."""
+    """The most likely of the K beams as the reference answer (the paper's Table 5)."""
 
     def __init__(self, beams: BeamStage) -> None:
         self.beams = beams
@@ -356,7 +363,11 @@ class TaskStages:
         self.greedy = GreedyStage(run, comps)
         self.beams = BeamStage(run, comps, cfg.beams) if cfg.needs_beams else None
         self.reference: Any = self.greedy if cfg.reference == "greedy" else TopBeam(self.beams)
-        self.judge = JudgeStage(run, comps, self.reference, cfg) if cfg.judge else None
+        #: one stage per judge of ``--judge A,B``, by correctness metric (``judge``, ``judge2``, ...)
+        self.judges = {
+            m: JudgeStage(run, comps, self.reference, cfg, i)
+            for i, m in enumerate(cfg.judge_metrics)
+        }
         self._samples: dict[float, SampleStage] = {}
         self._clusters: dict[float, ClusterStage] = {}
 
@@ -380,8 +391,7 @@ class TaskStages:
     ) -> list[str]:
         """The labels :meth:`run_chunk` will report, in order (for progress shares)."""
         labels = ["greedy"]
-        if "judge" in metrics and self.judge is not None:
-            labels.append("judge")
+        labels += [st.label for m, st in self.judges.items() if m in metrics]
         if beams and self.beams is not None:
             labels.append("beams")
         for temp in temperatures:
@@ -405,9 +415,10 @@ class TaskStages:
         if self.cfg.reference == "beam" and self.beams is not None:
             status("beams")  # the reference answer, before it is judged
             self.beams.fill(chunk)
-        if "judge" in metrics and self.judge is not None:
-            status("judge")
-            self.judge.fill(chunk)
+        for metric, judge in self.judges.items():
+            if metric in metrics:
+                status(judge.label)
+                judge.fill(chunk)
         if beams and self.beams is not None:
             status("beams")
             self.beams.fill(chunk)

@@ -49,15 +49,28 @@ class FingerprintMismatchError(RuntimeError):
     """The output directory holds a run with a different model, prompt or data."""
 
 
-def prepare_output_dir(out: Path, *, resume: bool) -> None:
-    """Create ``out``; unless resuming, remove what an earlier run wrote there (and say so).
+class EarlierRunError(RuntimeError):
+    """The output directory holds an earlier run and neither resuming nor overwriting was asked."""
 
-    Only files gnll writes are removed; anything else makes it refuse before deleting anything
+
+def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> None:
+    """Create ``out``; with ``overwrite``, remove what an earlier run wrote there (and say so).
+
+    An earlier run (finished or not: its caches may hold hours of work) is never deleted without
+    ``overwrite``: a mistyped ``--output_path`` must not cost a day. Only files gnll writes are
+    removed; anything else makes it refuse before deleting anything
     (:func:`~gnll.evaluation.run.rundir.clear_previous_run`). The caller holds the directory's lock.
     """
     out.mkdir(parents=True, exist_ok=True)
     if resume:
         return
+    present = [e for e in OUTPUT_ENTRIES if (out / e).exists() or (out / e).is_symlink()]
+    if present and not overwrite:
+        what = "a finished run" if (out / "results.json").exists() else "an unfinished run"
+        raise EarlierRunError(
+            f"{out} holds {what} ({', '.join(present)}); nothing was deleted. Pass --resume to "
+            "continue it, --overwrite to delete it and start over, or choose another --output_path"
+        )
     removed = clear_previous_run(out, OUTPUT_ENTRIES)
     if removed:
         logger.warning(

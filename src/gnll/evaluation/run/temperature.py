@@ -8,6 +8,10 @@ and the plug-in SE forms are not among them). Ties go to the first candidate; an
 single correctness class) falls back to 1.0 (:func:`default_temperature`). The runner judges the
 held-out answers first and, when they are all right or all wrong, takes that fallback without
 sampling them.
+
+``--temperature_scope dataset`` (the presets' default) chooses once per dataset, as App. D does ("for
+each dataset"): the short and long tasks of a dataset in one run share the choice, made on the mean of
+their held-out AUROCs (:func:`pool_tables`). ``task`` (the CLI default) chooses for each task alone.
 """
 
 from __future__ import annotations
@@ -20,14 +24,19 @@ from gnll.evaluation.results.metrics import auroc
 from gnll.evaluation.run.config import EvalConfig
 
 __all__ = [
+    "SCOPES",
     "SELECTION_MODES",
+    "choose_from_tables",
     "choose_temperature",
     "choose_temperatures",
     "default_temperature",
     "heldout_size",
+    "pool_tables",
 ]
 
 SELECTION_MODES = ("per-measure", "shared")
+#: What one temperature choice covers: a task, or a dataset (its short and long tasks together).
+SCOPES = ("task", "dataset")
 
 
 def heldout_size(cfg: EvalConfig, available: int) -> int:
@@ -122,13 +131,52 @@ def choose_temperatures(
     >>> choose_temperatures((0.5, 1.0), recs, "f1", ["pe", "se"])[0]
     {'pe': 0.5, 'se': 1.0}
     """
+    _, info = choose_temperature(candidates, records, metric, measures)
+    return choose_from_tables(candidates, [info["candidates"]], measures, mode, shared_by)
+
+
+def pool_tables(tables: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One candidate table from several tasks' (:func:`choose_temperature`'s ``candidates``).
+
+    Per candidate and measure the mean of the tasks' defined held-out AUROCs (a task whose AUROC is
+    undefined is left out of that mean); ``n`` is the total of decided questions.
+
+    >>> a = {"1": {"auroc": {"pe": 0.6}, "n": 10}}
+    >>> b = {"1": {"auroc": {"pe": 0.8}, "n": 5}}
+    >>> pool_tables([a, b])["1"]["auroc"]["pe"], pool_tables([a, b])["1"]["n"]
+    (0.7, 15)
+    """
+    if len(tables) == 1:
+        return tables[0]
+    out: dict[str, Any] = {}
+    for key in tables[0]:
+        rows = [t[key] for t in tables]
+        aucs = {}
+        for m in rows[0]["auroc"]:
+            finite = [r["auroc"][m] for r in rows if not math.isnan(_nan(r["auroc"][m]))]
+            aucs[m] = sum(finite) / len(finite) if finite else float("nan")
+        out[key] = {"auroc": aucs, "n": sum(r.get("n", 0) for r in rows), "tasks": len(rows)}
+    return out
+
+
+def _nan(v: float | None) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def choose_from_tables(
+    candidates: Sequence[float],
+    tables: Sequence[dict[str, Any]],
+    measures: Sequence[str],
+    mode: str = "per-measure",
+    shared_by: Sequence[str] = ("pe", "ln-pe", "se", "ln-se", "d-se"),
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """:func:`choose_temperatures` from held-out AUROC tables, pooled over tasks (:func:`pool_tables`)."""
     if mode not in SELECTION_MODES:
         raise ValueError(f"temperature selection must be one of {SELECTION_MODES}, got {mode!r}")
     judged = [m for m in measures if m in shared_by] or list(measures)
-    _, info = choose_temperature(candidates, records, metric, measures)
-    table = info["candidates"]
+    table = pool_tables(tables)
     for row in table.values():
-        finite = [row["auroc"][m] for m in judged if not math.isnan(row["auroc"][m])]
+        finite = [row["auroc"][m] for m in judged if not math.isnan(_nan(row["auroc"][m]))]
         row["mean_auroc"] = sum(finite) / len(finite) if finite else float("nan")
     out: dict[str, float] = {}
     notes: dict[str, str] = {}

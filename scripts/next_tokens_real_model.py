@@ -1,7 +1,8 @@
-"""The paper's Fig. 3 on a real model: next-token distributions along greedy answers.
+"""Next-token distributions of a real model along its greedy answers (a real-model counterpart of
+the paper's Fig. 3, whose simulated Dirichlet distributions ``gnll simulate`` draws).
 
-    python scripts/fig3_next_tokens.py [--model smollm2-135m-instruct] [--n 3] \
-        [--out docs/img/fig3_next_tokens.png]
+    python scripts/next_tokens_real_model.py [--model smollm2-135m-instruct] [--n 3] \
+        [--out docs/img/next_tokens_real_model.png]
 
 Prompts are the first ``--n`` questions of TriviaQA's evaluation pool in the paper's 5-shot format;
 the JSON of the plotted numbers is written next to the figure.
@@ -26,7 +27,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--max_new_tokens", type=int, default=8)
     ap.add_argument("--data_dir", default=None)
-    ap.add_argument("--out", default="docs/img/fig3_next_tokens.png")
+    ap.add_argument("--out", default="docs/img/next_tokens_real_model.png")
     args = ap.parse_args()
     td = get_task(args.task).load(data_dir=args.data_dir)
     examples = td.split("eval", args.n)

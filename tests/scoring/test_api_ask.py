@@ -126,3 +126,15 @@ def test_cli_ask_json_is_the_library_result(monkeypatch):
     expected = ask(ScriptedModel(), "Q?", measures=["g-nll", "pe"], samples=4).to_dict()
     assert printed == json.loads(json.dumps(expected))
     assert printed["samples"] == SAMPLE_TEXTS and printed["g_nll"] == pytest.approx(0.4)
+
+
+def test_ask_loads_a_model_given_by_name(monkeypatch):
+    loaded = []
+
+    def load(name, **kwargs):
+        loaded.append((name, kwargs))
+        return ScriptedModel()
+
+    monkeypatch.setattr("gnll.backends.load_model", load)
+    assert gnll.ask("some-model", "Q?").answer == "Paris"
+    assert loaded == [("some-model", {"progress": False})]

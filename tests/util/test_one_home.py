@@ -116,3 +116,16 @@ def test_file_and_dataset_formats_have_distinct_names(tmp_path):
     p = tmp_path / "nq.jsonl"
     p.write_text('{"question": "q", "answer": ["a"]}\n')
     assert detect_dataset(p) == "nq_open"
+
+
+def test_one_file_hash_for_data_files_and_checkpoints(tmp_path):
+    import hashlib
+
+    from gnll._util import file_sha256
+    from gnll.backends import identity
+    from gnll.evaluation.data import datasets
+
+    p = tmp_path / "blob.bin"
+    p.write_bytes(b"x" * (3 << 20) + b"tail")  # more than one read block
+    assert file_sha256(p) == hashlib.sha256(p.read_bytes()).hexdigest()
+    assert identity.file_sha256 is datasets.file_sha256 is file_sha256

@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_eval_runner import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg, make_data_dir
 
 import gnll
 from gnll.evaluation import Evaluation, evaluate
@@ -63,3 +63,23 @@ def test_render_table_sections_are_the_table_in_parts(data_dir):
     assert "## AUROC (↑)" in head and "## Sampling temperature" in whole
     with pytest.raises(ValueError, match="unknown table sections"):
         render_table([ev.results], sections=["bogus"])
+
+
+def test_gnll_eval_prints_the_table_head_from_its_results_not_from_table_md(
+    data_dir, tmp_path, monkeypatch
+):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+    from gnll.evaluation.results.report import load_results
+
+    monkeypatch.setattr("gnll.backends.load_model", lambda name, **kw: FakeModel(name))
+    out = tmp_path / "cli"
+    args = ["eval", "--model", "fake-lm", "--tasks", "svamp_short", "--limit", "10"]
+    args += ["--output_path", str(out), "--data_dir", str(data_dir), "--measures", "g-nll"]
+    args += ["--no-progress", "--no-plots", "--verbose"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    head = render_table([load_results(out)], sections=("notes", "auroc")).rstrip()
+    assert head in result.output and "AUROC averaged" not in result.output
+    assert "'total'" in result.output  # --verbose: this invocation's timings, from the evaluator
