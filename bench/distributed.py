@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--model", default=common.DEFAULT_MODEL)
     args = ap.parse_args()
     rows = 40 if args.quick else args.rows
+    repeats = 1 if args.quick else args.repeats
     threads = args.threads or os.cpu_count() or 1
     import ray
     import torch
@@ -109,7 +110,7 @@ def main() -> None:
             "ray_1x1": on_ray("ray_1x1", 1, 1),
             "ray_2x1": on_ray("ray_2x1", min(2, threads), 1),
         }
-        res = common.interleave(arms, args.repeats, warmup=0)
+        res = common.interleave(arms, repeats, warmup=0)
         same = (Path(tmp) / "local.jsonl").read_bytes() == (
             Path(tmp) / "ray_1xT.jsonl"
         ).read_bytes()
@@ -118,11 +119,12 @@ def main() -> None:
     overhead = common.paired_ratios(res["ray_1xT"]["seconds"], res["local"]["seconds"])
     speedup = common.paired_ratios(res["ray_1x1"]["seconds"], res["ray_2x1"]["seconds"])
     summary = {
+        "benchmark": "distributed",
         "command": "python " + " ".join(["bench/distributed.py", *sys.argv[1:]]),
         "quick": args.quick,
         "rows": rows,
         "threads": threads,
-        "repeats": args.repeats,
+        "repeats": repeats,
         "chunk_size": args.chunk_size,
         "model": args.model,
         "median_s": med,
@@ -139,7 +141,7 @@ def main() -> None:
         "machine": {**info, "load_average_end": common.load_average()},
     }
     print(
-        f"rows {rows}, T={threads} threads, {args.repeats} repeat(s); medians (s, model load included):"
+        f"rows {rows}, T={threads} threads, {repeats} repeat(s); medians (s, model load included):"
     )
     for k, v in med.items():
         print(f"  {k:8s} {v:7.1f} s  {rows / v:6.1f} rows/s")
