@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnll.cli._errors import plain
 
-__all__ = ["cluster_of", "score_on_ray"]
+__all__ = [
+    "AddressOption",
+    "CpusOption",
+    "EngineOption",
+    "GpusOption",
+    "ReplicasOption",
+    "cluster_of",
+    "score_on_ray",
+]
+
+# The options both commands take, declared once so their spelling and help stay the same.
+EngineOption = Annotated[
+    str, typer.Option("--engine", help="local (this process) or ray (replicas on a Ray cluster).")
+]
+AddressOption = Annotated[
+    str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+]
+ReplicasOption = Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")]
+CpusOption = Annotated[
+    float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+]
+GpusOption = Annotated[float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")]
 
 
 def cluster_of(address: str, replicas: int, cpus: float, gpus: float) -> Any:

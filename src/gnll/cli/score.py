@@ -21,6 +21,7 @@ from typing import Annotated
 import typer
 
 from gnll.cli._errors import plain
+from gnll.cli._ray import AddressOption, CpusOption, EngineOption, GpusOption, ReplicasOption
 
 __all__ = ["check_files", "score_command"]
 
@@ -146,19 +147,11 @@ def score_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
     ] = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
-    engine: Annotated[
-        str, typer.Option("--engine", help="local (this process) or ray (replicas on a cluster).")
-    ] = "local",
-    address: Annotated[
-        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
-    ] = "auto",
-    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
-    cpus_per_replica: Annotated[
-        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
-    ] = 1.0,
-    gpus_per_replica: Annotated[
-        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
-    ] = 0.0,
+    engine: EngineOption = "local",
+    address: AddressOption = "auto",
+    replicas: ReplicasOption = 1,
+    cpus_per_replica: CpusOption = 1.0,
+    gpus_per_replica: GpusOption = 0.0,
 ) -> None:
     """Score given answers by teacher forcing (no generation, unless --with_greedy)."""
     from rich.console import Console
