@@ -80,7 +80,6 @@ def main() -> None:
     from gnll import load_model
     from gnll.distributed.cluster import Cluster
     from gnll.distributed.scoring import run_score_job as run_ray
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
 
     info = common.machine()
@@ -93,7 +92,7 @@ def main() -> None:
             return ScoreJob(
                 input=str(inp), output=str(Path(tmp) / f"{name}.jsonl"), input_format="jsonl",
                 output_format="jsonl", errors=Path(tmp) / f"{name}.errors.jsonl",
-                render_question=lambda q: ask_prompt(q, long=False), chunk_size=args.chunk_size,
+                long=False, chunk_size=args.chunk_size,
                 progress=False,
             )  # fmt: skip
 

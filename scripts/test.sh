@@ -88,7 +88,7 @@ if [ -z "${GNLL_TEST_NO_INSTALL:-}" ]; then
         # (its own session, so that a failed fast tier can stop it and everything it started)
         export -f install_servers
         export LLAMA_CPP_PYTHON
-        setsid nice -n 10 bash -c install_servers >"$logs/install-servers.out" 2>&1 &
+        setsid nice -n 10 bash -c "set -euo pipefail; install_servers" >"$logs/install-servers.out" 2>&1 &
         servers_pid=$!
     fi
 fi
