@@ -72,6 +72,7 @@ def main() -> None:
     ap.add_argument("--model", default=common.DEFAULT_MODEL)
     args = ap.parse_args()
     rows = 40 if args.quick else args.rows
+    repeats = 1 if args.quick else args.repeats
     threads = args.threads or os.cpu_count() or 1
     import ray
     import torch
@@ -79,7 +80,6 @@ def main() -> None:
     from gnll import load_model
     from gnll.distributed.cluster import Cluster
     from gnll.distributed.scoring import run_score_job as run_ray
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
 
     info = common.machine()
@@ -92,7 +92,7 @@ def main() -> None:
             return ScoreJob(
                 input=str(inp), output=str(Path(tmp) / f"{name}.jsonl"), input_format="jsonl",
                 output_format="jsonl", errors=Path(tmp) / f"{name}.errors.jsonl",
-                render_question=lambda q: ask_prompt(q, long=False), chunk_size=args.chunk_size,
+                long=False, chunk_size=args.chunk_size,
                 progress=False,
             )  # fmt: skip
 
@@ -110,7 +110,7 @@ def main() -> None:
             "ray_1x1": on_ray("ray_1x1", 1, 1),
             "ray_2x1": on_ray("ray_2x1", min(2, threads), 1),
         }
-        res = common.interleave(arms, args.repeats, warmup=0)
+        res = common.interleave(arms, repeats, warmup=0)
         same = (Path(tmp) / "local.jsonl").read_bytes() == (
             Path(tmp) / "ray_1xT.jsonl"
         ).read_bytes()
@@ -119,11 +119,12 @@ def main() -> None:
     overhead = common.paired_ratios(res["ray_1xT"]["seconds"], res["local"]["seconds"])
     speedup = common.paired_ratios(res["ray_1x1"]["seconds"], res["ray_2x1"]["seconds"])
     summary = {
+        "benchmark": "distributed",
         "command": "python " + " ".join(["bench/distributed.py", *sys.argv[1:]]),
         "quick": args.quick,
         "rows": rows,
         "threads": threads,
-        "repeats": args.repeats,
+        "repeats": repeats,
         "chunk_size": args.chunk_size,
         "model": args.model,
         "median_s": med,
@@ -140,7 +141,7 @@ def main() -> None:
         "machine": {**info, "load_average_end": common.load_average()},
     }
     print(
-        f"rows {rows}, T={threads} threads, {args.repeats} repeat(s); medians (s, model load included):"
+        f"rows {rows}, T={threads} threads, {repeats} repeat(s); medians (s, model load included):"
     )
     for k, v in med.items():
         print(f"  {k:8s} {v:7.1f} s  {rows / v:6.1f} rows/s")

@@ -117,7 +117,8 @@ def main() -> None:
         data, empty = label_rows(raw, args.limit, args.data_dir)
         cal, labelled = calibrate_files([data], measure="g-nll", model=model_name)
         cal.meta["prompt_fingerprint"] = prompt_fingerprint(ask_prompt("{question}", long=False))
-        cal.meta["prompt_format"] = "gnll ask (zero-shot, short-answer instruction)"
+        cal.meta["prompt_format"] = "instruction"
+        cal.meta["prompt_description"] = "gnll ask (zero-shot, short-answer instruction)"
         cal.meta["data"]["description"] = (
             f"first {args.limit} eval-split questions of each of {', '.join(TASKS)} (bundled data), "
             "asked as gnll ask asks them; correct = a gold answer occurs in the answer (contains; "

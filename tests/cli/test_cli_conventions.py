@@ -33,6 +33,20 @@ def test_version_and_short_help():
         assert f"gnll {name}" in res.stdout
 
 
+def test_python_dash_m_gnll_is_the_gnll_command():
+    import runpy
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["gnll", "--version"]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_module("gnll", run_name="__main__")
+    finally:
+        sys.argv = argv
+    assert exit_.value.code in (0, None)
+
+
 def test_every_option_has_one_canonical_name():
     for name, cmd in _commands().items():
         for param in cmd.params:
@@ -109,3 +123,32 @@ def test_ask_says_it_is_loading_the_model_on_stderr(monkeypatch):
     assert res.exit_code == 0, res.output
     assert "loading smollm2-135m-instruct" in res.stderr
     json.loads(res.stdout)  # stdout stays one JSON object
+
+
+def test_docs_list_every_model_args_key():
+    from pathlib import Path
+
+    from gnll.cli._args import model_arg_keys
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
+    section = doc.split("### `--model_args` keys", 1)[1].split("\n## ", 1)[0]
+    for backend in ("hf", "openai"):
+        missing = [k for k in model_arg_keys(backend) if k != "backend" and f"`{k}`" not in section]
+        assert not missing, (backend, missing)
+
+
+def test_unreachable_hub_is_one_short_network_failure(monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def no_network(name, **kw):
+        calls.append(kw.get("timeout"))
+        raise OSError("Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub, "model_info", no_network)
+    res = runner.invoke(app, ["ask", "Q?", "--model", "org/not-cached"])
+    assert res.exit_code == 1  # a network failure, not a usage error
+    assert "the hub cannot be reached" in " ".join(res.output.split())
+    assert calls == [pytest.approx(5.0)]  # one request with a short timeout, no retries

@@ -176,4 +176,4 @@ def test_score_refuses_max_new_tokens_0_before_loading(tmp_path, monkeypatch):
     src.write_text('{"question": "Q?", "answer": "A"}\n')
     args = ["score", "-i", str(src), "-o", str(tmp_path / "o.jsonl"), "--max-new-tokens", "0"]
     result = runner.invoke(app, args)
-    assert result.exit_code == 2 and "--max-new-tokens must be >= 1" in result.output
+    assert result.exit_code == 2 and "--max_new_tokens must be >= 1" in result.output

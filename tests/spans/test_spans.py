@@ -234,7 +234,7 @@ def test_gnll_ask_spans(monkeypatch):
     monkeypatch.setattr(gnll, "load_model", lambda name, **kw: Stand())
     res = CliRunner().invoke(app, ["ask", "Q?", "--json", "--spans", "json"])
     assert res.exit_code == 0, res.output
-    rec = json.loads(res.output)
+    rec = json.loads(res.stdout)  # stderr says which model loads
     assert [(s["path"], s["nll"]) for s in rec["spans"]["spans"]] == [("$.a", 1.5), ("$.b", 0.25)]
     assert rec["spans"]["least_certain"] == "$.a"
     total = sum(s["nll"] for s in rec["spans"]["spans"]) + rec["spans"]["unassigned_nll"]

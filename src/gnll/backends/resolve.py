@@ -11,14 +11,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["ModelNotFound", "check_model_source"]
+__all__ = ["HubUnreachable", "ModelNotFound", "check_model_source"]
 
 #: Seconds for the one request that asks the hub whether a repository exists.
 PROBE_TIMEOUT = 5.0
 
 
 class ModelNotFound(ValueError):
-    """A model name that is not embedded, not a local path, not cached and not (reachable) on the hub."""
+    """A model name that is not embedded, not a local path, not cached and not on the hub."""
+
+
+class HubUnreachable(ConnectionError):
+    """A model name that is not local or cached, with the hub out of reach (a network failure)."""
 
 
 def _known() -> str:
@@ -45,7 +49,8 @@ def _offline() -> bool:
 def check_model_source(
     name: str, *, revision: str | None = None, gguf_file: str | None = None
 ) -> None:
-    """Raise :class:`ModelNotFound` unless ``name`` can be loaded without a long hub wait.
+    """Raise :class:`ModelNotFound` (or :class:`HubUnreachable`) unless ``name`` can be loaded
+    without a long hub wait.
 
     Accepted at once: a local path, and a hub id whose files are in the hub cache. A name without
     an ``org/`` part that is neither is refused without asking the hub (every current hub model id
@@ -73,7 +78,7 @@ def check_model_source(
     except RepositoryNotFoundError:
         raise ModelNotFound(f"{name!r} is {where}, and the hub has no such model") from None
     except Exception as exc:  # noqa: BLE001 - no network, DNS, proxy: all mean the same here
-        raise ModelNotFound(
+        raise HubUnreachable(
             f"{name!r} is {where}, and the hub cannot be reached ({type(exc).__name__}); "
             "download it where there is network, or set HF_HUB_OFFLINE=1 to work from the cache"
         ) from None

@@ -37,10 +37,17 @@ from scipy.special import expit
 
 from gnll._util import jsonable
 from gnll._util.validation import check_scores_labels
+from gnll.backends.prompting import PROMPT_FORMATS
 from gnll.calibration.metrics import log_loss, probability_metrics
 from gnll.calibration.thresholds import Threshold, accuracy_threshold, coverage_threshold
 
-__all__ = ["FORMAT", "CalibrationMismatchWarning", "Calibrator"]
+__all__ = [
+    "FORMAT",
+    "CalibrationFormatError",
+    "CalibrationMismatchWarning",
+    "Calibrator",
+    "calibration_applies",
+]
 
 FORMAT = "gnll-calibration/1"
 METHODS = ("isotonic", "platt")
@@ -48,7 +55,35 @@ RULES = ("accuracy", "coverage")
 
 
 class CalibrationMismatchWarning(UserWarning):
-    """A calibration file is used with another model or prompt format than it was fitted on."""
+    """A calibration file is used with another model or prompt template than it was fitted on."""
+
+
+class CalibrationFormatError(ValueError):
+    """A calibration is applied to answers produced under another prompt format than it was
+    fitted on (:mod:`gnll.backends.prompting`): the same G-NLL means another P(correct) there."""
+
+
+#: What files written before the prompt format was recorded said instead (``prompt_format`` held
+#: a description then); both describe gnll's instruction prompts.
+_LEGACY_DESCRIPTIONS = {"gnll ask": "instruction", "prompts of gnll eval": "instruction"}
+
+
+def _read_prompt_format(meta: dict[str, Any]) -> None:
+    """Turn an older file's ``prompt_format`` description into a format name (in place)."""
+    value = meta.get("prompt_format")
+    if value is None or value in PROMPT_FORMATS:
+        return
+    meta.setdefault("prompt_description", value)
+    meta["prompt_format"] = next(
+        (fmt for head, fmt in _LEGACY_DESCRIPTIONS.items() if str(value).startswith(head)), None
+    )
+
+
+def calibration_applies(calibrator: Calibrator, prompt_format: str | None) -> bool:
+    """Whether ``calibrator`` may give P(correct) for answers to ``prompt_format`` prompts (yes
+    when either format is unknown)."""
+    fitted = calibrator.meta.get("prompt_format")
+    return fitted is None or prompt_format is None or fitted == prompt_format
 
 
 def _fit_map(method: str, s: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -239,12 +274,25 @@ class Calibrator:
         return self.cv_.get(self.method_, {})
 
     def check(
-        self, *, model: str | None = None, prompt_fingerprint: str | None = None
+        self,
+        *,
+        model: str | None = None,
+        prompt_fingerprint: str | None = None,
+        prompt_format: str | None = None,
     ) -> list[str]:
-        """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt format.
+        """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
+        refuse (:class:`CalibrationFormatError`) answers to another prompt format.
 
         Returns the mismatch messages (empty when everything matches or is unknown).
         """
+        if not calibration_applies(self, prompt_format):
+            where = self.meta.get("path", "the calibration")
+            raise CalibrationFormatError(
+                f"{where} was fitted on answers to {self.meta['prompt_format']!r} prompts and "
+                f"cannot give P(correct) for answers to {prompt_format!r} prompts; use the "
+                f"{self.meta['prompt_format']!r} format or fit a calibration on "
+                f"{prompt_format!r} answers (gnll calibrate --prompt-format {prompt_format})"
+            )
         problems = []
         fitted_model = self.meta.get("model")
         if model and fitted_model and model != fitted_model:
@@ -330,6 +378,7 @@ class Calibrator:
             "default_rule",
         }
         cal.meta = {k: v for k, v in d.items() if k not in known}
+        _read_prompt_format(cal.meta)
         return cal
 
     def save(self, path: str | Path) -> Path:
@@ -351,8 +400,10 @@ class Calibrator:
         *,
         model: str | None = None,
         prompt_fingerprint: str | None = None,
+        prompt_format: str | None = None,
     ) -> Calibrator:
-        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch."""
+        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch;
+        with ``prompt_format``, refuse a file fitted on another format."""
         path = Path(path)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -365,7 +416,7 @@ class Calibrator:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
         cal.meta.setdefault("path", str(path))
-        cal.check(model=model, prompt_fingerprint=prompt_fingerprint)
+        cal.check(model=model, prompt_fingerprint=prompt_fingerprint, prompt_format=prompt_format)
         return cal
 
     def __repr__(self) -> str:

@@ -21,6 +21,16 @@ def ask(
         typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
     ] = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for a one-sentence answer.")] = False,
+    prompt_format: Annotated[
+        str,
+        typer.Option(
+            "--prompt-format",
+            "--prompt_format",
+            help="instruction: the question inside gnll's answer-briefly instruction; chat: the "
+            "question alone as a chat message (as an OpenAI chat request sends it); text: the "
+            "question as the exact text, no template.",
+        ),
+    ] = "instruction",
     measures: Annotated[
         str,
         typer.Option(
@@ -77,12 +87,17 @@ def ask(
     """Answer QUESTION greedily and report its G-NLL (and any other requested measures)."""
     from gnll import load_model
     from gnll import measures as M
+    from gnll.backends.prompting import check_format
     from gnll.scoring.asking import AskOptionError, ask, check_ask_options
 
     try:
         wanted = M.validate(measures)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--measures") from exc
+    try:
+        fmt = check_format(prompt_format)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prompt-format") from exc
     try:  # before the model loads, not after the greedy pass
         check_ask_options(
             samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
@@ -93,7 +108,7 @@ def ask(
         raise typer.BadParameter(f"must be sentence or json, got {spans!r}", param_hint="--spans")
     typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
     lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
-    cal = _calibration(calibration, lm.name, long, wanted) if calibration else None
+    cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
     result = ask(
         lm,
         question,
@@ -107,6 +122,7 @@ def ask(
         max_new_tokens=max_new_tokens,
         seed=seed,
         calibration=cal,
+        prompt_format=fmt,
     )
     span_report = _spans(result.greedy, spans) if spans else None
     if as_json:
@@ -115,7 +131,7 @@ def ask(
             record["spans"] = span_report
         typer.echo(json.dumps(record, ensure_ascii=False))
         return
-    _print_report(question, result.greedy, result.measures, result.calibrated())
+    _print_report(question, result.greedy, result.measures, result.calibrated(), fmt)
     if span_report is not None:
         _print_spans(span_report)
 
@@ -157,8 +173,9 @@ def _print_spans(report: dict) -> None:
     console.print(table)
 
 
-def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
-    """The calibration for ``--calibration``; a model/prompt mismatch is one warning line."""
+def _calibration(spec: str, model: str, long: bool, measures: list[str], fmt: str) -> Any:
+    """The calibration for ``--calibration``; a model/prompt mismatch is one warning line, one
+    fitted on another prompt format is refused."""
     import warnings
 
     from gnll.scoring.asking import ask_calibration
@@ -166,7 +183,9 @@ def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            cal = ask_calibration(spec, model=model, long=long, measures=measures)
+            cal = ask_calibration(
+                spec, model=model, long=long, measures=measures, prompt_format=fmt
+            )
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--calibration") from exc
     for w in caught:
@@ -175,7 +194,11 @@ def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
 
 
 def _print_report(
-    question: str, greedy, values: dict[str, float], calibrated: dict[str, object] | None = None
+    question: str,
+    greedy,
+    values: dict[str, float],
+    calibrated: dict[str, object] | None = None,
+    fmt: str = "instruction",
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -193,7 +216,8 @@ def _print_report(
             ("A: ", "bold"), safe_text(greedy.text), (f"  ({greedy.finish_reason})", "dim")
         )
     )
-    scores = Table(title="Uncertainty", caption="higher = more uncertain", show_edge=False)
+    caption = f"higher = more uncertain; prompt format: {fmt}"
+    scores = Table(title="Uncertainty", caption=caption, show_edge=False)
     scores.add_column("measure")
     scores.add_column("value", justify="right")
     for name, value in values.items():

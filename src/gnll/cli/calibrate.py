@@ -74,6 +74,14 @@ def calibrate(
         Path | None,
         typer.Option("--plot", help="Reliability diagram PNG (default: next to --output)."),
     ] = None,
+    prompt_format: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-format",
+            help="Prompt format the answers came from: instruction, chat or text (default: what "
+            "the data records; eval runs are instruction).",
+        ),
+    ] = None,
     cascade: Annotated[
         bool,
         typer.Option(
@@ -105,6 +113,7 @@ def calibrate(
             measure=measure,
             correctness=correctness,
             model=model,
+            prompt_format=prompt_format,
             method=method,
             cv=cv,
             bins=bins,
@@ -128,6 +137,12 @@ def calibrate(
         title=f"{cal.meta.get('model') or 'model'}: {measure} -> P(correct), {cal.method_}, held-out folds",
     )
     cal.meta["reliability_plot"] = plot.name
+    if cal.meta.get("prompt_format") is None:
+        console.print(
+            "[yellow]warning:[/] the data does not say which prompt format its answers came from "
+            "(instruction, chat or text): pass --prompt-format so the file can refuse answers "
+            "from another one"
+        )
     cal.save(output)
     _print_summary(console, cal, data, output, plot)
 

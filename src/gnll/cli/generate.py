@@ -107,7 +107,6 @@ def generate(
     from gnll.cli._args import clusterer_kwargs, model_kwargs
     from gnll.cli.ask import _calibration
     from gnll.cli.score import check_files
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob
     from gnll.scoring.asking import AskOptionError, check_ask_options
     from gnll.scoring.generating import AskOptions, run_generate_job
@@ -132,7 +131,7 @@ def generate(
     in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
-    cal = _calibration(calibration, lm.name, long, wanted) if calibration else None
+    cal = _calibration(calibration, lm.name, long, wanted, "instruction") if calibration else None
     clusterer_obj: object = clusterer
     if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
         from gnll.semantic import load_clusterer
@@ -144,7 +143,7 @@ def generate(
         input_format=in_fmt,
         output_format=out_fmt,
         errors=errors,
-        render_question=lambda q: ask_prompt(q, long=long),
+        long=long,
         resume=resume,
         chunk_size=chunk_size,
         progress=progress,

@@ -4,7 +4,9 @@ Example
 -------
 ``gnll score --input answers.jsonl --output scored.jsonl --calibration calibration.json`` reads rows
 with ``question`` (or ``prompt`` or chat ``messages``) and ``answer``, and writes them back with
-``nll``, ``ln_nll``, ``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
+``prompt_format`` (``instruction`` for a question, asked as ``gnll ask`` asks it; ``chat`` for
+messages or a prompt; ``text`` for a prompt with ``--raw-prompt``), ``nll``, ``ln_nll``,
+``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
 Exit status: 0 if every row was scored, 1 if some rows failed (see the errors file), 2 on bad usage.
 """
 
@@ -19,6 +21,7 @@ from typing import Annotated
 import typer
 
 from gnll.cli._errors import plain
+from gnll.cli._ray import AddressOption, CpusOption, EngineOption, GpusOption, ReplicasOption
 
 __all__ = ["check_files", "score_command"]
 
@@ -144,27 +147,18 @@ def score_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
     ] = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
-    engine: Annotated[
-        str, typer.Option("--engine", help="local (this process) or ray (replicas on a cluster).")
-    ] = "local",
-    address: Annotated[
-        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
-    ] = "auto",
-    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
-    cpus_per_replica: Annotated[
-        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
-    ] = 1.0,
-    gpus_per_replica: Annotated[
-        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
-    ] = 0.0,
+    engine: EngineOption = "local",
+    address: AddressOption = "auto",
+    replicas: ReplicasOption = 1,
+    cpus_per_replica: CpusOption = 1.0,
+    gpus_per_replica: GpusOption = 0.0,
 ) -> None:
-    """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
+    """Score given answers by teacher forcing (no generation, unless --with_greedy)."""
     from rich.console import Console
 
     from gnll import load_model
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
     from gnll.scoring.stream import CALIBRATED_COLUMNS
 
@@ -177,11 +171,11 @@ def score_command(
         raise typer.Exit(code=2)
 
     if chunk_size < 1:
-        fail(f"--chunk-size must be >= 1, got {chunk_size}")
+        fail(f"--chunk_size must be >= 1, got {chunk_size}")
     if spans is not None and spans not in ("sentence", "json"):
         fail(f"--spans must be sentence or json, got {spans!r}")
     if max_new_tokens is not None and max_new_tokens < 1:
-        fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+        fail(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
     in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
@@ -234,15 +228,9 @@ def score_command(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
                 f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
             )
-    caps = getattr(lm, "capabilities", None)
-    if caps is not None and caps.missing(["scoring"]):
+    if lm.capabilities.missing(["scoring"]):
         fail(f"{lm.name} cannot score given answers: its backend cannot teacher-force")
-    tok = getattr(lm, "tokenizer", None)
-    render_messages = None
-    if tok is not None and getattr(tok, "chat_template", None):
-
-        def render_messages(messages):
-            return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    render_messages = lm.render_chat if lm.capabilities.chat else None
 
     job = ScoreJob(
         input=input,
@@ -250,7 +238,7 @@ def score_command(
         input_format=in_fmt,
         output_format=out_fmt,
         errors=errors,
-        render_question=lambda q: ask_prompt(q, long=long),
+        long=long,
         render_messages=render_messages,
         raw_prompt=raw_prompt,
         verbatim=verbatim,
@@ -281,6 +269,11 @@ def _report(console, summary) -> None:  # type: ignore[no-untyped-def]
     if summary.boundary_merged:
         msg += f"; {summary.boundary_merged} with a token merged across the prompt/answer boundary"
     console.print(msg)
+    for fmt, n in summary.uncalibrated.items():
+        console.print(
+            f"[yellow]warning:[/] {n} row(s) have no p_correct: their prompts are {fmt!r}, the "
+            "calibration was fitted on answers to prompts of another format"
+        )
     if summary.failed:
         where = summary.errors_path or "stderr"
         console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")

@@ -97,6 +97,16 @@ def serve(
     refusal: Annotated[
         str | None, typer.Option("--refusal", help="Text that replaces refused answers.")
     ] = None,
+    prompt_format: Annotated[
+        str,
+        typer.Option(
+            "--prompt-format",
+            "--prompt_format",
+            help="How chat requests are rendered: chat (the messages through the model's chat "
+            "template) or instruction (one user message, a question asked as gnll ask asks it; "
+            "in-process only). Completions prompts are always the exact text.",
+        ),
+    ] = "chat",
     max_request_bytes: Annotated[
         int, typer.Option("--max_request_bytes", "--max-request-bytes")
     ] = 1_000_000,
@@ -155,6 +165,11 @@ def serve(
     from gnll.serving.server import configure_logging, serve_forever
 
     try:
+        if upstream and prompt_format != "chat":
+            raise ValueError(
+                "--prompt-format instruction needs an in-process --model: an --upstream server "
+                "renders chat requests itself"
+            )
         extra = {"refusal": refusal} if refusal else {}
         if calibration is not None:
             if calibration != "auto" and not Path(calibration).is_file():
@@ -212,6 +227,7 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            prompt_format=prompt_format,
             tracing=tracing,
         )
     except (ValueError, ImportError, FileNotFoundError) as exc:
@@ -251,7 +267,8 @@ def serve(
             what += f", escalating to {escalate_to}"
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
-        f"gnll serve: {what} on http://{host}:{port} ({auth}, policy {pol.mode}; {pol.source})",
+        f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
+        f"policy {pol.mode}; {pol.source})",
         err=True,
     )
     if traced_to:

@@ -59,12 +59,8 @@ class _Templates:
     def __init__(
         self, tokenizer: Any, *, chat_template: bool, eos_ids: set[int], long: bool
     ) -> None:
-        from functools import partial
-
-        from gnll.evaluation.data.prompts import ask_prompt
-
         self.tokenizer, self.chat_template, self.eos_ids = tokenizer, chat_template, set(eos_ids)
-        self.render_question = partial(ask_prompt, long=long)
+        self.long = long
 
     @classmethod
     def _load(cls, source: str, chat_template: bool | None, **kw: Any) -> Any:
@@ -109,7 +105,7 @@ class _Templates:
         return to_item(
             0,
             row,
-            render_question=self.render_question,
+            long=self.long,
             render_messages=render_messages if self.chat_template else None,
             raw_prompt=raw_prompt,
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
+from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
 from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
@@ -49,7 +50,8 @@ class ScoreJob:
     input_format: str
     output_format: str
     errors: Path | None
-    render_question: Callable[[str], str]
+    #: ``question`` rows get the long-answer instruction (``gnll ask --long``).
+    long: bool = False
     render_messages: Callable[[list[dict[str, Any]]], str] | None = None
     raw_prompt: bool = False
     verbatim: bool = False
@@ -71,6 +73,8 @@ class ScoreSummary:
     failed: int = 0
     skipped_resume: int = 0
     boundary_merged: int = 0
+    #: Rows left without ``p_correct`` per prompt format: not the calibration's format.
+    uncalibrated: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     errors_path: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -150,6 +154,7 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     row = dict(item.row)
     row.update(
         input_line=item.line,
+        prompt_format=item.prompt_format,
         nll=s.nll,
         ln_nll=s.ln_nll,
         num_tokens=s.num_tokens,
@@ -166,7 +171,9 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
         row["greedy_answer"] = None if greedy is None else greedy.text
         # the greedy answer's measured log-probs: an empty answer counts its stop token's
         row["g_nll"] = None if greedy is None else M.g_nll(greedy)
-    if job.calibrator is not None:
+    if job.calibrator is not None and not calibration_applies(job.calibrator, item.prompt_format):
+        row["p_correct"] = row["abstain"] = None  # fitted on another prompt format
+    elif job.calibrator is not None:
         col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
         row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])
         row["abstain"] = bool(job.calibrator.abstain([row[col]])[0])
@@ -183,6 +190,7 @@ class ChunkResult:
     rows_in: int = 0
     skipped_resume: int = 0
     boundary_merged: int = 0
+    uncalibrated: dict[str, int] = field(default_factory=dict)
 
 
 def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -> ChunkResult:
@@ -198,7 +206,7 @@ def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -
             item = to_item(
                 line,
                 row,
-                render_question=job.render_question,
+                long=job.long,
                 render_messages=job.render_messages,
                 raw_prompt=job.raw_prompt,
             )
@@ -214,6 +222,11 @@ def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -
             res.errors.append((item.line, s, item.row))
             continue
         res.boundary_merged += bool(s.boundary_merged)
+        if job.calibrator is not None and not calibration_applies(
+            job.calibrator, item.prompt_format
+        ):
+            fmt = item.prompt_format
+            res.uncalibrated[fmt] = res.uncalibrated.get(fmt, 0) + 1
         res.rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
     return res
 
@@ -256,6 +269,8 @@ def run_score_job(
             summary.rows_in += res.rows_in
             summary.skipped_resume += res.skipped_resume
             summary.boundary_merged += res.boundary_merged
+            for fmt, n in res.uncalibrated.items():
+                summary.uncalibrated[fmt] = summary.uncalibrated.get(fmt, 0) + n
             for line, err, row in res.errors:
                 errors.write(line, err, row)
             # Errors first: a row past the last output row is re-scored on resume, never lost.

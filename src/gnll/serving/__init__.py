@@ -54,6 +54,7 @@ def build_inprocess_app(
         engine,
         default_max_tokens=settings.default_max_tokens,
         max_tokens_limit=settings.max_tokens_limit,
+        prompt_format=settings.prompt_format,
     )
     if escalate_to is not None:
         from gnll.serving.cascade import CascadeService

@@ -144,9 +144,16 @@ class AbstentionPolicy:
     def active(self) -> bool:
         return self.calibrator is not None or self.threshold is not None
 
-    def decide(self, g_nll: float) -> tuple[float | None, bool | None]:
-        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured)."""
+    def decide(
+        self, g_nll: float, prompt_format: str | None = None
+    ) -> tuple[float | None, bool | None]:
+        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured, or
+        when the calibration was fitted on another prompt format than the answer's)."""
         if self.calibrator is not None:
+            from gnll.calibration import calibration_applies
+
+            if not calibration_applies(self.calibrator, prompt_format):
+                return None, None
             p = float(self.calibrator.predict_proba([g_nll])[0])
             if self.min_p_correct is not None:
                 return p, bool(p < self.min_p_correct)
@@ -212,8 +219,11 @@ def uncertainty_record(
     include_tokens: bool = False,
     source: str = "model",
     measured_logprobs: Sequence[float] | None = None,
+    prompt_format: str | None = None,
 ) -> dict[str, Any]:
     """The ``uncertainty`` object of one answer (see the module docstring for the fields).
+
+    ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`).
 
     ``measured_logprobs`` (``Generation.measured_logprobs``) is what G-NLL is computed from when it
     differs from the answer's ``token_logprobs``: for an empty answer, its stop token's log-prob.
@@ -242,8 +252,10 @@ def uncertainty_record(
         "p_correct": None,
         "abstain": None,
     }
+    if prompt_format is not None:
+        record["prompt_format"] = prompt_format
     if greedy:
-        record["p_correct"], record["abstain"] = policy.decide(nll)
+        record["p_correct"], record["abstain"] = policy.decide(nll, prompt_format)
     if include_tokens:
         record["tokens"] = list(tokens) if tokens is not None else None
         record["token_logprobs"] = answer_lps
@@ -302,7 +314,12 @@ def apply_policy(
 
 
 def annotate(
-    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
+    answers: Sequence[Answer],
+    policy: Any,
+    *,
+    include_tokens: bool,
+    source: str = "model",
+    prompt_format: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
     from gnll.serving.answer_spans import add_spans
@@ -317,6 +334,7 @@ def annotate(
             top_logprobs=a.top_logprobs,
             include_tokens=include_tokens,
             source=source,
+            prompt_format=prompt_format,
             measured_logprobs=a.measured_logprobs,
         )
         text, finish = apply_policy(policy, a.text, a.finish_reason, rec)

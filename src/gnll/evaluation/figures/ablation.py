@@ -89,8 +89,7 @@ def run_ablation(
     nll: dict[str, dict[str, list[float]]] = {
         "greedy": {"1": [M.g_nll(g.measured_logprobs) for g in greedy]}
     }
-    caps = getattr(model, "capabilities", None)
-    if widths and (caps is None or not caps.missing(["beams"])):
+    if widths and not model.capabilities.missing(["beams"]):
         nll["beam search"] = {}
         for w in widths:
             cfg = GenerationConfig.beam(w, max_new_tokens=max_new, seed=None)

@@ -74,12 +74,16 @@ async function loadExamples() {
 function currentPrompt() {
   const i = $("example").value;
   const typed = $("question").value.trim();
+  // A server started with --prompt-format instruction wraps the question in the instruction itself.
+  const serverAsks = (state.config.prompt_format || {}).chat === "instruction";
   if (typed) {
-    return { question: typed, prompt: `${state.config.instruction}\nQuestion: ${typed}\nAnswer:`, gold: null };
+    const wrapped = `${state.config.instruction}\nQuestion: ${typed}\nAnswer:`;
+    return { question: typed, prompt: serverAsks ? typed : wrapped, gold: null };
   }
   if (i !== "") {
     const ex = state.examples[Number(i)];
-    return { question: ex.question, prompt: ex.prompt, gold: ex.answers, numeric: ex.numeric_answer };
+    const prompt = serverAsks ? ex.question : ex.prompt;
+    return { question: ex.question, prompt, gold: ex.answers, numeric: ex.numeric_answer };
   }
   return null;
 }
