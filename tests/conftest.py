@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests check values, not speed: a per-example deadline only fails them when the host is
+# busy (a 2-core CI machine running two test workers), so there is none.
+settings.register_profile("gnll", deadline=None)
+settings.load_profile("gnll")
 
 
 @pytest.fixture(scope="session")
