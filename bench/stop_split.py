@@ -20,7 +20,7 @@ from pathlib import Path
 import common
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "backends"))
 
 
 def main() -> None:

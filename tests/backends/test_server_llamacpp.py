@@ -201,7 +201,8 @@ def test_killed_server_stops_eval_and_resume_finishes_identically(gguf, tmp_path
         assert proc.returncode != 0
         message = " ".join(stderr.split())
         assert "Traceback" not in stderr and server.base_url in message, stderr[-2000:]
-        assert "failed after 2 attempts" in message
+        # one prompt's retries run out, or the failure streak trips first: either names the server
+        assert "failed after 2 attempts" in message or "failures in a row" in message, message
 
         server.start()
         subprocess.run(
