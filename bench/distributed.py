@@ -39,6 +39,31 @@ def write_rows(path: Path, n: int) -> None:
             out.write("\n")
 
 
+def sizing(per_replica: float, efficiency: float) -> list[dict[str, Any]]:
+    """Projected throughput of N replicas of the measured kind on a 4-node, 8-GPU cluster.
+
+    Each replica runs at the measured single-replica rate, discounted once by the measured scaling
+    efficiency (the driver's per-chunk work does not grow with N; the pool only has to be fed).
+    """
+    rows = []
+    for layout, n in (
+        ("1 node, 1 GPU", 1),
+        ("1 node, 2 GPUs", 2),
+        ("2 nodes, 4 GPUs", 4),
+        ("4 nodes, 8 GPUs (1 replica/GPU)", 8),
+    ):
+        rate = per_replica * (n if n == 1 else n * min(efficiency, 1.0))
+        rows.append(
+            {
+                "layout": layout,
+                "replicas": n,
+                "projected rows/s": round(rate, 1),
+                "hours per 10M rows": round(1e7 / rate / 3600, 1),
+            }
+        )
+    return rows
+
+
 def main() -> None:
     ap = common.parser(__doc__)
     ap.add_argument("--rows", type=int, default=2000)
@@ -47,6 +72,7 @@ def main() -> None:
     ap.add_argument("--model", default=common.DEFAULT_MODEL)
     args = ap.parse_args()
     rows = 40 if args.quick else args.rows
+    repeats = 1 if args.quick else args.repeats
     threads = args.threads or os.cpu_count() or 1
     import ray
     import torch
@@ -54,7 +80,6 @@ def main() -> None:
     from gnll import load_model
     from gnll.distributed.cluster import Cluster
     from gnll.distributed.scoring import run_score_job as run_ray
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
 
     info = common.machine()
@@ -67,7 +92,7 @@ def main() -> None:
             return ScoreJob(
                 input=str(inp), output=str(Path(tmp) / f"{name}.jsonl"), input_format="jsonl",
                 output_format="jsonl", errors=Path(tmp) / f"{name}.errors.jsonl",
-                render_question=lambda q: ask_prompt(q, long=False), chunk_size=args.chunk_size,
+                long=False, chunk_size=args.chunk_size,
                 progress=False,
             )  # fmt: skip
 
@@ -85,7 +110,7 @@ def main() -> None:
             "ray_1x1": on_ray("ray_1x1", 1, 1),
             "ray_2x1": on_ray("ray_2x1", min(2, threads), 1),
         }
-        res = common.interleave(arms, args.repeats, warmup=0)
+        res = common.interleave(arms, repeats, warmup=0)
         same = (Path(tmp) / "local.jsonl").read_bytes() == (
             Path(tmp) / "ray_1xT.jsonl"
         ).read_bytes()
@@ -94,11 +119,12 @@ def main() -> None:
     overhead = common.paired_ratios(res["ray_1xT"]["seconds"], res["local"]["seconds"])
     speedup = common.paired_ratios(res["ray_1x1"]["seconds"], res["ray_2x1"]["seconds"])
     summary = {
+        "benchmark": "distributed",
         "command": "python " + " ".join(["bench/distributed.py", *sys.argv[1:]]),
         "quick": args.quick,
         "rows": rows,
         "threads": threads,
-        "repeats": args.repeats,
+        "repeats": repeats,
         "chunk_size": args.chunk_size,
         "model": args.model,
         "median_s": med,
@@ -109,12 +135,13 @@ def main() -> None:
         "scaling_efficiency": speedup["median_paired_ratio"] / 2,
         "speedup_ratios": speedup,
         "local_equals_ray_bytes": same,
+        "sizing": sizing(rows / med["ray_1x1"], speedup["median_paired_ratio"] / 2),
         "targets": {"ray_overhead_max": 0.10, "scaling_efficiency_min": 0.85},
         "runs": res,
         "machine": {**info, "load_average_end": common.load_average()},
     }
     print(
-        f"rows {rows}, T={threads} threads, {args.repeats} repeat(s); medians (s, model load included):"
+        f"rows {rows}, T={threads} threads, {repeats} repeat(s); medians (s, model load included):"
     )
     for k, v in med.items():
         print(f"  {k:8s} {v:7.1f} s  {rows / v:6.1f} rows/s")
@@ -124,6 +151,8 @@ def main() -> None:
     print(f"1 -> 2 single-thread replicas: {summary['speedup_2_vs_1']:.2f}x, efficiency "
           f"{summary['scaling_efficiency']:.2f} (target >= 0.85)")  # fmt: skip
     print(f"local and ray_1xT outputs byte-identical: {same}")
+    print("projection from the single-thread replica:")
+    print(common.table(summary["sizing"]))
     print(f"load average {info['load_average_start']} -> {common.load_average()}")
     if args.output:
         args.output.write_text(json.dumps(summary, indent=2) + "\n")

@@ -398,6 +398,19 @@ def distributed(r: dict[str, Any]) -> list[str]:
         f"scaling efficiency **{r['scaling_efficiency']:.2f}** (target >= 0.85). Outputs of "
         f"`local` and `ray_1xT` byte-identical: {r['local_equals_ray_bytes']}.",
         "",
+        (
+            "The machine was oversubscribed (1-minute load above its core count): two-thread arms "
+            "suffer most from other jobs' contention, so these ratios are no verdict on Ray's "
+            "overhead or scaling; rerun on a quiet machine (`bench/run_all.sh` waits for one)."
+            if r["machine"]["load_average_start"][0] > r["machine"]["nproc"]
+            else ""
+        ),
+        "",
+        "Projection (not a measurement) from the single-thread replica's rate and the measured "
+        "efficiency, as `docs/distributed.md` sizes a cluster:",
+        "",
+        common.table(r["sizing"]) if "sizing" in r else "",
+        "",
     ]
 
 

@@ -36,7 +36,7 @@ class Fake(Model):
 
 inp, out = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
-s = run_score_job(Fake(), ScoreJob(inp, out, "jsonl", "jsonl", None, lambda q: q, progress=False))
+s = run_score_job(Fake(), ScoreJob(inp, out, "jsonl", "jsonl", None, progress=False))
 dt = time.perf_counter() - t
 print(json.dumps({"rows": s.scored, "seconds": dt, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """

@@ -10,6 +10,11 @@ scored file (columns question, answer, g_nll, correct). So
 the shipped files match `gnll ask` and `gnll score` rows with a ``question`` field, and their prompt
 fingerprint says so.
 
+Empty answers (the model stopped at once) are kept, labelled wrong, with the G-NLL every gnll
+surface gives them: their stop token's log-prob (``Generation.measured_logprobs``). The files'
+default abstention rule is the accuracy rule where its target is reachable, else the coverage rule
+(answer the most certain 80%); the file states which and why (``default_rule``).
+
     OMP_NUM_THREADS=1 python scripts/calibrate_embedded.py [--limit 100] [--data_dir ../shared/data]
 
 Greedy decoding only (no beams, no samples): a few minutes of CPU per model.
@@ -23,6 +28,7 @@ import time
 from pathlib import Path
 
 from gnll import GenerationConfig, load_model
+from gnll import measures as M
 from gnll.calibration import calibrate_files, prompt_fingerprint
 from gnll.calibration.plot import reliability_diagram
 from gnll.evaluation.data.prompts import ask_prompt
@@ -59,7 +65,7 @@ def scored_file(model_name: str, limit: int, data_dir: str, out: Path) -> Path:
                     "id": ex.id,
                     "question": q,
                     "answer": g.text,
-                    "g_nll": -g.logprob,
+                    "g_nll": M.g_nll(g),  # an empty answer: its stop token's log-prob
                     "num_tokens": g.num_tokens,
                 }
             )
@@ -73,9 +79,8 @@ def scored_file(model_name: str, limit: int, data_dir: str, out: Path) -> Path:
 def label_rows(path: Path, limit: int, data_dir: str) -> tuple[Path, int]:
     """Add ``correct`` (contains) and ``correct_f1`` to the generated rows, from the tasks' gold answers.
 
-    Empty answers (the model stopped at once; G-NLL 0 for no answer at all) are left out, as
-    `gnll score` refuses them: a calibration of answers is not about non-answers. Their count is
-    recorded.
+    Empty answers are kept and are wrong (no gold answer occurs in them); they carry their stop
+    token's G-NLL, as `gnll ask` and `gnll serve` report it. Their count is recorded.
     """
     gold = {}
     for name in TASKS:
@@ -86,9 +91,7 @@ def label_rows(path: Path, limit: int, data_dir: str) -> tuple[Path, int]:
     with path.open(encoding="utf-8") as fh, out.open("w", encoding="utf-8") as w:
         for line in fh:
             r = json.loads(line)
-            if not r["answer"].strip():
-                empty += 1
-                continue
+            empty += not r["answer"].strip()
             ex = gold[(r["task"], r["id"])]
             r["correct"] = contains_match(r["answer"], ex.answers, ex.numeric_answer).correct
             r["correct_f1"] = f1_verdict(r["answer"], ex.answers, ex.numeric_answer).correct
@@ -114,13 +117,16 @@ def main() -> None:
         data, empty = label_rows(raw, args.limit, args.data_dir)
         cal, labelled = calibrate_files([data], measure="g-nll", model=model_name)
         cal.meta["prompt_fingerprint"] = prompt_fingerprint(ask_prompt("{question}", long=False))
-        cal.meta["prompt_format"] = "gnll ask (zero-shot, short-answer instruction)"
+        cal.meta["prompt_format"] = "instruction"
+        cal.meta["prompt_description"] = "gnll ask (zero-shot, short-answer instruction)"
         cal.meta["data"]["description"] = (
             f"first {args.limit} eval-split questions of each of {', '.join(TASKS)} (bundled data), "
             "asked as gnll ask asks them; correct = a gold answer occurs in the answer (contains; "
             "numeric equality for SVAMP)"
         )
-        cal.meta["data"]["empty_answers_left_out"] = empty
+        cal.meta["data"]["empty_answers"] = (
+            f"{empty} empty answers kept, labelled wrong, G-NLL = their stop token's"
+        )
         cal.meta["data"]["sources"] = [
             {**s, "path": Path(s["path"]).name} for s in cal.meta["data"]["sources"]
         ]
@@ -135,7 +141,7 @@ def main() -> None:
             title=f"{model_name}: G-NLL -> P(correct) ({cal.method_}), held-out folds, n={len(labelled.scores)}",
         )
         print(
-            f"{model_name}: {cal.method_}, n={m['n']} ({empty} empty answers left out), accuracy={m['accuracy']:.3f}, "
+            f"{model_name}: {cal.method_}, n={m['n']} ({empty} empty answers), accuracy={m['accuracy']:.3f}, "
             f"held-out ECE={m['ece']:.3f} ({m['ece_binning']}), Brier={m['brier']:.3f}, "
             f"AUROC={m['auroc']:.3f}"
         )

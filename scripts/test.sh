@@ -51,10 +51,11 @@ install_servers() {
 # this tier) is not a failure of the tier.
 ran=0
 run_tier() {
-    local name=$1 rc=0
+    local name=$1 rc=0 start=$SECONDS
     shift
     echo "== $name: pytest $*"
     python -m pytest "$@" 2>&1 | tee "$logs/$name.log" || rc=${PIPESTATUS[0]}
+    echo "== $name: $((SECONDS - start)) s" | tee -a "$logs/times"
     if [ "$rc" = 5 ]; then
         echo "== $name: no test selected"
         return 0
@@ -81,12 +82,13 @@ EOF
 
 if [ -z "${GNLL_TEST_NO_INSTALL:-}" ]; then
     install_python
+    echo "== install: $SECONDS s" | tee -a "$logs/times"
     if [ "$fast_only" = 0 ]; then
         # Meanwhile the lint and the fast tier run (at a lower priority, so the fast tier comes first).
         # (its own session, so that a failed fast tier can stop it and everything it started)
         export -f install_servers
         export LLAMA_CPP_PYTHON
-        setsid nice -n 10 bash -c install_servers >"$logs/install-servers.out" 2>&1 &
+        setsid nice -n 10 bash -c "set -euo pipefail; install_servers" >"$logs/install-servers.out" 2>&1 &
         servers_pid=$!
     fi
 fi
@@ -103,15 +105,19 @@ if [ "$status" != 0 ] || [ "$fast_only" = 1 ]; then
     exit "$status"
 fi
 
+waited=$SECONDS
 if [ -n "${servers_pid:-}" ] && ! wait "$servers_pid"; then
     cat "$logs/install-servers.out"
     echo "== installing Chromium or building llama.cpp failed (above)"
     exit 1
 fi
+echo "== waiting for Chromium and llama.cpp: $((SECONDS - waited)) s" | tee -a "$logs/times"
 # The slow tiers on two workers; worksteal keeps a file's tests together (its fixtures load once)
 # until one worker runs dry and takes over half of the other's remaining tests.
-run_tier slow -m "$SLOW_TIERS" -n 2 --dist worksteal "$@" || status=$?
+run_tier slow -m "$SLOW_TIERS" -n 2 --dist worksteal --durations=25 "$@" || status=$?
 echo "== fast tier: $(grep -E '[0-9]+ (passed|failed)|no tests ran' "$logs/fast.log" | tail -1)"
+cat "$logs/times"
+echo "== total: $SECONDS s"
 echo "== $(summary)"
 [ "$ran" = 1 ] || exit 5
 exit "$status"

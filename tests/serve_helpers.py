@@ -12,7 +12,7 @@ from typing import Literal
 from openai.types import Completion
 from openai.types.completion_choice import CompletionChoice
 
-from gnll.backends.base import Generation
+from gnll.backends.base import Capabilities, Generation, Model
 
 #: Debian's Chromium, driven by Playwright in the browser tests.
 CHROMIUM = "/usr/bin/chromium"
@@ -33,16 +33,16 @@ UNSURE = (["Maybe", " Lyon"], [-2.0, -3.0])
 SCRIPT = {"unsure": UNSURE}
 
 
-class ScriptedModel:
+class ScriptedModel(Model):
     """Answers from :data:`SCRIPT`; records every ``generate`` call's batch size."""
 
     name = "scripted"
-    chat_template = False
 
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
         self.calls: list[int] = []
         self.configs: list = []
+        self.prompts: list[str] = []
         self.lock = threading.Lock()
 
     def render_prompt(self, prompt: str) -> str:
@@ -51,6 +51,7 @@ class ScriptedModel:
     def generate(self, prompts, config=None, **kwargs):
         with self.lock:
             self.calls.append(len(prompts))
+            self.prompts.extend(prompts)
             self.configs.append(config)
         if self.delay:
             time.sleep(self.delay)
@@ -71,6 +72,9 @@ class ScriptedModel:
                 ]
             )
         return out
+
+    def score(self, prompts, answers, **kwargs):
+        raise NotImplementedError("the scripted model only generates")
 
 
 #: A long answer (for streams that a client abandons): 200 one-word tokens.
@@ -171,6 +175,7 @@ class StreamingModel(ScriptedModel):
     engine batches continuously, streams token by token and reports alternatives."""
 
     name = "streaming"
+    capabilities = Capabilities(beams=False, scoring=False, streaming=True)
 
     def __init__(self, delay: float = 0.002) -> None:
         super().__init__(delay=0.0)
@@ -187,6 +192,9 @@ class StreamingModel(ScriptedModel):
     def check_context(self, ids, max_new_tokens: int) -> None:
         if any(len(row) > 4000 for row in ids):
             raise ValueError("the prompt is longer than the model's context")
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(token_ids)
 
     def stop_rules(self, stop) -> _StopRules:
         return _StopRules(stop)

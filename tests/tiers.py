@@ -36,7 +36,6 @@ from typing import Any
 import pytest
 
 TIERS = ("model", "server", "browser", "e2e")  # registered in pyproject.toml
-FAST = "not (" + " or ".join(TIERS) + ")"
 
 # Session fixtures (tests/conftest.py) that hold real loaded models: requesting one is loading
 # weights, even when an earlier test of the session already paid for it.

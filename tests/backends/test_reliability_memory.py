@@ -14,7 +14,6 @@ import torch
 
 from gnll.backends.base import GenerationConfig
 from gnll.backends.hf import kv_cache, scoring
-from gnll.backends.hf.planning import halving_on_oom, is_out_of_memory
 
 pytestmark = pytest.mark.model
 
@@ -150,10 +149,3 @@ def test_scoring_respects_max_batch_tokens(smollm, monkeypatch):
     prompts = [f"Question {k}: what is {k} times {k}?" for k in range(6)]
     smollm.score_tokens(prompts, [[28, 29, 30]] * 6)
     assert len(seen) > 1 and max(seen) <= 64
-
-
-def test_halving_helpers():
-    assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory"))
-    assert not is_out_of_memory(RuntimeError("shape mismatch"))
-    with pytest.raises(RuntimeError, match="shape"):
-        halving_on_oom(lambda b: (_ for _ in ()).throw(RuntimeError("shape mismatch")), [1, 2])

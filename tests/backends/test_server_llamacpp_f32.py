@@ -1,7 +1,7 @@
 """The llama.cpp server path is exact on exact weights: a float32 GGUF served by llama-cpp-python.
 
 On the shipped Q4_1 GGUF llama.cpp quantises the activations of its matrix products, so its greedy
-answers part from the in-process backend's at near-ties (tests/test_server_llamacpp.py). Served from
+answers part from the in-process backend's at near-ties (tests/backends/test_server_llamacpp.py). Served from
 a float32 copy of the same de-quantised weights (:func:`gnll.backends.dequantise.dequantised_gguf`)
 both compute the same function in the same precision: any remaining gap would be gnll's own (prompt
 rendering, tokenisation, log-prob parsing, the terminator split). docs/servers.md has the 50-prompt

@@ -31,6 +31,7 @@ SCRIPTS = {
     "serve_load": ["table", "proxy", "summary"],
     "stop_split": ["table", "summary"],
     "continuous_batching": ["table", "summary"],
+    "distributed": ["median_s", "ray_overhead", "scaling_efficiency", "sizing"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {

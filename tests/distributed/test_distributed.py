@@ -26,7 +26,7 @@ TESTS = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e  # Ray starts worker processes
 
 
-def make_data_dir(root: Path, n: int = 40) -> Path:
+def make_data_dir(root: Path, n: int = 200) -> Path:
     """A TriviaQA file in its original format: question k asks for k + 1."""
     (root / "triviaqa").mkdir(parents=True)
     with (root / "triviaqa" / "triviaqa_unfiltered_validation.jsonl").open("w") as fh:
@@ -37,7 +37,6 @@ def make_data_dir(root: Path, n: int = 40) -> Path:
 
 
 def toy_job(tmp: Path, inp: Path, name: str, **kw) -> ScoreJob:
-    from gnll.evaluation.data.prompts import ask_prompt
 
     base = dict(
         input=str(inp),
@@ -45,7 +44,7 @@ def toy_job(tmp: Path, inp: Path, name: str, **kw) -> ScoreJob:
         input_format="jsonl",
         output_format="jsonl",
         errors=tmp / f"{name}.jsonl.errors.jsonl",
-        render_question=lambda q: ask_prompt(q, long=False),
+        long=False,
         chunk_size=7,
         progress=False,
     )

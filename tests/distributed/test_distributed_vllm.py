@@ -59,23 +59,24 @@ def tiny(tiny_llama):
 
 
 def test_scoring_postprocess_gives_gnll_scores(tiny):
-    vs = VllmScoring.from_model(tiny)
     q = "What is the capital of France?"
     [[greedy]] = tiny.generate(
         [ask_prompt(q, long=False)], GenerationConfig.greedy(max_new_tokens=6)
     )
+    own = tiny.tokenizer.decode(greedy.token_ids)  # the model's own answer, verbatim: greedy
     rows = [
-        {"id": 0, "question": q, "answer": "Paris"},
-        {"id": 1, "question": q, "answer": greedy.text},  # the model's own answer: greedy
-        {"id": 2, "prompt": "2+2=", "answer": "4"},
+        ({"id": 0, "question": q, "answer": "Paris"}, False),
+        ({"id": 1, "question": q, "answer": own}, True),
+        ({"id": 2, "prompt": "2+2=", "answer": "4"}, False),
     ]
     seen_greedy = set()
-    for row in rows:
+    for row, verbatim in rows:
+        vs = VllmScoring.from_model(tiny, verbatim=verbatim)
         request = vs.preprocess(row)
         assert request["sampling_params"]["prompt_logprobs"] == 1
         assert request["sampling_params"]["max_tokens"] == 1
         prompt = ask_prompt(row["question"], long=False) if "question" in row else row["prompt"]
-        [local] = gnll_score(tiny, [prompt], [row["answer"]])
+        [local] = gnll_score(tiny, [prompt], [row["answer"]], verbatim=verbatim)
         got = vs.postprocess(vllm_score_row(tiny, request, local.token_logprobs))
         assert got["error"] is None and got["id"] == row["id"] and got["answer"] == row["answer"]
         assert abs(got["nll"] - local.nll) <= 1e-9 and got["num_tokens"] == local.num_tokens
@@ -99,7 +100,12 @@ def test_scoring_bad_rows_get_the_error_of_gnll_score(tiny):
     ids = ok["tokenized_prompt"]
     sentinel = [None] + [{i: {"logprob": -9999.0, "rank": 9}} for i in ids[1:]]
     got = vs.postprocess({**ok, "prompt_token_ids": ids, "prompt_logprobs": sentinel})
-    assert got["error"].startswith("cannot score: answer token 0 has log-prob -9999.0")
+    # the error gnll score gives (gnll.measures.check_logprobs), naming answer, token and value
+    assert got["error"].startswith("cannot score: answer 'yes': token 0 ")
+    assert (
+        "has log-prob -9999.0" in got["error"] and "stand-in servers send for -inf" in got["error"]
+    )
+    assert got["nll"] is None
 
 
 def vllm_greedy_row(lm, request: dict, gen) -> dict:

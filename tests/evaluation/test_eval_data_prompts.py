@@ -244,8 +244,11 @@ def test_hub_loaders_map_fields(monkeypatch):
     def fake_load_dataset(name, config=None, split=None):
         if name == "trivia_qa":
             return [{"question": "Q1 ", "answer": {"aliases": ["A", "B"], "value": "A"}}]
-        if name == "nq_open":
-            return [{"question": "who is it", "answer": ["him"]}]
+        if name == "nq_open":  # validation is the evaluation pool, train the few-shot pool
+            return {
+                "validation": [{"question": "who is it", "answer": ["him"]}],
+                "train": [{"question": "who was it", "answer": ["her"]}],
+            }
         if name == "ChilleD/SVAMP":
             row = {"ID": "chal-2", "Body": "B.", "Question": "Q?", "Answer": 3.0}
             return {"train": [row], "test": [{**row, "ID": "chal-1", "Answer": 2.5}]}
@@ -257,6 +260,7 @@ def test_hub_loaders_map_fields(monkeypatch):
     tq, info = load_dataset("triviaqa", source="hub")
     assert tq[0].question == "Q1" and tq[0].answers == ("A", "B") and info["source"] == "hub"
     nq, _ = load_dataset("nq_open", source="hub")
-    assert nq[0].question == "who is it?"
+    assert [e.question for e in nq] == ["who is it?", "who was it?"]
+    assert [e.extra["split"] for e in nq] == ["test", "train"] and nq[1].id.startswith("train-")
     sv, _ = load_dataset("svamp", source="hub")
     assert [e.id for e in sv] == ["chal-1", "chal-2"] and sv[0].answers == ("2.5",)

@@ -98,7 +98,6 @@ def test_question_prompt_is_rendered_like_ask(tmp_path):
         "jsonl",
         "jsonl",
         None,
-        lambda q: ask_prompt(q, long=False),
         progress=False,
     )
     run_score_job(Spy(), job)
@@ -224,7 +223,6 @@ def test_resume_after_kill_writes_every_row_once(tmp_path):
         "jsonl",
         "jsonl",
         Path(str(out) + ".errors.jsonl"),
-        lambda q: q,
         resume=True,
         progress=False,
     )
@@ -239,9 +237,7 @@ def test_resume_after_kill_writes_every_row_once(tmp_path):
 def _peak_bytes(tmp_path: Path, n: int) -> int:
     inp, out = tmp_path / f"in{n}.jsonl", tmp_path / f"out{n}.jsonl"
     _big_input(inp, n)
-    job = ScoreJob(
-        str(inp), str(out), "jsonl", "jsonl", None, lambda q: q, progress=False, chunk_size=256
-    )
+    job = ScoreJob(str(inp), str(out), "jsonl", "jsonl", None, progress=False, chunk_size=256)
     tracemalloc.start()
     try:
         summary = run_score_job(ToyModel(), job)
@@ -264,15 +260,14 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
     seen = []
 
     class Chat(ToyModel):
-        class tokenizer:  # noqa: N801 - stands in for a transformers tokenizer
-            chat_template = "x"
+        capabilities = gnll.backends.base.Capabilities(beams=False, chat=True)
 
-            @staticmethod
-            def apply_chat_template(messages, add_generation_prompt, tokenize):
-                return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        def render_prompt(self, prompt):
+            turns = gnll.backends.base.chat_messages(prompt)
+            return "".join(f"<{m['role']}>{m['content']}" for m in turns) + "<assistant>"
 
         def score(self, prompts, answers, *, raw_prompt=False, **kw):
-            seen.extend((p, raw_prompt) for p in prompts)
+            seen.extend((p if raw_prompt else self.render_prompt(p), raw_prompt) for p in prompts)
             return super().score(prompts, answers, raw_prompt=raw_prompt, **kw)
 
     monkeypatch.setattr(gnll, "load_model", lambda name, **kw: Chat())
@@ -291,7 +286,8 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
         app, ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--raw-prompt"]
     )
     assert res.exit_code == 1, res.output
-    assert seen == [("<system>Be brief.<user>Hi?<assistant>", True), ("<user>exact</user>", True)]
+    # messages go to the model as chat turns (its template renders them), a raw prompt as is
+    assert seen == [("<system>Be brief.<user>Hi?<assistant>", False), ("<user>exact</user>", True)]
     assert (
         "'messages' must be a non-empty list"
         in _read_jsonl(Path(str(out) + ".errors.jsonl"))[0]["error"]
@@ -310,3 +306,38 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
     monkeypatch.setattr(gnll, "load_model", lambda name, **kw: NoScoring())
     res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no-progress"])
     assert res.exit_code == 2 and "cannot score given answers" in res.output
+
+
+def test_csv_output_keeps_columns_the_first_row_lacks(tmp_path, toy):
+    rows = [
+        {"id": "c1", "question": "Who wrote Hamlet?", "answer": "shakespeare"},
+        {"id": "c2", "question": "Who wrote Hamlet?", "answer": "marlowe", "note": "extra"},
+        {"id": "c3", "question": "Who?", "answer": "kyd", "late": 7},
+    ]
+    inp = tmp_path / "two.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "two.csv"
+    # One row per chunk: "late" arrives after rows are on disk, so the header must widen.
+    args = ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--chunk_size", "1"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    import pandas as pd
+
+    got = pd.read_csv(out)
+    assert {"note", "late", "nll"} <= set(got.columns)
+    assert got["note"].fillna("").tolist() == ["", "extra", ""]
+    assert got["late"].fillna(0).tolist() == [0, 0, 7]
+    assert got["nll"].tolist() == pytest.approx([_toy_nll(r["answer"]) for r in rows])
+
+
+def test_no_errors_file_without_bad_rows_and_one_wording_of_bad_json(tmp_path, toy):
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"question": "q", "answer": "abc"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    assert res.exit_code == 0, res.output
+    assert not Path(str(out) + ".errors.jsonl").exists()
+    inp.write_text('{"question": "q", "answer": "a\tb\x01"}\n'.replace("\x01", "\\x01"))
+    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    [err] = _read_jsonl(Path(str(out) + ".errors.jsonl"))
+    assert err["error"].startswith("not valid JSON (") and " at at " not in err["error"]

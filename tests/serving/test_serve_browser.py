@@ -38,7 +38,8 @@ def page_server(smollm):
     # The calibration shipped for the model (its coverage rule: the accuracy rule of SmolLM2's file
     # abstains on everything, see docs/serving.md).
     policy = AbstentionPolicy.from_calibration("auto", model=smollm.name, rule="coverage")
-    settings = ServeSettings(policy=policy)
+    # The page asks questions, as `gnll ask` does: the shipped calibration's prompt format.
+    settings = ServeSettings(policy=policy, prompt_format="instruction")
     with ServerThread(build_inprocess_app(smollm, settings)) as srv:
         yield srv
 
@@ -108,8 +109,10 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     page.wait_for_selector("#answer[data-state=done]", timeout=120_000)
     texts, lps, g_shown = shown(page)
     config = httpx.get(page_server.url + "/ui/api/config").json()
-    api = api_answer(page_server.url, f"{config['instruction']}\nQuestion: {question}\nAnswer:")
+    assert config["prompt_format"]["chat"] == "instruction"  # the server wraps the question
+    api = api_answer(page_server.url, question)
     u = api["uncertainty"]
+    assert u["prompt_format"] == "instruction"
     assert "Paris" in "".join(texts)
     assert "".join(texts) == "".join(u["tokens"]).lstrip()
     assert lps == pytest.approx(u["token_logprobs"], abs=1e-9)

@@ -147,8 +147,10 @@ def test_raw_completion_and_system_message(served, smollm):
         model="smollm2-135m-instruct", prompt="The capital of France is", max_tokens=3, logprobs=1
     ).choices[0]
     assert r.text.startswith(" Paris") and r.uncertainty["num_tokens"] == 3
-    [[gen]] = _raw(smollm).generate(
-        ["The capital of France is"], GenerationConfig.greedy(max_new_tokens=3, stop=())
+    [[gen]] = smollm.generate(
+        ["The capital of France is"],
+        GenerationConfig.greedy(max_new_tokens=3, stop=()),
+        raw_prompt=True,
     )
     assert r.uncertainty["g_nll"] == pytest.approx(g_nll(gen.token_logprobs), abs=1e-6)
     sys_chat = served.client.chat.completions.create(
@@ -160,14 +162,6 @@ def test_raw_completion_and_system_message(served, smollm):
         max_tokens=10,
     ).choices[0]
     assert "Paris" in sys_chat.message.content and sys_chat.uncertainty["g_nll"] > 0
-
-
-def _raw(model):
-    import copy
-
-    view = copy.copy(model)
-    view.chat_template = False
-    return view
 
 
 @pytest.mark.server

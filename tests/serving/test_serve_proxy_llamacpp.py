@@ -9,8 +9,6 @@ import openai
 import pytest
 
 from gnll import GenerationConfig, load_model
-from gnll.backends.openai.launch import LlamaServer
-from gnll.backends.registry import EMBEDDED_MODELS
 from gnll.measures import g_nll
 from gnll.serving import ServeSettings, create_app
 from gnll.serving.proxy import ProxyService
@@ -23,10 +21,9 @@ PROMPT = "Answer the following question as briefly as possible.\nQuestion: What 
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    gguf = EMBEDDED_MODELS[MODEL].gguf(tmp_path_factory.mktemp("gguf"))
-    with LlamaServer(gguf, MODEL, lifetime=1800) as server:
-        yield server
+def llama(llama_server):
+    """The session's llama.cpp server (conftest), shared with tests/backends/test_server_llamacpp.py."""
+    return llama_server
 
 
 @pytest.fixture(scope="module")

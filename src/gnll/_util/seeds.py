@@ -1,7 +1,7 @@
 """Every seed gnll derives, in one place, each recipe named after what it seeds.
 
 The formulas are frozen: cached runs and byte-identical resume depend on each recipe giving the
-numbers it always gave (``tests/test_seeds.py`` pins known values). A new use gets a new name here,
+numbers it always gave (``tests/util/test_seeds.py`` pins known values). A new use gets a new name here,
 never a changed formula.
 """
 

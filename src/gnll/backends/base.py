@@ -6,7 +6,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -37,11 +37,22 @@ class ChatPrompt(str):
     messages: tuple[dict[str, str], ...]
 
     def __new__(cls, text: str, messages: Sequence[dict[str, str]]) -> ChatPrompt:
-        if not messages or messages[-1].get("role") != "user":
-            raise ValueError("a ChatPrompt's turns must end with a user turn")
+        if not messages:
+            raise ValueError("a ChatPrompt needs at least one turn")
         obj = super().__new__(cls, text)
         obj.messages = tuple(dict(m) for m in messages)
         return obj
+
+    @classmethod
+    def of(cls, messages: Sequence[dict[str, str]]) -> ChatPrompt:
+        r"""Turns as a prompt whose plain text is their contents joined by blank lines (what a
+        model without a chat template sees).
+
+        >>> ChatPrompt.of([{"role": "system", "content": "Be brief."},
+        ...                {"role": "user", "content": "Hi?"}])
+        'Be brief.\n\nHi?'
+        """
+        return cls("\n\n".join(str(m.get("content", "")) for m in messages), messages)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ChatPrompt, (str(self), list(self.messages)))
@@ -142,6 +153,10 @@ class GenerationConfig:
         return d
 
 
+class EmptyAnswerError(ValueError):
+    """An empty answer whose stop token's log-prob is unknown: no measure can score it."""
+
+
 @dataclass
 class Generation:
     """One generated output and the evidence the uncertainty measures need.
@@ -178,9 +193,44 @@ class Generation:
     sampling_logprobs: list[float] | None = None
 
     @property
+    def measured_logprobs(self) -> list[float]:
+        """The token log-probs every uncertainty measure and every ranking sees for this output.
+
+        The answer's :attr:`token_logprobs`; for an **empty answer** (no answer tokens: the model
+        ended at once), the log-prob of the token that ended it (the first terminator token), as in
+        Farquhar et al.'s code. An empty answer is thus exactly as certain as the model was in
+        stopping there, never "log-likelihood 0" (maximal certainty). This is gnll's one rule for
+        empty answers: ``gnll ask``, ``score``, ``serve``, ``eval``, the beam ranking and the
+        Fig. 2 ablation all take their log-probs from here.
+
+        Raises
+        ------
+        EmptyAnswerError
+            The answer is empty and the log-prob of the token that ended it is unknown (a server
+            that does not report it): no measure can score it.
+
+        Examples
+        --------
+        >>> Generation("", [], [], [], "stop", terminator_token_ids=[198],
+        ...            terminator_logprobs=[-2.5, -0.1]).measured_logprobs
+        [-2.5]
+        >>> Generation("Paris", [7], ["Paris"], [-0.2], "stop").measured_logprobs
+        [-0.2]
+        """
+        if self.token_ids or self.tokens:
+            return [float(x) for x in self.token_logprobs]
+        if self.terminator_logprobs:
+            return [float(self.terminator_logprobs[0])]
+        raise EmptyAnswerError(
+            "the answer is empty and the log-prob of the token that ended it "
+            f"({self.finish_reason}) is unknown, so no uncertainty measure can score it "
+            "(an empty answer is scored by its stop token's log-prob)"
+        )
+
+    @property
     def logprob(self) -> float:
-        """Sequence log-likelihood ``log p(y|x)`` (sum of :attr:`token_logprobs`)."""
-        return float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
+        """Sequence log-likelihood ``log p(y|x)`` of :attr:`measured_logprobs` (beams rank by it)."""
+        return float(np.sum(self.measured_logprobs)) + 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -212,6 +262,10 @@ class Capabilities:
         Reports log-probs under the tempered sampling distribution (:attr:`Generation.sampling_logprobs`).
     top_logprobs:
         How many most-likely alternatives per position the backend can report (0: none).
+    streaming:
+        The model is a :class:`StreamingModel`: it runs a decoding loop that prompts can join
+        while it runs and that reports tokens as they are decoded (``gnll serve`` batches requests
+        continuously and streams live with it).
 
     Examples
     --------
@@ -225,6 +279,7 @@ class Capabilities:
     chat: bool = False
     sampling_logprobs: bool = True
     top_logprobs: int = 0
+    streaming: bool = False
 
     def missing(self, needs: Sequence[str]) -> list[str]:
         """The capabilities among ``needs`` (attribute names) that this backend lacks."""
@@ -269,8 +324,8 @@ class ScoredAnswer:
 
     @property
     def nll(self) -> float:
-        """Negative log-likelihood of the answer, ``-sum_t log p(y_t | ...)``."""
-        return -float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
+        """Negative log-likelihood of the answer, ``-sum_t log p(y_t | ...)`` (never ``-0.0``)."""
+        return 0.0 - float(np.sum(self.token_logprobs)) if self.token_logprobs else 0.0
 
     @property
     def ln_nll(self) -> float:
@@ -285,11 +340,21 @@ class Model(ABC):
     """A language model adapter: prompts in, generations with token log-probs out.
 
     Prompts are the *user text* (the task's prompt). Instruction-tuned models wrap it in their chat
-    template; :meth:`render_prompt` shows the exact string the model conditions on.
+    template; :meth:`render_prompt` shows the exact string the model conditions on. A
+    :class:`ChatPrompt` carries its own turns; :meth:`render_chat` renders a conversation. With
+    ``raw_prompt=True`` a prompt is the exact text the model conditions on (no template).
+
+    Attributes
+    ----------
+    name:
+        Short name used in results and tables.
+    capabilities:
+        What the backend computes (:class:`Capabilities`); callers check it before any work.
+        ``capabilities.streaming`` says the model is also a :class:`StreamingModel`.
     """
 
-    #: Short name used in results and tables.
     name: str
+    capabilities: Capabilities = Capabilities()
 
     @abstractmethod
     def generate(
@@ -299,12 +364,15 @@ class Model(ABC):
         *,
         batch_size: int | None = None,
         progress: bool | Callable[[float], None] = False,
+        raw_prompt: bool = False,
     ) -> list[list[Generation]]:
         """Generate for every prompt; returns one list of ``config.num_sequences`` generations per prompt.
 
         ``progress=True`` shows the backend's own bar; a callable instead hears how many prompts
         have finished as they finish (fractions allowed), for a caller's bar. A backend that cannot
         tell may stay silent: callers account for whatever was not reported when the call returns.
+        ``raw_prompt=True``: the prompts are the exact text to condition on (callers pass it only
+        to a model whose ``capabilities.chat`` is true; other models render prompts verbatim).
         """
 
     @abstractmethod
@@ -327,9 +395,44 @@ class Model(ABC):
     def render_prompt(self, prompt: str) -> str:
         """The exact text the model conditions on for ``prompt`` (after any chat template)."""
 
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The exact text the model conditions on for a conversation of ``{role, content}`` turns.
+
+        The one chat renderer every surface uses: :meth:`render_prompt` of :meth:`ChatPrompt.of`
+        (the model's chat template when it has one; the contents joined by blank lines otherwise).
+        """
+        return self.render_prompt(ChatPrompt.of(messages))
+
     def info(self) -> dict[str, Any]:
         """Facts about the model to record with results (name, source, dtype, chat template use)."""
         return {"name": self.name}
+
+
+@runtime_checkable
+class StreamingModel(Protocol):
+    """The decoding-loop hooks of a model whose ``capabilities.streaming`` is true.
+
+    ``gnll serve`` encodes each request's prompts, checks them against the context, adds them to
+    an open decoder as they arrive and hears the tokens it decodes (the hf backend's
+    :class:`~gnll.backends.hf.decode.Decoder`).
+    """
+
+    name: str
+
+    def open_decoder(self, config: GenerationConfig, *, width: int | None = None) -> Any:
+        """A decoding loop prompts can join while it runs, or ``None`` for this ``config``."""
+
+    def encode(self, prompts: Sequence[str], *, raw_prompt: bool = False) -> list[list[int]]:
+        """The token ids the model conditions on for each prompt."""
+
+    def check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        """Raise ``ValueError`` for a prompt the context cannot hold (before any computing)."""
+
+    def stop_rules(self, stop: tuple[str, ...]) -> Any:
+        """The stopping rules for ``stop`` (token ids that stop, stop strings, answer split)."""
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``."""
 
 
 class GenerationErrors(RuntimeError):

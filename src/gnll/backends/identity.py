@@ -172,22 +172,40 @@ def fill_unknown(old: Any, new: Any) -> Any:
 def model_identity(name: str, model_args: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What identifies the model ``load_model(name, **model_args)`` would load, without loading it.
 
-    Embedded models: their package's version (the converted float32 checkpoint is a function of it
-    and of the transformers version); hub ids: the resolved commit; local directories: their
-    content (:func:`checkpoint_identity`); every in-process backend: torch, transformers and
-    tokenizers versions. Servers: the model name and the server's base URL.
+    The model's backend says (its registered ``identity``, see
+    :func:`~gnll.backends.registry.register_backend`): :func:`local_identity` for the in-process
+    backend, :func:`server_identity` for servers. A backend registered without one is identified
+    by its name and the model's.
 
     >>> ident = model_identity("smollm2-135m-instruct")
     >>> ident["kind"], sorted(ident["libraries"])
     ('embedded', ['tokenizers', 'torch', 'transformers'])
+    >>> model_identity("m", {"backend": "openai", "base_url": "http://h/v1"})["kind"]
+    'server'
     """
+    from gnll.backends.registry import get_backend
+
     args = dict(model_args or {})
-    backend = args.get("backend", "hf")
-    if backend != "hf":
-        return {"kind": "server", "backend": backend, "model": name}
+    backend = get_backend(args.get("backend", "hf"))
+    if backend.identity is None:
+        return {"kind": "backend", "backend": backend.name, "model": name}
+    return backend.identity(name, args)
+
+
+def server_identity(name: str, model_args: Mapping[str, Any]) -> dict[str, Any]:
+    """A served model: its name and backend (the server's weights are not ours to hash)."""
+    return {"kind": "server", "backend": model_args.get("backend", "openai"), "model": name}
+
+
+def local_identity(name: str, model_args: Mapping[str, Any]) -> dict[str, Any]:
+    """An in-process model: embedded models by their package's version (the converted float32
+    checkpoint is a function of it and of the transformers version); hub ids by the resolved
+    commit; local directories by their content (:func:`checkpoint_identity`); always with the
+    torch, transformers and tokenizers versions."""
     from gnll._util import package_version
     from gnll.backends.registry import EMBEDDED_MODELS
 
+    args = dict(model_args)
     ident: dict[str, Any] = {"libraries": _library_versions()}
     if name in EMBEDDED_MODELS:
         spec = EMBEDDED_MODELS[name]

@@ -55,12 +55,17 @@ class Backend:
     targets:
         Callables whose keyword parameters are this backend's ``model_args`` (the CLI types
         ``--model_args`` values from their annotations).
+    identity:
+        ``identity(name, model_args) -> dict``: what identifies the model without loading it
+        (what a run's resume fingerprint records; see :mod:`gnll.backends.identity`). ``None``:
+        the backend's and the model's names.
     """
 
     name: str
     factory: Factory
     requires: dict[str, str]
     targets: tuple[Callable[..., Any], ...]
+    identity: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
 
 
 #: Registered backends by name.
@@ -75,6 +80,7 @@ def register_backend(
     *,
     requires: dict[str, str] | None = None,
     targets: Sequence[Callable[..., Any]] = (),
+    identity: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Callable[[Factory], Factory]:
     """Register ``factory`` as backend ``name`` (a decorator); see :class:`Backend`.
 
@@ -90,7 +96,7 @@ def register_backend(
         old = BACKENDS.get(name)
         if old is not None and old.factory is not factory:
             raise ValueError(f"backend {name!r} is already registered (by {old.factory!r})")
-        BACKENDS[name] = Backend(name, factory, dict(requires or {}), (factory, *targets))
+        BACKENDS[name] = Backend(name, factory, dict(requires or {}), (factory, *targets), identity)
         return factory
 
     return decorate
@@ -144,6 +150,13 @@ def load_model(
     >>> "Paris" in answer.text, answer.finish_reason in ("stop", "eos", "length")
     (True, True)
     """
+    if backend == "hf" and name not in EMBEDDED_MODELS:
+        from gnll.backends.resolve import check_model_source
+
+        # Before the backend's import (torch): a typo is refused in a second, not a minute.
+        check_model_source(
+            name, revision=model_args.get("revision"), gguf_file=model_args.get("gguf_file")
+        )
     spec = get_backend(backend)
     missing = [k for k in spec.requires if k not in model_args]
     if missing:

@@ -22,17 +22,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from gnll.backends.prompting import check_format
 from gnll.calibration.data import LabelledScores, load_labelled, prompt_fingerprint
-from gnll.calibration.fitting import CalibrationMismatchWarning, Calibrator
+from gnll.calibration.fitting import (
+    CalibrationFormatError,
+    CalibrationMismatchWarning,
+    Calibrator,
+    calibration_applies,
+)
 from gnll.calibration.thresholds import Threshold, accuracy_threshold, coverage_threshold
 
 __all__ = [
+    "CalibrationFormatError",
     "CalibrationMismatchWarning",
     "Calibrator",
     "LabelledScores",
     "Threshold",
     "accuracy_threshold",
     "calibrate_files",
+    "calibration_applies",
     "coverage_threshold",
     "load_calibration",
     "load_labelled",
@@ -51,12 +59,17 @@ def shipped_calibration(model: str) -> Path | None:
 
 
 def load_calibration(
-    spec: str | Path, *, model: str | None = None, prompt_fingerprint: str | None = None
+    spec: str | Path,
+    *,
+    model: str | None = None,
+    prompt_fingerprint: str | None = None,
+    prompt_format: str | None = None,
 ) -> Calibrator:
     """Load ``spec``: a calibration file, or ``"auto"`` for the file shipped for ``model``.
 
     Warns (:class:`CalibrationMismatchWarning`) when ``model`` or ``prompt_fingerprint`` differ
-    from those the file was fitted on.
+    from those the file was fitted on; raises :class:`CalibrationFormatError` when the file was
+    fitted on another ``prompt_format`` (:mod:`gnll.backends.prompting`).
     """
     if str(spec) == "auto":
         path = shipped_calibration(model or "")
@@ -67,7 +80,9 @@ def load_calibration(
                 "`gnll calibrate RUN_DIR --output calibration.json` and pass that file"
             )
         spec = path
-    return Calibrator.load(spec, model=model, prompt_fingerprint=prompt_fingerprint)
+    return Calibrator.load(
+        spec, model=model, prompt_fingerprint=prompt_fingerprint, prompt_format=prompt_format
+    )
 
 
 def calibrate_files(
@@ -76,10 +91,23 @@ def calibrate_files(
     measure: str = "g-nll",
     correctness: str | None = None,
     model: str | None = None,
+    prompt_format: str | None = None,
     **params: Any,
 ) -> tuple[Calibrator, LabelledScores]:
-    """Fit a :class:`Calibrator` on eval runs / scored files and record where its data came from."""
+    """Fit a :class:`Calibrator` on eval runs / scored files and record where its data came from.
+
+    ``prompt_format``: the :mod:`prompt format <gnll.backends.prompting>` the answers were
+    produced under, when the data does not say (eval runs: ``instruction``; scored files: their
+    ``prompt_format`` column); a different one than the data's is refused.
+    """
     data = load_labelled(paths, measure=measure, correctness=correctness)
+    if prompt_format is not None:
+        check_format(prompt_format)
+        if data.prompt_format not in (None, prompt_format):
+            raise ValueError(
+                f"the data's answers come from {data.prompt_format!r} prompts, not "
+                f"{prompt_format!r}; drop --prompt-format or fix it"
+            )
     if len(data.scores) == 0:
         raise ValueError(
             f"no labelled rows with a finite {measure!r} in {', '.join(map(str, paths))}"
@@ -89,7 +117,8 @@ def calibrate_files(
         "measure": measure,
         "model": model or data.model,
         "prompt_fingerprint": data.prompt_fingerprint,
-        "prompt_format": data.prompt_format,
+        "prompt_format": prompt_format or data.prompt_format,
+        "prompt_description": data.prompt_description,
         "data": {
             "n": int(len(data.scores)),
             "n_correct": int(data.labels.sum()),

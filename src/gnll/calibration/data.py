@@ -53,7 +53,9 @@ class LabelledScores:
     sources: list[dict[str, Any]] = field(default_factory=list)
     model: str | None = None
     prompt_fingerprint: str | None = None
+    #: The answers' :mod:`prompt format <gnll.backends.prompting>` (``None``: unknown or mixed).
     prompt_format: str | None = None
+    prompt_description: str | None = None
     dropped: int = 0
 
 
@@ -149,6 +151,8 @@ def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     info = {"path": str(path), "kind": "scored file", "column": col, "label_column": lab}
     if "model" in df.columns and df["model"].nunique() == 1:
         info["model"] = str(df["model"].iloc[0])
+    if "prompt_format" in df.columns:  # gnll ask --json and gnll score write it
+        info["prompt_formats"] = sorted(map(str, df["prompt_format"].dropna().unique()))
     return scores, labels, info, dropped
 
 
@@ -162,14 +166,18 @@ def load_labelled(
     all_s: list[float] = []
     all_y: list[float] = []
     sources, models, templates, dropped = [], set(), {}, 0
+    formats: set[str | None] = set()
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
         if p.is_dir() or p.name == "samples.jsonl":
             s, y, info, d = _read_run(p, measure, correctness)
             templates.update(info.pop("prompt_templates"))
+            formats.add("instruction")  # gnll eval's task prompts
         else:
             s, y, info, d = _read_table(p, measure)
+            found = info.get("prompt_formats") or [None]
+            formats.update(found)
         info["n"] = len(s)
         info["n_correct"] = int(sum(y))
         info["dropped"] = d
@@ -179,7 +187,7 @@ def load_labelled(
         all_s += s
         all_y += y
         dropped += d
-    fp = fmt = None
+    fp = description = None
     if templates:
         joined = "\n---\n".join(f"{t}:\n{templates[t]}" for t in sorted(templates))
         fp = (
@@ -187,13 +195,14 @@ def load_labelled(
             if len(templates) > 1
             else prompt_fingerprint(next(iter(templates.values())))
         )
-        fmt = "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
+        description = "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
     return LabelledScores(
         scores=np.asarray(all_s, dtype=np.float64),
         labels=np.asarray(all_y, dtype=np.float64),
         sources=sources,
         model=models.pop() if len(models) == 1 else (", ".join(sorted(models)) or None),
         prompt_fingerprint=fp,
-        prompt_format=fmt,
+        prompt_format=formats.pop() if len(formats) == 1 else None,
+        prompt_description=description,
         dropped=dropped,
     )

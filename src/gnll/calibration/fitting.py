@@ -27,6 +27,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,17 +37,53 @@ from scipy.special import expit
 
 from gnll._util import jsonable
 from gnll._util.validation import check_scores_labels
+from gnll.backends.prompting import PROMPT_FORMATS
 from gnll.calibration.metrics import log_loss, probability_metrics
 from gnll.calibration.thresholds import Threshold, accuracy_threshold, coverage_threshold
 
-__all__ = ["FORMAT", "CalibrationMismatchWarning", "Calibrator"]
+__all__ = [
+    "FORMAT",
+    "CalibrationFormatError",
+    "CalibrationMismatchWarning",
+    "Calibrator",
+    "calibration_applies",
+]
 
 FORMAT = "gnll-calibration/1"
 METHODS = ("isotonic", "platt")
+RULES = ("accuracy", "coverage")
 
 
 class CalibrationMismatchWarning(UserWarning):
-    """A calibration file is used with another model or prompt format than it was fitted on."""
+    """A calibration file is used with another model or prompt template than it was fitted on."""
+
+
+class CalibrationFormatError(ValueError):
+    """A calibration is applied to answers produced under another prompt format than it was
+    fitted on (:mod:`gnll.backends.prompting`): the same G-NLL means another P(correct) there."""
+
+
+#: What files written before the prompt format was recorded said instead (``prompt_format`` held
+#: a description then); both describe gnll's instruction prompts.
+_LEGACY_DESCRIPTIONS = {"gnll ask": "instruction", "prompts of gnll eval": "instruction"}
+
+
+def _read_prompt_format(meta: dict[str, Any]) -> None:
+    """Turn an older file's ``prompt_format`` description into a format name (in place)."""
+    value = meta.get("prompt_format")
+    if value is None or value in PROMPT_FORMATS:
+        return
+    meta.setdefault("prompt_description", value)
+    meta["prompt_format"] = next(
+        (fmt for head, fmt in _LEGACY_DESCRIPTIONS.items() if str(value).startswith(head)), None
+    )
+
+
+def calibration_applies(calibrator: Calibrator, prompt_format: str | None) -> bool:
+    """Whether ``calibrator`` may give P(correct) for answers to ``prompt_format`` prompts (yes
+    when either format is unknown)."""
+    fitted = calibrator.meta.get("prompt_format")
+    return fitted is None or prompt_format is None or fitted == prompt_format
 
 
 def _fit_map(method: str, s: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -115,6 +152,11 @@ class Calibrator:
         Out-of-fold predictions of the chosen method: ``{"p": ..., "y": ...}`` (for the diagram).
     thresholds_:
         ``{"accuracy": Threshold, "coverage": Threshold}`` (those asked for).
+    default_rule:
+        The threshold :meth:`abstain` (and ``gnll ask``/``serve``) applies when none is named:
+        ``default_rule`` as given; otherwise ``"accuracy"`` when that rule answers some questions
+        of the labelled data, else ``"coverage"`` (an accuracy target the model cannot reach would
+        refuse every answer). Written to the file with its reason.
     meta:
         Free-form facts recorded in the file: measure, model, prompt fingerprint, data.
     """
@@ -129,7 +171,11 @@ class Calibrator:
         delta: float = 0.1,
         bins: int = 10,
         random_state: int = 0,
+        default_rule: str | None = None,
     ) -> None:
+        if default_rule not in (None, *RULES):
+            raise ValueError(f"default_rule must be one of {RULES}, got {default_rule!r}")
+        self.default_rule_given = default_rule
         self.method = method
         self.cv = cv
         self.target_accuracy = target_accuracy
@@ -200,14 +246,24 @@ class Calibrator:
         out[ok] = _apply_map(self.map_, s[ok])
         return out
 
+    @property
+    def default_rule(self) -> str | None:
+        """The rule applied when none is named (see the class docstring); ``None``: none fitted."""
+        self._check_fitted()
+        return _default_rule(self.thresholds_, self.default_rule_given)[0]
+
     def abstain(self, scores: Any, rule: str | None = None) -> np.ndarray:
-        """True where the abstention rule (``"accuracy"`` first, else ``"coverage"``) abstains."""
+        """True where the abstention rule (by default :attr:`default_rule`) abstains."""
         self._check_fitted()
         if not self.thresholds_:
             raise ValueError(
                 "no abstention threshold was fitted (target_accuracy and target_coverage were None)"
             )
-        rule = rule or ("accuracy" if "accuracy" in self.thresholds_ else "coverage")
+        rule = rule or self.default_rule
+        if rule not in self.thresholds_:
+            raise ValueError(
+                f"no {rule!r} threshold was fitted (there is: {', '.join(self.thresholds_)})"
+            )
         s = np.atleast_1d(np.asarray(scores, dtype=np.float64))
         # A NaN score is not evidence of being right: abstain.
         return ~(np.isfinite(s) & self.thresholds_[rule].answers(s))
@@ -218,12 +274,25 @@ class Calibrator:
         return self.cv_.get(self.method_, {})
 
     def check(
-        self, *, model: str | None = None, prompt_fingerprint: str | None = None
+        self,
+        *,
+        model: str | None = None,
+        prompt_fingerprint: str | None = None,
+        prompt_format: str | None = None,
     ) -> list[str]:
-        """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt format.
+        """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
+        refuse (:class:`CalibrationFormatError`) answers to another prompt format.
 
         Returns the mismatch messages (empty when everything matches or is unknown).
         """
+        if not calibration_applies(self, prompt_format):
+            where = self.meta.get("path", "the calibration")
+            raise CalibrationFormatError(
+                f"{where} was fitted on answers to {self.meta['prompt_format']!r} prompts and "
+                f"cannot give P(correct) for answers to {prompt_format!r} prompts; use the "
+                f"{self.meta['prompt_format']!r} format or fit a calibration on "
+                f"{prompt_format!r} answers (gnll calibrate --prompt-format {prompt_format})"
+            )
         problems = []
         fitted_model = self.meta.get("model")
         if model and fitted_model and model != fitted_model:
@@ -254,6 +323,13 @@ class Calibrator:
             "heldout": self.heldout_metrics,
             "cv": self.cv_,
             "thresholds": {k: t.to_dict() for k, t in self.thresholds_.items()},
+            "default_rule": dict(
+                zip(
+                    ("rule", "why"),
+                    _default_rule(self.thresholds_, self.default_rule_given),
+                    strict=True,
+                )
+            ),
             "params": {
                 "cv": self.cv,
                 "delta": self.delta,
@@ -283,6 +359,11 @@ class Calibrator:
         _apply_map(cal.map_, np.zeros(1))  # fails now, not at first use, on an unknown map kind
         cal.cv_ = d.get("cv", {})
         cal.thresholds_ = {k: Threshold.from_dict(t) for k, t in d.get("thresholds", {}).items()}
+        # a file states its default rule; older files had none (then the same choice is made)
+        given = (d.get("default_rule") or {}).get("rule")
+        if given is not None and given not in cal.thresholds_:
+            raise ValueError(f"default_rule {given!r} has no fitted threshold")
+        cal.default_rule_given = given
         cal.n_fit_ = d.get("n_fit")
         known = {
             "format",
@@ -294,8 +375,10 @@ class Calibrator:
             "thresholds",
             "params",
             "n_fit",
+            "default_rule",
         }
         cal.meta = {k: v for k, v in d.items() if k not in known}
+        _read_prompt_format(cal.meta)
         return cal
 
     def save(self, path: str | Path) -> Path:
@@ -317,8 +400,10 @@ class Calibrator:
         *,
         model: str | None = None,
         prompt_fingerprint: str | None = None,
+        prompt_format: str | None = None,
     ) -> Calibrator:
-        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch."""
+        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch;
+        with ``prompt_format``, refuse a file fitted on another format."""
         path = Path(path)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -331,10 +416,34 @@ class Calibrator:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
         cal.meta.setdefault("path", str(path))
-        cal.check(model=model, prompt_fingerprint=prompt_fingerprint)
+        cal.check(model=model, prompt_fingerprint=prompt_fingerprint, prompt_format=prompt_format)
         return cal
 
     def __repr__(self) -> str:
         if hasattr(self, "method_"):
             return f"Calibrator(method={self.method_!r}, n_fit={self.n_fit_})"
         return f"Calibrator(method={self.method!r}, unfitted)"
+
+
+def _default_rule(thresholds: dict[str, Threshold], given: str | None) -> tuple[str | None, str]:
+    """The rule applied when none is named, and why (written to the calibration file)."""
+    if given is not None:
+        return given, "chosen when the calibration was fitted"
+    acc, cov = thresholds.get("accuracy"), thresholds.get("coverage")
+    if acc is not None and (cov is None or acc.threshold != -math.inf):
+        return "accuracy", (
+            f"accuracy among answered >= {acc.target:g} (probability {1 - acc.delta:g}) is "
+            "reachable on the calibration data"
+            if acc.threshold != -math.inf
+            else "the only rule fitted"
+        )
+    if cov is not None:
+        why = "the only rule fitted"
+        if acc is not None:
+            why = (
+                f"accuracy among answered >= {acc.target:g} is out of reach on the calibration "
+                f"data (that rule refuses every answer); answer the {cov.target:g} most certain "
+                "fraction instead"
+            )
+        return "coverage", why
+    return None, "no threshold fitted"

@@ -27,6 +27,7 @@ import typer
 __all__ = [
     "clusterer_kwargs",
     "coerce",
+    "model_arg_keys",
     "model_kwargs",
     "parse_csv",
     "parse_kv",
@@ -180,13 +181,65 @@ def typed_kwargs(
     return out
 
 
-def model_kwargs(spec: str | None, option: str = "--model_args") -> dict[str, Any]:
-    """``--model_args`` for :func:`gnll.load_model`, typed by the chosen backend's parameters."""
+#: Parameters of the backends' loaders that the loader itself fills in (not ``--model_args`` keys).
+_NOT_MODEL_ARGS = {"self", "name", "name_or_path", "model", "tokenizer", "source", "progress"}
+
+
+def model_arg_keys(backend: str = "hf") -> list[str] | None:
+    """The ``--model_args`` keys ``backend`` accepts (``None`` if its loader takes any keyword).
+
+    >>> "dtype" in model_arg_keys("hf"), "base_url" in model_arg_keys("openai")
+    (True, True)
+    """
     from gnll.backends import load_model
     from gnll.backends.registry import get_backend
 
+    targets: list[Callable[..., Any]] = [load_model, *get_backend(backend).targets]
+    keys: set[str] = set()
+    for target in targets:
+        fn = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
+        for pname, param in inspect.signature(fn).parameters.items():
+            if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD):
+                keys.add(pname)
+    # Each loader passes **model_args on to the next target: only the last one's may be open.
+    last = targets[-1].__init__ if inspect.isclass(targets[-1]) else targets[-1]  # type: ignore[misc]
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(last).parameters.values()):
+        return None
+    return sorted(keys - _NOT_MODEL_ARGS)
+
+
+def model_kwargs(
+    spec: str | None, option: str = "--model_args", *, model: str | None = None
+) -> dict[str, Any]:
+    """``--model_args`` for :func:`gnll.load_model`, typed by the chosen backend's parameters.
+
+    A key the backend does not take raises :class:`typer.BadParameter` listing the keys it takes.
+    Given the ``model`` name, an hf model that cannot be found is refused first, before the backend
+    (torch) is imported (:func:`gnll.backends.resolve.check_model_source`).
+    """
     raw = parse_kv(spec, option)
-    targets: list[Callable[..., Any]] = [load_model, *get_backend(raw.get("backend", "hf")).targets]
+    backend = raw.get("backend", "hf")
+    if model is not None and backend == "hf":
+        from gnll.backends.embedded import EMBEDDED_MODELS
+        from gnll.backends.resolve import check_model_source
+
+        if model not in EMBEDDED_MODELS:
+            check_model_source(model, revision=raw.get("revision"), gguf_file=raw.get("gguf_file"))
+    from gnll.backends import load_model
+    from gnll.backends.registry import get_backend
+
+    try:
+        targets: list[Callable[..., Any]] = [load_model, *get_backend(backend).targets]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=option) from None
+    known = model_arg_keys(backend)
+    unknown = [k for k in raw if known is not None and k not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown key {', '.join(map(repr, unknown))} for backend={backend}; "
+            f"known keys: {', '.join(known or [])}",
+            param_hint=option,
+        )
     return typed_kwargs(raw, *targets, option=option)
 
 

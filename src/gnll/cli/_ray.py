@@ -3,12 +3,34 @@
 from __future__ import annotations
 
 import warnings
-from functools import partial
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from gnll.cli._errors import plain
 
-__all__ = ["cluster_of", "score_on_ray"]
+__all__ = [
+    "AddressOption",
+    "CpusOption",
+    "EngineOption",
+    "GpusOption",
+    "ReplicasOption",
+    "cluster_of",
+    "score_on_ray",
+]
+
+# The options both commands take, declared once so their spelling and help stay the same.
+EngineOption = Annotated[
+    str, typer.Option("--engine", help="local (this process) or ray (replicas on a Ray cluster).")
+]
+AddressOption = Annotated[
+    str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+]
+ReplicasOption = Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")]
+CpusOption = Annotated[
+    float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+]
+GpusOption = Annotated[float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")]
 
 
 def cluster_of(address: str, replicas: int, cpus: float, gpus: float) -> Any:
@@ -32,7 +54,6 @@ def score_on_ray(
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
     from gnll.distributed.scoring import run_score_job
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob
     from gnll.scoring.stream import CALIBRATED_COLUMNS
 
@@ -48,5 +69,5 @@ def score_on_ray(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
                 f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
             )
-    spec = ScoreJob(render_question=partial(ask_prompt, long=long), calibrator=cal, **job)
+    spec = ScoreJob(long=long, calibrator=cal, **job)
     return run_score_job(spec, model, model_kwargs(model_args), cluster)

@@ -21,6 +21,16 @@ def ask(
         typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
     ] = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for a one-sentence answer.")] = False,
+    prompt_format: Annotated[
+        str,
+        typer.Option(
+            "--prompt-format",
+            "--prompt_format",
+            help="instruction: the question inside gnll's answer-briefly instruction; chat: the "
+            "question alone as a chat message (as an OpenAI chat request sends it); text: the "
+            "question as the exact text, no template.",
+        ),
+    ] = "instruction",
     measures: Annotated[
         str,
         typer.Option(
@@ -59,6 +69,12 @@ def ask(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of tables.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans", help="Also the NLL of each sentence or JSON field: sentence or json."
+        ),
+    ] = None,
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -71,20 +87,28 @@ def ask(
     """Answer QUESTION greedily and report its G-NLL (and any other requested measures)."""
     from gnll import load_model
     from gnll import measures as M
+    from gnll.backends.prompting import check_format
     from gnll.scoring.asking import AskOptionError, ask, check_ask_options
 
     try:
         wanted = M.validate(measures)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--measures") from exc
+    try:
+        fmt = check_format(prompt_format)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--prompt-format") from exc
     try:  # before the model loads, not after the greedy pass
         check_ask_options(
             samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
         )
     except AskOptionError as exc:
         raise typer.BadParameter(exc.reason, param_hint=f"--{exc.option}") from exc
-    lm = load_model(model, progress=not as_json, **model_kwargs(model_args))
-    cal = _calibration(calibration, lm.name, long, wanted) if calibration else None
+    if spans is not None and spans not in ("sentence", "json"):
+        raise typer.BadParameter(f"must be sentence or json, got {spans!r}", param_hint="--spans")
+    typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
+    lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
+    cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
     result = ask(
         lm,
         question,
@@ -98,15 +122,60 @@ def ask(
         max_new_tokens=max_new_tokens,
         seed=seed,
         calibration=cal,
+        prompt_format=fmt,
     )
+    span_report = _spans(result.greedy, spans) if spans else None
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        record = result.to_dict()
+        if span_report is not None:
+            record["spans"] = span_report
+        typer.echo(json.dumps(record, ensure_ascii=False))
         return
-    _print_report(question, result.greedy, result.measures, result.calibrated())
+    _print_report(question, result.greedy, result.measures, result.calibrated(), fmt)
+    if span_report is not None:
+        _print_spans(span_report)
 
 
-def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
-    """The calibration for ``--calibration``; a model/prompt mismatch is one warning line."""
+def _spans(greedy, kind: str) -> dict[str, object]:
+    """The answer's span NLLs (:mod:`gnll.spans`), or ``{"error": ...}`` when it has none of that kind."""
+    from gnll.spans import span_nlls
+
+    try:
+        return span_nlls(greedy.tokens, greedy.token_logprobs, greedy.text, kind).to_dict()
+    except ValueError as exc:
+        return {"kind": kind, "error": str(exc)}
+
+
+def _print_spans(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from gnll.cli._errors import safe_text
+
+    console = Console()
+    if "error" in report:
+        console.print(f"[yellow]spans:[/] {report['error']}")
+        return
+    table = Table(
+        title=f"NLL per {'JSON field' if report['kind'] == 'json' else 'sentence'}",
+        caption=f"not in any span: {report['unassigned_nll']:.4f} ({report['unassigned_tokens']} "
+        "tokens); * least certain",
+        show_edge=False,
+    )
+    for col in ("span", "text", "NLL", "tokens"):
+        table.add_column(col, justify="right" if col in ("NLL", "tokens") else "left")
+    for s in report["spans"]:
+        mark = " *" if s["path"] == report["least_certain"] else ""
+        table.add_row(
+            s["path"] + mark, Text(safe_text(s["text"])), f"{s['nll']:.4f}", str(s["num_tokens"])
+        )
+    console.print(table)
+
+
+def _calibration(spec: str, model: str, long: bool, measures: list[str], fmt: str) -> Any:
+    """The calibration for ``--calibration``; a model/prompt mismatch is one warning line, one
+    fitted on another prompt format is refused."""
     import warnings
 
     from gnll.scoring.asking import ask_calibration
@@ -114,7 +183,9 @@ def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            cal = ask_calibration(spec, model=model, long=long, measures=measures)
+            cal = ask_calibration(
+                spec, model=model, long=long, measures=measures, prompt_format=fmt
+            )
         except (FileNotFoundError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--calibration") from exc
     for w in caught:
@@ -123,7 +194,11 @@ def _calibration(spec: str, model: str, long: bool, measures: list[str]) -> Any:
 
 
 def _print_report(
-    question: str, greedy, values: dict[str, float], calibrated: dict[str, object] | None = None
+    question: str,
+    greedy,
+    values: dict[str, float],
+    calibrated: dict[str, object] | None = None,
+    fmt: str = "instruction",
 ) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -141,7 +216,8 @@ def _print_report(
             ("A: ", "bold"), safe_text(greedy.text), (f"  ({greedy.finish_reason})", "dim")
         )
     )
-    scores = Table(title="Uncertainty", caption="higher = more uncertain", show_edge=False)
+    caption = f"higher = more uncertain; prompt format: {fmt}"
+    scores = Table(title="Uncertainty", caption=caption, show_edge=False)
     scores.add_column("measure")
     scores.add_column("value", justify="right")
     for name, value in values.items():
@@ -154,6 +230,12 @@ def _print_report(
                 "[red]abstain[/red]" if calibrated["abstain"] else "[green]answer[/green]"
             )
         console.print(line)
+    if not greedy.tokens:
+        console.print(
+            f"[dim]empty answer: scored by the log-prob of the token that ended it, "
+            f"{greedy.measured_logprobs[0]:.4f}[/dim]"
+        )
+        return
     tokens = Table(title="Greedy answer tokens", show_edge=False)
     tokens.add_column("#", justify="right")
     tokens.add_column("token")

@@ -74,10 +74,32 @@ def calibrate(
         Path | None,
         typer.Option("--plot", help="Reliability diagram PNG (default: next to --output)."),
     ] = None,
+    prompt_format: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt-format",
+            help="Prompt format the answers came from: instruction, chat or text (default: what "
+            "the data records; eval runs are instruction).",
+        ),
+    ] = None,
+    cascade: Annotated[
+        bool,
+        typer.Option(
+            "--cascade",
+            help="Two eval runs over the same questions, SMALL then LARGE: the escalation "
+            "threshold whose cascade accuracy >= --target-accuracy w.p. 1 - delta, and its curve.",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Fit a monotone map from an uncertainty measure to P(correct), with held-out metrics and thresholds."""
     from rich.console import Console
+
+    if cascade:
+        from gnll.cli.calibrate_cascade import calibrate_cascade
+
+        calibrate_cascade(inputs, output, plot, measure, correctness, target_accuracy, delta, debug)
+        return
 
     from gnll.calibration import calibrate_files
     from gnll.calibration.plot import reliability_diagram
@@ -91,6 +113,7 @@ def calibrate(
             measure=measure,
             correctness=correctness,
             model=model,
+            prompt_format=prompt_format,
             method=method,
             cv=cv,
             bins=bins,
@@ -114,6 +137,12 @@ def calibrate(
         title=f"{cal.meta.get('model') or 'model'}: {measure} -> P(correct), {cal.method_}, held-out folds",
     )
     cal.meta["reliability_plot"] = plot.name
+    if cal.meta.get("prompt_format") is None:
+        console.print(
+            "[yellow]warning:[/] the data does not say which prompt format its answers came from "
+            "(instruction, chat or text): pass --prompt-format so the file can refuse answers "
+            "from another one"
+        )
     cal.save(output)
     _print_summary(console, cal, data, output, plot)
 
@@ -163,4 +192,6 @@ def _print_summary(console, cal, data, output: Path, plot: Path) -> None:
             )
             th.add_row(label, thr, _fmt(t.coverage), _fmt(t.accuracy), _fmt(t.accuracy_lower))
         console.print(th)
+        rule, why = cal.to_dict()["default_rule"].values()
+        console.print(f"default rule (--calibration without --rule): {rule}: {plain(why)}")
     console.print(f"[green]wrote[/] {plain(output)} and {plain(plot)}")

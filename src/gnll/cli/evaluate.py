@@ -18,6 +18,7 @@ import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
 from gnll.cli._errors import plain
+from gnll.cli._ray import AddressOption, CpusOption, EngineOption, GpusOption, ReplicasOption
 
 __all__ = ["evaluate"]
 
@@ -167,7 +168,6 @@ def evaluate(
     resume: Annotated[
         bool,
         typer.Option(
-            "--resume",
             "--resume/--no-resume",
             help="Continue a run in OUTPUT_PATH, reusing its caches.",
         ),
@@ -209,7 +209,7 @@ def evaluate(
         typer.Option(
             "--heldout_size",
             "--heldout-size",
-            help="Held-out questions for temperature selection [default: min(100, limit)].",
+            help="Held-out questions for temperature selection (default: min(100, limit)).",
         ),
     ] = None,
     fewshot_as_multiturn: Annotated[
@@ -289,22 +289,11 @@ def evaluate(
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
-    engine: Annotated[
-        str,
-        typer.Option(
-            "--engine", help="local (this process) or ray (chunks of questions on replicas)."
-        ),
-    ] = "local",
-    address: Annotated[
-        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
-    ] = "auto",
-    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
-    cpus_per_replica: Annotated[
-        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
-    ] = 1.0,
-    gpus_per_replica: Annotated[
-        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
-    ] = 0.0,
+    engine: EngineOption = "local",
+    address: AddressOption = "auto",
+    replicas: ReplicasOption = 1,
+    cpus_per_replica: CpusOption = 1.0,
+    gpus_per_replica: GpusOption = 0.0,
 ) -> None:
     """Evaluate uncertainty measures: how well they separate correct from incorrect answers."""
     from rich.console import Console

@@ -4,7 +4,9 @@ Example
 -------
 ``gnll score --input answers.jsonl --output scored.jsonl --calibration calibration.json`` reads rows
 with ``question`` (or ``prompt`` or chat ``messages``) and ``answer``, and writes them back with
-``nll``, ``ln_nll``, ``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
+``prompt_format`` (``instruction`` for a question, asked as ``gnll ask`` asks it; ``chat`` for
+messages or a prompt; ``text`` for a prompt with ``--raw-prompt``), ``nll``, ``ln_nll``,
+``num_tokens``, ``is_greedy``, ``greedy_stops``, ``p_correct`` and ``abstain``.
 Exit status: 0 if every row was scored, 1 if some rows failed (see the errors file), 2 on bad usage.
 """
 
@@ -12,14 +14,51 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gnll.cli._errors import plain
+from gnll.cli._ray import AddressOption, CpusOption, EngineOption, GpusOption, ReplicasOption
 
-__all__ = ["score_command"]
+__all__ = ["check_files", "score_command"]
+
+
+def check_files(
+    fail: Callable[..., None],
+    input: str,
+    output: str,
+    input_format: str | None,
+    errors: Path | None,
+    resume: bool,
+) -> tuple[str, str, Path | None]:
+    """The input and output formats and the errors file of a streaming job (``score``,
+    ``generate``); calls ``fail(message)`` for an unusable combination."""
+    from gnll._util.tabular import file_format
+
+    try:
+        in_fmt = file_format(input, input_format)
+    except ValueError as e:
+        fail(str(e), e)
+    try:
+        out_fmt = file_format(output)
+    except ValueError as e:
+        fail(
+            f"{output}: cannot tell the output format from its name; name it .jsonl or .csv "
+            "(--format sets the input's format only)",
+            e,
+        )
+    if input != "-" and not Path(input).is_file():
+        fail(f"input file {input} does not exist")
+    if out_fmt == "parquet":
+        fail("output must be .jsonl or .csv (or - for stdout); Parquet output is not supported")
+    if resume and output == "-":
+        fail("--resume needs an output file, not stdout")
+    if errors is None and output != "-":
+        errors = Path(output + ".errors.jsonl")
+    return in_fmt, out_fmt, errors
 
 
 def score_command(
@@ -68,6 +107,13 @@ def score_command(
     logprobs: Annotated[
         bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
     ] = False,
+    spans: Annotated[
+        str | None,
+        typer.Option(
+            "--spans",
+            help="Add the NLL of each sentence or JSON field value: sentence or json.",
+        ),
+    ] = None,
     with_greedy: Annotated[
         bool,
         typer.Option(
@@ -77,7 +123,7 @@ def score_command(
     max_new_tokens: Annotated[
         int | None,
         typer.Option(
-            "--max-new-tokens", help="Cap of --with-greedy answers (50; 100 with --long)."
+            "--max-new-tokens", help="Cap of --with_greedy answers (50; 100 with --long)."
         ),
     ] = None,
     calibration: Annotated[
@@ -101,28 +147,18 @@ def score_command(
         bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
     ] = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
-    engine: Annotated[
-        str, typer.Option("--engine", help="local (this process) or ray (replicas on a cluster).")
-    ] = "local",
-    address: Annotated[
-        str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
-    ] = "auto",
-    replicas: Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")] = 1,
-    cpus_per_replica: Annotated[
-        float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
-    ] = 1.0,
-    gpus_per_replica: Annotated[
-        float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")
-    ] = 0.0,
+    engine: EngineOption = "local",
+    address: AddressOption = "auto",
+    replicas: ReplicasOption = 1,
+    cpus_per_replica: CpusOption = 1.0,
+    gpus_per_replica: GpusOption = 0.0,
 ) -> None:
-    """Score given answers by teacher forcing (no generation, unless --with-greedy)."""
+    """Score given answers by teacher forcing (no generation, unless --with_greedy)."""
     from rich.console import Console
 
     from gnll import load_model
-    from gnll._util.tabular import file_format
     from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
-    from gnll.evaluation.data.prompts import ask_prompt
     from gnll.scoring import ScoreJob, run_score_job
     from gnll.scoring.stream import CALIBRATED_COLUMNS
 
@@ -135,22 +171,12 @@ def score_command(
         raise typer.Exit(code=2)
 
     if chunk_size < 1:
-        fail(f"--chunk-size must be >= 1, got {chunk_size}")
+        fail(f"--chunk_size must be >= 1, got {chunk_size}")
+    if spans is not None and spans not in ("sentence", "json"):
+        fail(f"--spans must be sentence or json, got {spans!r}")
     if max_new_tokens is not None and max_new_tokens < 1:
-        fail(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
-    try:
-        in_fmt = file_format(input, input_format)
-        out_fmt = file_format(output)
-    except ValueError as e:
-        fail(str(e), e)
-    if input != "-" and not Path(input).is_file():
-        fail(f"input file {input} does not exist")
-    if out_fmt == "parquet":
-        fail("output must be .jsonl or .csv (or - for stdout); Parquet output is not supported")
-    if resume and output == "-":
-        fail("--resume needs an output file, not stdout")
-    if errors is None and output != "-":
-        errors = Path(output + ".errors.jsonl")
+        fail(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
+    in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     if engine == "ray":
@@ -184,7 +210,7 @@ def score_command(
         _report(console, summary)
         return
     try:
-        lm = load_model(model, progress=progress, **model_kwargs(model_args))
+        lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
     except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
         fail(f"cannot load model {model!r}: {e}", e)
     cal = None
@@ -202,15 +228,9 @@ def score_command(
                 f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
                 f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
             )
-    caps = getattr(lm, "capabilities", None)
-    if caps is not None and caps.missing(["scoring"]):
+    if lm.capabilities.missing(["scoring"]):
         fail(f"{lm.name} cannot score given answers: its backend cannot teacher-force")
-    tok = getattr(lm, "tokenizer", None)
-    render_messages = None
-    if tok is not None and getattr(tok, "chat_template", None):
-
-        def render_messages(messages):
-            return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    render_messages = lm.render_chat if lm.capabilities.chat else None
 
     job = ScoreJob(
         input=input,
@@ -218,12 +238,13 @@ def score_command(
         input_format=in_fmt,
         output_format=out_fmt,
         errors=errors,
-        render_question=lambda q: ask_prompt(q, long=long),
+        long=long,
         render_messages=render_messages,
         raw_prompt=raw_prompt,
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
+        spans=spans,
         max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
         calibrator=cal,
         resume=resume,
@@ -248,6 +269,11 @@ def _report(console, summary) -> None:  # type: ignore[no-untyped-def]
     if summary.boundary_merged:
         msg += f"; {summary.boundary_merged} with a token merged across the prompt/answer boundary"
     console.print(msg)
+    for fmt, n in summary.uncalibrated.items():
+        console.print(
+            f"[yellow]warning:[/] {n} row(s) have no p_correct: their prompts are {fmt!r}, the "
+            "calibration was fitted on answers to prompts of another format"
+        )
     if summary.failed:
         where = summary.errors_path or "stderr"
         console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")

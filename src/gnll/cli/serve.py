@@ -48,7 +48,26 @@ def serve(
             help="Bearer token sent to the upstream server.",
         ),
     ] = None,
-    policy: Annotated[str, typer.Option("--policy", help="annotate, flag or refuse.")] = "annotate",
+    policy: Annotated[
+        str, typer.Option("--policy", help="annotate, flag, refuse or escalate.")
+    ] = "annotate",
+    escalate_to: Annotated[
+        str | None,
+        typer.Option(
+            "--escalate-to",
+            "--escalate_to",
+            help="With --policy escalate: the larger model's OpenAI-compatible server, "
+            "http://HOST:PORT/v1 (sent --upstream-api-key).",
+        ),
+    ] = None,
+    escalate_model: Annotated[
+        str | None,
+        typer.Option(
+            "--escalate-model",
+            "--escalate_model",
+            help="Model name sent to --escalate-to (default: its first listed model).",
+        ),
+    ] = None,
     calibration: Annotated[
         str | None,
         typer.Option(
@@ -78,6 +97,16 @@ def serve(
     refusal: Annotated[
         str | None, typer.Option("--refusal", help="Text that replaces refused answers.")
     ] = None,
+    prompt_format: Annotated[
+        str,
+        typer.Option(
+            "--prompt-format",
+            "--prompt_format",
+            help="How chat requests are rendered: chat (the messages through the model's chat "
+            "template) or instruction (one user message, a question asked as gnll ask asks it; "
+            "in-process only). Completions prompts are always the exact text.",
+        ),
+    ] = "chat",
     max_request_bytes: Annotated[
         int, typer.Option("--max_request_bytes", "--max-request-bytes")
     ] = 1_000_000,
@@ -122,12 +151,25 @@ def serve(
         Path | None,
         typer.Option("--data_dir", "--data-dir", help="Example questions for the web page."),
     ] = None,
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel",
+            help="Emit an OpenTelemetry gen_ai.evaluation.result event per score (needs the otel "
+            "extra; OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set, else stderr).",
+        ),
+    ] = False,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions with an `uncertainty` object on every answer."""
     from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
     from gnll.serving.server import configure_logging, serve_forever
 
     try:
+        if upstream and prompt_format != "chat":
+            raise ValueError(
+                "--prompt-format instruction needs an in-process --model: an --upstream server "
+                "renders chat requests itself"
+            )
         extra = {"refusal": refusal} if refusal else {}
         if calibration is not None:
             if calibration != "auto" and not Path(calibration).is_file():
@@ -148,8 +190,33 @@ def serve(
                     "--min_p_correct needs --calibration (use --threshold on G-NLL without one)"
                 )
             pol = AbstentionPolicy(mode=policy, threshold=threshold, **extra)
+        if (pol.mode == "escalate") != (escalate_to is not None):
+            raise ValueError("--policy escalate and --escalate-to URL go together")
+        if escalate_to is not None and upstream:
+            raise ValueError("--escalate-to needs a local --model, not --upstream")
+        if escalate_to is not None and not escalate_to.startswith(("http://", "https://")):
+            raise ValueError(
+                f"--escalate-to must be an http(s) URL ending in /v1, got {escalate_to!r}"
+            )
         if pol.mode != "annotate" and not pol.active:
             raise ValueError(f"--policy {pol.mode} needs --calibration FILE or --threshold G_NLL")
+        useless = pol.refuses_everything() if pol.mode == "refuse" else None
+        if useless:
+            raise ValueError(
+                f"--policy refuse would refuse every answer: {useless.strip()}; choose another "
+                "--rule, --min_p_correct or --threshold"
+            )
+        tracing, traced_to = None, None
+        if otel:
+            from gnll.serving.tracing import Emitter, configure_provider
+
+            try:
+                traced_to = configure_provider()
+                tracing = Emitter()
+            except ModuleNotFoundError as exc:
+                raise ImportError(
+                    f"--otel needs OpenTelemetry ({exc.name} is missing): pip install 'gnll[otel]'"
+                ) from None
         settings = ServeSettings(
             api_key=api_key,
             max_request_bytes=max_request_bytes,
@@ -160,6 +227,8 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            prompt_format=prompt_format,
+            tracing=tracing,
         )
     except (ValueError, ImportError, FileNotFoundError) as exc:
         typer.echo(f"gnll serve: {exc}", err=True)
@@ -183,14 +252,25 @@ def serve(
         from gnll import load_model
         from gnll.cli._args import model_kwargs
 
-        lm = load_model(model, **model_kwargs(model_args))
+        lm = load_model(model, **model_kwargs(model_args, model=model))
         application = build_inprocess_app(
-            lm, settings, max_batch_prompts=max_batch_prompts, max_wait_ms=batch_wait_ms
+            lm,
+            settings,
+            max_batch_prompts=max_batch_prompts,
+            max_wait_ms=batch_wait_ms,
+            escalate_to=escalate_to,
+            escalate_model=escalate_model,
+            escalate_api_key=upstream_api_key,
         )
         what = f"{lm.name} in-process"
+        if escalate_to:
+            what += f", escalating to {escalate_to}"
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
-        f"gnll serve: {what} on http://{host}:{port} ({auth}, policy {pol.mode}; {pol.source})",
+        f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
+        f"policy {pol.mode}; {pol.source})",
         err=True,
     )
+    if traced_to:
+        typer.echo(f"gnll serve: OpenTelemetry evaluation events to {traced_to}", err=True)
     serve_forever(application, host, port, sock=sock)

@@ -16,6 +16,14 @@ def table(
         Path | None,
         typer.Option("--output", "-o", help="Write the markdown here instead of stdout."),
     ] = None,
+    allow_duplicates: Annotated[
+        bool,
+        typer.Option(
+            "--allow_duplicates",
+            help="Accept runs of the same model and task: their rows are labelled with the run "
+            "directory and the overall average is left out (default: refused).",
+        ),
+    ] = False,
 ) -> None:
     """Print (or write) the paper-style tables of one or more runs (rows: model/task/metric)."""
     from gnll.evaluation.results.report import averaged_significance, load_results, read_strata
@@ -28,7 +36,22 @@ def table(
     except (FileNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
-    text = render_table(results, averaged_significance(results, strata))
+    from gnll.evaluation.results.groups import duplicates
+
+    dup = duplicates(results)
+    if dup and not allow_duplicates:
+        lines = [
+            f"{model} / {task} is in {' and '.join(str(run_dirs[i]) for i in runs)}"
+            for (model, task), runs in dup.items()
+        ]
+        typer.echo(
+            f"error: {'; '.join(lines)}: an average would count one dataset twice, so give each "
+            "model and task once (or pass --allow_duplicates to list them as labelled rows)",
+            err=True,
+        )
+        raise typer.Exit(code=2)
+    labels = [Path(d).name or str(d) for d in run_dirs]
+    text = render_table(results, averaged_significance(results, strata), run_labels=labels)
     if output is None:
         typer.echo(text, nl=False)
     else:

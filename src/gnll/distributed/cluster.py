@@ -36,8 +36,14 @@ def connect(address: str | None = "auto") -> Any:
     ray = require_ray()
     if ray.is_initialized():
         return ray
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if address not in (None, "", "local"):
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "logging_level": "WARNING",
+    }
+    if address in (None, "", "local"):
+        kwargs["address"] = "local"  # always a new private cluster, never one `ray start` runs
+    else:
         kwargs["address"] = address
         _probe(address)
     try:

@@ -165,7 +165,7 @@ class RayEvaluator(Evaluator):
 
     def _compute(self) -> None:
         """Run the recorded calls on the replicas, as many at once as there are replicas."""
-        ray = require_ray()
+        require_ray()
         from ray.util import ActorPool
 
         calls = list(self._wanted.items())
@@ -176,7 +176,6 @@ class RayEvaluator(Evaluator):
         for (key, _), res in zip(calls, results, strict=True):
             self._memo[key] = res
         self.timer.add("replicas", time.perf_counter() - t)
-        del ray
 
     def _run_split(
         self,

@@ -42,19 +42,12 @@ def load(model: ModelSpec, model_args: dict[str, Any] | None = None) -> Model:
 
 def with_model_templates(job: ScoreJob, model: Model) -> ScoreJob:
     """``job`` with the chat-template rendering of ``messages`` rows of this model (as gnll score)."""
-    caps = getattr(model, "capabilities", None)
-    if caps is not None and caps.missing(["scoring"]):
+    if model.capabilities.missing(["scoring"]):
         raise ValueError(
             f"{model.name} cannot score given answers: its backend cannot teacher-force"
         )
-    tok = getattr(model, "tokenizer", None)
-    if tok is None or not getattr(tok, "chat_template", None):
-        return dataclasses.replace(job, render_messages=None)
-
-    def render_messages(messages: list[dict[str, Any]]) -> str:
-        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-    return dataclasses.replace(job, render_messages=render_messages)
+    render = model.render_chat if model.capabilities.chat else None
+    return dataclasses.replace(job, render_messages=render)
 
 
 class ScoreReplica:

@@ -88,14 +88,6 @@ def _score_fields(options: dict[str, Any]) -> list[tuple[str, Any]]:
 SCORE_COLUMNS = ("nll", "ln_nll", "num_tokens", "is_greedy", "greedy_stops", "boundary_merged")
 
 
-def _question_prompt(long: bool) -> Any:
-    from functools import partial
-
-    from gnll.evaluation.data.prompts import ask_prompt
-
-    return partial(ask_prompt, long=long)
-
-
 class ScoreBatches:
     """Ray Data callable class: each actor loads the model once and scores Arrow batches."""
 
@@ -119,7 +111,7 @@ class ScoreBatches:
             input_format="jsonl",
             output_format="jsonl",
             errors=None,
-            render_question=_question_prompt(bool(options.get("long"))),
+            long=bool(options.get("long")),
             raw_prompt=bool(options.get("raw_prompt")),
             verbatim=bool(options.get("verbatim")),
             logprobs=bool(options.get("logprobs")),

@@ -26,7 +26,6 @@ carry ``prompt_token_ids``, ``prompt_logprobs`` and ``logprobs`` as lists of
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from gnll.backends.base import DEFAULT_STOP, GenerationConfig, ScoredAnswer, chat_messages
@@ -60,12 +59,8 @@ class _Templates:
     def __init__(
         self, tokenizer: Any, *, chat_template: bool, eos_ids: set[int], long: bool
     ) -> None:
-        from functools import partial
-
-        from gnll.evaluation.data.prompts import ask_prompt
-
         self.tokenizer, self.chat_template, self.eos_ids = tokenizer, chat_template, set(eos_ids)
-        self.render_question = partial(ask_prompt, long=long)
+        self.long = long
 
     @classmethod
     def _load(cls, source: str, chat_template: bool | None, **kw: Any) -> Any:
@@ -110,7 +105,7 @@ class _Templates:
         return to_item(
             0,
             row,
-            render_question=self.render_question,
+            long=self.long,
             render_messages=render_messages if self.chat_template else None,
             raw_prompt=raw_prompt,
         )
@@ -204,9 +199,7 @@ class VllmScoring(_Templates):
             if e is None:
                 raise ValueError(f"no log-prob for answer token {t - start} in prompt_logprobs")
             v = float(e["logprob"])
-            if not math.isfinite(v) or v <= -9999.0:
-                raise ValueError(f"answer token {t - start} has log-prob {v} (not a probability)")
-            values.append(min(v, 0.0))
+            values.append(v)  # checked (and round-off clamped) below, as gnll score checks them
             rank = e.get("rank")
             best = max(float(x["logprob"]) for x in positions[t].values())
             greedy &= rank == 1 if rank is not None else v >= best
@@ -220,8 +213,7 @@ class VllmScoring(_Templates):
             greedy_stops=None if nxt is None or not len(nxt) else int(nxt[0]) in self.end_ids,
             boundary_merged=bool(row.get("gnll_boundary_merged")),
         )
-        check_scored(item, item.text)
-        return item
+        return check_scored(item, item.text)
 
 
 class VllmGreedy(_Templates):

@@ -7,9 +7,17 @@ log-probabilities are produced.
 
 Notation: for an output ``y = (y_1..y_T)``, ``log p(y|x) = sum_t log p(y_t | x, y_<t)``.
 
-An empty output (zero answer tokens, e.g. the model emitted the stop sequence first) is legal: its
-sequence log-likelihood is ``0`` (probability one of the empty product) unless the backend was asked to
-count the terminator token, and its length-normalised NLL is defined as ``0`` as well.
+**Empty answers.** Pass a :class:`gnll.backends.Generation` (or its ``measured_logprobs``), not its
+raw ``token_logprobs``: an answer without tokens (the model stopped at once) is then scored by the
+log-prob of the token that ended it, never as "log-likelihood 0, maximally certain". Every gnll
+surface follows this one rule. A bare empty sequence ``[]`` is the empty product (log-likelihood 0).
+
+**Range.** Every measure is finite and ``>= 0`` for valid log-probs, and never ``-0.0``. A token
+log-prob must be finite, ``<= 0`` and above ``-9999`` (at or below it is the stand-in servers send
+for -inf): otherwise a ``ValueError`` (:class:`~gnll.measures.LogprobError`) names the token and the
+bound (:func:`~gnll.measures.check_logprobs`). Means and cluster probabilities are computed so that
+no intermediate sum overflows, and a sequence log-likelihood below ``-1.8e308`` (the float64 limit)
+would be a ``ValueError`` naming that bound, never ``inf`` or ``nan``.
 
 Example
 -------
@@ -48,10 +56,21 @@ __all__ = [
     "TokenLogprobs",
 ]
 
+_FLOAT_MAX = float(np.finfo(np.float64).max)
+
+
+def _nonneg(x: float) -> float:
+    """``x`` as a plain float, with a -0.0 turned into 0.0 (no measure reports a negative zero)."""
+    return float(x) + 0.0
+
 
 def _as_logprobs(token_logprobs: TokenLogprobs, *, name: str = "token_logprobs") -> np.ndarray:
-    """Validate one sequence of token log-probs and return it as a float64 array."""
-    return check_logprobs(token_logprobs, where=name)
+    """Validate one sequence of token log-probs and return it as a float64 array (no -0.0).
+
+    A :class:`~gnll.backends.Generation` gives its ``measured_logprobs`` (the empty-answer rule).
+    """
+    token_logprobs = getattr(token_logprobs, "measured_logprobs", token_logprobs)
+    return check_logprobs(token_logprobs, where=name) + 0.0
 
 
 def _as_batch(list_of_token_logprobs: Sequence[TokenLogprobs]) -> list[np.ndarray]:
@@ -71,12 +90,31 @@ def _as_batch(list_of_token_logprobs: Sequence[TokenLogprobs]) -> list[np.ndarra
     return seqs
 
 
+def _loglik(arr: np.ndarray, name: str = "token_logprobs") -> float:
+    """The sum of one output's token log-probs; a ``ValueError`` where it leaves float64's range."""
+    with np.errstate(over="ignore"):
+        total = float(arr.sum())
+    if not np.isfinite(total):
+        raise ValueError(
+            f"{name}: the sequence log-likelihood (sum of {arr.size} token log-probs) is below "
+            f"-{_FLOAT_MAX:.3g}, the float64 limit, and cannot be represented"
+        )
+    return total
+
+
 def _seq_logliks(seqs: list[np.ndarray], *, normalize: bool) -> np.ndarray:
-    sums = np.array([s.sum() for s in seqs])
-    if not normalize:
-        return sums
-    lengths = np.array([max(len(s), 1) for s in seqs])
-    return sums / lengths
+    if normalize:
+        return np.array([_mean(s) for s in seqs])
+    return np.array([_loglik(s, f"list_of_token_logprobs[{i}]") for i, s in enumerate(seqs)])
+
+
+def _mean(values: np.ndarray) -> float:
+    # np.mean sums first and overflows near -1.8e308; the mean of values scaled into [-1, 1],
+    # scaled back, stays within the largest |value| (rounding is monotonic).
+    scale = float(np.max(np.abs(values))) if values.size else 0.0
+    if scale == 0.0:
+        return 0.0
+    return float(np.mean(values / scale)) * scale
 
 
 def _as_cluster_ids(cluster_ids: Sequence[int] | np.ndarray, n: int | None = None) -> np.ndarray:
@@ -95,8 +133,8 @@ def _as_cluster_ids(cluster_ids: Sequence[int] | np.ndarray, n: int | None = Non
 
 
 def sequence_logprob(token_logprobs: TokenLogprobs) -> float:
-    """Sequence log-likelihood ``log p(y|x) = sum_t log p(y_t|x, y_<t)`` (0 for an empty output)."""
-    return float(_as_logprobs(token_logprobs).sum())
+    """Sequence log-likelihood ``log p(y|x) = sum_t log p(y_t|x, y_<t)`` (0 for an empty sequence)."""
+    return _nonneg(_loglik(_as_logprobs(token_logprobs)))
 
 
 def g_nll(token_logprobs: TokenLogprobs) -> float:
@@ -117,7 +155,7 @@ def g_nll(token_logprobs: TokenLogprobs) -> float:
     >>> g_nll([-0.5, -0.25])
     0.75
     """
-    return -sequence_logprob(token_logprobs)
+    return _nonneg(0.0 - sequence_logprob(token_logprobs))
 
 
 def ln_g_nll(token_logprobs: TokenLogprobs) -> float:
@@ -129,7 +167,7 @@ def ln_g_nll(token_logprobs: TokenLogprobs) -> float:
     0.375
     """
     arr = _as_logprobs(token_logprobs)
-    return float(-arr.mean()) if arr.size else 0.0
+    return _nonneg(0.0 - _mean(arr)) if arr.size else 0.0
 
 
 def msp_estimate(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
@@ -143,7 +181,7 @@ def msp_estimate(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
     0.1
     """
     seqs = _as_batch(list_of_token_logprobs)
-    return float(-_seq_logliks(seqs, normalize=False).max())
+    return _nonneg(0.0 - _seq_logliks(seqs, normalize=False).max())
 
 
 def predictive_entropy(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
@@ -155,7 +193,7 @@ def predictive_entropy(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float
     1.25
     """
     seqs = _as_batch(list_of_token_logprobs)
-    return float(-_seq_logliks(seqs, normalize=False).mean())
+    return _nonneg(0.0 - _mean(_seq_logliks(seqs, normalize=False)))
 
 
 def ln_predictive_entropy(list_of_token_logprobs: Sequence[TokenLogprobs]) -> float:
@@ -167,7 +205,7 @@ def ln_predictive_entropy(list_of_token_logprobs: Sequence[TokenLogprobs]) -> fl
     0.75
     """
     seqs = _as_batch(list_of_token_logprobs)
-    return float(-_seq_logliks(seqs, normalize=True).mean())
+    return _nonneg(0.0 - _mean(_seq_logliks(seqs, normalize=True)))
 
 
 def cluster_log_probs(
@@ -185,14 +223,18 @@ def cluster_log_probs(
     seqs = _as_batch(list_of_token_logprobs)
     ids = _as_cluster_ids(cluster_ids, len(seqs))
     logliks = _seq_logliks(seqs, normalize=normalize_length)
+    # p(c) does not change when every log-likelihood moves by one constant; moving the largest to 0
+    # keeps log 2 from vanishing in the round-off of log-likelihoods near -1e308.
+    logliks = logliks - logliks.max()
     uniq = np.unique(ids)
     per_cluster = np.array([logsumexp(logliks[ids == c]) for c in uniq])
-    return per_cluster - logsumexp(logliks)
+    # both terms lie in [-1.8e308, log N], so their difference is finite; no cluster exceeds 1
+    return np.minimum(per_cluster - logsumexp(logliks), 0.0) + 0.0
 
 
 def _entropy_from_log_probs(log_p: np.ndarray) -> float:
-    # `+ 0.0` turns a -0.0 from a single cluster into 0.0.
-    return float(max(-np.sum(np.exp(log_p) * log_p), 0.0)) + 0.0
+    # p log p -> 0 as p -> 0; exp(log_p) underflows to 0 first, so each term stays finite.
+    return _nonneg(max(0.0 - float(np.sum(np.exp(log_p) * log_p)), 0.0))
 
 
 def _monte_carlo_entropy(
@@ -205,7 +247,7 @@ def _monte_carlo_entropy(
     log_p = cluster_log_probs(list_of_token_logprobs, ids, normalize_length=normalize_length)
     # cluster_log_probs is ordered by increasing cluster id: look each sample's cluster up.
     per_sample = log_p[np.searchsorted(np.unique(ids), ids)]
-    return float(max(-per_sample.mean(), 0.0)) + 0.0
+    return _nonneg(max(0.0 - _mean(per_sample), 0.0))
 
 
 def semantic_entropy(
@@ -271,7 +313,7 @@ def discrete_semantic_entropy(cluster_ids: Sequence[int] | np.ndarray) -> float:
     ids = _as_cluster_ids(cluster_ids)
     _, counts = np.unique(ids, return_counts=True)
     freqs = counts / counts.sum()
-    return float(max(-np.sum(freqs * np.log(freqs)), 0.0)) + 0.0
+    return _nonneg(max(0.0 - float(np.sum(freqs * np.log(freqs))), 0.0))
 
 
 def max_cluster_probability(
@@ -284,4 +326,6 @@ def max_cluster_probability(
     >>> round(max_cluster_probability([[-1.0], [-1.0], [-1.0]], [0, 0, 1]), 4)  # -log(2/3)
     0.4055
     """
-    return float(max(-cluster_log_probs(list_of_token_logprobs, cluster_ids).max(), 0.0)) + 0.0
+    return _nonneg(
+        max(0.0 - float(cluster_log_probs(list_of_token_logprobs, cluster_ids).max()), 0.0)
+    )

@@ -96,8 +96,9 @@ def check_logprobs(
     if (arr <= SENTINEL_LOGPROB).any():
         i = int(np.flatnonzero(arr <= SENTINEL_LOGPROB)[0])
         raise LogprobError(
-            f"{where}: {_token(i, tokens)} has log-prob {arr[i]}, the stand-in servers send for "
-            "-inf (probability 0): the token could not have been generated from the raw distribution",
+            f"{where}: {_token(i, tokens)} has log-prob {arr[i]}, at or below {SENTINEL_LOGPROB:g}, "
+            "the stand-in servers send for -inf (probability 0): the token could not have been "
+            "generated from the raw distribution",
             "sentinel",
         )
     if (arr > LOGPROB_TOLERANCE).any():

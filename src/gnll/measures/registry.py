@@ -149,7 +149,10 @@ Output = TokenLogprobs | HasTokenLogprobs
 
 
 def _logprobs_of(output: Output) -> TokenLogprobs:
-    lp = getattr(output, "token_logprobs", None)
+    # A Generation's measured_logprobs carries the empty-answer rule (its stop token's log-prob).
+    lp = getattr(output, "measured_logprobs", None)
+    if lp is None:
+        lp = getattr(output, "token_logprobs", None)
     return output if lp is None else lp  # type: ignore[return-value]
 
 
@@ -313,7 +316,8 @@ def compute(
     """Compute the measures ``names`` of one question (keys in ``names`` order).
 
     Each of ``greedy`` (one output), ``beams`` and ``samples`` (lists of outputs) is a sequence of
-    token log-probs or an object with a ``token_logprobs`` attribute (a ``Generation``);
+    token log-probs or a ``Generation`` (its ``measured_logprobs``: an empty answer counts its stop
+    token's log-prob) or another object with a ``token_logprobs`` attribute;
     ``cluster_ids`` gives the samples' semantic clusters. A measure whose evidence is missing raises
     ``ValueError``; use :func:`computable` to select the measures the evidence allows.
 

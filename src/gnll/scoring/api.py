@@ -4,8 +4,8 @@ Example::
 
     from gnll import load_model, score
     model = load_model("smollm2-135m-instruct")
-    [s] = score(model, ["What is the capital of France?"], ["Paris"])
-    s.nll, s.is_greedy      # NLL of "Paris"; whether greedy decoding would produce it
+    [s] = score(model, ["What is the capital of France?"], ["Paris"], prompt_format="instruction")
+    s.nll, s.is_greedy      # NLL of "Paris" as `gnll ask` asks; whether greedy decoding gives it
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from gnll.backends.base import Capabilities, Model, ScoredAnswer
+from gnll.backends.base import Model, ScoredAnswer
+from gnll.backends.prompting import PromptFormat, prompt_for
 from gnll.measures import check_logprobs
 
 __all__ = ["ScoringError", "check_scored", "join_answer", "score"]
@@ -21,10 +22,6 @@ __all__ = ["ScoringError", "check_scored", "join_answer", "score"]
 
 class ScoringError(ValueError):
     """A model cannot score, or returned something that is not a valid score."""
-
-
-def _capabilities(model: Model) -> Capabilities:
-    return getattr(model, "capabilities", None) or Capabilities()
 
 
 def check_scored(item: ScoredAnswer, answer: str) -> ScoredAnswer:
@@ -65,9 +62,11 @@ def join_answer(rendered_prompt: str, answer: str) -> str:
 
 def score(
     model: Model,
-    prompts: Sequence[str],
+    prompts: Sequence[str] | Sequence[Sequence[dict[str, str]]],
     answers: Sequence[str],
     *,
+    prompt_format: PromptFormat = "chat",
+    long: bool = False,
     raw_prompt: bool = False,
     verbatim: bool = False,
     batch_size: int | None = None,
@@ -81,8 +80,18 @@ def score(
         A loaded model whose ``capabilities.scoring`` is true (the in-process backend; vLLM-style
         servers that echo prompt log-probs).
     prompts:
-        User text, rendered exactly as :meth:`Model.generate` renders it (the model's chat template,
-        if any); with ``raw_prompt=True`` the exact string the model conditions on.
+        What each answer answers, in ``prompt_format``.
+    prompt_format:
+        How ``prompts`` become what the model conditions on (:mod:`gnll.backends.prompting`):
+        ``"instruction"``: questions, asked as ``gnll ask`` and ``gnll score``'s ``question`` field
+        ask them (the same question and answer give the same number on every surface);
+        ``"chat"`` (default): user text as one user turn, or lists of chat turns, through the
+        model's chat template, as :meth:`Model.generate` renders a prompt; ``"text"``: the exact
+        string the model conditions on.
+    long:
+        With ``"instruction"``: the long-answer instruction (``gnll ask --long``).
+    raw_prompt:
+        The same as ``prompt_format="text"`` (kept for existing callers).
     answers:
         The answers to score; each must be a non-empty string. As ``gnll ask`` prints them (stripped):
         a space is put back in front where the prompt ends without white space
@@ -94,10 +103,12 @@ def score(
         ``nll``, ``ln_nll``, ``num_tokens``, per-token log-probs, ``is_greedy``, ``greedy_stops`` and
         ``boundary_merged`` of each answer. The NLL of the model's own greedy answer is its G-NLL.
     """
-    missing = _capabilities(model).missing(["scoring"])
+    if raw_prompt:
+        prompt_format = "text"
+    missing = model.capabilities.missing(["scoring"])
     if missing:
         raise ScoringError(
-            f"{getattr(model, 'name', 'this model')} cannot score given answers (its backend cannot "
+            f"{model.name} cannot score given answers (its backend cannot "
             "teacher-force: no prompt log-probs); use the in-process backend or a vLLM server"
         )
     if isinstance(prompts, str) or isinstance(answers, str):
@@ -109,15 +120,16 @@ def score(
             raise ValueError(f"answer {i} is empty or not a string: {a!r}")
     if not answers:
         return []
+    rendered = [prompt_for(p, prompt_format, long=long) for p in prompts]
+    raw = rendered[0][1]  # one format, so one raw flag for all
+    texts = [p for p, _ in rendered]
     joined = list(answers)
     if not verbatim:
         joined = [
-            join_answer(p if raw_prompt else model.render_prompt(p), a)
-            for p, a in zip(prompts, answers, strict=True)
+            join_answer(p if raw else model.render_prompt(p), a)
+            for p, a in zip(texts, answers, strict=True)
         ]
-    out = model.score(
-        list(prompts), joined, raw_prompt=raw_prompt, batch_size=batch_size, progress=progress
-    )
+    out = model.score(texts, joined, raw_prompt=raw, batch_size=batch_size, progress=progress)
     if len(out) != len(answers):
         raise ScoringError(f"the backend returned {len(out)} scores for {len(answers)} answers")
     return [replace(check_scored(item, a), text=a) for item, a in zip(out, answers, strict=True)]

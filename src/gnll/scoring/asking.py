@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
 from gnll.backends.base import Generation, GenerationConfig, Model
-from gnll.evaluation.data.prompts import ask_prompt
+from gnll.backends.prompting import PromptFormat, check_format, instruction_prompt, prompt_for
 
 if TYPE_CHECKING:
     from gnll.calibration import Calibrator
@@ -39,6 +39,8 @@ class AskResult:
     ----------
     question, model, prompt
         The question, the model's name and the prompt sent (the user text, before any chat template).
+    prompt_format
+        How the question became the prompt (:mod:`gnll.backends.prompting`).
     greedy
         The greedy answer with its tokens and log-probs; ``answer`` is its text.
     measures
@@ -59,6 +61,7 @@ class AskResult:
     cluster_ids: list[int] | None = None
     p_correct: float | None = None
     abstain: bool | None = None
+    prompt_format: str = "instruction"
 
     @property
     def answer(self) -> str:
@@ -79,11 +82,14 @@ class AskResult:
         record: dict[str, object] = {
             "question": self.question,
             "model": self.model,
+            "prompt_format": self.prompt_format,
             "answer": self.greedy.text,
             "tokens": self.greedy.tokens,
             "token_logprobs": self.greedy.token_logprobs,
             "finish_reason": self.greedy.finish_reason,
         }
+        if not self.greedy.tokens:  # what its measures were computed from (the empty-answer rule)
+            record["stop_token_logprob"] = self.greedy.measured_logprobs[0]
         record.update({name.replace("-", "_"): value for name, value in self.measures.items()})
         record.update(self.calibrated())
         if self.samples is not None:
@@ -127,20 +133,33 @@ def check_ask_options(
 
 
 def ask_calibration(
-    spec: str, *, model: str, long: bool = False, measures: Iterable[str] | None = None
+    spec: str,
+    *,
+    model: str,
+    long: bool = False,
+    measures: Iterable[str] | None = None,
+    prompt_format: PromptFormat = "instruction",
 ) -> Calibrator:
     """Load the calibration for :func:`ask`: a ``gnll calibrate`` file, or ``"auto"`` (shipped).
 
     Warns (:class:`gnll.calibration.CalibrationMismatchWarning`) when the file was fitted on another
-    model or prompt; raises ``FileNotFoundError``/``ValueError`` for a missing or unusable file, and
-    ``ValueError`` when the measure it maps is not among ``measures``.
+    model or prompt; raises ``FileNotFoundError``/``ValueError`` for a missing or unusable file,
+    :class:`gnll.calibration.CalibrationFormatError` (a ``ValueError``) when it was fitted on
+    another ``prompt_format``, and ``ValueError`` when the measure it maps is not among
+    ``measures``.
     """
     from gnll.calibration import load_calibration, prompt_fingerprint
 
+    fmt = check_format(prompt_format)
     cal = load_calibration(
         spec,
         model=model,
-        prompt_fingerprint=prompt_fingerprint(ask_prompt("{question}", long=long)),
+        prompt_fingerprint=(
+            prompt_fingerprint(instruction_prompt("{question}", long=long))
+            if fmt == "instruction"
+            else None
+        ),
+        prompt_format=fmt,
     )
     if measures is not None:
         _calibrated_measure(cal, measures)
@@ -168,6 +187,7 @@ def ask(
     max_new_tokens: int | None = None,
     seed: int = 0,
     calibration: str | Calibrator | None = None,
+    prompt_format: PromptFormat = "instruction",
 ) -> AskResult:
     """Answer ``question`` greedily and compute the requested uncertainty measures.
 
@@ -176,8 +196,10 @@ def ask(
     model
         A loaded model, or a name for :func:`gnll.load_model` (loaded for this call only).
     question
-        The question; it is sent in the evaluation's zero-shot prompt
-        (:func:`gnll.evaluation.data.prompts.ask_prompt`).
+        The question, sent in ``prompt_format`` (:mod:`gnll.backends.prompting`): by default
+        ``"instruction"``, the evaluation's zero-shot prompt
+        (:func:`gnll.backends.prompting.instruction_prompt`); ``"chat"``, the question alone as a
+        chat message; ``"text"``, the question as the exact text.
     measures
         Measure names (or one comma-separated string) from :data:`gnll.measures.ORDER`; G-NLL is
         always computed.
@@ -194,7 +216,8 @@ def ask(
         Answer length cap; default 50 (100 with ``long``).
     calibration
         A :class:`gnll.calibration.Calibrator`, a ``gnll calibrate`` file or ``"auto"``: adds
-        ``p_correct`` and ``abstain``.
+        ``p_correct`` and ``abstain``. One fitted on another prompt format is refused
+        (:class:`gnll.calibration.CalibrationFormatError`).
 
     Returns
     -------
@@ -219,22 +242,27 @@ def ask(
         from gnll.backends import load_model
 
         model = load_model(model, progress=False)
+    fmt = check_format(prompt_format)
     if isinstance(calibration, str):
-        calibration = ask_calibration(calibration, model=model.name, long=long)
+        calibration = ask_calibration(calibration, model=model.name, long=long, prompt_format=fmt)
+    elif calibration is not None:
+        calibration.check(prompt_format=fmt)
     calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)
-    prompt = ask_prompt(question, long=long)
+    prompt, raw = prompt_for(question, fmt, long=long)
+    how = {"raw_prompt": True} if raw else {}  # models that render every prompt verbatim
     cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
-    [[greedy]] = model.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap))
+    [[greedy]] = model.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap), **how)
 
     needs = M.requirements(wanted)
     beam_gens = sample_gens = cluster_ids = None
     if M.Needs.BEAMS in needs:
-        [beam_gens] = model.generate([prompt], GenerationConfig.beam(beams, max_new_tokens=cap))
+        beam = GenerationConfig.beam(beams, max_new_tokens=cap)
+        [beam_gens] = model.generate([prompt], beam, **how)
     if M.Needs.SAMPLES in needs:
         cfg = GenerationConfig.sample(
             samples, temperature=temperature, max_new_tokens=cap, seed=seed
         )
-        [sample_gens] = model.generate([prompt], cfg)
+        [sample_gens] = model.generate([prompt], cfg, **how)
     if M.Needs.CLUSTERS in needs:
         if isinstance(clusterer, str):
             from gnll.semantic import load_clusterer
@@ -251,6 +279,7 @@ def ask(
         beams=beam_gens,
         samples=sample_gens,
         cluster_ids=cluster_ids,
+        prompt_format=fmt,
     )
     if calibration is not None and calibrated is not None:
         result.p_correct = float(calibration.predict_proba([values[calibrated]])[0])

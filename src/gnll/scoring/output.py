@@ -111,7 +111,8 @@ def resume_point(output: Path, fmt: str, errors: Path | None) -> int:
 
 
 class RowWriter:
-    """Append rows as JSONL (file or stdout) or CSV (columns fixed by the first row written)."""
+    """Append rows as JSONL (file or stdout) or CSV (every column any row has: a column first met
+    in a later row widens the header, and earlier rows get an empty cell)."""
 
     def __init__(self, path: str, fmt: str, *, append: bool) -> None:
         if fmt not in ("jsonl", "csv"):
@@ -143,8 +144,11 @@ class RowWriter:
         else:
             buf = io.StringIO()
             if self._columns is None:
-                self._columns = list(rows[0])
+                self._columns = list(dict.fromkeys(c for r in rows for c in r))
                 csv.writer(buf).writerow(self._columns)
+            new = [c for r in rows for c in r if c not in self._columns]
+            if new:
+                self._add_columns(list(dict.fromkeys(new)))
             w = csv.writer(buf)
             for r in rows:
                 w.writerow([_cell(r.get(c)) for c in self._columns])
@@ -154,6 +158,31 @@ class RowWriter:
             self._fh.flush()
         else:
             self._sync(self._fh)
+
+    def _add_columns(self, new: list[str]) -> None:
+        """Widen a CSV file's header for columns a later row brings (earlier rows: empty cells).
+
+        A CSV header cannot grow in place, so the rows written so far are copied once into a file
+        with the wider header, which then replaces the old one.
+        """
+        assert self._columns is not None
+        self._columns = self._columns + new
+        self._fh.flush()
+        path = Path(self.path)
+        self._fh.close()
+        tmp = path.with_name(f".{path.name}.tmp")
+        with (
+            path.open(newline="", encoding="utf-8") as src,
+            tmp.open("w", newline="", encoding="utf-8") as dst,
+        ):
+            reader = csv.reader(src)
+            next(reader, None)
+            w = csv.writer(dst)
+            w.writerow(self._columns)
+            for row in reader:
+                w.writerow(row + [""] * len(new))
+        tmp.replace(path)
+        self._fh = open(path, "a", encoding="utf-8", newline="")  # noqa: SIM115
 
     def close(self) -> None:
         if not self._stdout:
@@ -175,7 +204,11 @@ class ErrorLog:
     def __init__(self, path: Path | None, *, append: bool) -> None:
         self.path = path
         self.count = 0
-        self._fh = open(path, "a" if append else "w", encoding="utf-8") if path else None  # noqa: SIM115
+        # Opened on the first bad row: a run without bad rows leaves no empty errors file behind.
+        # Without append, an errors file of an earlier run is removed (it described other output).
+        if path is not None and not append and path.exists():
+            path.unlink()
+        self._fh: TextIO | None = None
         self._sync = _Syncer()
 
     def write(self, line: int, error: str, row: dict[str, Any] | None = None) -> None:
@@ -183,9 +216,11 @@ class ErrorLog:
         rec = {"line": line, "error": error}
         if row and row.get("id") is not None:
             rec["id"] = row["id"]
-        if self._fh is None:
+        if self.path is None:
             print(f"gnll score: input line {line}: {error}", file=sys.stderr)
             return
+        if self._fh is None:
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         self._fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
 
     def flush(self) -> None:

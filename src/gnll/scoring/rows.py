@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from gnll.backends.prompting import prompt_for
+
 __all__ = ["Item", "count_rows", "iter_rows", "to_item"]
 
 PROMPT_FIELDS = ("messages", "prompt", "question")
@@ -40,7 +42,7 @@ def _jsonl(fh: BinaryIO) -> Iterator[Row]:
         try:
             row = json.loads(text)
         except json.JSONDecodeError as e:
-            yield line, None, f"not valid JSON ({e.msg} at column {e.colno})"
+            yield line, None, f"not valid JSON ({e.msg}, column {e.colno})"
             continue
         if not isinstance(row, dict):
             yield line, None, f"expected a JSON object, got {type(row).__name__}"
@@ -111,24 +113,31 @@ def count_rows(path: str, fmt: str) -> int | None:
 
 @dataclass
 class Item:
-    """One valid input row, ready to score."""
+    """One valid input row, ready to score: its prompt in its :mod:`prompt format
+    <gnll.backends.prompting>` (``question``: ``instruction``; ``messages``: ``chat``;
+    ``prompt``: ``chat``, or ``text`` with ``--raw-prompt``)."""
 
     line: int
     row: dict[str, Any]
     prompt: str
     answer: str
     raw_prompt: bool
+    prompt_format: str = "chat"
 
 
 def to_item(
     line: int,
     row: dict[str, Any],
     *,
-    render_question: Callable[[str], str],
+    long: bool,
     render_messages: Callable[[list[dict[str, Any]]], str] | None,
     raw_prompt: bool,
 ) -> Item | str:
-    """Check a row and build its prompt; return an :class:`Item` or an error message."""
+    """Check a row and build its prompt; return an :class:`Item` or an error message.
+
+    ``render_messages`` (the model's :meth:`~gnll.backends.base.Model.render_chat`, ``None``
+    for a model without a chat template) checks that the template takes a row's ``messages``.
+    """
     answer = row.get("answer")
     if answer is None:
         return "missing field 'answer'"
@@ -155,11 +164,17 @@ def to_item(
         if render_messages is None:
             return "field 'messages' needs a model with a chat template (or give 'prompt')"
         try:
-            return Item(line, row, render_messages(value), answer, True)
+            render_messages(value)
         except Exception as e:  # a template may reject a conversation (e.g. roles out of order)
             return f"field 'messages': the chat template rejected it ({e})"
+        return _item(line, row, value, answer, "chat")
     if not isinstance(value, str):
         return f"field {field!r} must be a string, got {type(value).__name__}"
     if field == "question":
-        return Item(line, row, render_question(value), answer, False)
-    return Item(line, row, value, answer, raw_prompt)
+        return _item(line, row, value, answer, "instruction", long=long)
+    return _item(line, row, value, answer, "text" if raw_prompt else "chat")
+
+
+def _item(line: int, row: dict, value: Any, answer: str, fmt: str, *, long: bool = False) -> Item:
+    prompt, raw = prompt_for(value, fmt, long=long)
+    return Item(line, row, prompt, answer, raw, fmt)

@@ -15,10 +15,13 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from gnll import measures as M
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
+from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, resume_point
 from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
+from gnll.spans import span_nlls
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +50,14 @@ class ScoreJob:
     input_format: str
     output_format: str
     errors: Path | None
-    render_question: Callable[[str], str]
+    #: ``question`` rows get the long-answer instruction (``gnll ask --long``).
+    long: bool = False
     render_messages: Callable[[list[dict[str, Any]]], str] | None = None
     raw_prompt: bool = False
     verbatim: bool = False
     logprobs: bool = False
     with_greedy: bool = False
+    spans: str | None = None  # "sentence" or "json": add each answer's span NLLs (gnll.spans)
     max_new_tokens: int = 50
     calibrator: Any = None
     resume: bool = False
@@ -68,6 +73,8 @@ class ScoreSummary:
     failed: int = 0
     skipped_resume: int = 0
     boundary_merged: int = 0
+    #: Rows left without ``p_correct`` per prompt format: not the calibration's format.
+    uncalibrated: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     errors_path: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -127,10 +134,27 @@ def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
     return out
 
 
+def span_columns(tokens: Any, logprobs: Any, text: str, kind: str) -> dict[str, Any]:
+    """``spans``, ``max_span_nll`` and ``least_certain_span`` of one answer (None, with
+    ``spans_error``, when it has no spans of that kind, e.g. no JSON)."""
+    try:
+        report = span_nlls(list(tokens), [float(x) for x in logprobs], text, kind)  # type: ignore[arg-type]
+    except ValueError as e:
+        return {"spans": None, "spans_error": str(e)}
+    top = report.least_certain()
+    return {
+        "spans": [sp.to_dict() for sp in report.spans],
+        "max_span_nll": top.nll if top is not None else None,
+        "least_certain_span": top.path if top is not None else None,
+        "unassigned_nll": report.unassigned_nll,
+    }
+
+
 def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
     row = dict(item.row)
     row.update(
         input_line=item.line,
+        prompt_format=item.prompt_format,
         nll=s.nll,
         ln_nll=s.ln_nll,
         num_tokens=s.num_tokens,
@@ -141,10 +165,15 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
     if job.logprobs:
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
+    if job.spans:
+        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
-        row["g_nll"] = None if greedy is None else -greedy.logprob
-    if job.calibrator is not None:
+        # the greedy answer's measured log-probs: an empty answer counts its stop token's
+        row["g_nll"] = None if greedy is None else M.g_nll(greedy)
+    if job.calibrator is not None and not calibration_applies(job.calibrator, item.prompt_format):
+        row["p_correct"] = row["abstain"] = None  # fitted on another prompt format
+    elif job.calibrator is not None:
         col = CALIBRATED_COLUMNS[job.calibrator.meta.get("measure", "g-nll")]
         row["p_correct"] = float(job.calibrator.predict_proba([row[col]])[0])
         row["abstain"] = bool(job.calibrator.abstain([row[col]])[0])
@@ -161,6 +190,7 @@ class ChunkResult:
     rows_in: int = 0
     skipped_resume: int = 0
     boundary_merged: int = 0
+    uncalibrated: dict[str, int] = field(default_factory=dict)
 
 
 def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -> ChunkResult:
@@ -176,7 +206,7 @@ def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -
             item = to_item(
                 line,
                 row,
-                render_question=job.render_question,
+                long=job.long,
                 render_messages=job.render_messages,
                 raw_prompt=job.raw_prompt,
             )
@@ -192,6 +222,11 @@ def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -
             res.errors.append((item.line, s, item.row))
             continue
         res.boundary_merged += bool(s.boundary_merged)
+        if job.calibrator is not None and not calibration_applies(
+            job.calibrator, item.prompt_format
+        ):
+            fmt = item.prompt_format
+            res.uncalibrated[fmt] = res.uncalibrated.get(fmt, 0) + 1
         res.rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
     return res
 
@@ -234,6 +269,8 @@ def run_score_job(
             summary.rows_in += res.rows_in
             summary.skipped_resume += res.skipped_resume
             summary.boundary_merged += res.boundary_merged
+            for fmt, n in res.uncalibrated.items():
+                summary.uncalibrated[fmt] = summary.uncalibrated.get(fmt, 0) + n
             for line, err, row in res.errors:
                 errors.write(line, err, row)
             # Errors first: a row past the last output row is re-scored on resume, never lost.

@@ -38,8 +38,12 @@ def build_inprocess_app(
     *,
     max_batch_prompts: int = 64,
     max_wait_ms: float = 200.0,
+    escalate_to: str | None = None,
+    escalate_model: str | None = None,
+    escalate_api_key: str | None = None,
 ) -> FastAPI:
-    """The app serving an already loaded gnll model with dynamic batching."""
+    """The app serving an already loaded gnll model with dynamic batching; with ``escalate_to`` (a
+    ``/v1`` URL) uncertain answers go to that server instead (:mod:`gnll.serving.cascade`)."""
     from gnll.serving.engine import BatchingEngine
     from gnll.serving.inprocess import InProcessService
 
@@ -50,5 +54,14 @@ def build_inprocess_app(
         engine,
         default_max_tokens=settings.default_max_tokens,
         max_tokens_limit=settings.max_tokens_limit,
+        prompt_format=settings.prompt_format,
     )
+    if escalate_to is not None:
+        from gnll.serving.cascade import CascadeService
+        from gnll.serving.proxy import ProxyService
+
+        upstream = ProxyService(
+            escalate_to, api_key=escalate_api_key, timeout=settings.upstream_timeout
+        )
+        service = CascadeService(service, upstream, escalate_model)
     return create_app(service, settings)

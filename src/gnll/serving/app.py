@@ -269,7 +269,11 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
                 log_request(request, reply.status, request.state.started)
 
             stream = _observed(reply.stream, reply.records, metrics, done, observe=not known)
+            if settings.tracing is not None:  # --otel (gnll.serving.tracing)
+                stream = settings.tracing.wrap(stream, reply.records)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
+        if settings.tracing is not None:
+            settings.tracing.emit(reply.records, (reply.body or {}).get("id"))
         return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
     @app.post("/v1/completions")

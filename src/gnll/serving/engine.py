@@ -5,7 +5,8 @@ so it never blocks on a forward pass. Only requests with the same
 :class:`~gnll.backends.base.GenerationConfig` can share forward passes; the worker serves the
 oldest request's group first and leaves the others queued (no starvation). Two ways:
 
-- **continuous** (models with :meth:`~gnll.backends.hf.HFModel.open_decoder`, the hf backend): a
+- **continuous** (a :class:`~gnll.backends.base.StreamingModel`, whose ``capabilities.streaming``
+  says so: the hf backend): a
   request that arrives while the group decodes joins at the next step, taking the slots of rows
   that finished, and each request is answered as soon as its own rows end;
 - **per call** (any other model): requests that arrive while a batch decodes wait in the queue and
@@ -13,11 +14,15 @@ oldest request's group first and leaves the others queued (no starvation). Two w
 
 Examples
 --------
->>> from gnll.backends.base import Generation, GenerationConfig
->>> class Echo:  # a stand-in model: answers each prompt with its own length
+>>> from gnll.backends.base import Generation, GenerationConfig, Model
+>>> class Echo(Model):  # a stand-in model: answers each prompt with its own length
 ...     name = "echo"
 ...     def generate(self, prompts, config=None, **kw):
 ...         return [[Generation(str(len(p)), [1], ["x"], [-0.5], "eos")] for p in prompts]
+...     def score(self, prompts, answers, **kw):
+...         raise NotImplementedError
+...     def render_prompt(self, prompt):
+...         return prompt
 >>> import asyncio
 >>> async def main():
 ...     engine = BatchingEngine(Echo())
@@ -34,8 +39,6 @@ Examples
 from __future__ import annotations
 
 import asyncio
-import copy
-import inspect
 import itertools
 import logging
 import secrets
@@ -44,9 +47,9 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
 from gnll.serving.errors import RequestError
 
 log = logging.getLogger("gnll.serve")
@@ -148,8 +151,7 @@ class BatchingEngine:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._raw_model: Model | None = None
-        self._continuous = callable(getattr(model, "open_decoder", None))
+        self._continuous = model.capabilities.streaming
         self.batches = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -209,7 +211,7 @@ class BatchingEngine:
         """Like :meth:`submit`, as events while decoding runs (called from the event loop).
 
         Yields ``("tokens", [(prompt, j, token_id, raw log-prob), ...])`` once per decoding step
-        of the job's rows (models with ``open_decoder`` only; others decode a whole batch at
+        of the job's rows (streaming models only; others decode a whole batch at
         once), then ``("done", generations)`` as :meth:`submit` returns them. Failures are raised
         from the iterator; :class:`EngineStopped` is raised here, before anything is queued.
         """
@@ -294,12 +296,15 @@ class BatchingEngine:
             else:
                 self._run_call(batch)
 
+    @property
+    def _streaming(self) -> StreamingModel:
+        return cast(StreamingModel, self.model)
+
     def _decoder(self, job: _Job) -> Any:
-        make = getattr(self.model, "open_decoder", None)
-        if make is None or not callable(make):
+        if not self._continuous:
             return None
         rows = self.max_batch_prompts * job.config.num_sequences
-        return make(job.config, width=rows)
+        return self._streaming.open_decoder(job.config, width=rows)
 
     def _run_continuous(self, decoder: Any, batch: list[_Job]) -> None:
         """Decode the group of ``batch[0]``: jobs of the same group that queue meanwhile join it
@@ -311,8 +316,8 @@ class BatchingEngine:
         def join(job: _Job) -> None:
             nonlocal served
             try:
-                ids = self.model.encode(job.prompts, raw_prompt=job.raw)
-                self.model.check_context(ids, job.config.max_new_tokens)
+                ids = self._streaming.encode(job.prompts, raw_prompt=job.raw)
+                self._streaming.check_context(ids, job.config.max_new_tokens)
             except ValueError as exc:  # this request's problem only (too long a prompt): a 400
                 job.reject(RequestError(str(exc), "prompt"))
                 return
@@ -327,7 +332,7 @@ class BatchingEngine:
                 job.resolve([])
                 return
             number = next(numbers)
-            stops = self.model.stop_rules(job.config.stop)
+            stops = self._streaming.stop_rules(job.config.stop)
             for i, row in enumerate(ids):
                 decoder.add(
                     (number, i),
@@ -417,20 +422,9 @@ class BatchingEngine:
     def _generate(self, prompts: list[str], config: GenerationConfig, raw: bool) -> list:
         if config.strategy == "sample" and config.seed is None:
             config = config.replace(seed=secrets.randbelow(2**31))
-        model = self.model
-        if raw and getattr(model, "chat_template", False):
-            if "raw_prompt" in inspect.signature(model.generate).parameters:
-                return model.generate(prompts, config, raw_prompt=True)
-            model = self._raw_view()
-        return model.generate(prompts, config)
-
-    def _raw_view(self) -> Model:
-        """The same model (shared weights and tokenizer) rendering prompts verbatim."""
-        if self._raw_model is None:
-            view = copy.copy(self.model)
-            view.chat_template = False  # type: ignore[attr-defined]
-            self._raw_model = view
-        return self._raw_model
+        if raw and self.model.capabilities.chat:  # a model without a template renders verbatim
+            return self.model.generate(prompts, config, raw_prompt=True)
+        return self.model.generate(prompts, config)
 
 
 def _settle(job: _Job, value: Any, exc: BaseException | None) -> None:

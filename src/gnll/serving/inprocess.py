@@ -8,18 +8,22 @@ penalties, ``logit_bias``) are refused with a 400 rather than ignored. ``top_log
 ``logprobs`` (completions) report each answer token's most likely alternatives under the raw
 distribution, as the decoding loop computes them.
 
-Prompt rendering: ``/v1/completions`` prompts are raw text. A chat request with one user message
-is rendered exactly as ``gnll eval`` renders its prompts (the backend's chat template, a single
-user turn), so answers and G-NLL match the evaluation's; longer conversations go through the
-tokenizer's chat template; a model without one sees the messages' texts joined by blank lines.
+Prompt rendering (:mod:`gnll.backends.prompting`): ``/v1/completions`` prompts are ``text``, the
+exact text. Chat requests are ``chat`` by default: the messages are a
+:class:`~gnll.backends.base.ChatPrompt` that the model renders itself
+(:meth:`~gnll.backends.base.Model.render_chat`: its chat template, or the messages' texts joined
+by blank lines for a model without one), as every other gnll surface renders chat turns. With
+``prompt_format="instruction"`` a chat request's one user message is a question, asked as ``gnll
+ask`` asks it. Every answer's ``uncertainty`` says which format its prompt had.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.base import ChatPrompt, Generation, GenerationConfig, Model, StreamingModel
+from gnll.backends.prompting import prompt_for
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.errors import ModelNotFound, RequestError
 from gnll.serving.metrics import Metrics
@@ -29,29 +33,9 @@ from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import annotate
 
 
-def chat_prompt(model: Model, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
-    """``(prompt, raw)``: the text to generate from and whether it is already rendered."""
-    texts = [m.text() for m in messages]
-    if len(messages) == 1 and messages[0].role == "user":
-        return texts[0], False
-    tokenizer = getattr(model, "tokenizer", None)
-    if getattr(model, "chat_template", False) and tokenizer is not None:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": m.role, "content": t} for m, t in zip(messages, texts, strict=True)],
-            add_generation_prompt=True,
-            tokenize=False,
-        )
-        bos = getattr(tokenizer, "bos_token", None)
-        # The raw path tokenises with special tokens; a template that writes BOS itself would get two.
-        if bos and rendered.startswith(bos) and _adds_bos(tokenizer):
-            rendered = rendered[len(bos) :]
-        return rendered, True
-    return "\n\n".join(texts), True
-
-
-def _adds_bos(tokenizer: Any) -> bool:
-    ids = tokenizer("a")["input_ids"]
-    return bool(ids) and ids[0] == tokenizer.bos_token_id
+def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
+    """The conversation as one prompt, for the model to render (:meth:`Model.render_chat`)."""
+    return ChatPrompt.of([{"role": m.role, "content": m.text()} for m in messages])
 
 
 def to_answer(
@@ -71,6 +55,7 @@ def to_answer(
         decoding=decoding,
         top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
+        measured_logprobs=gen.measured_logprobs,
     )
 
 
@@ -86,9 +71,12 @@ class InProcessService:
         *,
         default_max_tokens: int = 100,
         max_tokens_limit: int = 512,
+        prompt_format: str = "chat",
     ) -> None:
         self.model = model
         self.engine = engine
+        #: How chat requests are rendered (``completions`` prompts are always ``"text"``).
+        self.prompt_format = prompt_format
         self.default_max_tokens = default_max_tokens
         self.max_tokens_limit = max_tokens_limit
 
@@ -98,7 +86,12 @@ class InProcessService:
 
     def describe(self) -> dict[str, Any]:
         top = 20 if self.engine.reports_alternatives else 0
-        return {"mode": self.mode, "model": self.model_name, "top_logprobs": top}
+        return {
+            "mode": self.mode,
+            "model": self.model_name,
+            "top_logprobs": top,
+            "prompt_format": {"chat": self.prompt_format, "completions": "text"},
+        }
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
         return True, {"queued": self.engine.queued}
@@ -120,19 +113,16 @@ class InProcessService:
         return [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "gnll"}]
 
     def prompt_tokens(self, prompt: str, raw: bool) -> int:
-        tokenizer = getattr(self.model, "tokenizer", None)
-        if tokenizer is None:
+        """The prompt's token count as the model conditions on it (0 when the model cannot tell)."""
+        if not self.model.capabilities.streaming:
             return 0
-        text = prompt if raw else self.model.render_prompt(prompt)
-        return len(tokenizer(text)["input_ids"])
+        return len(cast(StreamingModel, self.model).encode([prompt], raw_prompt=raw)[0])
 
     def streams_live(self) -> bool:
-        """Whether streamed answers go out while they are decoded (the model has a decoding loop
-        that reports its tokens, :meth:`~gnll.backends.hf.HFModel.open_decoder`); otherwise a
-        stream replays the finished answer."""
-        return callable(getattr(self.model, "open_decoder", None)) and hasattr(
-            self.model, "stop_rules"
-        )
+        """Whether streamed answers go out while they are decoded (a
+        :class:`~gnll.backends.base.StreamingModel`); otherwise a stream replays the finished
+        answer."""
+        return self.model.capabilities.streaming
 
     async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
@@ -150,7 +140,10 @@ class InProcessService:
         answers, n_prompt, prompt = await self.generate(req)
         chat = isinstance(req, ChatCompletionRequest)
         records, texts, finishes = annotate(
-            answers, settings.policy, include_tokens=req.wants_logprobs
+            answers,
+            settings.policy,
+            include_tokens=req.wants_logprobs,
+            prompt_format=self.format_of(req),
         )
         if chat:
             body = R.chat_body(
@@ -193,7 +186,7 @@ class InProcessService:
         first = await anext(events)
         n = config.num_sequences
         live = LiveStream(
-            self.model,
+            cast(StreamingModel, self.model),
             config.stop,
             choices=len(prompts) * n,
             n=n,
@@ -206,7 +199,10 @@ class InProcessService:
         def finish(outs: list[list[Generation]]) -> tuple:
             answers = self._answers(outs, config)
             recs, _, finishes = annotate(
-                answers, settings.policy, include_tokens=req.wants_logprobs
+                answers,
+                settings.policy,
+                include_tokens=req.wants_logprobs,
+                prompt_format=self.format_of(req),
             )
             records.extend(recs)
             n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
@@ -224,15 +220,25 @@ class InProcessService:
         config = req.generation_config(
             default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
         )
-        if isinstance(req, ChatCompletionRequest):
-            try:
-                prompt, raw = chat_prompt(self.model, req.messages)
-            except ValueError as exc:
-                raise RequestError(str(exc), "messages") from exc
-            prompts = [prompt]
-        else:
-            prompts, raw = req.prompts, True
-        return config, prompts, raw
+        if not isinstance(req, ChatCompletionRequest):
+            return config, req.prompts, True
+        if self.prompt_format == "instruction":
+            if len(req.messages) != 1 or req.messages[0].role != "user":
+                raise RequestError(
+                    "this server asks chat requests in the 'instruction' prompt format "
+                    "(gnll serve --prompt-format instruction): send one user message, the question",
+                    "messages",
+                )
+            prompt, raw = prompt_for(req.messages[0].text(), "instruction")
+            return config, [prompt], raw
+        try:
+            return config, [chat_prompt(req.messages)], False
+        except ValueError as exc:
+            raise RequestError(str(exc), "messages") from exc
+
+    def format_of(self, req: CompletionRequest | ChatCompletionRequest) -> str:
+        """The request's prompt format (:mod:`gnll.backends.prompting`)."""
+        return self.prompt_format if isinstance(req, ChatCompletionRequest) else "text"
 
     @staticmethod
     def _answers(

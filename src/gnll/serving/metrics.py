@@ -59,6 +59,12 @@ class Metrics:
             "Abstentions / greedy answers with a decision, since start",
             registry=r,
         )
+        self.escalations = Counter(
+            "gnll_escalations",
+            "Answers sent to the larger model under --policy escalate (failed attempts included)",
+            ["outcome"],
+            registry=r,
+        )
         self.batch_size = Histogram(
             "gnll_batch_prompts",
             "Prompts per batched run: a generate call, or a continuous decoding loop from start to idle",
@@ -80,6 +86,10 @@ class Metrics:
 
     def observe_answer(self, record: dict[str, Any]) -> None:
         self.answers.labels(record.get("decoding", "greedy")).inc()
+        if record.get("escalated"):
+            self.escalations.labels("answered").inc()
+        elif record.get("escalation_error"):
+            self.escalations.labels("failed").inc()
         if record.get("g_nll") is not None:
             self.g_nll.observe(record["g_nll"])
         if record.get("abstain") is not None:

@@ -238,7 +238,11 @@ class ProxyService:
             )
         answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
         records, texts, finishes = annotate(
-            answers, settings.policy, include_tokens=req.wants_logprobs, source="upstream"
+            answers,
+            settings.policy,
+            include_tokens=req.wants_logprobs,
+            source="upstream",
+            prompt_format="chat" if chat else "text",
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
@@ -267,6 +271,7 @@ class ProxyService:
             tokens=gen.tokens,
             token_logprobs=gen.token_logprobs,
             decoding="greedy" if req.greedy else "sampled",
+            measured_logprobs=gen.measured_logprobs,
         )
 
     async def _relay(
@@ -322,7 +327,11 @@ class ProxyService:
         try:
             answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
             records, _, finishes = annotate(
-                answers, settings.policy, include_tokens=req.wants_logprobs, source="upstream"
+                answers,
+                settings.policy,
+                include_tokens=req.wants_logprobs,
+                source="upstream",
+                prompt_format="chat" if chat else "text",
             )
         except LogprobError as exc:
             yield R.sse(R.error_body(str(exc), "upstream_error"))

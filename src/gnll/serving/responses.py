@@ -26,6 +26,9 @@ class Answer:
     decoding: str = "greedy"
     top_logprobs: list[dict[str, float]] | None = None
     completion_tokens: int | None = None
+    #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
+    #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
+    measured_logprobs: list[float] | None = None
 
 
 @dataclass

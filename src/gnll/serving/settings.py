@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gnll.serving.uncertainty import AbstentionPolicy
 
@@ -30,6 +31,15 @@ class ServeSettings:
         Proxy mode: seconds per upstream request (504 past it).
     body_timeout:
         Seconds a request body may take to arrive (408 past it: a slow sender holds a connection).
+    prompt_format:
+        How ``/v1/chat/completions`` messages become the model's prompt
+        (:mod:`gnll.backends.prompting`): ``"chat"``, the messages through the model's chat
+        template; ``"instruction"``, one user message taken as a question and asked as ``gnll
+        ask`` asks it (in-process only). ``/v1/completions`` prompts are always ``"text"``. A
+        calibration fitted on another format than the chat requests' is refused here.
+    tracing:
+        A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
+        answer's scores; ``None`` (the default) emits nothing and imports nothing.
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -41,8 +51,31 @@ class ServeSettings:
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
     body_timeout: float = 30.0
+    prompt_format: str = "chat"
+    tracing: Any = None
 
     def __post_init__(self) -> None:
+        if self.prompt_format not in ("chat", "instruction"):
+            raise ValueError(
+                f"chat requests can be rendered as 'chat' or 'instruction', not {self.prompt_format!r}"
+            )
+        cal = self.policy.calibrator
+        if cal is not None:
+            from gnll.calibration import CalibrationFormatError, calibration_applies
+
+            if not calibration_applies(cal, self.prompt_format):
+                fitted = cal.meta["prompt_format"]
+                hint = (
+                    "pass --prompt-format instruction (a chat request's one user message is then "
+                    "a question, asked as gnll ask asks it)"
+                    if fitted == "instruction"
+                    else f"use a calibration fitted on {self.prompt_format!r} answers"
+                )
+                raise CalibrationFormatError(
+                    f"the calibration ({cal.meta.get('path', 'given')}) was fitted on answers to "
+                    f"{fitted!r} prompts, but chat requests are rendered as {self.prompt_format!r}: "
+                    f"its P(correct) would not apply; {hint}"
+                )
         if self.max_request_bytes < 1024:
             raise ValueError(f"--max_request_bytes must be >= 1024, got {self.max_request_bytes}")
         if not self.body_timeout > 0:

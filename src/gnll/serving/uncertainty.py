@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
-from gnll.measures.logprobs import check_logprobs
+from gnll.measures.logprobs import LogprobError, check_logprobs
 
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
 
-Mode = Literal["annotate", "flag", "refuse"]
-MODES: tuple[str, ...] = ("annotate", "flag", "refuse")
+Mode = Literal["annotate", "flag", "refuse", "escalate"]
+MODES: tuple[str, ...] = ("annotate", "flag", "refuse", "escalate")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
 
 
@@ -44,8 +44,9 @@ class AbstentionPolicy:
     mode:
         ``"annotate"`` (add ``p_correct``/``abstain``), ``"flag"`` (the same; clients read
         ``uncertainty.abstain`` or the ``X-Uncertainty-Abstain`` header: ``finish_reason`` keeps
-        OpenAI's values) or ``"refuse"`` (replace the answer text by ``refusal``; the refused text,
-        its tokens and log-probs are not sent anywhere).
+        OpenAI's values), ``"refuse"`` (replace the answer text by ``refusal``; the refused text,
+        its tokens and log-probs are not sent anywhere) or ``"escalate"`` (ask a larger upstream
+        model instead: :mod:`gnll.serving.cascade`).
     calibrator:
         A fitted :class:`gnll.calibration.Calibrator` (``gnll calibrate``): gives ``p_correct``, and
         by default abstains with its fitted threshold (``rule``: ``"accuracy"`` -- accuracy among
@@ -86,15 +87,16 @@ class AbstentionPolicy:
             if self.threshold is not None:
                 raise ValueError("give --calibration or --threshold, not both")
             fitted = getattr(self.calibrator, "thresholds_", {}) or {}
-            if self.rule is None and self.min_p_correct is None:
-                self.rule = "accuracy" if "accuracy" in fitted else next(iter(fitted), None)
+            if self.rule is None and self.min_p_correct is None and fitted:
+                self.rule = getattr(self.calibrator, "default_rule", None) or next(iter(fitted))
             if self.rule is not None and self.rule not in fitted:
                 raise ValueError(
                     f"the calibration file has no {self.rule!r} threshold "
                     f"(it has: {', '.join(fitted) or 'none'}); give --min_p_correct instead"
                 )
         if self.source == "none" and self.threshold is not None:
-            self.source = f"threshold: abstain when G-NLL > {self.threshold:g}"
+            verb = "escalate" if self.mode == "escalate" else "abstain"
+            self.source = f"threshold: {verb} when G-NLL > {self.threshold:g}"
 
     @classmethod
     def from_calibration(
@@ -118,13 +120,40 @@ class AbstentionPolicy:
             policy.source = name + _rule_text(policy)
         return policy
 
+    def refuses_everything(self) -> str | None:
+        """Why this policy would abstain on every answer (G-NLL >= 0), or ``None`` if it would not."""
+        if self.threshold is not None and self.threshold < 0:
+            return f"--threshold {self.threshold:g} is below 0, and every G-NLL is >= 0"
+        if self.calibrator is None:
+            return None
+        if self.min_p_correct is not None:
+            best = _best_p_correct(self.calibrator)
+            if best < self.min_p_correct:
+                return (
+                    f"the calibration never gives p_correct above {best:.3g}, below "
+                    f"--min_p_correct {self.min_p_correct:g}"
+                )
+            return None
+        if self.rule is not None:
+            t = self.calibrator.thresholds_[self.rule]
+            if t.threshold < 0:  # -inf: the rule's target is out of reach
+                return f"the calibration's {self.rule!r} rule{_rule_text(self)}"
+        return None
+
     @property
     def active(self) -> bool:
         return self.calibrator is not None or self.threshold is not None
 
-    def decide(self, g_nll: float) -> tuple[float | None, bool | None]:
-        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured)."""
+    def decide(
+        self, g_nll: float, prompt_format: str | None = None
+    ) -> tuple[float | None, bool | None]:
+        """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured, or
+        when the calibration was fitted on another prompt format than the answer's)."""
         if self.calibrator is not None:
+            from gnll.calibration import calibration_applies
+
+            if not calibration_applies(self.calibrator, prompt_format):
+                return None, None
             p = float(self.calibrator.predict_proba([g_nll])[0])
             if self.min_p_correct is not None:
                 return p, bool(p < self.min_p_correct)
@@ -144,6 +173,14 @@ class AbstentionPolicy:
             "min_p_correct": self.min_p_correct,
             "rule": self.rule,
         }
+
+
+def _best_p_correct(calibrator: Any) -> float:
+    """The largest p_correct the calibration gives any G-NLL >= 0 (at 0 or at a knot of its map)."""
+    knots = [x for x in calibrator.map_.get("x", []) if x > 0]
+    if calibrator.map_.get("kind") == "platt" and calibrator.map_.get("coef", 0.0) > 0:
+        return 1.0  # increasing in G-NLL: approaches 1 for large values
+    return float(max(calibrator.predict_proba([0.0, *knots])))
 
 
 def _fitted_g_nll(policy: AbstentionPolicy) -> float | None:
@@ -181,11 +218,29 @@ def uncertainty_record(
     top_logprobs: Sequence[dict[str, float]] | None = None,
     include_tokens: bool = False,
     source: str = "model",
+    measured_logprobs: Sequence[float] | None = None,
+    prompt_format: str | None = None,
 ) -> dict[str, Any]:
-    """The ``uncertainty`` object of one answer (see the module docstring for the fields)."""
-    lps = check_logprobs(token_logprobs, where=source, tokens=tokens).tolist()
-    nll = _g_nll(lps) if lps else 0.0
-    ln = _ln_g_nll(lps) if lps else 0.0
+    """The ``uncertainty`` object of one answer (see the module docstring for the fields).
+
+    ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`).
+
+    ``measured_logprobs`` (``Generation.measured_logprobs``) is what G-NLL is computed from when it
+    differs from the answer's ``token_logprobs``: for an empty answer, its stop token's log-prob.
+    An answer with no log-prob at all has no G-NLL: a :class:`LogprobError`, never "0, certain".
+    """
+    answer_lps = check_logprobs(token_logprobs, where=source, tokens=tokens).tolist()
+    lps = (
+        answer_lps
+        if measured_logprobs is None
+        else check_logprobs(measured_logprobs, where=source).tolist()
+    )
+    if not lps:
+        raise LogprobError(
+            f"{source} gave an empty answer without the log-prob of the token that ended it: "
+            "its G-NLL is undefined (an empty answer is scored by its stop token's log-prob)"
+        )
+    nll, ln = _g_nll(lps), _ln_g_nll(lps)
     greedy = decoding == "greedy"
     record: dict[str, Any] = {
         "measure": "g-nll",
@@ -193,15 +248,17 @@ def uncertainty_record(
         "g_nll": nll if greedy else None,
         "ln_g_nll": ln if greedy else None,
         "nll": nll,
-        "num_tokens": len(lps),
+        "num_tokens": len(answer_lps),
         "p_correct": None,
         "abstain": None,
     }
+    if prompt_format is not None:
+        record["prompt_format"] = prompt_format
     if greedy:
-        record["p_correct"], record["abstain"] = policy.decide(nll)
+        record["p_correct"], record["abstain"] = policy.decide(nll, prompt_format)
     if include_tokens:
         record["tokens"] = list(tokens) if tokens is not None else None
-        record["token_logprobs"] = lps
+        record["token_logprobs"] = answer_lps
         if top_logprobs is not None:
             record["top_logprobs"] = [dict(t) for t in top_logprobs]
     return record
@@ -229,11 +286,14 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
         "Abstain": "abstain",
     }
     # A header none of the choices has a value for (P-Correct without a calibration) is left out.
-    return {
+    headers = {
         f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records)
         for h, k in fields.items()
         if any(r.get(k) is not None for r in records)
     }
+    if any("answered_by" in r for r in records):  # --policy escalate
+        headers["X-Answered-By"] = ",".join(fmt(r.get("answered_by")) for r in records)
+    return headers
 
 
 def apply_policy(
@@ -254,9 +314,16 @@ def apply_policy(
 
 
 def annotate(
-    answers: Sequence[Answer], policy: Any, *, include_tokens: bool, source: str = "model"
+    answers: Sequence[Answer],
+    policy: Any,
+    *,
+    include_tokens: bool,
+    source: str = "model",
+    prompt_format: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
+    from gnll.serving.answer_spans import add_spans
+
     records, texts, finishes = [], [], []
     for a in answers:
         rec = uncertainty_record(
@@ -267,8 +334,12 @@ def annotate(
             top_logprobs=a.top_logprobs,
             include_tokens=include_tokens,
             source=source,
+            prompt_format=prompt_format,
+            measured_logprobs=a.measured_logprobs,
         )
         text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        # a refused answer gets no spans: they would reveal its text
+        add_spans(rec, a.text, None if rec.get("refused") else a.tokens, a.token_logprobs)
         records.append(rec)
         texts.append(text)
         finishes.append(finish)

@@ -161,6 +161,10 @@ class HFModel(Model):
             terminator=True,
             chat=self.chat_template,
             sampling_logprobs=True,
+            # open_decoder() runs one (gnll's loop, continuous batching, full attention)
+            streaming=(
+                self.engine is not None and self.continuous_batching and refillable(self.engine)
+            ),
         )
         self._stop_rules_cache: dict[tuple[str, ...], StopRules] = {}
 
@@ -234,6 +238,10 @@ class HFModel(Model):
         enc = self.tokenizer(texts, add_special_tokens=not templated)
         return [list(ids) for ids in enc["input_ids"]]
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids`` (the tokenizer's ``decode``)."""
+        return self.tokenizer.decode(token_ids)
+
     @cached_property
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
@@ -260,12 +268,13 @@ class HFModel(Model):
         *,
         batch_size: int | None = None,
         progress: bool | Callable[[float], None] = False,
+        raw_prompt: bool = False,
     ) -> list[list[Generation]]:
         config = config or GenerationConfig.greedy()
-        encoded = self.encode(prompts)
+        encoded = self.encode(prompts, raw_prompt=raw_prompt)
         if not encoded:
             return []
-        self._check_context(encoded, config.max_new_tokens)
+        self.check_context(encoded, config.max_new_tokens)
         stops = self.stop_rules(config.stop)
         rows_per_batch = batch_size or self.batch_size
         # Longest first: similar lengths share a batch (little padding) and memory peaks show early.
@@ -378,10 +387,6 @@ class HFModel(Model):
 
     def check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
         """A clear error for a prompt the model's context cannot hold (before any computing)."""
-        self._check_context(encoded, max_new_tokens)
-
-    def _check_context(self, encoded: Sequence[Sequence[int]], max_new_tokens: int) -> None:
-        """A clear error for a prompt the model's context cannot hold (before any computing)."""
         context = getattr(self.model.config, "max_position_embeddings", None)
         if not context:
             return
@@ -476,7 +481,7 @@ class HFModel(Model):
         return self._score_ids(self.encode(prompts), [list(c) for c in token_ids])
 
     def _score_ids(self, prompt_ids: list[list[int]], conts: list[list[int]]) -> list[np.ndarray]:
-        self._check_context([[*p, *c] for p, c in zip(prompt_ids, conts, strict=True)], 0)
+        self.check_context([[*p, *c] for p, c in zip(prompt_ids, conts, strict=True)], 0)
         scored = score_ids(
             self.model,
             self.tokenizer,

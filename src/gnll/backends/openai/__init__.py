@@ -8,6 +8,7 @@ Modules: :mod:`~gnll.backends.openai.client` (HTTP, retries, secrets),
 
 from typing import Any
 
+from gnll.backends.identity import server_identity
 from gnll.backends.openai.client import HTTPClient, ServerError, ServerUnavailable
 from gnll.backends.openai.model import OpenAICompatModel
 from gnll.backends.openai.servers import PROFILES, ServerProfile
@@ -24,7 +25,10 @@ __all__ = [
 
 
 @register_backend(
-    "openai", requires={"base_url": "http://HOST:PORT/v1"}, targets=(OpenAICompatModel,)
+    "openai",
+    requires={"base_url": "http://HOST:PORT/v1"},
+    targets=(OpenAICompatModel,),
+    identity=server_identity,
 )
 def load_openai(name: str, *, progress: bool = True, **model_args: Any) -> OpenAICompatModel:
     """The ``"openai"`` backend: ``name`` served at ``base_url`` (nothing loads locally)."""

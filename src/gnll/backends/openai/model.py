@@ -9,9 +9,11 @@ servers keep is split off as the terminator (see :mod:`gnll.backends.openai.pars
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from typing import Any
 
 from gnll._util.seeds import request_seed
@@ -23,6 +25,7 @@ from gnll.backends.base import (
     GenerationErrors,
     Model,
     ScoredAnswer,
+    chat_messages,
 )
 from gnll.backends.openai.client import HTTPClient, ServerError, resolve_api_key
 from gnll.backends.openai.parse import RawTokens, read_choice, server_logprobs, to_generation
@@ -72,7 +75,7 @@ class OpenAICompatModel(Model):
         model = load_model("Qwen/Qwen2.5-7B-Instruct", backend="openai",
                            base_url="http://localhost:8000/v1")
         [[g]] = model.generate(["What is the capital of France?"])
-        g.text, -sum(g.token_logprobs)   # the answer and its G-NLL
+        g.text, -g.logprob   # the answer and its G-NLL
     """
 
     def __init__(
@@ -131,7 +134,7 @@ class OpenAICompatModel(Model):
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.profile.capabilities
+        return replace(self.profile.capabilities, chat=bool(self.chat))
 
     @property
     def endpoint(self) -> str:
@@ -183,10 +186,16 @@ class OpenAICompatModel(Model):
         *,
         batch_size: int | None = None,
         progress: bool = False,
+        raw_prompt: bool = False,
     ) -> list[list[Generation]]:
         config = config or GenerationConfig.greedy()
         if isinstance(prompts, str):
             raise TypeError("prompts must be a list of strings; wrap a single prompt as [prompt]")
+        if raw_prompt and not self.profile.completions:
+            raise NotImplementedError(
+                f"a {self.profile.name} server has no completions endpoint, so it cannot take a "
+                "raw (already rendered) prompt"
+            )
         caps = self.capabilities
         if config.strategy == "beam":
             raise NotImplementedError(
@@ -210,7 +219,8 @@ class OpenAICompatModel(Model):
         errors: dict[int, str] = {}
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             futures = {
-                pool.submit(self._request, prompts[i], config, i, k, j): (i, j) for i, k, j in jobs
+                pool.submit(self._request, prompts[i], config, i, k, j, raw_prompt): (i, j)
+                for i, k, j in jobs
             }
             for f in as_completed(futures):
                 i, j = futures[f]
@@ -239,11 +249,20 @@ class OpenAICompatModel(Model):
         return None if config.seed is None else request_seed(config.seed, offset, prompt)
 
     def _request(
-        self, prompt: str, config: GenerationConfig, index: int, n: int, offset: int
+        self,
+        prompt: str,
+        config: GenerationConfig,
+        index: int,
+        n: int,
+        offset: int,
+        raw_prompt: bool = False,
     ) -> list[Generation]:
         where = f"prompt {index}"
+        seed = self._seed(config, prompt, offset)
+        # A raw prompt is the exact text: the completions endpoint, no template.
+        how: dict[str, Any] = {"endpoint": "completions", "chat": False} if raw_prompt else {}
         try:
-            raws = self.request_raw(prompt, config, n=n, seed=self._seed(config, prompt, offset))
+            raws = self.request_raw(prompt, config, n=n, seed=seed, **how)
             return [
                 to_generation(raw, config, eos_logprob=self.profile.eos_logprob, where=where)
                 for raw in raws
@@ -278,7 +297,7 @@ class OpenAICompatModel(Model):
             body["seed"] = seed
         if endpoint == "chat":
             body.update(
-                messages=[{"role": "user", "content": prompt}],
+                messages=chat_messages(prompt),  # a ChatPrompt's own turns, or one user turn
                 logprobs=True,
                 top_logprobs=top_logprobs,
             )
@@ -307,13 +326,13 @@ class OpenAICompatModel(Model):
 
     def _tokenize_prompt(self, prompt: str) -> list[int]:
         """vLLM ``/tokenize`` of the chat-formatted prompt (cached: greedy and samples share it)."""
-        if prompt not in self._prompt_ids:
+        turns = chat_messages(prompt)  # a ChatPrompt's own turns, or one user turn
+        key = prompt if len(turns) == 1 else json.dumps(turns)
+        if key not in self._prompt_ids:
             if len(self._prompt_ids) > 8192:
                 self._prompt_ids.clear()
-            self._prompt_ids[prompt] = self._tokenize(
-                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True
-            )
-        return self._prompt_ids[prompt]
+            self._prompt_ids[key] = self._tokenize(messages=turns, add_generation_prompt=True)
+        return self._prompt_ids[key]
 
     def _tokenize(self, **body: Any) -> list[int]:
         answer = self.client.post("/tokenize", {"model": self.name, **body}, root=True)
@@ -359,7 +378,7 @@ class OpenAICompatModel(Model):
     def _score_one(self, index: int, prompt: str, answer: str, *, raw_prompt: bool) -> ScoredAnswer:
         where = f"prompt {index}"
         if self.chat and not raw_prompt:
-            user = [{"role": "user", "content": prompt}]
+            user = chat_messages(prompt)
             prefix = self._tokenize(messages=user, add_generation_prompt=True)
             full = self._tokenize(
                 messages=[*user, {"role": "assistant", "content": answer}],

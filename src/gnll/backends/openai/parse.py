@@ -147,7 +147,7 @@ def server_logprobs(values: list[float | None], tokens: list[str], where: str) -
     >>> server_logprobs([-9999.0], ["x"], "prompt 3")
     Traceback (most recent call last):
     ...
-    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, the stand-in servers send for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
+    gnll.backends.openai.client.ServerError: prompt 3: token 0 'x' has log-prob -9999.0, at or below -9999, the stand-in servers send for -inf (probability 0): the token could not have been generated from the raw distribution; check the server's logprobs mode and sampling settings
     """
     try:
         return _check_logprobs(values, where=where, tokens=tokens).tolist()
@@ -252,6 +252,14 @@ def to_generation(
     values = server_logprobs(raw.logprobs[: term.stop], raw.tokens[: term.stop], where)
     ids = raw.token_ids if raw.token_ids is not None else [-1] * n
     answer_lp, term_lp = values[:k], values[term]
+    if k == 0 and not term_lp:
+        # gnll scores an empty answer by its stop token's log-prob; without it there is no G-NLL,
+        # and 0 ("certain") would be a lie.
+        raise ServerError(
+            f"{where}: the answer is empty and the server reported no log-prob for the token that "
+            f"ended it ({finish}), so it has no G-NLL (an empty answer is scored by its stop "
+            "token's log-prob); vLLM reports it"
+        )
     return Generation(
         text=raw.text.strip(),
         token_ids=ids[:k],

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from gnll.backends.prompting import BRIEF_LONG, BRIEF_SHORT, instruction_prompt, question_block
 from gnll.evaluation.data.datasets import Example
 from gnll.text import answer_tokens
 
@@ -48,9 +49,6 @@ __all__ = [
     "format_block",
     "judge_prompt",
 ]
-
-BRIEF_SHORT = "Answer the following question as briefly as possible."
-BRIEF_LONG = "Answer the following question in a single brief but complete sentence."
 
 #: At most this many distinct (after SQuAD normalisation) gold answers are listed in a judge prompt
 #: (TriviaQA has questions with 200+ aliases; small judges drown in them).
@@ -98,13 +96,10 @@ def canonical_answer(answers: Sequence[str]) -> str:
 
 def format_block(example: Example, answer: str | None = None) -> str:
     """One ``[Context: ..\\n]Question: ..\\nAnswer:`` block; with ``answer``, a few-shot block."""
-    text = ""
-    if example.context:
-        text += f"Context: {example.context}\n"
-    text += f"Question: {example.question}\n"
+    text = question_block(example.question, context=example.context)
     if answer is not None:
-        return text + f"Answer: {answer}\n\n"
-    return text + "Answer:"
+        return text + f" {answer}\n\n"
+    return text
 
 
 def fewshot_prefix(instruction: str, fewshot: Sequence[Example]) -> str:
@@ -129,7 +124,7 @@ def ask_prompt(question: str, *, long: bool = False) -> str:
     Question: Who wrote Hamlet?
     Answer:
     """
-    return build_prompt(BRIEF_LONG if long else BRIEF_SHORT, [], Example("ask", question, ()))
+    return instruction_prompt(question, long=long)
 
 
 def build_messages(

@@ -9,7 +9,9 @@ the main evaluation). The uncertainty is the NLL of one output sequence found by
   ``n = 1..N`` (``n = 1`` is "a single sample's NLL"),
 
 and each estimator's AUROC is reported against its number of candidates. Better approximations of
-the most likely sequence should score higher (Sec. 5.2).
+the most likely sequence should score higher (Sec. 5.2). An empty answer, beam or sample is scored
+(and ranked) by its stop token's log-prob, as everywhere in gnll
+(:attr:`gnll.backends.Generation.measured_logprobs`).
 
 The figure's reference lines are the paper's sampling-based baselines (PE, LN-PE, SE, LN-SE, D-SE)
 "with their optimal hyperparameter settings": their scores come from a ``gnll eval`` run of the same
@@ -85,22 +87,21 @@ def run_ablation(
     ]
     # Per estimator and number of candidates, each question's NLL of the sequence it found.
     nll: dict[str, dict[str, list[float]]] = {
-        "greedy": {"1": [M.g_nll(g.token_logprobs) for g in greedy]}
+        "greedy": {"1": [M.g_nll(g.measured_logprobs) for g in greedy]}
     }
-    caps = getattr(model, "capabilities", None)
-    if widths and (caps is None or not caps.missing(["beams"])):
+    if widths and not model.capabilities.missing(["beams"]):
         nll["beam search"] = {}
         for w in widths:
             cfg = GenerationConfig.beam(w, max_new_tokens=max_new, seed=None)
             gens = model.generate(prompts, cfg)
             nll["beam search"][str(w)] = [
-                M.msp_estimate([g.token_logprobs for g in gs]) for gs in gens
+                M.msp_estimate([g.measured_logprobs for g in gs]) for gs in gens
             ]
     for tau in temperatures:
         cfg = GenerationConfig.sample(samples, temperature=tau, max_new_tokens=max_new, seed=seed)
         gens = model.generate(prompts, cfg)
         nll[f"sampling T={tau:g}"] = {
-            str(n): [M.msp_estimate([g.token_logprobs for g in gs[:n]]) for gs in gens]
+            str(n): [M.msp_estimate([g.measured_logprobs for g in gs[:n]]) for gs in gens]
             for n in range(1, samples + 1)
         }
     # The AUROC and its bootstrap standard error, as the main evaluation reports them.

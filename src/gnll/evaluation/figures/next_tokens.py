@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gnll import measures as M
+
 __all__ = ["next_token_distributions", "plot_next_tokens"]
 
 
@@ -65,7 +67,7 @@ def next_token_distributions(
             {
                 "prompt": prompt,
                 "answer": gen.text,
-                "g_nll": -sum(gen.token_logprobs),
+                "g_nll": M.g_nll(gen),
                 "steps": steps,
             }
         )

@@ -14,8 +14,12 @@ from gnll.evaluation.results.correctness import judge_index
 
 __all__ = [
     "METRIC_LABELS",
+    "MIN_PER_CLASS",
     "average_groups",
+    "class_counts",
     "defined",
+    "duplicates",
+    "enough_per_class",
     "iter_rows",
     "metric_label",
     "overall_keys",
@@ -90,3 +94,42 @@ def _is_paper(metric: str) -> bool:
 def defined(mres: dict[str, Any]) -> bool:
     """Whether every measure of a metric row has an AUROC (a row of one class has none)."""
     return all(v.get("auroc") is not None for v in mres["measures"].values())
+
+
+#: Fewest correct and fewest incorrect answers a row needs before a table prints its AUROC's
+#: standard error or a significance star. With fewer, most bootstrap resamples hold one or two
+#: answers of the small class (or none, and are skipped), so the standard error collapses towards 0
+#: and the paired test can call a difference "significant" that a second draw of questions would
+#: not repeat: one correct answer in ten gives AUROC 1.000 ± .000 and p = 1/1001. Ten per class is
+#: the usual floor for a rank statistic's normal approximation (and the "ten events" rule of
+#: thumb); the AUROC itself is still printed.
+MIN_PER_CLASS = 10
+
+
+def class_counts(mres: dict[str, Any]) -> tuple[int, int]:
+    """(correct, incorrect) answers of a metric row (derived from n and accuracy for older runs)."""
+    if mres.get("n_correct") is not None and mres.get("n_incorrect") is not None:
+        return int(mres["n_correct"]), int(mres["n_incorrect"])
+    n = int(mres.get("n") or 0)
+    acc = mres.get("accuracy")
+    if acc is None or acc != acc:  # NaN: no answers
+        return 0, n
+    correct = round(float(acc) * n)
+    return correct, n - correct
+
+
+def enough_per_class(mres: dict[str, Any], minimum: int = MIN_PER_CLASS) -> bool:
+    """Whether a metric row has at least ``minimum`` correct and ``minimum`` incorrect answers."""
+    return min(class_counts(mres)) >= minimum
+
+
+def duplicates(results_list: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[int]]:
+    """(model, task) -> indices of the runs holding it, for every pair held by more than one run.
+
+    Averaging over datasets would count such a task twice, as if it were two datasets.
+    """
+    where: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, res in enumerate(results_list):
+        for task in res["tasks"]:
+            where[(res.get("labelled_from") or res["model"], task)].append(i)
+    return {k: v for k, v in where.items() if len(v) > 1}

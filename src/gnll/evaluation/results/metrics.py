@@ -245,6 +245,8 @@ def evaluate_measures(
     out: dict[str, Any] = {
         "n": int(len(c)),
         "accuracy": float(c.mean()) if len(c) else float("nan"),
+        "n_correct": int(c.sum()),
+        "n_incorrect": int(len(c) - c.sum()),
     }
     per: dict[str, dict[str, float]] = {}
     for name, sc in measures.items():

@@ -16,11 +16,21 @@ from typing import Any
 from gnll import measures as M
 from gnll.evaluation.results.correctness import judge_index
 from gnll.evaluation.results.groups import (
+    MIN_PER_CLASS,
     average_groups,
     defined,
+    duplicates,
+    enough_per_class,
     iter_rows,
     metric_label,
     overall_keys,
+)
+
+#: The table note on rows too small for a standard error or a star.
+SMALL_ROWS = (
+    f"± and `*` are printed only for rows with at least {MIN_PER_CLASS} correct and "
+    f"{MIN_PER_CLASS} incorrect answers (an averaged row: in every task it averages); with fewer, "
+    "the bootstrap standard error collapses and the test is not meaningful."
 )
 
 __all__ = ["render_table"]
@@ -171,13 +181,14 @@ def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
         "SE and LN-SE are the paper's Eq. (5), the Monte-Carlo form (1/N) Σ -log p(c_n); SE-RB "
         "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
     )
-    out.append("")
+    out += ["", SMALL_ROWS, ""]
     out += _header(["Model", "Task", "Metric", "n", "Acc."])
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m]["auroc"] for m in ms}
-        ses = {m: ms[m]["auroc_se"] for m in ms}
-        star = bool(mres.get("significance", {}).get("significant"))
+        enough = enough_per_class(mres)
+        ses = {m: ms[m]["auroc_se"] for m in ms} if enough else None
+        star = enough and bool(mres.get("significance", {}).get("significant"))
         cells = _task_cells(res, task, metric, mres)
         out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
     return out
@@ -215,18 +226,23 @@ def _auroc_averaged(
         "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
         "overall **Average** is the mean over every row of a paper metric (F1 and each judge), "
         "as the paper's Table 1 averages all its rows; Contains rows stay out where a paper "
-        "metric scores the same run and length (a task is not counted twice for F1 and Contains)."
+        "metric scores the same run and length (a task is not counted twice for F1 and Contains). "
+        + SMALL_ROWS
     )
     out.append("")
     out += _header(["Model", "Gen.", "Metric", "#tasks"])
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
     in_overall = overall_keys(groups)
+    overall_enough = True
     for (run, model, mode, label), full_rows in groups.items():
         counted = (run, model, mode, label) in in_overall
         full = [mres for _t, _m, mres in full_rows]
         # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
         lst = [x for x in full if defined(x)]
+        enough = all(enough_per_class(x) for x in lst)
+        if counted:
+            overall_enough = overall_enough and enough
         vals, ses = {}, {}
         for m in M.ORDER:
             a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
@@ -241,11 +257,13 @@ def _auroc_averaged(
                         all_ses[m] += s
         n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
         star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
-        out.append(
-            "| " + " | ".join([model, mode, label, n_txt] + _row_cells(vals, ses, star)) + " |"
-        )
+        cells = _row_cells(vals, ses if enough else None, star and enough)
+        out.append("| " + " | ".join([model, mode, label, n_txt] + cells) + " |")
     if len(in_overall) > 1:
-        out += _overall_average(in_overall, all_vals, all_ses, significance)
+        if duplicates(results_list):
+            out += ["", "(No overall average: some runs hold the same model and task.)"]
+        else:
+            out += _overall_average(in_overall, all_vals, all_ses, significance, overall_enough)
     return out
 
 
@@ -254,15 +272,18 @@ def _overall_average(
     all_vals: dict[str, list[float]],
     all_ses: dict[str, list[float]],
     significance: dict[str, Any],
+    enough: bool = True,
 ) -> list[str]:
     n_rows = max((len(v) for v in all_vals.values()), default=0)
     vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
     ses = {
         m: math.sqrt(sum(x * x for x in s)) / len(s) for m, s in all_ses.items() if len(s) == n_rows
     }
-    star = bool((significance.get("overall") or {}).get("significant"))
+    star = enough and bool((significance.get("overall") or {}).get("significant"))
     metrics = " / ".join(dict.fromkeys(k[3] for k in in_overall))
-    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(vals, ses, star)
+    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(
+        vals, ses if enough else None, star
+    )
     out = ["| " + " | ".join(cells) + " |"]
     if "overall" not in significance:
         out += ["", "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)"]
@@ -322,7 +343,9 @@ def _ara80_averaged(
             n_cells += len(lst)
         cells = [model, mode, label, str(len(lst)), _fmt(sum(acc) / len(acc) if acc else None)]
         out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
-    if len(in_overall) > 1:
+    if len(in_overall) > 1 and duplicates(results_list):
+        out += ["", "(No overall average: some runs hold the same model and task.)"]
+    elif len(in_overall) > 1:
         vals = {m: sum(v) / len(v) for m, v in every.items() if len(v) == n_cells}
         acc_txt = _fmt(sum(every_acc) / len(every_acc) if every_acc else None)
         labels = " / ".join(dict.fromkeys(k[3] for k in in_overall))
@@ -431,6 +454,7 @@ def render_table(
     significance: dict[str, Any] | None = None,
     *,
     sections: Sequence[str] | None = None,
+    run_labels: Sequence[str] | None = None,
 ) -> str:
     """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
 
@@ -445,6 +469,10 @@ def render_table(
     sections
         Names from :data:`SECTIONS` to render, in table order (default: all of them). ``gnll eval``
         prints ``("notes", "auroc")``.
+    run_labels
+        One name per run (``gnll table``: the run directories). Two runs holding the same model and
+        task are refused without them (an average would count one dataset twice); with them, those
+        runs' rows are labelled ``model (run)`` and the overall average is left out.
 
     Returns
     -------
@@ -455,6 +483,21 @@ def render_table(
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown table sections {unknown}; known: {', '.join(SECTIONS)}")
+    dup = duplicates(results_list)
+    if dup:
+        (model, task), runs = next(iter(dup.items()))
+        if run_labels is None:
+            raise ValueError(
+                f"runs {', '.join(str(i + 1) for i in runs)} both hold {model} / {task}: averaging "
+                "them would count one dataset twice; give each model and task once"
+            )
+        clash = {i for runs in dup.values() for i in runs}
+        results_list = [
+            {**res, "model": f"{res['model']} ({run_labels[i]})", "labelled_from": res["model"]}
+            if i in clash
+            else res
+            for i, res in enumerate(results_list)
+        ]
     if significance is None:
         significance = _run_significance(results_list)
     out: list[str] = []

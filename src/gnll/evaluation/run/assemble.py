@@ -35,8 +35,9 @@ def measure_logprobs(
 
     ``sampling``: a sampled answer's log-probs under the distribution it was drawn from
     (``Generation.sampling_logprobs``, e.g. tempered) instead of the temperature-1 model's.
-    ``empty="terminator"``: an answer without tokens (the model stopped at once) gets the log-prob of
-    its stop token, as in Farquhar et al.'s code, instead of log-likelihood 0 (maximal certainty).
+    ``empty="terminator"``: gnll's one empty-answer rule (:attr:`Generation.measured_logprobs`):
+    an answer without tokens gets the log-prob of its stop token, instead of log-likelihood 0
+    (maximal certainty). ``empty="zero"`` (``--empty_answer zero``) only reassembles old runs.
 
     >>> g = Generation("", [], [], [], "stop", terminator_token_ids=[198], terminator_logprobs=[-2.5])
     >>> measure_logprobs(g), measure_logprobs(g, empty="zero")
@@ -45,13 +46,11 @@ def measure_logprobs(
     >>> measure_logprobs(s), measure_logprobs(s, sampling=True)
     ([-1.0], [-0.4])
     """
-    if not gen.token_ids:
-        if empty == "terminator" and gen.terminator_logprobs:
-            return [float(gen.terminator_logprobs[0])]
-        return []
+    if not gen.token_ids and not gen.tokens:
+        return gen.measured_logprobs if empty == "terminator" else []
     if sampling and gen.sampling_logprobs is not None:
         return list(gen.sampling_logprobs)
-    return list(gen.token_logprobs)
+    return gen.measured_logprobs
 
 
 def correctness_of(

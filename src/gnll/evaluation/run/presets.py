@@ -191,7 +191,8 @@ def run_preset(configs: Sequence[Any], output_path: str | Path) -> str:
 
     results = [Evaluator(cfg).run() for cfg in configs]
     strata = [read_strata(cfg.output_path) for cfg in configs]
-    text = render_table(results, averaged_significance(results, strata))
+    labels = [Path(cfg.output_path).name for cfg in configs]
+    text = render_table(results, averaged_significance(results, strata), run_labels=labels)
     out = Path(output_path) / "table.md"
     out.write_text(text, encoding="utf-8")
     return str(out)

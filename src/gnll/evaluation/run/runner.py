@@ -379,8 +379,7 @@ class Evaluator:
     # ------------------------------------------------------------------ main entry point
     def _check_capabilities(self, model: Model) -> None:
         """Refuse measures the backend cannot compute before any work (e.g. BS-MSP on a server)."""
-        caps = getattr(model, "capabilities", None)
-        bad = M.unsupported(self.config.active_measures, caps) if caps is not None else {}
+        bad = M.unsupported(self.config.active_measures, model.capabilities)
         if bad:
             ok = [m for m in self.config.active_measures if m not in bad]
             lacks = ", ".join(f"{m} (needs {'/'.join(c)})" for m, c in bad.items())
@@ -388,6 +387,19 @@ class Evaluator:
                 f"model {self.config.model!r} cannot compute {lacks} on this backend; it can run "
                 f"{', '.join(ok) or 'none of the selected measures'}: pass --measures "
                 f"{','.join(ok) or 'g-nll'}"
+            )
+        sampled = [m for m in self.config.active_measures if M.get(m).uses_samples]
+        if (
+            self.config.sample_logprobs == "sampling"
+            and sampled
+            and model.capabilities.missing(["sampling_logprobs"])
+        ):
+            # servers return temperature-1 log-probs only: a silent fallback would change PE/SE
+            raise ValueError(
+                f"--sample_logprobs sampling needs the samples' log-probs under the tempered "
+                f"sampling distribution, which model {self.config.model!r} does not report on this "
+                "backend (OpenAI-compatible servers return temperature-1 log-probs only); use "
+                "--sample_logprobs model or the hf backend"
             )
 
     def run(self) -> dict[str, Any]:
@@ -459,6 +471,8 @@ class Evaluator:
             task_meta[task.name] = {
                 **{k: v for k, v in run.data.describe().items() if k != "prompt_prefix"},
                 "n_eval": n,
+                # gnll's instruction prompt with few-shot blocks (gnll.backends.prompting)
+                "prompt_format": "instruction",
                 "correctness": metrics,
                 "temperature": selection,
             }

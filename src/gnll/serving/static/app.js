@@ -74,12 +74,16 @@ async function loadExamples() {
 function currentPrompt() {
   const i = $("example").value;
   const typed = $("question").value.trim();
+  // A server started with --prompt-format instruction wraps the question in the instruction itself.
+  const serverAsks = (state.config.prompt_format || {}).chat === "instruction";
   if (typed) {
-    return { question: typed, prompt: `${state.config.instruction}\nQuestion: ${typed}\nAnswer:`, gold: null };
+    const wrapped = `${state.config.instruction}\nQuestion: ${typed}\nAnswer:`;
+    return { question: typed, prompt: serverAsks ? typed : wrapped, gold: null };
   }
   if (i !== "") {
     const ex = state.examples[Number(i)];
-    return { question: ex.question, prompt: ex.prompt, gold: ex.answers, numeric: ex.numeric_answer };
+    const prompt = serverAsks ? ex.question : ex.prompt;
+    return { question: ex.question, prompt, gold: ex.answers, numeric: ex.numeric_answer };
   }
   return null;
 }
@@ -195,6 +199,7 @@ function render(q, choice, verdict) {
                    : "top alternatives: not reported by this model");
     answer.appendChild(span);
   });
+  markLeastSpan(u);
   if (u.refused) {
     const note = document.createElement("div");
     note.className = "muted";
@@ -226,6 +231,25 @@ function render(q, choice, verdict) {
   const correct = verdict ? verdict.correct : null;
   state.history.push({ g: u.g_nll, p, abstain: u.abstain, correct, q: q.question, a: choice.message.content });
   drawHistory();
+}
+
+// Outlines the tokens of the least certain sentence (or JSON field) and names it under the answer.
+// Span offsets are characters of the answer text; a token belongs to the span it overlaps most.
+function markLeastSpan(u) {
+  const box = $("least-span");
+  box.textContent = "";
+  const i = u.least_certain_span;
+  if (!u.spans || i === null || i === undefined || u.spans.length < 2) return;
+  const span = u.spans[i];
+  let pos = 0;
+  for (const el of $("answer").querySelectorAll(".tok")) {
+    const start = pos;
+    pos += el.textContent.length;
+    const overlap = Math.min(pos, span.end) - Math.max(start, span.start);
+    if (overlap > 0 && 2 * overlap >= el.textContent.trim().length) el.classList.add("least");
+  }
+  const what = u.spans_kind === "json" ? `field ${span.path}` : "sentence";
+  box.textContent = `Least certain ${what}: “${span.text}” — NLL ${fmt(span.nll)} nats over ${span.num_tokens} tokens (of G-NLL ${fmt(u.nll)})`;
 }
 
 function drawHistory() {

@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
+from gnll.backends.base import StreamingModel
 from gnll.serving import responses as R
 from gnll.serving.responses import Answer
 
@@ -131,7 +132,8 @@ class LiveStream:
     Parameters
     ----------
     model:
-        The in-process model (its ``tokenizer`` and ``stop_rules``).
+        The in-process :class:`~gnll.backends.base.StreamingModel` (its ``decode`` and
+        ``stop_rules``).
     stop:
         The request's stop strings.
     choices:
@@ -148,7 +150,7 @@ class LiveStream:
 
     def __init__(
         self,
-        model: Any,
+        model: StreamingModel,
         stop: tuple[str, ...],
         *,
         choices: int,
@@ -158,9 +160,7 @@ class LiveStream:
         include_usage: bool = False,
     ) -> None:
         rules = model.stop_rules(stop)
-        self.held = [
-            HeldText(model.tokenizer.decode, rules.token_ids, rules.strings) for _ in range(choices)
-        ]
+        self.held = [HeldText(model.decode, rules.token_ids, rules.strings) for _ in range(choices)]
         self.n, self.chat, self.logprobs = n, chat, logprobs
         self.include_usage = include_usage
         self.offsets = [0] * choices  # characters of tokens sent per choice (``text_offset``)

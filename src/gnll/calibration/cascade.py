@@ -1,0 +1,296 @@
+"""A cascade of two models gated by the small model's score: its threshold, curve and guarantee.
+
+The small model answers when its score (G-NLL) is at most a threshold ``t`` and escalates the
+question to the large model otherwise. On question ``i`` the cascade is right when
+``z_i(t) = [s_i <= t] * small_i + [s_i > t] * large_i`` is 1, so its accuracy on ``n`` labelled
+questions is ``k(t) / n`` with ``k(t) = sum_i z_i(t)``, a binomial count for any fixed ``t``.
+
+**The threshold with a guarantee** (:func:`cascade_threshold`) uses the same Learn-then-Test recipe as
+:func:`gnll.calibration.thresholds.accuracy_threshold`: candidate thresholds are the small model's
+score quantiles at escalation rates 1, 1 - 1/grid, ..., 0 (from the scores only); for each, the
+hypothesis "cascade accuracy < target" is rejected when the exact binomial p-value
+``P(Binomial(n, target) >= k(t))`` is small. The tests run in a fixed order and stop at the first
+that cannot be rejected; because which model is the stronger one is not known before the labels are
+seen, two such sequences run, each at level ``delta / 2``: from escalating all towards none (the
+useful one when the upstream model is stronger) and from none towards all. Every threshold either
+sequence passed is certified (family-wise error at most ``delta`` by the union bound), and the one
+with the lowest escalation rate is chosen. So with probability at least ``1 - delta`` over the
+labelled questions, a certified threshold keeps the cascade's accuracy on new questions from the
+same distribution at or above ``target``. When none is certified the rule says the target is out of
+reach (``achievable=False``) and escalates everything.
+
+Both runs must hold the same questions (joined by task and id): one labelled run per model.
+
+Examples
+--------
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> s = rng.uniform(0, 1, 4000)
+>>> small = rng.uniform(size=4000) < 1 - s; large = rng.uniform(size=4000) < 0.9
+>>> t = cascade_threshold(s, small, large, target=0.75, delta=0.1)
+>>> t.achievable, 0.2 < t.escalation_rate < 0.6, t.accuracy >= 0.75
+(True, True, True)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import binom
+
+from gnll.calibration.thresholds import clopper_pearson_lower
+
+__all__ = [
+    "CascadeData",
+    "CascadeThreshold",
+    "accuracy_at_rate",
+    "cascade_curve",
+    "cascade_plot",
+    "cascade_threshold",
+    "guarantee_violation_rate",
+    "load_cascade",
+    "random_accuracy_at_rate",
+]
+
+
+@dataclass
+class CascadeData:
+    """The same questions answered by both models: the small model's score and both verdicts."""
+
+    keys: list[tuple[str, str]]
+    scores: np.ndarray
+    small: np.ndarray
+    large: np.ndarray
+    small_model: str | None = None
+    large_model: str | None = None
+    dropped: int = 0
+
+
+@dataclass
+class CascadeThreshold:
+    """Escalate when the small model's score is above ``threshold`` (``-inf``: escalate all).
+
+    ``escalation_rate``, ``accuracy`` and ``accuracy_lower`` (one-sided ``1 - delta``
+    Clopper-Pearson) are those of the cascade on the labelled questions; ``achievable`` is False when
+    not even escalating every question was shown to reach ``target``.
+    """
+
+    target: float
+    delta: float
+    threshold: float
+    escalation_rate: float
+    accuracy: float
+    accuracy_lower: float
+    achievable: bool
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["escalates_all"] = self.threshold == -math.inf
+        d["threshold"] = self.threshold if math.isfinite(self.threshold) else None
+        return d
+
+
+def _read(path: Path, measure: str, correctness: str | None) -> tuple[dict, str | None]:
+    samples = path if path.is_file() else path / "samples.jsonl"
+    if not samples.exists():
+        raise FileNotFoundError(f"{path}: no samples.jsonl (is this a finished `gnll eval` run?)")
+    rows: dict[tuple[str, str], tuple[float, float]] = {}
+    with samples.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            r = json.loads(line)
+            where = f"{samples}:{lineno}"
+            if measure not in r.get("measures", {}):
+                raise ValueError(f"{where}: measure {measure!r} not in this run")
+            corr = r.get("correctness", {})
+            metric = correctness or next(iter(corr), None)
+            if metric not in corr:
+                raise ValueError(f"{where}: correctness {metric!r} missing")
+            score, ok = r["measures"][measure], corr[metric].get("correct")
+            if ok is None or score is None or not math.isfinite(float(score)):
+                continue
+            rows[(str(r.get("task")), str(r.get("id")))] = (float(score), float(bool(ok)))
+    run_json = (samples.parent) / "run.json"
+    model = json.loads(run_json.read_text())["config"].get("model") if run_json.exists() else None
+    return rows, model
+
+
+def load_cascade(
+    small: str | Path, large: str | Path, *, measure: str = "g-nll", correctness: str | None = None
+) -> CascadeData:
+    """Join two ``gnll eval`` runs (directories or ``samples.jsonl``) over the same questions."""
+    a, small_model = _read(Path(small), measure, correctness)
+    b, large_model = _read(Path(large), measure, correctness)
+    keys = [k for k in a if k in b]
+    if not keys:
+        raise ValueError(f"{small} and {large} share no question (joined by task and id)")
+    return CascadeData(
+        keys,
+        np.array([a[k][0] for k in keys]),
+        np.array([a[k][1] for k in keys]),
+        np.array([b[k][1] for k in keys]),
+        small_model,
+        large_model,
+        dropped=len(a) + len(b) - 2 * len(keys),
+    )
+
+
+def _arrays(scores: Any, small: Any, large: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    s = np.asarray(scores, dtype=np.float64)
+    a = np.asarray(small, dtype=np.float64)
+    b = np.asarray(large, dtype=np.float64)
+    if s.ndim != 1 or s.shape != a.shape or s.shape != b.shape or not len(s):
+        raise ValueError("scores and both label arrays must be 1-D, non-empty and of equal length")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores contain NaN or inf; drop those rows first")
+    return s, a, b
+
+
+def _correct(s: np.ndarray, a: np.ndarray, b: np.ndarray, t: float) -> int:
+    return int(np.where(s <= t, a, b).sum())
+
+
+def cascade_threshold(
+    scores: Any, small: Any, large: Any, *, target: float, delta: float = 0.1, grid: int = 20
+) -> CascadeThreshold:
+    """The threshold with the lowest escalation rate whose cascade accuracy is >= ``target`` with
+    probability >= ``1 - delta`` (see the module docstring)."""
+    s, a, b = _arrays(scores, small, large)
+    if not (0 < target < 1 and 0 < delta < 1):
+        raise ValueError(f"target and delta must be in (0, 1), got {target}, {delta}")
+    n = len(s)
+    order = np.sort(s)
+    # escalate all, then fewer and fewer, down to none: fixed by the scores alone
+    candidates = [-math.inf] + [
+        float(order[max(1, math.ceil(j * n / grid)) - 1]) for j in range(1, grid + 1)
+    ]
+    passed: list[float] = []
+    for sequence in (candidates, candidates[::-1]):  # each direction at level delta / 2
+        for t in sequence:
+            if binom.sf(_correct(s, a, b, t) - 1, n, target) > delta / 2:
+                break
+            passed.append(t)
+    achievable = bool(passed)
+    chosen = max(passed) if passed else -math.inf
+    k = _correct(s, a, b, chosen)
+    return CascadeThreshold(
+        target,
+        delta,
+        chosen,
+        float(np.mean(s > chosen)),
+        k / n,
+        clopper_pearson_lower(k, n, delta),
+        achievable,
+        f"Learn then Test: exact binomial tests in fixed sequence over {grid} escalation rates, "
+        f"from escalating all to none and from none to all, each at level {delta}/2",
+    )
+
+
+def accuracy_at_rate(scores: Any, small: Any, large: Any, rate: float) -> float:
+    """Cascade accuracy when the ``round(rate * n)`` highest-score questions are escalated (questions
+    tied at the cut are escalated in proportion: the expected accuracy over tie-breaking)."""
+    s, a, b = _arrays(scores, small, large)
+    n = len(s)
+    m = round(rate * n)
+    if m <= 0:
+        return float(a.mean())
+    if m >= n:
+        return float(b.mean())
+    cut = np.sort(s)[::-1][m - 1]  # the m-th highest score
+    above = s > cut
+    tied = s == cut
+    q = (m - int(above.sum())) / int(tied.sum())  # share of the tied questions escalated
+    total = b[above].sum() + a[~above & ~tied].sum() + q * b[tied].sum() + (1 - q) * a[tied].sum()
+    return float(total / n)
+
+
+def random_accuracy_at_rate(small: Any, large: Any, rate: float) -> float:
+    """Expected cascade accuracy when ``round(rate * n)`` questions are escalated at random."""
+    a = np.asarray(small, dtype=np.float64)
+    b = np.asarray(large, dtype=np.float64)
+    m = round(rate * len(a))
+    return float(((len(a) - m) * a.mean() + m * b.mean()) / len(a))
+
+
+def cascade_curve(scores: Any, small: Any, large: Any) -> dict[str, np.ndarray]:
+    """Escalation rate and cascade accuracy for every threshold (escalate all ... escalate none)."""
+    s, a, b = _arrays(scores, small, large)
+    cuts = np.concatenate([[-math.inf], np.unique(s)])
+    rate = np.array([np.mean(s > t) for t in cuts])
+    acc = np.array([_correct(s, a, b, t) / len(s) for t in cuts])
+    return {"threshold": cuts, "escalation_rate": rate, "accuracy": acc}
+
+
+def guarantee_violation_rate(
+    scores: Any,
+    small: Any,
+    large: Any,
+    *,
+    target: float,
+    delta: float,
+    n_cal: int,
+    draws: int = 1000,
+    seed: int = 0,
+) -> dict[str, float]:
+    """How often a threshold fitted on ``n_cal`` questions is certified yet misses ``target`` on the
+    population.
+
+    The given questions are the population (their cascade accuracy at any threshold is known
+    exactly); each draw fits :func:`cascade_threshold` on ``n_cal`` questions drawn from it with
+    replacement and checks the population accuracy at the fitted threshold. The guarantee says the
+    violation rate (certified and below target) is at most ``delta``.
+    """
+    s, a, b = _arrays(scores, small, large)
+    rng = np.random.default_rng(seed)
+    violations, certified, rates = 0, 0, []
+    for _ in range(draws):
+        idx = rng.integers(0, len(s), n_cal)
+        t = cascade_threshold(s[idx], a[idx], b[idx], target=target, delta=delta)
+        if not t.achievable:
+            continue
+        certified += 1
+        violations += _correct(s, a, b, t.threshold) / len(s) < target
+        rates.append(float(np.mean(s > t.threshold)))
+    return {
+        "violation_rate": violations / draws,
+        "certified_rate": certified / draws,
+        "mean_escalation_rate": float(np.mean(rates)) if rates else float("nan"),
+        "draws": draws,
+        "n_cal": n_cal,
+    }
+
+
+def cascade_plot(
+    data: CascadeData, path: str | Path, *, fitted: CascadeThreshold | None = None
+) -> Path:
+    """PNG: cascade accuracy against escalation rate, gated by the score and at random."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = cascade_curve(data.scores, data.small, data.large)
+    rates = np.linspace(0, 1, 101)
+    rand = [random_accuracy_at_rate(data.small, data.large, r) for r in rates]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step(curve["escalation_rate"], curve["accuracy"], where="post", label="gated by the score")
+    ax.plot(rates, rand, "--", color="grey", label="random escalation (expected)")
+    if fitted is not None:
+        ax.axhline(fitted.target, color="tab:red", lw=0.8, label=f"target {fitted.target:g}")
+        ax.plot([fitted.escalation_rate], [fitted.accuracy], "o", color="tab:red")
+    ax.set_xlabel("escalation rate (fraction of questions sent to the large model)")
+    ax.set_ylabel("cascade accuracy")
+    ax.set_title(
+        f"{data.small_model or 'small'} -> {data.large_model or 'large'} (n={len(data.keys)})"
+    )
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,172 @@
+"""``gnll generate``: greedy answers and their G-NLL for a file of questions.
+
+Example
+-------
+``gnll generate --input questions.jsonl --output answers.jsonl --calibration auto`` reads rows with a
+``question`` field and writes them back with ``answer``, ``g_nll`` (and any other ``--measures``),
+``num_tokens``, ``finish_reason``, ``p_correct`` and ``abstain``. Every answer is the one ``gnll ask``
+gives for that question. Exit status: 0 if every row was answered, 1 if some rows failed (see the
+errors file), 2 on bad usage.
+
+Why a command of its own rather than ``gnll ask --input``: ``ask`` prints a report for one question
+at a terminal, while this is a streaming file job with ``gnll score``'s options (``--input``,
+``--output``, ``--format``, ``--errors``, ``--resume``, ``--chunk_size``) and exit codes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gnll.cli._errors import plain
+
+__all__ = ["generate"]
+
+
+def generate(
+    input: Annotated[
+        str,
+        typer.Option(
+            "--input", "-i", help="JSONL/CSV/Parquet file with a 'question' field, or - (JSONL)."
+        ),
+    ],
+    output: Annotated[
+        str, typer.Option("--output", "-o", help=".jsonl or .csv file, or - for stdout (JSONL).")
+    ],
+    model: Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")] = (
+        "smollm2-135m-instruct"
+    ),
+    model_args: Annotated[
+        str | None, typer.Option("--model_args", help="key=value,... for load_model")
+    ] = None,
+    input_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="Input format: jsonl, csv or parquet (default: from the name)."
+        ),
+    ] = None,
+    errors: Annotated[
+        Path | None,
+        typer.Option(
+            "--errors", help="Errors file (default: OUTPUT.errors.jsonl; stderr for stdout output)."
+        ),
+    ] = None,
+    long: Annotated[bool, typer.Option("--long", help="Ask for one-sentence answers.")] = False,
+    measures: Annotated[
+        str,
+        typer.Option(
+            "--measures",
+            help="Comma-separated: g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, d-se, mcp.",
+        ),
+    ] = "g-nll",
+    samples: Annotated[
+        int, typer.Option("--samples", help="N samples for sampling-based measures.")
+    ] = 10,
+    temperature: Annotated[
+        float, typer.Option("--temperature", help="Sampling temperature.")
+    ] = 1.0,
+    beams: Annotated[int, typer.Option("--beams", help="Beams for bs-msp.")] = 5,
+    clusterer: Annotated[
+        str, typer.Option("--clusterer", help="Semantic clusterer for se/ln-se/d-se/mcp.")
+    ] = "auto",
+    clusterer_args: Annotated[
+        str | None, typer.Option("--clusterer_args", help="key=value,... for the clusterer.")
+    ] = None,
+    max_new_tokens: Annotated[
+        int | None, typer.Option("--max_new_tokens", help="Default 50 (100 with --long).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled answers.")] = 0,
+    calibration: Annotated[
+        str | None,
+        typer.Option(
+            "--calibration",
+            help="calibration.json, or 'auto' (shipped for the model): adds p_correct, abstain.",
+        ),
+    ] = None,
+    logprobs: Annotated[
+        bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
+    ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Continue a partly written OUTPUT without duplicating rows."),
+    ] = False,
+    chunk_size: Annotated[
+        int, typer.Option("--chunk_size", help="Rows read and written per step.")
+    ] = 64,
+    progress: Annotated[
+        bool, typer.Option("--progress/--no_progress", help="Progress bar (rows/s).")
+    ] = True,
+) -> None:
+    """Answer every question of a file greedily, with its G-NLL (and P(correct))."""
+    from rich.console import Console
+
+    from gnll import load_model
+    from gnll import measures as M
+    from gnll.cli._args import clusterer_kwargs, model_kwargs
+    from gnll.cli.ask import _calibration
+    from gnll.cli.score import check_files
+    from gnll.scoring import ScoreJob
+    from gnll.scoring.asking import AskOptionError, check_ask_options
+    from gnll.scoring.generating import AskOptions, run_generate_job
+
+    console = Console(stderr=True)
+
+    def fail(msg: str, exc: Exception | None = None) -> None:
+        console.print(f"[bold red]error:[/] {plain(msg)}", soft_wrap=True)
+        raise typer.Exit(code=2)
+
+    if chunk_size < 1:
+        fail(f"--chunk_size must be >= 1, got {chunk_size}")
+    try:
+        wanted = M.validate(measures)
+        check_ask_options(
+            samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
+        )
+    except AskOptionError as exc:
+        fail(f"--{exc.option} {exc.reason}", exc)
+    except ValueError as exc:
+        fail(f"--measures: {exc}", exc)
+    in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
+    typer.echo(f"loading {model} ...", err=True)
+    lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
+    cal = _calibration(calibration, lm.name, long, wanted, "instruction") if calibration else None
+    clusterer_obj: object = clusterer
+    if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
+        from gnll.semantic import load_clusterer
+
+        clusterer_obj = load_clusterer(clusterer, **clusterer_kwargs(clusterer, clusterer_args))
+    job = ScoreJob(
+        input=input,
+        output=output,
+        input_format=in_fmt,
+        output_format=out_fmt,
+        errors=errors,
+        long=long,
+        resume=resume,
+        chunk_size=chunk_size,
+        progress=progress,
+    )
+    opts = AskOptions(
+        measures=wanted,
+        long=long,
+        samples=samples,
+        temperature=temperature,
+        beams=beams,
+        clusterer=clusterer_obj,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        calibration=cal,
+        logprobs=logprobs,
+    )
+    summary = run_generate_job(lm, job, opts)
+    rate = summary.scored / summary.seconds if summary.seconds else 0.0
+    msg = f"answered {summary.scored} questions in {summary.seconds:.1f} s ({rate:.2f}/s)"
+    if summary.skipped_resume:
+        msg += f"; {summary.skipped_resume} rows were already done (--resume)"
+    console.print(msg)
+    if summary.failed:
+        where = summary.errors_path or "stderr"
+        console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")
+        raise typer.Exit(code=1)

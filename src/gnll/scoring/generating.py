@@ -1,0 +1,112 @@
+"""``gnll generate``: answer a file of questions, with G-NLL (and P(correct)) for every answer.
+
+Each row is answered by :func:`gnll.ask` (the same prompt, answer and G-NLL as ``gnll ask`` gives
+for that question), and the rows stream through the machinery of ``gnll score``
+(:func:`~gnll.scoring.stream.run_score_job`): the same input formats, errors file by line,
+flush per chunk and ``--resume``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnll.backends.base import Model
+from gnll.scoring.asking import ask
+from gnll.scoring.rows import Row
+from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
+
+__all__ = ["AskOptions", "answer_chunk", "run_generate_job"]
+
+
+@dataclass
+class AskOptions:
+    """What :func:`gnll.ask` is called with for every row (see its parameters)."""
+
+    measures: Sequence[str] = ("g-nll",)
+    long: bool = False
+    samples: int = 10
+    temperature: float = 1.0
+    beams: int = 5
+    clusterer: Any = "auto"
+    clusterer_args: Mapping[str, Any] = field(default_factory=dict)
+    max_new_tokens: int | None = None
+    seed: int = 0
+    calibration: Any = None
+    logprobs: bool = False
+
+
+def _question(row: dict[str, Any]) -> str | None:
+    """The row's question, or ``None`` with the reason in :func:`_question_error`."""
+    q = row.get("question")
+    return q if isinstance(q, str) and q.strip() else None
+
+
+def _question_error(row: dict[str, Any]) -> str:
+    q = row.get("question")
+    if q is None:
+        return "missing field 'question'"
+    if not isinstance(q, str):
+        return f"field 'question' must be a string, got {type(q).__name__}"
+    return "field 'question' is empty"
+
+
+def _output_row(line: int, row: dict[str, Any], result: Any, opts: AskOptions) -> dict[str, Any]:
+    out = dict(row)
+    out["input_line"] = line
+    out["answer"] = result.answer
+    out.update({name.replace("-", "_"): value for name, value in result.measures.items()})
+    out["num_tokens"] = len(result.greedy.tokens)
+    out["finish_reason"] = result.greedy.finish_reason
+    out.update(result.calibrated())
+    if opts.logprobs:
+        out["tokens"] = list(result.greedy.tokens)
+        out["token_logprobs"] = [float(x) for x in result.greedy.token_logprobs]
+    return out
+
+
+def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 0) -> ChunkResult:
+    """Answer one chunk of ``(line, row, error)`` input rows; rows up to line ``start`` are skipped."""
+    res = ChunkResult(rows=[], errors=[])
+    for line, row, err in chunk:
+        res.rows_in += 1
+        if line <= start:
+            res.skipped_resume += 1
+            continue
+        if err is None and row is not None and _question(row) is None:
+            err = _question_error(row)
+        if err is not None or row is None:
+            res.errors.append((line, err or "unreadable row", row))
+            continue
+        try:
+            result = ask(
+                model,
+                row["question"],
+                opts.measures,
+                long=opts.long,
+                samples=opts.samples,
+                temperature=opts.temperature,
+                beams=opts.beams,
+                clusterer=opts.clusterer,
+                clusterer_args=opts.clusterer_args,
+                max_new_tokens=opts.max_new_tokens,
+                seed=opts.seed,
+                calibration=opts.calibration,
+            )
+        except ERRORS as exc:
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            res.errors.append((line, f"cannot answer: {text}", row))
+            continue
+        res.rows.append(_output_row(line, row, result, opts))
+    return res
+
+
+def run_generate_job(model: Model, job: ScoreJob, opts: AskOptions) -> ScoreSummary:
+    """Answer every row of ``job.input`` into ``job.output`` (``job`` supplies files, formats,
+    errors file, ``resume``, ``chunk_size`` and ``progress``; its scoring fields are unused)."""
+
+    def map_chunks(todo: Iterator[tuple[list[Row], int]]) -> Iterator[ChunkResult]:
+        return (answer_chunk(model, opts, chunk, first) for chunk, first in todo)
+
+    return run_score_job(None, job, map_chunks=map_chunks)

@@ -1,0 +1,158 @@
+"""``gnll serve --policy escalate``: the local model answers, and a larger upstream model answers instead
+when the local answer is likely wrong.
+
+The local model's greedy answer is scored as under any policy; when the policy would abstain on it
+(calibrated ``p_correct`` below the fitted threshold or ``--min_p_correct``, or G-NLL above
+``--threshold``) the same request goes to the upstream OpenAI-compatible server and its answer is
+returned. Every choice's ``uncertainty`` says who answered (``answered_by``, ``escalated``; also the
+``X-Answered-By`` header) and, after an escalation, carries the local model's numbers and text under
+``local`` beside the upstream answer's own G-NLL.
+
+Streaming: the local answer can only be sent once its G-NLL is known, so a streamed greedy request
+is held until the local answer is complete and then replayed (time to first token becomes the whole
+local answer's time, plus the upstream's when it escalates). A sampled request cannot escalate
+(there is no G-NLL to gate on), so it streams live. If the upstream fails, the local answer is
+returned with ``escalation_error`` set: nothing computed is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from gnll.measures import LogprobError
+from gnll.serving.errors import HTTPError
+from gnll.serving.responses import Reply, sse
+from gnll.serving.uncertainty import AbstentionPolicy
+
+__all__ = ["CascadeService"]
+
+log = logging.getLogger("gnll.serve")
+
+
+class CascadeService:
+    """A local service whose uncertain answers are replaced by an upstream model's.
+
+    Parameters
+    ----------
+    local:
+        The service that answers first (:class:`~gnll.serving.inprocess.InProcessService`).
+    upstream:
+        A :class:`~gnll.serving.proxy.ProxyService` for the larger model's server.
+    upstream_model:
+        The model name sent upstream (``None``: the upstream's first listed model).
+    """
+
+    def __init__(self, local: Any, upstream: Any, upstream_model: str | None = None) -> None:
+        self.local = local
+        self.upstream = upstream
+        self.upstream_model = upstream_model
+        self.mode = local.mode
+        self.engine = getattr(local, "engine", None)
+        self.escalations = 0
+
+    @property
+    def model_name(self) -> str:
+        return self.local.model_name
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **self.local.describe(),
+            "escalate_to": self.upstream.upstream,
+            "escalate_model": self.upstream_model or self.upstream.model_name,
+        }
+
+    async def start(self) -> None:
+        await self.local.start()
+        await self.upstream.start()
+
+    async def stop(self) -> None:
+        await self.local.stop()
+        await self.upstream.stop()
+
+    async def models(self) -> list[dict[str, Any]]:
+        return await self.local.models()
+
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when the local model is (an unreachable upstream only stops escalations)."""
+        ok, facts = await self.local.ready()
+        up_ok, up_facts = await self.upstream.ready()
+        return ok, {**facts, "escalate_to": {**up_facts, "ok": up_ok}}
+
+    def attach(self, metrics: Any) -> None:
+        self.local.attach(metrics)
+
+    async def handle(self, req: Any, settings: Any) -> Reply:
+        if req.stream and not req.greedy:  # no G-NLL, so no escalation: stream as it is decoded
+            return await self.local.handle(req, settings)
+        held = req.model_copy(update={"stream": False})
+        reply = await self.local.handle(held, settings)
+        body = reply.body
+        local_name = self.local.model_name
+        if not any(r.get("abstain") for r in reply.records):
+            for rec in reply.records:
+                rec.update(answered_by=local_name, escalated=False)
+            return self._finish(req, body, reply.records, reply.prompt)
+        self.escalations += 1
+        chat = "message" in body["choices"][0]
+        local_texts = [_text(c, chat) for c in body["choices"]]
+        up_req = held.model_copy(update={"model": self.upstream_model})
+        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy())
+        try:
+            up = await self.upstream.handle(up_req, up_settings)
+        except (HTTPError, LogprobError) as exc:
+            message = getattr(exc, "message", None) or str(exc)
+            log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
+            for rec in reply.records:
+                rec.update(answered_by=local_name, escalated=False, escalation_error=message)
+            return self._finish(req, body, reply.records, reply.prompt)
+        up_name = up.body.get("model") or self.upstream_model or self.upstream.model_name
+        local = reply.records[0] | {"text": local_texts[0], "model": local_name}
+        records = []
+        for choice in up.body["choices"]:
+            rec = choice["uncertainty"]
+            rec.update(answered_by=up_name, escalated=True, local=local)
+            records.append(rec)
+        return self._finish(req, up.body, records, reply.prompt)
+
+    @staticmethod
+    def _finish(req: Any, body: dict[str, Any], records: list, prompt: str | None) -> Reply:
+        stream = _replay(body) if req.stream else None
+        return Reply(
+            body=None if req.stream else body, records=records, stream=stream, prompt=prompt
+        )
+
+
+def _text(choice: dict[str, Any], chat: bool) -> str:
+    return (choice.get("message") or {}).get("content") or "" if chat else choice.get("text") or ""
+
+
+def _replay(body: dict[str, Any]) -> Iterator[str]:
+    """A finished body as OpenAI stream chunks: each choice's text in one piece, then its
+    ``finish_reason`` and ``uncertainty``, then usage and ``[DONE]``."""
+    chat = "message" in body["choices"][0]
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    base = {
+        "id": body.get("id"),
+        "object": kind,
+        "created": body.get("created"),
+        "model": body.get("model"),
+    }
+    for choice in body["choices"]:
+        i = choice.get("index", 0)
+        text = _text(choice, chat)
+        piece = {"index": i, "logprobs": None, "finish_reason": None}
+        piece.update({"delta": {"role": "assistant", "content": text}} if chat else {"text": text})
+        yield sse({**base, "choices": [piece]})
+        last = {
+            "index": i,
+            "logprobs": None,
+            "finish_reason": choice.get("finish_reason"),
+            "uncertainty": choice.get("uncertainty"),
+        }
+        last.update({"delta": {}} if chat else {"text": ""})
+        yield sse({**base, "choices": [last]})
+    yield sse({**base, "choices": [], "usage": body.get("usage")})
+    yield sse("[DONE]")

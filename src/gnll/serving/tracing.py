@@ -1,0 +1,132 @@
+"""OpenTelemetry output of ``gnll serve --otel``: one ``gen_ai.evaluation.result`` event per score.
+
+For every greedy answer the server emits an event named ``gen_ai.evaluation.result`` (the GenAI
+semantic conventions' event for an evaluation of a response) with ``gen_ai.evaluation.name =
+"g_nll"`` and the G-NLL as ``gen_ai.evaluation.score.value``, and, when the server is calibrated, a
+second one with ``gen_ai.evaluation.name = "p_correct"``. ``gen_ai.evaluation.score.label`` is the
+decision: ``answer``, ``abstain`` or ``escalate`` (absent without a policy); ``gen_ai.response.id``
+is the response's ``id``, so a tracing backend (Langfuse, Phoenix, any OTLP collector) attaches the
+scores to the generation. Events go through the OpenTelemetry Logs API in the current context: inside
+an instrumented request they carry its trace and span ids.
+
+Off by default; this module and OpenTelemetry are imported only when it is on (``pip install
+'gnll[otel]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+__all__ = ["EVENT_NAME", "Emitter", "configure_provider"]
+
+EVENT_NAME = "gen_ai.evaluation.result"
+
+
+def _label(record: dict[str, Any]) -> str | None:
+    if record.get("escalated"):
+        return "escalate"
+    abstain = record.get("abstain")
+    return None if abstain is None else "abstain" if abstain else "answer"
+
+
+class Emitter:
+    """Emits the evaluation events of answers through an OpenTelemetry logger.
+
+    Parameters
+    ----------
+    logger_provider:
+        An ``opentelemetry.sdk._logs.LoggerProvider`` (tests pass one with an in-memory exporter);
+        ``None``: the global one (:func:`configure_provider`).
+    """
+
+    def __init__(self, logger_provider: Any = None) -> None:
+        from opentelemetry import _logs
+
+        provider = logger_provider or _logs.get_logger_provider()
+        self.logger = provider.get_logger("gnll.serving")
+
+    def emit(self, records: Iterable[dict[str, Any]], response_id: str | None) -> int:
+        """One event per score of each greedy answer; returns how many were emitted."""
+        count = 0
+        for record in records:
+            if record.get("g_nll") is None:  # a sampled answer has no G-NLL to report
+                continue
+            for name, value in (("g_nll", record["g_nll"]), ("p_correct", record.get("p_correct"))):
+                if value is None:
+                    continue
+                attributes: dict[str, Any] = {
+                    "gen_ai.evaluation.name": name,
+                    "gen_ai.evaluation.score.value": float(value),
+                }
+                label = _label(record)
+                if label is not None:
+                    attributes["gen_ai.evaluation.score.label"] = label
+                if response_id:
+                    attributes["gen_ai.response.id"] = response_id
+                if record.get("answered_by"):
+                    attributes["gen_ai.response.model"] = record["answered_by"]
+                self.logger.emit(
+                    timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
+                )
+                count += 1
+        return count
+
+    async def wrap(self, stream: Any, records: list[dict[str, Any]]) -> AsyncIterator[str]:
+        """``stream`` unchanged; its events are emitted once it has ended (when ``records`` and the
+        response id, read from the first chunk, are known)."""
+        response_id = None
+        if hasattr(stream, "__aiter__"):
+            async for chunk in stream:
+                response_id = response_id or _chunk_id(chunk)
+                yield chunk
+        else:
+            for chunk in stream:
+                response_id = response_id or _chunk_id(chunk)
+                yield chunk
+        self.emit(records, response_id)
+
+
+def _chunk_id(chunk: Any) -> str | None:
+    text = chunk.decode() if isinstance(chunk, bytes) else str(chunk)
+    if not text.startswith("data: {"):
+        return None
+    try:
+        return json.loads(text[6:]).get("id")
+    except ValueError:
+        return None
+
+
+def configure_provider() -> str:
+    """Make sure events go somewhere: keep a logger provider already set (e.g. by
+    ``opentelemetry-instrument``); else export over OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set
+    and the OTLP exporter is installed; else print them to stderr. Returns what it chose."""
+    from opentelemetry import _logs
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, ConsoleLogRecordExporter
+
+    if isinstance(_logs.get_logger_provider(), LoggerProvider):
+        return "the configured OpenTelemetry logger provider"
+    from opentelemetry.sdk.resources import Resource
+
+    name = os.environ.get("OTEL_SERVICE_NAME", "gnll-serve")
+    provider = LoggerProvider(resource=Resource.create({"service.name": name}))
+    where = "stderr (set OTEL_EXPORTER_OTLP_ENDPOINT for an OTLP collector)"
+    exporter: Any = None
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        try:
+            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+
+            exporter, where = OTLPLogExporter(), os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        except ImportError:
+            where = "stderr (OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp is not installed)"
+    if exporter is None:
+        import sys
+
+        exporter = ConsoleLogRecordExporter(out=sys.stderr)
+    provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+    _logs.set_logger_provider(provider)
+    return where

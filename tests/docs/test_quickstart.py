@@ -1,0 +1,127 @@
+"""docs/quickstart.md, executed: every block marked ``<!-- run -->`` runs, in order, in one empty
+directory, as a new user would paste it, and prints what the page says it prints.
+
+The servers of the walkthrough are bounded (``timeout``), bound to 127.0.0.1 on free ports (the
+page's 8000/8001 are swapped for them) and killed with their process group after their block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.docs.walkthrough import Block, runnable_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "docs" / "quickstart.md"
+BLOCK_TIMEOUT = 240  # seconds; a block that takes longer is a failure, not a hang
+SERVER_LIFETIME = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _data_dir() -> Path | None:
+    for cand in (os.environ.get("GNLL_DATA_DIR"), ROOT.parent / "shared" / "data"):
+        if cand and (Path(cand) / "triviaqa").is_dir():
+            return Path(cand)
+    return None
+
+
+def _bash(block: Block, ports: dict[str, str]) -> str:
+    code = block.code
+    for doc_port, port in ports.items():
+        code = code.replace(f":{doc_port}", f":{port}").replace(
+            f"--port {doc_port}", f"--port {port}"
+        )
+    code = code.replace("gnll serve ", f"timeout {SERVER_LIFETIME} gnll serve ")
+    return "set -euo pipefail\n" + code
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: background servers die with it
+    )
+    try:
+        out, _ = proc.communicate(timeout=BLOCK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        out += f"\n[timed out after {BLOCK_TIMEOUT} s]"
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out)
+
+
+def test_quickstart_marks_a_runnable_block_for_every_job():
+    blocks = runnable_blocks(QUICKSTART)
+    text = "".join(b.code for b in blocks)
+    for command in (
+        "gnll ask",
+        "gnll serve --upstream",
+        "gnll score",
+        "gnll generate",
+        "gnll calibrate",
+        "--calibration",
+        "gnll eval",
+    ):
+        assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
+    assert any(b.lang == "python" and b.file is None for b in blocks)
+    assert all(b.lang in {"bash", "python"} for b in blocks)
+
+
+@pytest.mark.e2e
+@pytest.mark.server
+def test_quickstart_runs_end_to_end(tmp_path):
+    data = _data_dir()
+    if data is None:
+        pytest.skip("the evaluation data is not here: set GNLL_DATA_DIR (see docs/quickstart.md)")
+    env = dict(os.environ)
+    env.update(
+        OMP_NUM_THREADS="1",
+        GNLL_DATA_DIR=str(data),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
+        NO_COLOR="1",
+        COLUMNS="120",
+    )
+    ports = {"8000": str(_free_port()), "8001": str(_free_port())}
+    blocks = runnable_blocks(QUICKSTART)
+    for block in blocks:  # files first: the page shows a file after the command that runs it
+        if block.file:
+            code = block.code
+            for doc_port, port in ports.items():
+                code = code.replace(f":{doc_port}", f":{port}")
+            (tmp_path / block.file).write_text(code, encoding="utf-8")
+    for block in blocks:
+        if block.file:
+            continue
+        where = f"docs/quickstart.md:{block.line}"
+        start = time.perf_counter()
+        if block.lang == "python":
+            script = tmp_path / f"block_{block.line}.py"
+            script.write_text(block.code, encoding="utf-8")
+            res = _run([sys.executable, str(script)], tmp_path, env)
+        else:
+            res = _run(["bash", "-c", _bash(block, ports)], tmp_path, env)
+        print(f"{where}: exit {res.returncode} in {time.perf_counter() - start:.1f} s")
+        assert res.returncode == 0, f"{where} exited {res.returncode}:\n{res.stdout[-3000:]}"
+        for want in block.expect:
+            assert want in res.stdout, f"{where} did not print {want!r}:\n{res.stdout[-3000:]}"

@@ -1,0 +1,47 @@
+"""The web page outlines the least certain sentence of an answer (headless Chromium, stand-in model)."""
+
+from __future__ import annotations
+
+import pytest
+from serve_helpers import ScriptedModel
+
+from gnll.backends.base import Generation
+from gnll.serving import ServeSettings, build_inprocess_app
+from gnll.serving.server import ServerThread
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's, as in test_serve_browser.py
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+
+TOKENS = ["It", " is", " Paris", ".", " Or", " maybe", " Lyon", "?"]
+LOGPROBS = [-0.1, -0.1, -0.2, -0.1, -2.0, -1.0, -3.0, -1.0]
+
+
+class TwoSentences(ScriptedModel):
+    def generate(self, prompts, config=None, **kwargs):
+        return [
+            [Generation("".join(TOKENS), list(range(8)), TOKENS, LOGPROBS, "eos")] for _ in prompts
+        ]
+
+
+def test_least_certain_sentence_is_outlined():
+    from playwright.sync_api import sync_playwright
+
+    with (
+        ServerThread(build_inprocess_app(TwoSentences(), ServeSettings(), max_wait_ms=5)) as srv,
+        sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(srv.url + "/")
+            page.fill("#question", "Where?")
+            page.click("#ask")
+            page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
+            outlined = page.locator("#answer .tok.least").all_inner_texts()
+            note = page.locator("#least-span").inner_text()
+        finally:
+            browser.close()
+    assert outlined == [" Or", " maybe", " Lyon", "?"]
+    assert "Least certain sentence: “Or maybe Lyon?”" in note and "7.0000" in note

@@ -1,0 +1,104 @@
+"""`gnll serve --otel`: one gen_ai.evaluation.result event per score, through the OpenTelemetry SDK's
+in-memory exporter; off by default, and then neither gnll's tracing nor the SDK is imported (FastAPI
+itself imports the OpenTelemetry *API* when it is installed; that is not ours)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import openai
+import pytest
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from serve_helpers import ScriptedModel
+
+from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
+from gnll.serving.server import ServerThread
+from gnll.serving.tracing import EVENT_NAME, Emitter
+
+
+@pytest.fixture
+def exporter():
+    exp = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    yield exp, provider
+    provider.shutdown()
+
+
+def events(exp):
+    out = []
+    for item in exp.get_finished_logs():
+        rec = getattr(item, "log_record", item)
+        assert rec.event_name == EVENT_NAME
+        out.append(dict(rec.attributes))
+    return out
+
+
+def test_one_event_per_score_with_label_and_response_id(exporter):
+    exp, provider = exporter
+    settings = ServeSettings(
+        policy=AbstentionPolicy(mode="flag", threshold=1.0), tracing=Emitter(provider)
+    )
+    with ServerThread(build_inprocess_app(ScriptedModel(), settings, max_wait_ms=5)) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        sure = c.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "q"}]
+        )
+        unsure = c.completions.create(model="scripted", prompt="unsure")
+        streamed = list(c.completions.create(model="scripted", prompt="unsure", stream=True))
+        sampled = c.completions.create(model="scripted", prompt="q", temperature=0.9)
+    got = events(exp)
+    assert [e["gen_ai.evaluation.name"] for e in got] == ["g_nll"] * 3  # none for the sample
+    assert got[0]["gen_ai.response.id"] == sure.id
+    assert got[0]["gen_ai.evaluation.score.value"] == pytest.approx(0.03)
+    assert got[0]["gen_ai.evaluation.score.label"] == "answer"
+    assert got[1]["gen_ai.response.id"] == unsure.id
+    assert got[1]["gen_ai.evaluation.score.label"] == "abstain"
+    assert got[2]["gen_ai.response.id"] == streamed[0].id
+    assert got[2]["gen_ai.evaluation.score.value"] == pytest.approx(5.0)
+    assert sampled.choices[0].uncertainty["g_nll"] is None
+
+
+def test_p_correct_and_escalate_labels(exporter):
+    exp, provider = exporter
+    emitter = Emitter(provider)
+    n = emitter.emit(
+        [
+            {
+                "g_nll": 2.0,
+                "p_correct": 0.25,
+                "abstain": True,
+                "escalated": True,
+                "answered_by": "big",
+            }
+        ],
+        "chatcmpl-1",
+    )
+    assert n == 2
+    got = events(exp)
+    assert [(e["gen_ai.evaluation.name"], e["gen_ai.evaluation.score.value"]) for e in got] == [
+        ("g_nll", 2.0),
+        ("p_correct", 0.25),
+    ]
+    assert {e["gen_ai.evaluation.score.label"] for e in got} == {"escalate"}
+    assert got[0]["gen_ai.response.id"] == "chatcmpl-1"
+
+
+@pytest.mark.e2e  # a fresh interpreter: what is imported without --otel
+def test_off_by_default_imports_nothing():
+    code = (
+        "import sys\n"
+        "from serve_helpers import ScriptedModel\n"
+        "from gnll.serving import ServeSettings, build_inprocess_app\n"
+        "from gnll.cli.main import app\n"
+        "build_inprocess_app(ScriptedModel(), ServeSettings())\n"
+        "bad = sorted(m for m in sys.modules if m.startswith(('opentelemetry.sdk', 'gnll.serving.tracing')))\n"
+        "assert not bad, bad\n"
+    )
+    import pathlib
+
+    here = pathlib.Path(__file__).resolve().parents[1]  # tests/, where serve_helpers is
+    res = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
