@@ -44,10 +44,10 @@ import httpx
 STOP = ["\n", "Question:", "Context:"]
 
 
-def start_server(args: list[str], port: int, log: Path) -> subprocess.Popen:
+def start_server(args: list[str], port: int, log: Path, wait: float = 300) -> subprocess.Popen:
     cmd = [*common.gnll_cli(), "serve", "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + wait
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:

@@ -229,12 +229,13 @@ def run_mode(
     up_port = free_port()
     procs: dict[str, Any] = {}
     logs = {"upstream": work / f"{mode}-upstream.log"}
-    procs["upstream"] = start_server(["--model", model], up_port, logs["upstream"])
+    # a model's first load on a busy host can take minutes (conversion from GGUF included)
+    procs["upstream"] = start_server(["--model", model], up_port, logs["upstream"], wait=1200)
     url = f"http://127.0.0.1:{up_port}"
     if mode == "proxy":
         port = free_port()
         logs["proxy"] = work / "proxy.log"
-        procs["proxy"] = start_server(["--upstream", f"{url}/v1"], port, logs["proxy"])
+        procs["proxy"] = start_server(["--upstream", f"{url}/v1"], port, logs["proxy"], wait=600)
         url = f"http://127.0.0.1:{port}"
     try:
         pids = {name: p.pid for name, p in procs.items()}
