@@ -23,7 +23,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import click
 import typer
@@ -56,6 +56,19 @@ def plain(text: Any) -> str:
     from rich.markup import escape
 
     return escape(safe_text(text))
+
+
+def usage_failer(console: Any, debug: bool = False) -> Callable[..., NoReturn]:
+    """``fail(message, exc=None)``: print ``error: message`` on ``console`` and exit with status 2
+    (bad usage or input); with ``debug``, raise ``exc`` instead so its traceback shows."""
+
+    def fail(message: str, exc: BaseException | None = None) -> NoReturn:
+        if debug and exc is not None:
+            raise exc
+        console.print(f"[bold red]error:[/] {plain(message)}", soft_wrap=True)
+        raise typer.Exit(code=2)
+
+    return fail
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:

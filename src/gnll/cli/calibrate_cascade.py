@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import typer
-
-from gnll.cli._errors import plain
+from gnll.cli._errors import plain, usage_failer
 
 __all__ = ["calibrate_cascade"]
 
@@ -47,11 +45,7 @@ def calibrate_cascade(
 
     console = Console(stderr=True)
 
-    def fail(msg: str, exc: Exception | None = None) -> None:
-        if debug and exc is not None:
-            raise exc
-        console.print(f"[bold red]error:[/] {plain(msg)}", soft_wrap=True)
-        raise typer.Exit(code=2)
+    fail = usage_failer(console, debug)
 
     if len(inputs) != 2:
         fail(f"--cascade takes two eval runs (SMALL LARGE), got {len(inputs)}")

@@ -15,12 +15,23 @@ at a terminal, while this is a streaming file job with ``gnll score``'s options 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gnll.cli._errors import plain
+from gnll.cli._errors import plain, usage_failer
+from gnll.cli._options import (
+    CalibrationOption,
+    ChunkSizeOption,
+    ErrorsOption,
+    FormatOption,
+    LogprobsOption,
+    ModelArgsOption,
+    ModelOption,
+    OutputFileOption,
+    ProgressOption,
+    ResumeRowsOption,
+)
 
 __all__ = ["generate"]
 
@@ -32,27 +43,11 @@ def generate(
             "--input", "-i", help="JSONL/CSV/Parquet file with a 'question' field, or - (JSONL)."
         ),
     ],
-    output: Annotated[
-        str, typer.Option("--output", "-o", help=".jsonl or .csv file, or - for stdout (JSONL).")
-    ],
-    model: Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")] = (
-        "smollm2-135m-instruct"
-    ),
-    model_args: Annotated[
-        str | None, typer.Option("--model_args", help="key=value,... for load_model")
-    ] = None,
-    input_format: Annotated[
-        str | None,
-        typer.Option(
-            "--format", help="Input format: jsonl, csv or parquet (default: from the name)."
-        ),
-    ] = None,
-    errors: Annotated[
-        Path | None,
-        typer.Option(
-            "--errors", help="Errors file (default: OUTPUT.errors.jsonl; stderr for stdout output)."
-        ),
-    ] = None,
+    output: OutputFileOption,
+    model: ModelOption = "smollm2-135m-instruct",
+    model_args: ModelArgsOption = None,
+    input_format: FormatOption = None,
+    errors: ErrorsOption = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for one-sentence answers.")] = False,
     measures: Annotated[
         str,
@@ -78,26 +73,11 @@ def generate(
         int | None, typer.Option("--max_new_tokens", help="Default 50 (100 with --long).")
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled answers.")] = 0,
-    calibration: Annotated[
-        str | None,
-        typer.Option(
-            "--calibration",
-            help="calibration.json, or 'auto' (shipped for the model): adds p_correct, abstain.",
-        ),
-    ] = None,
-    logprobs: Annotated[
-        bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
-    ] = False,
-    resume: Annotated[
-        bool,
-        typer.Option("--resume", help="Continue a partly written OUTPUT without duplicating rows."),
-    ] = False,
-    chunk_size: Annotated[
-        int, typer.Option("--chunk_size", help="Rows read and written per step.")
-    ] = 64,
-    progress: Annotated[
-        bool, typer.Option("--progress/--no_progress", help="Progress bar (rows/s).")
-    ] = True,
+    calibration: CalibrationOption = None,
+    logprobs: LogprobsOption = False,
+    resume: ResumeRowsOption = False,
+    chunk_size: ChunkSizeOption = 64,
+    progress: ProgressOption = True,
 ) -> None:
     """Answer every question of a file greedily, with its G-NLL (and P(correct))."""
     from rich.console import Console
@@ -113,9 +93,7 @@ def generate(
 
     console = Console(stderr=True)
 
-    def fail(msg: str, exc: Exception | None = None) -> None:
-        console.print(f"[bold red]error:[/] {plain(msg)}", soft_wrap=True)
-        raise typer.Exit(code=2)
+    fail = usage_failer(console)
 
     if chunk_size < 1:
         fail(f"--chunk_size must be >= 1, got {chunk_size}")

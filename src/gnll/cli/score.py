@@ -20,7 +20,19 @@ from typing import Annotated
 
 import typer
 
-from gnll.cli._errors import plain
+from gnll.cli._errors import plain, usage_failer
+from gnll.cli._options import (
+    CalibrationOption,
+    ChunkSizeOption,
+    ErrorsOption,
+    FormatOption,
+    LogprobsOption,
+    ModelArgsOption,
+    ModelOption,
+    OutputFileOption,
+    ProgressOption,
+    ResumeRowsOption,
+)
 from gnll.cli._ray import AddressOption, CpusOption, EngineOption, GpusOption, ReplicasOption
 
 __all__ = ["check_files", "score_command"]
@@ -65,28 +77,11 @@ def score_command(
     input: Annotated[
         str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
     ],
-    output: Annotated[
-        str, typer.Option("--output", "-o", help=".jsonl or .csv file, or - for stdout (JSONL).")
-    ],
-    model: Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")] = (
-        "smollm2-135m-instruct"
-    ),
-    model_args: Annotated[
-        str | None,
-        typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
-    ] = None,
-    input_format: Annotated[
-        str | None,
-        typer.Option(
-            "--format", help="Input format: jsonl, csv or parquet (default: from the name)."
-        ),
-    ] = None,
-    errors: Annotated[
-        Path | None,
-        typer.Option(
-            "--errors", help="Errors file (default: OUTPUT.errors.jsonl; stderr for stdout output)."
-        ),
-    ] = None,
+    output: OutputFileOption,
+    model: ModelOption = "smollm2-135m-instruct",
+    model_args: ModelArgsOption = None,
+    input_format: FormatOption = None,
+    errors: ErrorsOption = None,
     raw_prompt: Annotated[
         bool,
         typer.Option(
@@ -104,9 +99,7 @@ def score_command(
     long: Annotated[
         bool, typer.Option("--long", help="Render 'question' with gnll ask --long's instruction.")
     ] = False,
-    logprobs: Annotated[
-        bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
-    ] = False,
+    logprobs: LogprobsOption = False,
     spans: Annotated[
         str | None,
         typer.Option(
@@ -126,26 +119,13 @@ def score_command(
             "--max-new-tokens", help="Cap of --with_greedy answers (50; 100 with --long)."
         ),
     ] = None,
-    calibration: Annotated[
-        str | None,
-        typer.Option(
-            "--calibration",
-            help="calibration.json, or 'auto' (shipped for the model): adds p_correct, abstain.",
-        ),
-    ] = None,
-    resume: Annotated[
-        bool,
-        typer.Option("--resume", help="Continue a partly written OUTPUT without duplicating rows."),
-    ] = False,
-    chunk_size: Annotated[
-        int, typer.Option("--chunk-size", help="Rows read and written per step.")
-    ] = 256,
+    calibration: CalibrationOption = None,
+    resume: ResumeRowsOption = False,
+    chunk_size: ChunkSizeOption = 256,
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Rows per forward pass.")
     ] = None,
-    progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Progress bar (rows/s).")
-    ] = True,
+    progress: ProgressOption = True,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
     engine: EngineOption = "local",
     address: AddressOption = "auto",
@@ -164,11 +144,7 @@ def score_command(
 
     console = Console(stderr=True)
 
-    def fail(msg: str, exc: Exception | None = None) -> None:
-        if debug and exc is not None:
-            raise exc
-        console.print(f"[bold red]error:[/] {plain(msg)}", soft_wrap=True)
-        raise typer.Exit(code=2)
+    fail = usage_failer(console, debug)
 
     if chunk_size < 1:
         fail(f"--chunk_size must be >= 1, got {chunk_size}")

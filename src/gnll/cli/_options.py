@@ -1,0 +1,67 @@
+"""Options more than one command takes, declared once so that their spelling, type and help agree.
+
+A command uses them as parameter annotations (``output: OutputOption``); its default stays in its
+own signature, since a default is the command's choice (``--chunk_size`` is 256 rows for ``score``
+and 64 for ``generate``, whose rows each cost a generation).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = [
+    "CalibrationOption",
+    "ChunkSizeOption",
+    "ErrorsOption",
+    "FormatOption",
+    "LogprobsOption",
+    "ModelArgsOption",
+    "ModelOption",
+    "OutputFileOption",
+    "ProgressOption",
+    "ResumeRowsOption",
+]
+
+#: The model of every command that loads one.
+ModelOption = Annotated[str, typer.Option("--model", help="Embedded name, hub id or local path.")]
+ModelArgsOption = Annotated[
+    str | None, typer.Option("--model_args", help="key=value,... for load_model")
+]
+
+# The file jobs (``score``, ``generate``): rows streamed from a file to a file, resumable.
+OutputFileOption = Annotated[
+    str, typer.Option("--output", "-o", help=".jsonl or .csv file, or - for stdout (JSONL).")
+]
+FormatOption = Annotated[
+    str | None,
+    typer.Option("--format", help="Input format: jsonl, csv or parquet (default: from the name)."),
+]
+ErrorsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--errors", help="Errors file (default: OUTPUT.errors.jsonl; stderr for stdout output)."
+    ),
+]
+ResumeRowsOption = Annotated[
+    bool,
+    typer.Option("--resume", help="Continue a partly written OUTPUT without duplicating rows."),
+]
+ChunkSizeOption = Annotated[
+    int, typer.Option("--chunk_size", help="Rows read and written per step.")
+]
+ProgressOption = Annotated[
+    bool, typer.Option("--progress/--no_progress", help="Progress bar (rows/s).")
+]
+CalibrationOption = Annotated[
+    str | None,
+    typer.Option(
+        "--calibration",
+        help="calibration.json, or 'auto' (shipped for the model): adds p_correct, abstain.",
+    ),
+]
+LogprobsOption = Annotated[
+    bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
+]
