@@ -13,16 +13,24 @@ from typing import Annotated
 import typer
 
 __all__ = [
+    "BeamsOption",
     "CalibrationOption",
+    "ClustererArgsOption",
+    "ClustererOption",
     "ChunkSizeOption",
     "ErrorsOption",
     "FormatOption",
     "LogprobsOption",
+    "MaxNewTokensOption",
+    "MeasuresOption",
     "ModelArgsOption",
     "ModelOption",
     "OutputFileOption",
     "ProgressOption",
     "ResumeRowsOption",
+    "SamplesOption",
+    "SeedOption",
+    "TemperatureOption",
 ]
 
 #: The model of every command that loads one.
@@ -65,3 +73,35 @@ CalibrationOption = Annotated[
 LogprobsOption = Annotated[
     bool, typer.Option("--logprobs", help="Add tokens and per-token log-probs.")
 ]
+
+# What ``ask`` and ``generate`` compute for each question.
+MeasuresOption = Annotated[
+    str,
+    typer.Option(
+        "--measures",
+        help="Comma-separated: g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, d-se, mcp.",
+    ),
+]
+SamplesOption = Annotated[
+    int, typer.Option("--samples", help="N samples for sampling-based measures.")
+]
+TemperatureOption = Annotated[float, typer.Option("--temperature", help="Sampling temperature.")]
+BeamsOption = Annotated[int, typer.Option("--beams", help="Beams for bs-msp.")]
+ClustererOption = Annotated[
+    str,
+    typer.Option(
+        "--clusterer",
+        help="Semantic clusterer for se/ln-se/d-se/mcp: auto (nli if available offline, else "
+        "embedding), nli, embedding, exact, llm.",
+    ),
+]
+ClustererArgsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--clusterer_args", help="key=value,... for the clusterer (model, threshold, ...)."
+    ),
+]
+MaxNewTokensOption = Annotated[
+    int | None, typer.Option("--max_new_tokens", help="Default 50 (100 with --long).")
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the sampled answers.")]

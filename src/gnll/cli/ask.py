@@ -9,6 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs
+from gnll.cli._options import (
+    BeamsOption,
+    ClustererArgsOption,
+    ClustererOption,
+    MaxNewTokensOption,
+    MeasuresOption,
+    SamplesOption,
+    SeedOption,
+    TemperatureOption,
+)
 
 
 def ask(
@@ -31,41 +41,14 @@ def ask(
             "question as the exact text, no template.",
         ),
     ] = "instruction",
-    measures: Annotated[
-        str,
-        typer.Option(
-            "--measures",
-            help="Comma-separated: g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, d-se, mcp.",
-        ),
-    ] = "g-nll",
-    samples: Annotated[
-        int, typer.Option("--samples", help="N samples for sampling-based measures.")
-    ] = 10,
-    temperature: Annotated[
-        float, typer.Option("--temperature", help="Sampling temperature.")
-    ] = 1.0,
-    beams: Annotated[int, typer.Option("--beams", help="Beams for bs-msp.")] = 5,
-    clusterer: Annotated[
-        str,
-        typer.Option(
-            "--clusterer",
-            help="Semantic clusterer for se/ln-se/d-se/mcp: auto (nli if available offline, else "
-            "embedding), nli, embedding, exact, llm.",
-        ),
-    ] = "auto",
-    clusterer_args: Annotated[
-        str | None,
-        typer.Option(
-            "--clusterer_args",
-            "--clusterer-args",
-            help="key=value,... for the clusterer (model, threshold, ...).",
-        ),
-    ] = None,
-    max_new_tokens: Annotated[
-        int | None,
-        typer.Option("--max_new_tokens", "--max-new-tokens", help="Default 50 (100 with --long)."),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    measures: MeasuresOption = "g-nll",
+    samples: SamplesOption = 10,
+    temperature: TemperatureOption = 1.0,
+    beams: BeamsOption = 5,
+    clusterer: ClustererOption = "auto",
+    clusterer_args: ClustererArgsOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
+    seed: SeedOption = 0,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object instead of tables.")
     ] = False,

@@ -21,16 +21,24 @@ import typer
 
 from gnll.cli._errors import plain, usage_failer
 from gnll.cli._options import (
+    BeamsOption,
     CalibrationOption,
     ChunkSizeOption,
+    ClustererArgsOption,
+    ClustererOption,
     ErrorsOption,
     FormatOption,
     LogprobsOption,
+    MaxNewTokensOption,
+    MeasuresOption,
     ModelArgsOption,
     ModelOption,
     OutputFileOption,
     ProgressOption,
     ResumeRowsOption,
+    SamplesOption,
+    SeedOption,
+    TemperatureOption,
 )
 
 __all__ = ["generate"]
@@ -49,30 +57,14 @@ def generate(
     input_format: FormatOption = None,
     errors: ErrorsOption = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for one-sentence answers.")] = False,
-    measures: Annotated[
-        str,
-        typer.Option(
-            "--measures",
-            help="Comma-separated: g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, d-se, mcp.",
-        ),
-    ] = "g-nll",
-    samples: Annotated[
-        int, typer.Option("--samples", help="N samples for sampling-based measures.")
-    ] = 10,
-    temperature: Annotated[
-        float, typer.Option("--temperature", help="Sampling temperature.")
-    ] = 1.0,
-    beams: Annotated[int, typer.Option("--beams", help="Beams for bs-msp.")] = 5,
-    clusterer: Annotated[
-        str, typer.Option("--clusterer", help="Semantic clusterer for se/ln-se/d-se/mcp.")
-    ] = "auto",
-    clusterer_args: Annotated[
-        str | None, typer.Option("--clusterer_args", help="key=value,... for the clusterer.")
-    ] = None,
-    max_new_tokens: Annotated[
-        int | None, typer.Option("--max_new_tokens", help="Default 50 (100 with --long).")
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled answers.")] = 0,
+    measures: MeasuresOption = "g-nll",
+    samples: SamplesOption = 10,
+    temperature: TemperatureOption = 1.0,
+    beams: BeamsOption = 5,
+    clusterer: ClustererOption = "auto",
+    clusterer_args: ClustererArgsOption = None,
+    max_new_tokens: MaxNewTokensOption = None,
+    seed: SeedOption = 0,
     calibration: CalibrationOption = None,
     logprobs: LogprobsOption = False,
     resume: ResumeRowsOption = False,
