@@ -327,6 +327,10 @@ def serve_soak(r: dict[str, Any]) -> list[str]:
         "",
         common.table(rows),
         "",
+        "The modes run one after the other, so on a host shared with other work (see the load "
+        "average above) their latencies and throughputs are not comparable with each other; the "
+        "counts and the memory are what the run checks.",
+        "",
     ]
 
 
