@@ -94,10 +94,12 @@ def test_a_request_joins_a_running_decoding_loop(served):
     done: dict[str, float] = {}
 
     def long() -> None:
+        # It counts on for all 200 tokens (several seconds); the old prompt's answer ended with EOS
+        # after 28 tokens, about a second, so on a busy host it could end before `short` arrived.
         served.client.completions.create(
             model="smollm2-135m-instruct",
-            prompt="Count from one to one hundred in words: one, two,",
-            max_tokens=120,
+            prompt="1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+            max_tokens=200,
             temperature=0,
         )
         done["long"] = time.perf_counter()
