@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -264,9 +265,14 @@ def test_eval_on_ray_is_byte_identical_to_local(ray_cluster, tiny_llama, tmp_pat
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "results.json").exists()
+    # The killed directory, resumed on Ray (a copy) and by the local engine: the same bytes both ways.
+    on_ray = tmp_path / "killed-resumed-on-ray"
+    shutil.copytree(out, on_ray)
+    RayEvaluator(eval_config(data, model, on_ray, resume=True), cluster=cluster).run()
     Evaluator(eval_config(data, model, out, resume=True)).run()
     for name in ("results.json", "samples.jsonl"):
         assert (out / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+        assert (on_ray / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
 
 
 KILLED_DRIVER = """
