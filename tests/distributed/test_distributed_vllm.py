@@ -58,15 +58,26 @@ def tiny(tiny_llama):
     return load_model(str(tiny_llama()), progress=False)
 
 
+def greedy_answer(lm) -> tuple[str, str]:
+    """A question and a greedy answer of ``lm`` that scores as greedy (verbatim): the model's own
+    continuation, cut to the longest head that its tokenizer gives back token for token (a random
+    tiny model's continuation need not be the canonical tokenisation of its text)."""
+    for q in ("What is the capital of France?", "Who wrote Hamlet?", "What is 2 plus 2?"):
+        [[g]] = lm.generate([ask_prompt(q, long=False)], GenerationConfig.greedy(max_new_tokens=6))
+        for k in range(len(g.token_ids), 0, -1):
+            head = lm.tokenizer.decode(g.token_ids[:k])
+            [sc] = gnll_score(lm, [ask_prompt(q, long=False)], [head], verbatim=True)
+            if sc.is_greedy:
+                return q, head
+    raise AssertionError("no greedy continuation of the tiny model survives retokenisation")
+
+
 def test_scoring_postprocess_gives_gnll_scores(tiny):
     q = "What is the capital of France?"
-    [[greedy]] = tiny.generate(
-        [ask_prompt(q, long=False)], GenerationConfig.greedy(max_new_tokens=6)
-    )
-    own = tiny.tokenizer.decode(greedy.token_ids)  # the model's own answer, verbatim: greedy
+    q_own, own = greedy_answer(tiny)
     rows = [
         ({"id": 0, "question": q, "answer": "Paris"}, False),
-        ({"id": 1, "question": q, "answer": own}, True),
+        ({"id": 1, "question": q_own, "answer": own}, True),
         ({"id": 2, "prompt": "2+2=", "answer": "4"}, False),
     ]
     seen_greedy = set()
