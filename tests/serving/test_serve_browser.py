@@ -14,23 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from serve_helpers import CHROMIUM, CHROMIUM_ARGS
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from serve_helpers import ScriptedModel
+from serve_helpers import CHROMIUM, CHROMIUM_ARGS, ScriptedModel
 
 from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, build_inprocess_app
@@ -11,8 +11,6 @@ from gnll.serving.server import ServerThread
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"  # Debian's, as in test_serve_browser.py
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
 TOKENS = ["It", " is", " Paris", ".", " Or", " maybe", " Lyon", "?"]
 LOGPROBS = [-0.1, -0.1, -0.2, -0.1, -2.0, -1.0, -3.0, -1.0]
