@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -233,3 +234,24 @@ class ToyModel(Model):
 
     def score_tokens(self, prompts, continuations):  # the old token-id interface, unused here
         raise NotImplementedError
+
+
+def kill_when_eval_starts(
+    proc: subprocess.Popen, out: Path, task: str = "triviaqa_short", wait: float = 240
+) -> None:
+    """SIGKILL ``proc`` (a ``gnll eval`` driver writing to ``out``) once ``task``'s eval split has
+    records in its greedy cache, i.e. mid-run; fail if it finished first."""
+    import signal
+    import time
+
+    cache = out / "tasks" / task / "cache"
+    deadline = time.time() + wait
+    while time.time() < deadline and proc.poll() is None:
+        files = list(cache.glob("greedy-*.jsonl")) if cache.exists() else []
+        if files and '"eval"' in files[0].read_text():
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "results.json").exists()

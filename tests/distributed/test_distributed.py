@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import ToyModel
+from fakes import ToyModel, kill_when_eval_starts
 
 from gnll.distributed.cluster import Cluster
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
@@ -254,17 +254,7 @@ def test_eval_on_ray_is_byte_identical_to_local(ray_cluster, tiny_llama, tmp_pat
         address=ray_cluster.get_runtime_context().gcs_address,
     )
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ})
-    cache = out / "tasks" / "triviaqa_short" / "cache"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        files = list(cache.glob("greedy-*.jsonl")) if cache.exists() else []
-        if files and '"eval"' in files[0].read_text():
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (out / "results.json").exists()
+    kill_when_eval_starts(proc, out)
     # The killed directory, resumed on Ray (a copy) and by the local engine: the same bytes both ways.
     on_ray = tmp_path / "killed-resumed-on-ray"
     shutil.copytree(out, on_ray)

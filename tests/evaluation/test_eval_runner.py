@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from fakes import FakeJudge, FakeModel, cfg, make_data_dir
+from fakes import FakeJudge, FakeModel, cfg, kill_when_eval_starts, make_data_dir
 
 from gnll.evaluation.run.runner import EvalConfig, Evaluator, FingerprintMismatchError
 
@@ -296,18 +294,8 @@ def test_resume_after_kill_gives_identical_results(data_dir, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": "0"}
     )
-    greedy = out / "tasks" / "triviaqa_short" / "cache"
-    deadline = time.time() + 120
     # kill once the first task's eval split has started (some held-out and eval records on disk)
-    while time.time() < deadline and proc.poll() is None:
-        files = list(greedy.glob("greedy-*.jsonl")) if greedy.exists() else []
-        if files and '"eval"' in files[0].read_text():
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (out / "results.json").exists()
+    kill_when_eval_starts(proc, out, wait=120)
     res = Evaluator(cfg(data_dir, out, resume=True), model=FakeModel()).run()
     assert res == ref
     assert (out / "results.json").read_bytes() == (tmp_path / "ref" / "results.json").read_bytes()
