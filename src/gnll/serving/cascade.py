@@ -99,7 +99,7 @@ class CascadeService:
         chat = "message" in body["choices"][0]
         local_texts = [_text(c, chat) for c in body["choices"]]
         up_req = held.model_copy(update={"model": self.upstream_model})
-        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy())
+        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         try:
             up = await self.upstream.handle(up_req, up_settings)
         except (HTTPError, LogprobError) as exc:

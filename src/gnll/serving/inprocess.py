@@ -19,11 +19,12 @@ ask`` asks it. Every answer's ``uncertainty`` says which format its prompt had.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from gnll.backends.base import ChatPrompt, Generation, GenerationConfig, Model, StreamingModel
 from gnll.backends.prompting import prompt_for
+from gnll.measures.early import EarlyDecision
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.errors import ModelNotFound, RequestError
 from gnll.serving.metrics import Metrics
@@ -39,7 +40,10 @@ def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
 
 
 def to_answer(
-    gen: Generation, decoding: str, top_logprobs: list[dict[str, float]] | None = None
+    gen: Generation,
+    decoding: str,
+    top_logprobs: list[dict[str, float]] | None = None,
+    early: dict[str, Any] | None = None,
 ) -> Answer:
     # The text the tokens spell (a completion's leading space included), as servers return it, so
     # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
@@ -56,6 +60,7 @@ def to_answer(
         top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
         measured_logprobs=gen.measured_logprobs,
+        early=early,
     )
 
 
@@ -137,7 +142,7 @@ class InProcessService:
             and self.streams_live()
         ):
             return await self._stream(req, settings)
-        answers, n_prompt, prompt = await self.generate(req)
+        answers, n_prompt, prompt = await self.generate(req, early=self.early_rule(req, settings))
         chat = isinstance(req, ChatCompletionRequest)
         records, texts, finishes = annotate(
             answers,
@@ -240,26 +245,52 @@ class InProcessService:
         """The request's prompt format (:mod:`gnll.backends.prompting`)."""
         return self.prompt_format if isinstance(req, ChatCompletionRequest) else "text"
 
+    def early_rule(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: Any
+    ) -> Callable[[], EarlyDecision] | None:
+        """A maker of exact early decisions for the request's answers, or ``None`` when they are
+        off (``settings.early``), or the policy sends every answer or cannot decide early."""
+        policy = settings.policy
+        if not getattr(settings, "early", False) or not req.greedy:
+            return None
+        if policy.mode not in ("refuse", "escalate") or not policy.active:
+            return None
+        fmt = self.format_of(req)
+        return lambda: policy.early_decision(prompt_format=fmt)
+
     @staticmethod
     def _answers(
-        outs: list[list[Generation]], config: GenerationConfig, tops: list | None = None
+        outs: list[list[Generation]],
+        config: GenerationConfig,
+        tops: list | None = None,
+        decisions: list | None = None,
     ) -> list[Answer]:
         decoding = "greedy" if config.strategy == "greedy" else "sampled"
         tops = tops or [None] * len(outs)
+        decisions = decisions or [None] * len(outs)
         return [
-            to_answer(g, decoding, (alts or [None] * len(gens))[j])
-            for gens, alts in zip(outs, tops, strict=True)
+            to_answer(
+                g, decoding, (alts or [None] * len(gens))[j], (early or [None] * len(gens))[j]
+            )
+            for gens, alts, early in zip(outs, tops, decisions, strict=True)
             for j, g in enumerate(gens)
         ]
 
     async def generate(
-        self, req: CompletionRequest | ChatCompletionRequest
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        early: Callable[[], EarlyDecision] | None = None,
     ) -> tuple[list[Answer], int, str]:
-        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
+        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt.
+
+        ``early``: stop each answer at its exact early decision (:meth:`early_rule`).
+        """
         config, prompts, raw = self._plan(req)
         # A model without a decoding loop has no alternatives to give (``/health`` says 0).
         top = req.num_top_logprobs if self.engine.reports_alternatives else 0
-        decoded = await self.engine.decode(prompts, config, raw=raw, top_logprobs=top)
-        answers = self._answers(decoded.generations, config, decoded.top_logprobs)
+        decoded = await self.engine.decode(prompts, config, raw=raw, top_logprobs=top, early=early)
+        answers = self._answers(
+            decoded.generations, config, decoded.top_logprobs, decoded.decisions
+        )
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]
