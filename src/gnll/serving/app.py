@@ -38,16 +38,15 @@ from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.uncertainty import headers_for
-from gnll.uncertainty import Uncertainty
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
 
 
 def _error(
-    status: int, message: str, type_: str, param: str | None = None, code: Any = None
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    body = error_body(message, type_, param=param, code=code if code is not None else status)
+    body = error_body(message, type_, param=param, code=code)
     return JSONResponse(body, status_code=status)
 
 
@@ -95,30 +94,45 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {err.get('msg')}", where or None
 
 
+def _stream_error(chunk: str) -> str | None:
+    """The message of an error event (a stream that broke after its headers went out)."""
+    if not chunk.startswith('data: {"error"'):
+        return None
+    try:
+        err = json.loads(chunk[6:])["error"]
+    except (ValueError, KeyError, TypeError):
+        return "error event"
+    return str(err.get("message") if isinstance(err, dict) else err)
+
+
 async def _observed(
     stream: Iterator[str] | AsyncIterator[str],
-    records: list[Uncertainty],
-    done: Callable[[str | None, bool], None],
+    done: Callable[[str | None, bool, str | None], None],
 ) -> AsyncIterator[str]:
-    """``stream``, then (once it has ended and ``records`` is filled) ``done(response_id, sent)``,
-    also when the client went away mid-stream (``sent`` says whether the stream reached its end)."""
+    """``stream``, then (once it has ended and the reply's records are filled)
+    ``done(response_id, sent, error)``, also when the client went away mid-stream: ``sent`` says
+    whether the stream reached its end, ``error`` is the error event that ended it, if one did (its
+    HTTP status was 200, so the log line is the only place an operator finds it)."""
     sent = False
     response_id: str | None = None
+    error: str | None = None
     try:
         if isinstance(stream, AsyncIterator):
             async for chunk in stream:
                 response_id = response_id or response_id_of(chunk)
+                error = error or _stream_error(chunk)
                 yield chunk
         else:
             for chunk in stream:
                 response_id = response_id or response_id_of(chunk)
+                error = error or _stream_error(chunk)
                 yield chunk
         sent = True
     finally:
         if hasattr(stream, "aclose"):  # the client left: the service frees what the stream held
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
-        done(response_id, sent)
+        done(response_id, sent, error)
 
 
 def create_app(
@@ -272,11 +286,11 @@ def create_app(
             request.state.deferred = True
             records = reply.records  # a live stream's records are known when it has ended
 
-            def done(response_id: str | None, sent: bool) -> None:
-                notify(Answered(records, response_id, info, stream_sent=sent))
+            def done(response_id: str | None, sent: bool, error: str | None) -> None:
+                notify(Answered(records, response_id, info, stream_sent=sent, stream_error=error))
                 log_request(request, reply.status, request.state.started)
 
-            stream = _observed(reply.stream, records, done)
+            stream = _observed(reply.stream, done)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
         notify(Answered(reply.records, (reply.body or {}).get("id"), info))
         return JSONResponse(reply.body, status_code=reply.status, headers=headers)

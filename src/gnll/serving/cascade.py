@@ -155,10 +155,21 @@ class CascadeService:
         if req.stream:
             # A streamed request is replayed exactly as any finished answer is (one shape for every
             # policy: a usage chunk only when ``include_usage`` asks for it).
-            answers = [
-                Answer(req.choice_text(c), c.get("finish_reason"), [], []) for c in body["choices"]
-            ]
+            answers = [_answer_of(c, req) for c in body["choices"]]
             stream = stream_chunks(body, answers, chat=req.is_chat, include_usage=req.include_usage)
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=prompt
         )
+
+
+def _answer_of(choice: dict[str, Any], req: CompletionRequest | ChatCompletionRequest) -> Answer:
+    """A finished choice as an :class:`Answer`, with the tokens its ``logprobs`` list (when the
+    request asked for them), so that a replayed stream carries them piece by piece."""
+    lp = choice.get("logprobs") or {}
+    if req.is_chat:
+        content = lp.get("content") or []
+        tokens = [e["token"] for e in content]
+        lps = [e["logprob"] for e in content]
+    else:
+        tokens, lps = list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])
+    return Answer(req.choice_text(choice), choice.get("finish_reason"), tokens, lps)

@@ -34,12 +34,15 @@ class Answered:
         The request's access-log entry, written when the request is logged.
     stream_sent:
         For a stream, whether it was sent to its end (``None``: not a stream).
+    stream_error:
+        The message of the error event that ended a stream, if one did.
     """
 
     records: Sequence[Uncertainty]
     response_id: str | None
     entry: dict[str, Any] = field(default_factory=dict)
     stream_sent: bool | None = None
+    stream_error: str | None = None
 
 
 @runtime_checkable
@@ -66,6 +69,8 @@ class AccessLog:
         event.entry.update(uncertainty_fields(event.records))
         if event.stream_sent is not None:
             event.entry["stream_sent"] = event.stream_sent
+        if event.stream_error is not None:
+            event.entry["error"] = event.stream_error
 
 
 def response_id_of(chunk: str | bytes) -> str | None:

@@ -194,6 +194,11 @@ class CompletionRequest(_Request):
         """The prompts for the model, and whether they are already rendered (always)."""
         return list(self.prompts), True
 
+    @property
+    def num_prompts(self) -> int:
+        """How many prompts the request holds (its answers are ``num_prompts * n``)."""
+        return len(self.prompts)
+
     def prompt_text(self) -> str:
         """The prompts as one text (the access log's ``prompt``)."""
         return "\n".join(self.prompts)
@@ -274,6 +279,11 @@ class ChatCompletionRequest(_Request):
             return [chat_prompt(self.messages)], False
         except ValueError as exc:
             raise RequestError(str(exc), "messages") from exc
+
+    @property
+    def num_prompts(self) -> int:
+        """One conversation: one prompt."""
+        return 1
 
     def prompt_text(self) -> str:
         """The messages' texts as one text (the access log's ``prompt``)."""
