@@ -86,6 +86,12 @@ def test_quickstart_marks_a_runnable_block_for_every_job():
         assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
     assert any(b.lang == "python" and b.file is None for b in blocks)
     assert all(b.lang in {"bash", "python"} for b in blocks)
+    # score and generate refusing to write over an earlier output (and score over its own input)
+    for command in ("gnll score", "gnll generate"):
+        assert any(
+            command in b.code and any("holds an earlier run" in e for e in b.expect) for b in blocks
+        ), f"no runnable block shows {command} refusing to overwrite an earlier output"
+    assert any("is the input file" in e for b in blocks for e in b.expect)
 
 
 @pytest.mark.e2e

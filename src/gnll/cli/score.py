@@ -30,6 +30,7 @@ from gnll.cli._options import (
     ModelArgsOption,
     ModelOption,
     OutputFileOption,
+    OverwriteRowsOption,
     ProgressOption,
     ResumeRowsOption,
 )
@@ -45,10 +46,13 @@ def check_files(
     input_format: str | None,
     errors: Path | None,
     resume: bool,
+    overwrite: bool = False,
 ) -> tuple[str, str, Path | None]:
     """The input and output formats and the errors file of a streaming job (``score``,
-    ``generate``); calls ``fail(message)`` for an unusable combination."""
+    ``generate``); calls ``fail(message)`` for an unusable combination, or an output that would
+    destroy data (:func:`~gnll.scoring.output.check_output`), before the model loads."""
     from gnll._util.tabular import file_format
+    from gnll.scoring.output import OutputExistsError, check_output
 
     try:
         in_fmt = file_format(input, input_format)
@@ -70,6 +74,10 @@ def check_files(
         fail("--resume needs an output file, not stdout")
     if errors is None and output != "-":
         errors = Path(output + ".errors.jsonl")
+    try:
+        check_output(input, output, errors, out_fmt, resume=resume, overwrite=overwrite)
+    except OutputExistsError as e:
+        fail(str(e), e)
     return in_fmt, out_fmt, errors
 
 
@@ -121,6 +129,7 @@ def score_command(
     ] = None,
     calibration: CalibrationOption = None,
     resume: ResumeRowsOption = False,
+    overwrite: OverwriteRowsOption = False,
     chunk_size: ChunkSizeOption = 256,
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Rows per forward pass.")
@@ -140,7 +149,9 @@ def score_command(
 
     console = Console(stderr=True)
     fail = usage_failer(console, debug)
-    in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
+    in_fmt, out_fmt, errors = check_files(
+        fail, input, output, input_format, errors, resume, overwrite
+    )
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
     # One job for either engine, built (and checked) before any model is loaded.
@@ -162,6 +173,7 @@ def score_command(
         spans=spans,
         max_new_tokens=max_new_tokens,
         resume=resume,
+        overwrite=overwrite,
         chunk_size=chunk_size,
         batch_size=batch_size,
         progress=progress,

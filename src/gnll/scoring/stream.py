@@ -21,7 +21,7 @@ from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
-from gnll.scoring.output import ErrorLog, RowWriter, resume_point
+from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
 from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
 from gnll.spans import span_nlls
 
@@ -79,6 +79,8 @@ class ScoreJob:
     max_new_tokens: int | None = None
     calibrator: Any = None
     resume: bool = False
+    #: Replace an earlier run's output and errors file (without it, or ``resume``, one is refused).
+    overwrite: bool = False
     chunk_size: int = 256
     batch_size: int | None = None
     progress: bool = True
@@ -327,14 +329,29 @@ ChunkMapper = Callable[[Iterator[tuple[list[Row], int]]], Iterator[ChunkResult]]
 
 
 def run_score_job(
-    model: Model | None, job: ScoreJob, *, map_chunks: ChunkMapper | None = None
+    model: Model | None,
+    job: ScoreJob,
+    *,
+    map_chunks: ChunkMapper | None = None,
+    desc: str = "scoring",
 ) -> ScoreSummary:
     """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log.
 
     ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas, each
     scoring with ``job.for_model(its model)``); it gets ``(chunk, resume line)`` pairs and must
     yield their :class:`ChunkResult` in the same order.
+    ``desc`` labels the progress bar. An output that would destroy data (the input itself, an
+    earlier run without ``job.resume`` or ``job.overwrite``) raises
+    :class:`~gnll.scoring.output.OutputExistsError` before anything is read or written.
     """
+    check_output(
+        job.input,
+        job.output,
+        job.errors,
+        job.output_format,
+        resume=job.resume,
+        overwrite=job.overwrite,
+    )
     t0 = time.perf_counter()
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0
@@ -356,7 +373,7 @@ def run_score_job(
             return (score_chunk(model, job, chunk, first) for chunk, first in todo)
 
     chunks = ((c, start) for c in _chunks(iter_rows(job.input, job.input_format), job.chunk_size))
-    bar = tqdm(total=total, unit="rows", disable=not job.progress, desc="scoring", smoothing=0.1)
+    bar = tqdm(total=total, unit="rows", disable=not job.progress, desc=desc, smoothing=0.1)
     try:
         for res in map_chunks(chunks):
             summary.rows_in += res.rows_in

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
+from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
 from gnll.measures.logprobs import LogprobError, check_logprobs
 
 if TYPE_CHECKING:
@@ -163,6 +164,55 @@ class AbstentionPolicy:
         if self.threshold is not None:
             return None, bool(g_nll > self.threshold)
         return None, None
+
+    def early_decision(
+        self, *, where: str = "answer", prompt_format: str | None = None
+    ) -> EarlyDecision:
+        """A running decision for one greedy answer (:mod:`gnll.measures.early`): it says
+        ``decided`` at the first released answer token after which this policy abstains on the
+        answer whatever comes next, with the policy's own :meth:`decide` as the test.
+
+        Raises
+        ------
+        EarlyDecisionError
+            For a policy that does not refuse or escalate, has no threshold, or whose calibrated
+            map is not non-increasing in G-NLL (then no decision is exact before the end).
+        """
+        if self.mode not in ("refuse", "escalate"):
+            raise EarlyDecisionError(
+                f"early decisions stop an answer that is refused or escalated; --policy {self.mode} "
+                "sends every answer, so it is decided at the end (use --policy refuse or escalate)"
+            )
+        if not self.active:
+            raise EarlyDecisionError(
+                "early decisions need a threshold: give --threshold or --calibration"
+            )
+        self.check_monotone()
+
+        def abstains(g: float) -> bool:
+            return bool(self.decide(g, prompt_format)[1])
+
+        return EarlyDecision(abstains, action=self.mode, where=where)
+
+    def check_monotone(self) -> None:
+        """Refuse (:class:`EarlyDecisionError`) a policy whose abstention set in G-NLL is not closed
+        upwards. ``G-NLL > threshold`` and a fitted rule (``G-NLL <= t`` answers) always are; a
+        ``--min_p_correct`` target is when the calibrated map is non-increasing."""
+        if self.calibrator is None or self.min_p_correct is None:
+            return
+        m = self.calibrator.map_
+        what = f"the calibration map ({m.get('kind')})"
+        if m.get("kind") == "isotonic":
+            check_nonincreasing(m["x"], m["y"], what=what)
+        elif m.get("kind") == "platt":
+            if m["coef"] > 0:
+                raise EarlyDecisionError(
+                    f"{what} is not monotone the right way: p_correct rises with G-NLL "
+                    f"(coef {m['coef']:g} > 0), so an answer it rejects part-way may be accepted at "
+                    "its end; early decisions need a non-increasing map (gnll calibrate fits one)"
+                )
+        else:
+            raise EarlyDecisionError(f"{what}: cannot tell whether it is monotone")
 
     def describe(self) -> dict[str, Any]:
         return {
