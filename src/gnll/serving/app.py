@@ -42,9 +42,9 @@ log = logging.getLogger("gnll.serve")
 
 
 def _error(
-    status: int, message: str, type_: str, param: str | None = None, code: Any = None
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    body = error_body(message, type_, param=param, code=code if code is not None else status)
+    body = error_body(message, type_, param=param, code=code)
     return JSONResponse(body, status_code=status)
 
 
@@ -101,19 +101,34 @@ def _uncertainty_fields(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _stream_error(chunk: str) -> str | None:
+    """The message of an error event (a stream that broke after its headers went out)."""
+    if not chunk.startswith('data: {"error"'):
+        return None
+    try:
+        err = json.loads(chunk[6:])["error"]
+    except (ValueError, KeyError, TypeError):
+        return "error event"
+    return str(err.get("message") if isinstance(err, dict) else err)
+
+
 async def _observed(
     stream: Any, records: list[dict[str, Any]], metrics: Metrics, done: Any, observe: bool
 ) -> Any:
     """``stream``, then (once it has ended and ``records`` is filled) the answers' metrics and the
     request's access-log entry (``done``), also when the client went away mid-stream (``done``
-    hears whether the stream was sent to its end)."""
+    hears whether the stream was sent to its end, and the error event that ended it, if one did:
+    its HTTP status was 200, so the log line is the only place an operator finds it)."""
     sent = False
+    error: str | None = None
     try:
         if hasattr(stream, "__aiter__"):
             async for chunk in stream:
+                error = error or _stream_error(chunk)
                 yield chunk
         else:
             for chunk in stream:
+                error = error or _stream_error(chunk)
                 yield chunk
         sent = True
     finally:
@@ -123,7 +138,7 @@ async def _observed(
         if observe:
             for record in records:
                 metrics.observe_answer(record)
-        done(records, sent)
+        done(records, sent, error)
 
 
 def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
@@ -264,8 +279,10 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
         if reply.stream is not None:
             request.state.deferred = True
 
-            def done(records: list[dict[str, Any]], sent: bool) -> None:
+            def done(records: list[dict[str, Any]], sent: bool, error: str | None) -> None:
                 info.update(_uncertainty_fields(records), stream_sent=sent)
+                if error is not None:
+                    info["error"] = error
                 log_request(request, reply.status, request.state.started)
 
             stream = _observed(reply.stream, reply.records, metrics, done, observe=not known)

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from gnll.measures import LogprobError
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Reply, sse
+from gnll.serving.responses import Answer, Reply
+from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import AbstentionPolicy
 
 __all__ = ["CascadeService"]
@@ -119,7 +119,13 @@ class CascadeService:
 
     @staticmethod
     def _finish(req: Any, body: dict[str, Any], records: list, prompt: str | None) -> Reply:
-        stream = _replay(body) if req.stream else None
+        # A streamed request is replayed exactly as any finished answer is (one shape for every
+        # policy: a usage chunk only when ``include_usage`` asks for it).
+        stream = None
+        if req.stream:
+            chat = "message" in body["choices"][0]
+            answers = [_answer_of(c, chat) for c in body["choices"]]
+            stream = stream_chunks(body, answers, chat=chat, include_usage=req.include_usage)
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=prompt
         )
@@ -129,30 +135,14 @@ def _text(choice: dict[str, Any], chat: bool) -> str:
     return (choice.get("message") or {}).get("content") or "" if chat else choice.get("text") or ""
 
 
-def _replay(body: dict[str, Any]) -> Iterator[str]:
-    """A finished body as OpenAI stream chunks: each choice's text in one piece, then its
-    ``finish_reason`` and ``uncertainty``, then usage and ``[DONE]``."""
-    chat = "message" in body["choices"][0]
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {
-        "id": body.get("id"),
-        "object": kind,
-        "created": body.get("created"),
-        "model": body.get("model"),
-    }
-    for choice in body["choices"]:
-        i = choice.get("index", 0)
-        text = _text(choice, chat)
-        piece = {"index": i, "logprobs": None, "finish_reason": None}
-        piece.update({"delta": {"role": "assistant", "content": text}} if chat else {"text": text})
-        yield sse({**base, "choices": [piece]})
-        last = {
-            "index": i,
-            "logprobs": None,
-            "finish_reason": choice.get("finish_reason"),
-            "uncertainty": choice.get("uncertainty"),
-        }
-        last.update({"delta": {}} if chat else {"text": ""})
-        yield sse({**base, "choices": [last]})
-    yield sse({**base, "choices": [], "usage": body.get("usage")})
-    yield sse("[DONE]")
+def _answer_of(choice: dict[str, Any], chat: bool) -> Answer:
+    """A finished choice as an :class:`Answer`, with the tokens its ``logprobs`` list (when the
+    request asked for them), so that a replayed stream carries them piece by piece."""
+    lp = choice.get("logprobs") or {}
+    if chat:
+        content = lp.get("content") or []
+        tokens = [e["token"] for e in content]
+        lps = [e["logprob"] for e in content]
+    else:
+        tokens, lps = list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])
+    return Answer(_text(choice, chat), choice.get("finish_reason"), tokens, lps)

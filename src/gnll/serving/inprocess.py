@@ -113,8 +113,12 @@ class InProcessService:
         return [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "gnll"}]
 
     def prompt_tokens(self, prompt: str, raw: bool) -> int:
-        """The prompt's token count as the model conditions on it (0 when the model cannot tell)."""
-        if not self.model.capabilities.streaming:
+        """The prompt's token count as the model conditions on it (0 when the model cannot tell).
+
+        Any model with a tokenizer (``encode``) can tell, not only one with a decoding loop: a
+        model without one (sliding-window attention) still reports its prompts' length."""
+        encode = getattr(self.model, "encode", None)
+        if not callable(encode):
             return 0
         return len(cast(StreamingModel, self.model).encode([prompt], raw_prompt=raw)[0])
 

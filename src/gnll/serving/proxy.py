@@ -12,6 +12,16 @@ handled in one place for ``gnll eval`` and ``gnll serve``.
 
 Errors: an unreachable upstream is a 502, a timeout a 504, an upstream 5xx a 502 and an upstream 4xx
 the same 4xx, each with the upstream's own message.
+
+Where an upstream silently ignores part of a request, the proxy answers as OpenAI would instead: a
+model name the upstream does not list in ``/v1/models`` is a 404 ``model_not_found`` (llama.cpp
+serves any name), ``n`` answered with fewer choices is a 400, and a stream that asks for
+``include_usage`` from an upstream not known to send a usage chunk (llama-cpp-python never does) is
+answered from a whole upstream response and replayed, so that its usage is the upstream's own count
+(the prompt's tokens included, which a stream does not tell). A
+stream the upstream ends without a ``finish_reason`` (llama-cpp-python cuts a running stream when
+another request arrives, unless started with ``--interrupt_requests false``) ends in an error event
+that says so.
 """
 
 from __future__ import annotations
@@ -29,12 +39,22 @@ from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
-from gnll.serving.errors import HTTPError
+from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
 from gnll.serving.uncertainty import annotate
+
+#: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
+#: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
+NO_STREAM_USAGE = frozenset({"llama-cpp-python", "generic"})
+
+#: What a stream cut short by the upstream most likely means, per upstream.
+CUT_STREAM_HINT = {
+    "llama-cpp-python": "llama-cpp-python stops a running stream when another request arrives "
+    "unless it is started with --interrupt_requests false",
+}
 
 
 class ProxyService:
@@ -72,6 +92,8 @@ class ProxyService:
         self.profile: ServerProfile | None = None if server == "auto" else PROFILES[server]
         self.client: httpx.AsyncClient | None = None
         self.model_name: str | None = None
+        #: The model names the upstream lists in ``/v1/models`` (empty until it has answered).
+        self.served: list[str] = []
 
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
@@ -131,9 +153,28 @@ class ProxyService:
             if self.profile is None:
                 self.profile = profile_from_models(models, self.upstream)
             data = models.get("data") or []
-            if data and isinstance(data[0], dict):
-                self.model_name = data[0].get("id")
+            self.served = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
+            if self.served:
+                self.model_name = self.served[0]
         return self.profile
+
+    def check_request(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        """Refuse what the upstream would silently answer otherwise: a model it does not serve
+        (llama.cpp answers any name with its one model), ``n > 1`` from a server that ignores it."""
+        if req.model and self.served and req.model not in self.served:
+            raise ModelNotFound(req.model, ", ".join(self.served))
+        profile = self.profile
+        if (
+            req.n > 1
+            and profile is not None
+            and not profile.supports_n
+            and profile.name != "generic"
+        ):
+            raise RequestError(
+                f"n={req.n}: the upstream server ({profile.name}) ignores n and answers with one "
+                "choice; send separate requests instead",
+                "n",
+            )
 
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
@@ -219,11 +260,17 @@ class ProxyService:
             max_tokens_limit=settings.max_tokens_limit,
         )
         profile = await self._detect()
+        self.check_request(req)
         chat = isinstance(req, ChatCompletionRequest)
         body = self.upstream_body(req, settings, profile)
         path = "/chat/completions" if chat else "/completions"
         prompt = _prompt_text(req)
-        if req.stream and settings.policy.mode != "refuse":
+        # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
+        # replay of a whole upstream response.
+        replay = settings.policy.mode == "refuse" or (
+            req.include_usage and profile.name in NO_STREAM_USAGE
+        )
+        if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
             records: list[dict[str, Any]] = []  # filled when the stream ends (for metrics)
             stream = self._relay(response, req, settings, profile, config, records)
@@ -236,6 +283,8 @@ class ProxyService:
             raise HTTPError(
                 502, f"upstream {self.upstream}{path} returned no choices", "upstream_error"
             )
+        if len(choices) < _expected_choices(req):
+            raise RequestError(_short_message(self.upstream, req, len(choices)), "n")
         answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
         records, texts, finishes = annotate(
             answers,
@@ -246,7 +295,7 @@ class ProxyService:
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
-        if req.stream:  # refuse: the answer is known before its first piece is sent
+        if req.stream:  # a replay: the answer is known before its first piece is sent
             stream = stream_chunks(
                 _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
             )
@@ -324,6 +373,20 @@ class ProxyService:
                 R.error_body(f"upstream {self.upstream} ended the stream early", "upstream_error")
             )
             return
+        cut = [i for i in sorted(acc) if acc[i].finish_reason is None]
+        if cut:
+            hint = CUT_STREAM_HINT.get(profile.name, "it cut the answer short")
+            said = sum(len(t) for t in acc[cut[0]].text)
+            message = (
+                f"upstream {self.upstream} ended the stream of choice {cut[0]} without a "
+                f"finish_reason after {said} characters: the answer was cut short ({hint})"
+            )
+            yield R.sse(R.error_body(message, "upstream_error"))
+            return
+        if len(acc) < _expected_choices(req):
+            message = _short_message(self.upstream, req, len(acc))
+            yield R.sse(R.error_body(message, "invalid_request_error", param="n"))
+            return
         try:
             answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
             records, _, finishes = annotate(
@@ -345,6 +408,18 @@ class ProxyService:
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
+
+
+def _expected_choices(req: Any) -> int:
+    prompts = 1 if isinstance(req, ChatCompletionRequest) else len(req.prompts)
+    return prompts * req.n
+
+
+def _short_message(upstream: str, req: Any, got: int) -> str:
+    return (
+        f"n={req.n}: the upstream server {upstream} answered with {got} of "
+        f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
+    )
 
 
 def _prompt_text(req: Any) -> str:

@@ -47,7 +47,17 @@ def new_id(prefix: str) -> str:
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: Any = None) -> dict:
-    """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``)."""
+    """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``).
+
+    ``code`` is a string or null, as OpenAI types it: a strictly typed client (``Option<String>``)
+    fails on an integer, so an upstream's numeric code (vLLM sends the HTTP status) is dropped.
+
+    Examples
+    --------
+    >>> error_body("no such model", "invalid_request_error", code=404)["error"]["code"] is None
+    True
+    """
+    code = code if isinstance(code, str) and code else None
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 

@@ -82,6 +82,9 @@ def _pool_source(tres: dict[str, Any]) -> str:
     """Where a task's questions came from: the hub dataset or the file, and how the pool was cut."""
     data = tres.get("data") or {}
     src = data.get("hub_id") or Path(str(data.get("file") or "")).name or data.get("source")
+    if data.get("source") == "embedded":
+        # the numbers are not the full benchmark's: say so where the table's pools are named
+        src = f"embedded sample, {data.get('n', '?')} of the {data.get('sample_of', '?')}"
     how = data.get("eval_pool")
     return ", ".join(str(x) for x in (src, how) if x)
 
