@@ -132,7 +132,7 @@ def test_score_with_greedy_reports_the_rule(tmp_path):
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text(json.dumps({"question": "Who?", "answer": "abc"}) + "\n")
-    job = ScoreJob(str(inp), str(out), "jsonl", "jsonl", None, lambda q: q, with_greedy=True,
+    job = ScoreJob(str(inp), str(out), "jsonl", "jsonl", None, with_greedy=True,
                    progress=False)  # fmt: skip
     run_score_job(EmptyGreedy(), job)
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
