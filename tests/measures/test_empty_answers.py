@@ -204,8 +204,8 @@ def test_no_surface_reports_negative_zero():
     assert math.copysign(1.0, M.g_nll(certain)) == 1.0
     assert math.copysign(1.0, certain.logprob) == 1.0
     rec = uncertainty_record([0.0], decoding="greedy", policy=AbstentionPolicy())
-    assert math.copysign(1.0, rec["g_nll"]) == 1.0
-    assert math.copysign(1.0, rec["ln_g_nll"]) == 1.0
+    assert math.copysign(1.0, rec.g_nll) == 1.0
+    assert math.copysign(1.0, rec.ln_g_nll) == 1.0
 
 
 @pytest.mark.model
