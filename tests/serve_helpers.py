@@ -76,6 +76,11 @@ class ScriptedModel(Model):
     def score(self, prompts, answers, **kwargs):
         raise NotImplementedError("the scripted model only generates")
 
+    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
+        """One token per character: a tokenizer without a decoding loop (as a sliding-window
+        model's), so usage counts prompt tokens here too."""
+        return [[ord(c) for c in p] for p in prompts]
+
 
 #: A long answer (for streams that a client abandons): 200 one-word tokens.
 LONG = ([f" w{i}" for i in range(200)], [-0.5] * 200)
@@ -185,9 +190,6 @@ class StreamingModel(ScriptedModel):
         self.tokenizer = _Tokenizer({EOS: "", **{i: w for w, i in self.ids.items()}})
         self.steps: list[list] = []
         self.cancelled: list = []
-
-    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
-        return [[ord(c) for c in p] for p in prompts]
 
     def check_context(self, ids, max_new_tokens: int) -> None:
         if any(len(row) > 4000 for row in ids):

@@ -12,6 +12,16 @@ handled in one place for ``gnll eval`` and ``gnll serve``.
 
 Errors: an unreachable upstream is a 502, a timeout a 504, an upstream 5xx a 502 and an upstream 4xx
 the same 4xx, each with the upstream's own message.
+
+Where an upstream silently ignores part of a request, the proxy answers as OpenAI would instead: a
+model name the upstream does not list in ``/v1/models`` is a 404 ``model_not_found`` (llama.cpp
+serves any name), ``n`` answered with fewer choices is a 400, and a stream that asks for
+``include_usage`` from an upstream not known to send a usage chunk (llama-cpp-python never does) is
+answered from a whole upstream response and replayed, so that its usage is the upstream's own count
+(the prompt's tokens included, which a stream does not tell). A
+stream the upstream ends without a ``finish_reason`` (llama-cpp-python cuts a running stream when
+another request arrives, unless started with ``--interrupt_requests false``) ends in an error event
+that says so.
 """
 
 from __future__ import annotations
@@ -29,12 +39,24 @@ from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
-from gnll.serving.errors import HTTPError
+from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
 from gnll.serving.uncertainty import annotate
+from gnll.uncertainty import Uncertainty
+
+#: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
+#: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
+NO_STREAM_USAGE = frozenset({"llama-cpp-python", "generic"})
+
+#: What a stream cut short by the upstream most likely means, per upstream.
+CUT_STREAM_HINT = {
+    "llama-cpp-python": "llama-cpp-python stops a running stream when another request arrives "
+    "unless it is started with --interrupt_requests false",
+}
 
 
 class ProxyService:
@@ -72,6 +94,8 @@ class ProxyService:
         self.profile: ServerProfile | None = None if server == "auto" else PROFILES[server]
         self.client: httpx.AsyncClient | None = None
         self.model_name: str | None = None
+        #: The model names the upstream lists in ``/v1/models`` (empty until it has answered).
+        self.served: list[str] = []
 
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
@@ -131,9 +155,28 @@ class ProxyService:
             if self.profile is None:
                 self.profile = profile_from_models(models, self.upstream)
             data = models.get("data") or []
-            if data and isinstance(data[0], dict):
-                self.model_name = data[0].get("id")
+            self.served = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
+            if self.served:
+                self.model_name = self.served[0]
         return self.profile
+
+    def check_request(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        """Refuse what the upstream would silently answer otherwise: a model it does not serve
+        (llama.cpp answers any name with its one model), ``n > 1`` from a server that ignores it."""
+        if req.model and self.served and req.model not in self.served:
+            raise ModelNotFound(req.model, ", ".join(self.served))
+        profile = self.profile
+        if (
+            req.n > 1
+            and profile is not None
+            and not profile.supports_n
+            and profile.name != "generic"
+        ):
+            raise RequestError(
+                f"n={req.n}: the upstream server ({profile.name}) ignores n and answers with one "
+                "choice; send separate requests instead",
+                "n",
+            )
 
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
@@ -189,11 +232,14 @@ class ProxyService:
 
     # ------------------------------------------------------------------ requests
     def upstream_body(
-        self, req: CompletionRequest | ChatCompletionRequest, settings: Any, profile: ServerProfile
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        profile: ServerProfile,
     ) -> dict[str, Any]:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
-        chat = isinstance(req, ChatCompletionRequest)
+        chat = req.is_chat
         if req.max_tokens_requested() is None:
             key = profile.max_tokens_key if chat else "max_tokens"
             body[key] = settings.default_max_tokens
@@ -213,19 +259,27 @@ class ProxyService:
             body["model"] = self.model_name
         return body
 
-    async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+    async def handle(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Reply:
         config = req.generation_config(
             default_max_tokens=settings.default_max_tokens,
             max_tokens_limit=settings.max_tokens_limit,
         )
         profile = await self._detect()
-        chat = isinstance(req, ChatCompletionRequest)
+        self.check_request(req)
+        chat = req.is_chat
         body = self.upstream_body(req, settings, profile)
-        path = "/chat/completions" if chat else "/completions"
-        prompt = _prompt_text(req)
-        if req.stream and settings.policy.mode != "refuse":
+        path = req.path
+        prompt = req.prompt_text()
+        # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
+        # replay of a whole upstream response.
+        replay = settings.policy.mode == "refuse" or (
+            req.include_usage and profile.name in NO_STREAM_USAGE
+        )
+        if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
-            records: list[dict[str, Any]] = []  # filled when the stream ends (for metrics)
+            records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
             stream = self._relay(response, req, settings, profile, config, records)
             return Reply(body=None, records=records, stream=stream, prompt=prompt)
         body["stream"] = False
@@ -236,6 +290,8 @@ class ProxyService:
             raise HTTPError(
                 502, f"upstream {self.upstream}{path} returned no choices", "upstream_error"
             )
+        if len(choices) < _expected_choices(req):
+            raise RequestError(_short_message(self.upstream, req, len(choices)), "n")
         answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
         records, texts, finishes = annotate(
             answers,
@@ -246,7 +302,7 @@ class ProxyService:
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
-        if req.stream:  # refuse: the answer is known before its first piece is sent
+        if req.stream:  # a replay: the answer is known before its first piece is sent
             stream = stream_chunks(
                 _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
             )
@@ -254,7 +310,12 @@ class ProxyService:
         return Reply(body=data, records=records, prompt=prompt)
 
     def _answer(
-        self, choice: Any, req: Any, profile: ServerProfile, config: GenerationConfig, i: int
+        self,
+        choice: Any,
+        req: CompletionRequest | ChatCompletionRequest,
+        profile: ServerProfile,
+        config: GenerationConfig,
+        i: int,
     ) -> Answer:
         try:
             gen = to_generation(
@@ -277,14 +338,14 @@ class ProxyService:
     async def _relay(
         self,
         response: httpx.Response,
-        req: Any,
-        settings: Any,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
         profile: ServerProfile,
         config: GenerationConfig,
-        out: list[dict[str, Any]],
+        out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        chat = isinstance(req, ChatCompletionRequest)
+        chat = req.is_chat
         acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
         usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
@@ -324,6 +385,20 @@ class ProxyService:
                 R.error_body(f"upstream {self.upstream} ended the stream early", "upstream_error")
             )
             return
+        cut = [i for i in sorted(acc) if acc[i].finish_reason is None]
+        if cut:
+            hint = CUT_STREAM_HINT.get(profile.name, "it cut the answer short")
+            said = sum(len(t) for t in acc[cut[0]].text)
+            message = (
+                f"upstream {self.upstream} ended the stream of choice {cut[0]} without a "
+                f"finish_reason after {said} characters: the answer was cut short ({hint})"
+            )
+            yield R.sse(R.error_body(message, "upstream_error"))
+            return
+        if len(acc) < _expected_choices(req):
+            message = _short_message(self.upstream, req, len(acc))
+            yield R.sse(R.error_body(message, "invalid_request_error", param="n"))
+            return
         try:
             answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
             records, _, finishes = annotate(
@@ -339,7 +414,12 @@ class ProxyService:
         out.extend(records)
         base = {k: last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
-            c = {"index": i, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
+            c = {
+                "index": i,
+                "logprobs": None,
+                "finish_reason": finish,
+                "uncertainty": rec.to_json(),
+            }
             c.update({"delta": {}} if chat else {"text": ""})
             yield R.sse({**base, "choices": [c]})
         if usage is not None and req.include_usage:
@@ -347,10 +427,15 @@ class ProxyService:
         yield R.sse("[DONE]")
 
 
-def _prompt_text(req: Any) -> str:
-    if isinstance(req, ChatCompletionRequest):
-        return "\n".join(m.text() for m in req.messages)
-    return "\n".join(req.prompts)
+def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
+    return req.num_prompts * req.n
+
+
+def _short_message(upstream: str, req: CompletionRequest | ChatCompletionRequest, got: int) -> str:
+    return (
+        f"n={req.n}: the upstream server {upstream} answered with {got} of "
+        f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
+    )
 
 
 def _upstream_error(text: str) -> dict[str, Any]:
@@ -378,16 +463,16 @@ def _upstream_message(text: str) -> str:
 
 
 def _decorate(
-    choice: dict, rec: dict, text: str, finish: Any, *, chat: bool, keep_logprobs: bool
+    choice: dict, rec: Uncertainty, text: str, finish: Any, *, chat: bool, keep_logprobs: bool
 ) -> None:
-    choice["uncertainty"] = rec
+    choice["uncertainty"] = rec.to_json()
     choice["finish_reason"] = finish
     if chat:
         if isinstance(choice.get("message"), dict):
             choice["message"]["content"] = text
     else:
         choice["text"] = text
-    if not keep_logprobs or rec.get("refused"):
+    if not keep_logprobs or rec.refused:
         choice["logprobs"] = None
 
 
