@@ -68,7 +68,9 @@ def test_llamacpp_stops_generating_after_the_proxy_disconnects(llama_server):
     time.sleep(1.0)  # the abandoned request above ends too (it is the same mechanism)
 
     policy = AbstentionPolicy(mode="refuse", threshold=4.0)
-    app = create_app(ProxyService(llama_server.base_url, timeout=120), ServeSettings(policy=policy))
+    app = create_app(
+        ProxyService(llama_server.base_url, timeout=120), ServeSettings(policy=policy, early=True)
+    )
     with ServerThread(app) as px:
         t = time.perf_counter()
         u = httpx.post(px.url + "/v1/completions", json=body, timeout=120).json()["choices"][0][

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -285,7 +286,13 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+        # Opt-in here (--early): the usage of a cut answer is unknown to the proxy.
+        if (
+            settings.early
+            and settings.decides_early
+            and settings.policy.mode == "refuse"
+            and req.greedy
+        ):
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
@@ -339,8 +346,10 @@ class ProxyService:
         rule = settings.policy.early_decision(
             where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
         )
-        response = await self._send("POST", path, {**body, "stream": True}, stream=True)
+        stream = {"stream": True, "stream_options": {"include_usage": True}}
+        response = await self._send("POST", path, {**body, **stream}, stream=True)
         acc, last = StreamedChoice(req.is_chat), {}
+        usage: dict[str, Any] | None = None
         tokens: list[str] = []
         lps: list[float] = []
         try:
@@ -356,6 +365,8 @@ class ProxyService:
                         502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
                     )
                 last = chunk
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
                     if choice.get("finish_reason"):
@@ -374,9 +385,16 @@ class ProxyService:
         base = {
             "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
             "object": "chat.completion" if req.is_chat else "text_completion",
-            "created": last.get("created"),
+            "created": last.get("created") or int(time.time()),
             "model": last.get("model"),
-            "usage": None,
+            # The upstream's usage chunk comes after the answer, which may be cut: prompt tokens
+            # unknown (0), completion tokens those it sent.
+            "usage": usage
+            or {
+                "prompt_tokens": 0,
+                "completion_tokens": rule.generated,
+                "total_tokens": rule.generated,
+            },
         }
         if not rule.decided:
             return {**base, "choices": [{"index": 0, **acc.choice()}]}, None
