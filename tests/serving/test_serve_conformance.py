@@ -20,6 +20,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from serve_helpers import (
     UNSURE,
+    NoLoopModel,
     ScriptedModel,
     StreamedCompletion,
     StreamingModel,
@@ -354,7 +355,7 @@ POLICIES = ("annotate", "flag", "refuse", "escalate")
 BIG = (["Lyon", "."], [-0.5, -0.25])  # the escalation target's answer
 
 
-class BigModel(ScriptedModel):
+class BigModel(NoLoopModel):
     """The larger model an uncertain answer escalates to (answers differently, so it shows)."""
 
     name = "big"
@@ -378,7 +379,7 @@ def policed_server(request):
             big = build_inprocess_app(BigModel(), ServeSettings(), max_wait_ms=1)
             escalate_to = stack.enter_context(ServerThread(big)).url + "/v1"
         local_policy = policy_of if mode != "proxy" or policy == "escalate" else AbstentionPolicy()
-        model = ScriptedModel() if mode == "replay" else StreamingModel()
+        model = NoLoopModel() if mode == "replay" else StreamingModel()
         app = build_inprocess_app(
             model,
             ServeSettings(policy=local_policy),

@@ -132,6 +132,10 @@ def check_ask_options(
         raise AskOptionError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
 
 
+#: The prompts ``gnll ask`` (and ``gnll serve --prompt-format instruction``) asks, in words.
+ASK_PROMPTS = "questions asked as gnll ask asks them (zero-shot, short-answer instruction)"
+
+
 def ask_calibration(
     spec: str,
     *,
@@ -160,6 +164,7 @@ def ask_calibration(
             else None
         ),
         prompt_format=fmt,
+        prompt_description=ASK_PROMPTS,
     )
     if measures is not None:
         _calibrated_measure(cal, measures)
