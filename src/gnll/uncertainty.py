@@ -61,6 +61,12 @@ _OPTIONAL = (
     "escalated",
     "local",
     "escalation_error",
+    "early",
+    "decided_at_token",
+    "tokens_generated",
+    "tokens_saved",
+    "g_nll_is_lower_bound",
+    "withheld",
 )
 
 
@@ -161,6 +167,12 @@ class Uncertainty(BaseModel):
         Under ``--policy escalate``: which model answered, whether the answer was escalated, the local
         model's answer (with its ``text`` and ``model``) after an escalation, and why an escalation
         failed.
+    early, decided_at_token, tokens_generated, tokens_saved, g_nll_is_lower_bound, withheld:
+        When the answer stopped at an exact early decision (``gnll serve --early``, on by default
+        under ``refuse``/``escalate``; :mod:`gnll.measures.early`): the answer tokens released when
+        the refusal/escalation became certain, the tokens generated and those not generated
+        (against ``max_tokens``), and that ``g_nll``/``p_correct``/``num_tokens`` describe that
+        prefix (G-NLL a lower bound of the whole answer's); the rest was never generated.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -185,6 +197,12 @@ class Uncertainty(BaseModel):
     escalated: bool | None = None
     local: LocalAnswer | None = None
     escalation_error: str | None = None
+    early: bool | None = None
+    decided_at_token: int | None = None
+    tokens_generated: int | None = None
+    tokens_saved: int | None = None
+    g_nll_is_lower_bound: bool | None = None
+    withheld: str | None = None
 
     @model_serializer(mode="wrap")
     def _present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
