@@ -457,10 +457,15 @@ def _default_rule(thresholds: dict[str, Threshold], given: str | None) -> tuple[
     if cov is not None:
         why = "the only rule fitted"
         if acc is not None:
+            if cov.threshold == math.inf:
+                does = "answers every question"
+            else:
+                does = f"answers when the score is <= {cov.threshold:.4g}"
             why = (
                 f"accuracy among answered >= {acc.target:g} is out of reach on the calibration "
-                f"data (that rule refuses every answer); answer the {cov.target:g} most certain "
-                "fraction instead"
+                f"data (that rule refuses every answer); the coverage rule instead answers at "
+                f"least {cov.target:g} of the questions (probability {1 - cov.delta:g}): on this "
+                f"data it {does} ({cov.coverage:.3f} answered)"
             )
         return "coverage", why
     return None, "no threshold fitted"

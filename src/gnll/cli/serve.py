@@ -27,7 +27,7 @@ def serve(
     host: Annotated[
         str, typer.Option("--host", help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port")] = 8000,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
     api_key: Annotated[
         str | None,
         typer.Option(

@@ -300,8 +300,7 @@ class HTTPClient:
     def _failing_message(self) -> str:
         return self._scrub(
             f"{self.base_url}: stopping after {self.streak.threshold} failures in a row within "
-            f"{self.streak.window:.0f} s, all {self.streak.last_message}; check the server, then "
-            "resume (nothing computed so far is lost)"
+            f"{self.streak.window:.0f} s, all {self.streak.last_message}"
         )
 
     def _attempt(self, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:
