@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -286,13 +285,9 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        # Opt-in here (--early): the usage of a cut answer is unknown to the proxy.
-        if (
-            settings.early
-            and settings.decides_early
-            and settings.policy.mode == "refuse"
-            and req.greedy
-        ):
+        # Opt-in here (--early): a cut answer's usage is unknown to the proxy (null).
+        early = settings.early and settings.decides_early
+        if early and settings.policy.mode == "refuse" and req.greedy:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
@@ -346,10 +341,15 @@ class ProxyService:
         rule = settings.policy.early_decision(
             where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
         )
-        stream = {"stream": True, "stream_options": {"include_usage": True}}
-        response = await self._send("POST", path, {**body, **stream}, stream=True)
+        streamed = {**body, "stream": True}
+        profile = self.profile
+        if profile is not None and profile.name not in NO_STREAM_USAGE:
+            # A stream that runs to its end then carries the upstream's usage, as its whole
+            # response would; one cut at the decision has none (the upstream never counted it).
+            streamed["stream_options"] = {"include_usage": True}
+        response = await self._send("POST", path, streamed, stream=True)
         acc, last = StreamedChoice(req.is_chat), {}
-        usage: dict[str, Any] | None = None
+        usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
         try:
@@ -364,9 +364,11 @@ class ProxyService:
                     raise HTTPError(
                         502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
                     )
-                last = chunk
-                if chunk.get("usage"):
+                if chunk.get("usage") is not None:
                     usage = chunk["usage"]
+                if not chunk.get("choices"):
+                    continue
+                last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
                     if choice.get("finish_reason"):
@@ -385,19 +387,12 @@ class ProxyService:
         base = {
             "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
             "object": "chat.completion" if req.is_chat else "text_completion",
-            "created": last.get("created") or int(time.time()),
+            "created": last.get("created"),
             "model": last.get("model"),
-            # The upstream's usage chunk comes after the answer, which may be cut: prompt tokens
-            # unknown (0), completion tokens those it sent.
-            "usage": usage
-            or {
-                "prompt_tokens": 0,
-                "completion_tokens": rule.generated,
-                "total_tokens": rule.generated,
-            },
+            "usage": None,
         }
         if not rule.decided:
-            return {**base, "choices": [{"index": 0, **acc.choice()}]}, None
+            return {**base, "usage": usage, "choices": [{"index": 0, **acc.choice()}]}, None
         t = rule.decision.at_token or 0
         text = "".join(tokens[:t])
         answer = Answer(

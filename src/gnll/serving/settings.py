@@ -43,7 +43,7 @@ class ServeSettings:
         it whatever comes next, with the same decision as at its end. ``None`` (the default): on
         whenever the policy allows it (a threshold, a fitted rule, or a non-increasing calibrated
         map) for an in-process model, off in proxy mode (there the usage of a cut answer is
-        unknown to the proxy: ``prompt_tokens`` is reported 0); ``True``: required (an error when
+        unknown to the proxy: ``usage`` is null); ``True``: required (an error when
         the policy does not allow it); ``False``: off. :attr:`decides_early` is the outcome.
     tracing:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
