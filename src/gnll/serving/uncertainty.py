@@ -102,13 +102,26 @@ class AbstentionPolicy:
 
     @classmethod
     def from_calibration(
-        cls, spec: str | Path, *, model: str | None = None, **kwargs: Any
+        cls,
+        spec: str | Path,
+        *,
+        model: str | None = None,
+        prompt_fingerprint: str | None = None,
+        prompt_description: str | None = None,
+        **kwargs: Any,
     ) -> AbstentionPolicy:
         """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file, or ``"auto"``: the file
-        shipped for an embedded ``model``. Warns when the file was fitted on another model."""
+        shipped for an embedded ``model``. Warns (``CalibrationMismatchWarning``) when the file was
+        fitted on another model, or on another prompt template than ``prompt_fingerprint`` (the
+        template requests are asked in, described by ``prompt_description``)."""
         from gnll.calibration import load_calibration, shipped_calibration
 
-        calibrator = load_calibration(spec, model=model)
+        calibrator = load_calibration(
+            spec,
+            model=model,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_description=prompt_description,
+        )
         measure = calibrator.meta.get("measure", "g-nll")
         if measure != "g-nll":
             raise ValueError(f"{spec} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
@@ -384,6 +397,8 @@ def annotate(
             prompt_format=prompt_format,
             measured_logprobs=a.measured_logprobs,
         )
+        if a.early is not None:
+            rec = add_early(rec, a.early)
         text, finish, rec = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
         rec = rec.with_spans(
@@ -393,3 +408,22 @@ def annotate(
         texts.append(text)
         finishes.append(finish)
     return records, texts, finishes
+
+
+def add_early(record: Uncertainty, facts: dict[str, Any]) -> Uncertainty:
+    """The record of an answer that stopped at an exact early decision (:mod:`gnll.measures.early`).
+
+    Its ``g_nll``, ``p_correct`` and ``num_tokens`` are those of the answer tokens released when
+    the decision was made (a lower bound of the whole answer's G-NLL, an upper bound of its
+    ``p_correct``); the rest of the answer was never generated.
+    """
+    return record.model_copy(
+        update={
+            "early": True,
+            "decided_at_token": facts["decided_at_token"],
+            "tokens_generated": facts["tokens_generated"],
+            "tokens_saved": facts["tokens_saved"],
+            "g_nll_is_lower_bound": True,
+            "withheld": "the rest of the answer: never generated",
+        }
+    )
