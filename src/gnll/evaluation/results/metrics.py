@@ -297,7 +297,7 @@ def prediction_rejection_area(
     mean normalised quality of those ``k`` is averaged. Higher is better.
 
     >>> prediction_rejection_area([0.1, 0.9, 0.5], [1, 0, 1])
-    0.8333333333333334
+    0.8888888888888888
     """
     q = _minmax(np.asarray(quality, dtype=float))
     ue = np.asarray(uncertainty, dtype=float)
