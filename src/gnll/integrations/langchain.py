@@ -196,11 +196,12 @@ def with_uncertainty(
 
     Examples
     --------
-    >>> from langchain_openai import ChatOpenAI                            # doctest: +SKIP
-    >>> llm = with_uncertainty(ChatOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="x",
-    ...                                   model="smollm2-135m-instruct"))   # doctest: +SKIP
-    >>> llm.invoke("Capital of France?").response_metadata["uncertainty"]["g_nll"]  # doctest: +SKIP
-    2.5791
+    With ``gnll serve`` running (docs/quickstart.md runs this recipe)::
+
+        from langchain_openai import ChatOpenAI
+        llm = with_uncertainty(ChatOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="x",
+                                          model="smollm2-135m-instruct"), server="gnll")
+        llm.invoke("Capital of France?").response_metadata["uncertainty"]["g_nll"]
     """
     scorer = AnswerScorer(
         policy=make_policy(
