@@ -30,13 +30,21 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from gnll.spans import Span, SpanReport
+from gnll.spans import Span, SpanKind, SpanReport, span_nlls
 
-__all__ = ["SPAN_FIELDS", "LocalAnswer", "SpanOut", "Uncertainty", "span_fields"]
+__all__ = [
+    "SPAN_FIELDS",
+    "LocalAnswer",
+    "SpanOut",
+    "Uncertainty",
+    "span_columns",
+    "span_fields",
+]
 
 #: The span fields of one answer, named alike on every surface (``gnll ask --spans``, ``gnll score
 #: --spans``, every ``gnll serve`` answer).
@@ -53,6 +61,12 @@ _OPTIONAL = (
     "escalated",
     "local",
     "escalation_error",
+    "early",
+    "decided_at_token",
+    "tokens_generated",
+    "tokens_saved",
+    "g_nll_is_lower_bound",
+    "withheld",
 )
 
 
@@ -97,6 +111,33 @@ def span_fields(report: SpanReport | None) -> dict[str, Any]:
     }
 
 
+def span_columns(
+    tokens: Sequence[str], token_logprobs: Sequence[float], text: str, kind: SpanKind
+) -> dict[str, Any]:
+    """The span fields of one answer as ``gnll ask --spans`` and ``gnll score --spans`` write them.
+
+    :func:`span_fields` of the answer's ``kind`` spans, with ``max_span_nll`` (the least certain
+    span's NLL) and ``unassigned_nll`` (the tokens in no span); when the answer has no spans of that
+    kind (no JSON in it), ``spans`` is ``None`` and ``spans_error`` says why.
+
+    >>> cols = span_columns(["{", '"a": ', "1", "}"], [-0.1, -0.2, -1.5, -0.1], '{"a": 1}', "json")
+    >>> cols["least_certain_span"], cols["max_span_nll"], round(cols["unassigned_nll"], 3)
+    ('$.a', 1.5, 0.4)
+    >>> span_columns(["no"], [-0.1], "no", "json")["spans_error"]
+    'the answer holds no JSON object or array'
+    """
+    try:
+        report = span_nlls(tokens, [float(x) for x in token_logprobs], text, kind)
+    except ValueError as exc:
+        return {**dict.fromkeys(SPAN_FIELDS), "spans_kind": kind, "spans_error": str(exc)}
+    top = report.least_certain()
+    return {
+        **span_fields(report),
+        "max_span_nll": top.nll if top is not None else None,
+        "unassigned_nll": report.unassigned_nll,
+    }
+
+
 class Uncertainty(BaseModel):
     """The uncertainty of one answer.
 
@@ -126,6 +167,12 @@ class Uncertainty(BaseModel):
         Under ``--policy escalate``: which model answered, whether the answer was escalated, the local
         model's answer (with its ``text`` and ``model``) after an escalation, and why an escalation
         failed.
+    early, decided_at_token, tokens_generated, tokens_saved, g_nll_is_lower_bound, withheld:
+        When the answer stopped at an exact early decision (``gnll serve --early``, on by default
+        under ``refuse``/``escalate``; :mod:`gnll.measures.early`): the answer tokens released when
+        the refusal/escalation became certain, the tokens generated and those not generated
+        (against ``max_tokens``), and that ``g_nll``/``p_correct``/``num_tokens`` describe that
+        prefix (G-NLL a lower bound of the whole answer's); the rest was never generated.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -150,6 +197,12 @@ class Uncertainty(BaseModel):
     escalated: bool | None = None
     local: LocalAnswer | None = None
     escalation_error: str | None = None
+    early: bool | None = None
+    decided_at_token: int | None = None
+    tokens_generated: int | None = None
+    tokens_saved: int | None = None
+    g_nll_is_lower_bound: bool | None = None
+    withheld: str | None = None
 
     @model_serializer(mode="wrap")
     def _present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -105,7 +105,11 @@ def test_proxy_adds_uncertainty_headers_and_refuses(served, tmp_path):
     assert easy.uncertainty["g_nll"] < hard.uncertainty["g_nll"]
     threshold = (easy.uncertainty["g_nll"] + hard.uncertainty["g_nll"]) / 2
     config = write_config(
-        tmp_path, served.url, GNLL_POLICY="refuse", GNLL_THRESHOLD=f"{threshold}", GNLL_SERVER="gnll"
+        tmp_path,
+        served.url,
+        GNLL_POLICY="refuse",
+        GNLL_THRESHOLD=f"{threshold}",
+        GNLL_SERVER="gnll",
     )
     with LiteLLMProxy(config, tmp_path / "litellm.log") as proxy:
         client = proxy.client()
@@ -132,7 +136,9 @@ def test_proxy_adds_uncertainty_headers_and_refuses(served, tmp_path):
         # streams: the refuse policy holds the answer back; the uncertainty comes last
         chunks = list(
             client.chat.completions.create(
-                model="smollm", messages=[{"role": "user", "content": EASY}], max_tokens=24,
+                model="smollm",
+                messages=[{"role": "user", "content": EASY}],
+                max_tokens=24,
                 stream=True,
             )
         )
@@ -142,7 +148,9 @@ def test_proxy_adds_uncertainty_headers_and_refuses(served, tmp_path):
         assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
         chunks = list(
             client.chat.completions.create(
-                model="smollm", messages=[{"role": "user", "content": HARD}], max_tokens=24,
+                model="smollm",
+                messages=[{"role": "user", "content": HARD}],
+                max_tokens=24,
                 stream=True,
             )
         )

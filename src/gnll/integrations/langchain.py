@@ -107,7 +107,9 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
         return scored, AIMessageChunk(content="", response_metadata=meta, id=whole.id)
 
     # ------------------------------------------------------------------ Runnable
-    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> BaseMessage:
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> BaseMessage:
         return self._attach(self.bound.invoke(input, config, **kwargs), self._stop(kwargs))
 
     async def ainvoke(

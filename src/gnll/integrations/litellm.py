@@ -117,7 +117,9 @@ class UncertaintyHandler(CustomLogger):
         if self._scorer is None:
             o, env = self._options, os.environ.get
             threshold = o["threshold"] if o["threshold"] is not None else env("GNLL_THRESHOLD")
-            min_p = o["min_p_correct"] if o["min_p_correct"] is not None else env("GNLL_MIN_P_CORRECT")
+            min_p = (
+                o["min_p_correct"] if o["min_p_correct"] is not None else env("GNLL_MIN_P_CORRECT")
+            )
             self._scorer = AnswerScorer(
                 policy=make_policy(
                     o["policy"] or env("GNLL_POLICY") or "annotate",

@@ -113,7 +113,7 @@ class CascadeService:
             ]
             return self._finish(req, body, kept, reply.prompt)
         up_req = held.model_copy(update={"model": self.upstream_model})
-        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy())
+        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         try:
             up = await self.upstream.handle(up_req, up_settings)
         except (HTTPError, LogprobError) as exc:

@@ -19,9 +19,11 @@ ask`` asks it. Every answer's ``uncertainty`` says which format its prompt had.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
+from gnll.measures.early import EarlyDecision
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.errors import ModelNotFound
 from gnll.serving.metrics import Metrics
@@ -36,7 +38,10 @@ __all__ = ["InProcessService", "chat_prompt", "to_answer"]
 
 
 def to_answer(
-    gen: Generation, decoding: str, top_logprobs: list[dict[str, float]] | None = None
+    gen: Generation,
+    decoding: str,
+    top_logprobs: list[dict[str, float]] | None = None,
+    early: dict[str, Any] | None = None,
 ) -> Answer:
     # The text the tokens spell (a completion's leading space included), as servers return it, so
     # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
@@ -53,6 +58,7 @@ def to_answer(
         top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
         measured_logprobs=gen.measured_logprobs,
+        early=early,
     )
 
 
@@ -225,26 +231,53 @@ class InProcessService:
         prompts, raw = req.model_prompts(self.prompt_format)
         return config, prompts, raw
 
+    def early_rule(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Callable[[], EarlyDecision] | None:
+        """A maker of exact early decisions for the request's answers, or ``None`` when they are
+        off (``settings.early``), or the policy sends every answer or cannot decide early."""
+        policy = settings.policy
+        if not settings.early or not req.greedy:
+            return None
+        if policy.mode not in ("refuse", "escalate") or not policy.active:
+            return None
+        fmt = req.prompt_format(self.prompt_format)
+        return lambda: policy.early_decision(prompt_format=fmt)
+
     @staticmethod
     def _answers(
-        outs: list[list[Generation]], config: GenerationConfig, tops: list | None = None
+        outs: list[list[Generation]],
+        config: GenerationConfig,
+        tops: list | None = None,
+        decisions: list | None = None,
     ) -> list[Answer]:
         decoding = "greedy" if config.strategy == "greedy" else "sampled"
         tops = tops or [None] * len(outs)
+        decisions = decisions or [None] * len(outs)
         return [
-            to_answer(g, decoding, (alts or [None] * len(gens))[j])
-            for gens, alts in zip(outs, tops, strict=True)
+            to_answer(
+                g, decoding, (alts or [None] * len(gens))[j], (early or [None] * len(gens))[j]
+            )
+            for gens, alts, early in zip(outs, tops, decisions, strict=True)
             for j, g in enumerate(gens)
         ]
 
     async def generate(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> tuple[list[Answer], int, str]:
-        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
+        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt.
+
+        Under ``--policy refuse`` or ``escalate`` with ``settings.early``, each greedy answer stops
+        at its exact early decision (:meth:`early_rule`).
+        """
         config, prompts, raw = self._plan(req, settings)
         # A model without a decoding loop has no alternatives to give (``/health`` says 0).
         top = req.num_top_logprobs if self.engine.reports_alternatives else 0
-        decoded = await self.engine.decode(prompts, config, raw=raw, top_logprobs=top)
-        answers = self._answers(decoded.generations, config, decoded.top_logprobs)
+        decoded = await self.engine.decode(
+            prompts, config, raw=raw, top_logprobs=top, early=self.early_rule(req, settings)
+        )
+        answers = self._answers(
+            decoded.generations, config, decoded.top_logprobs, decoded.decisions
+        )
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]

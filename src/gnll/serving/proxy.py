@@ -284,7 +284,14 @@ class ProxyService:
             return Reply(body=None, records=records, stream=stream, prompt=prompt)
         body["stream"] = False
         body.pop("stream_options", None)
-        data = await self._call("POST", path, body)
+        decided: Answer | None = None
+        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+            if _expected_choices(req) == 1:  # one answer to watch
+                data, decided = await self._early_call(path, body, req, settings, config)
+            else:
+                data = await self._call("POST", path, body)
+        else:
+            data = await self._call("POST", path, body)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             raise HTTPError(
@@ -292,7 +299,10 @@ class ProxyService:
             )
         if len(choices) < _expected_choices(req):
             raise RequestError(_short_message(self.upstream, req, len(choices)), "n")
-        answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
+        if decided is not None:
+            answers = [decided]
+        else:
+            answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
         records, texts, finishes = annotate(
             answers,
             settings.policy,
@@ -308,6 +318,88 @@ class ProxyService:
             )
             return Reply(body=data, records=records, stream=stream, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
+
+    async def _early_call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        config: GenerationConfig,
+    ) -> tuple[dict[str, Any], Answer | None]:
+        """The upstream's answer, streamed and cut at its exact early decision.
+
+        The tokens of a chunk without ``finish_reason`` are answer tokens the upstream has
+        released (a server holds back text that may begin a stop string), so they go to the
+        policy's :class:`~gnll.measures.early.EarlyDecision` as they arrive; once it decides, the
+        connection is closed (vLLM and llama.cpp stop generating when their client goes away) and
+        the answer so far comes back as a decided :class:`Answer`. Otherwise the whole streamed
+        answer comes back as a non-streaming response body (and ``None``).
+        """
+        rule = settings.policy.early_decision(
+            where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
+        )
+        response = await self._send("POST", path, {**body, "stream": True}, stream=True)
+        acc, last = StreamedChoice(req.is_chat), {}
+        tokens: list[str] = []
+        lps: list[float] = []
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if isinstance(chunk, dict) and "error" in chunk:
+                    raise HTTPError(
+                        502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
+                    )
+                last = chunk
+                for choice in chunk.get("choices") or []:
+                    acc.add(choice)
+                    if choice.get("finish_reason"):
+                        continue  # the end: the decision is the whole answer's
+                    for tok, lp in _chunk_tokens(choice):
+                        tokens.append(tok)
+                        lps.append(lp)
+                        rule.skip()
+                        rule.release([lp])
+                if rule.decided:
+                    break  # closing the response below disconnects from the upstream
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            raise HTTPError(502, f"upstream stream broke off: {exc}", "upstream_error") from None
+        finally:
+            await response.aclose()
+        base = {
+            "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
+            "object": "chat.completion" if req.is_chat else "text_completion",
+            "created": last.get("created"),
+            "model": last.get("model"),
+            "usage": None,
+        }
+        if not rule.decided:
+            return {**base, "choices": [{"index": 0, **acc.choice()}]}, None
+        t = rule.decision.at_token or 0
+        text = "".join(tokens[:t])
+        answer = Answer(
+            text=text,
+            finish_reason="stop",
+            tokens=tokens[:t],
+            token_logprobs=lps[:t],
+            decoding="greedy",
+            measured_logprobs=lps[:t] or [0.0],
+            early={
+                "decided_at_token": t,
+                "tokens_generated": rule.generated,
+                "tokens_saved": config.max_new_tokens - rule.generated,
+            },
+        )
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
+        choice.update(
+            {"message": {"role": "assistant", "content": text}} if req.is_chat else {"text": text}
+        )
+        return {**base, "choices": [choice]}, answer
 
     def _answer(
         self,
@@ -448,6 +540,16 @@ def choice_answer(
         decoding=decoding,
         measured_logprobs=gen.measured_logprobs,
     )
+
+
+def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(token, log-prob)`` of a streamed chunk, in the chat or the completions shape."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return []
+    if isinstance(lp.get("content"), list):
+        return [(e.get("token", ""), e.get("logprob")) for e in lp["content"]]
+    return list(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))
 
 
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:

@@ -32,6 +32,9 @@ class Answer:
     #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
     #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
     measured_logprobs: list[float] | None = None
+    #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
+    #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
+    early: dict[str, Any] | None = None
 
 
 @dataclass

@@ -384,6 +384,8 @@ def annotate(
             prompt_format=prompt_format,
             measured_logprobs=a.measured_logprobs,
         )
+        if a.early is not None:
+            rec = add_early(rec, a.early)
         text, finish, rec = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
         rec = rec.with_spans(
@@ -393,3 +395,22 @@ def annotate(
         texts.append(text)
         finishes.append(finish)
     return records, texts, finishes
+
+
+def add_early(record: Uncertainty, facts: dict[str, Any]) -> Uncertainty:
+    """The record of an answer that stopped at an exact early decision (:mod:`gnll.measures.early`).
+
+    Its ``g_nll``, ``p_correct`` and ``num_tokens`` are those of the answer tokens released when
+    the decision was made (a lower bound of the whole answer's G-NLL, an upper bound of its
+    ``p_correct``); the rest of the answer was never generated.
+    """
+    return record.model_copy(
+        update={
+            "early": True,
+            "decided_at_token": facts["decided_at_token"],
+            "tokens_generated": facts["tokens_generated"],
+            "tokens_saved": facts["tokens_saved"],
+            "g_nll_is_lower_bound": True,
+            "withheld": "the rest of the answer: never generated",
+        }
+    )
