@@ -339,8 +339,15 @@ class ProxyService:
         rule = settings.policy.early_decision(
             where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
         )
-        response = await self._send("POST", path, {**body, "stream": True}, stream=True)
+        streamed = {**body, "stream": True}
+        profile = self.profile
+        if profile is not None and profile.name not in NO_STREAM_USAGE:
+            # A stream that runs to its end then carries the upstream's usage, as its whole
+            # response would; one cut at the decision has none (the upstream never counted it).
+            streamed["stream_options"] = {"include_usage": True}
+        response = await self._send("POST", path, streamed, stream=True)
         acc, last = StreamedChoice(req.is_chat), {}
+        usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
         try:
@@ -355,6 +362,10 @@ class ProxyService:
                     raise HTTPError(
                         502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
                     )
+                if chunk.get("usage") is not None:
+                    usage = chunk["usage"]
+                if not chunk.get("choices"):
+                    continue
                 last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
@@ -379,7 +390,7 @@ class ProxyService:
             "usage": None,
         }
         if not rule.decided:
-            return {**base, "choices": [{"index": 0, **acc.choice()}]}, None
+            return {**base, "usage": usage, "choices": [{"index": 0, **acc.choice()}]}, None
         t = rule.decision.at_token or 0
         text = "".join(tokens[:t])
         answer = Answer(
