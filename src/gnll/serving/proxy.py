@@ -423,22 +423,15 @@ class ProxyService:
         i: int,
     ) -> Answer:
         try:
-            gen = to_generation(
-                read_choice(choice), config, eos_logprob=profile.eos_logprob, where=f"choice {i}"
+            return choice_answer(
+                choice,
+                config,
+                eos_logprob=profile.eos_logprob,
+                decoding="greedy" if req.greedy else "sampled",
+                where=f"choice {i}",
             )
-        except ServerError as exc:
+        except LogprobError as exc:
             raise LogprobError(f"upstream {self.upstream}: {exc}") from None
-        text = (
-            choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
-        )
-        return Answer(
-            text=text or "",
-            finish_reason=choice.get("finish_reason"),
-            tokens=gen.tokens,
-            token_logprobs=gen.token_logprobs,
-            decoding="greedy" if req.greedy else "sampled",
-            measured_logprobs=gen.measured_logprobs,
-        )
 
     async def _relay(
         self,
@@ -530,6 +523,36 @@ class ProxyService:
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
+
+
+def choice_answer(
+    choice: dict[str, Any],
+    config: GenerationConfig,
+    *,
+    eos_logprob: bool,
+    decoding: str = "greedy",
+    where: str = "choice 0",
+) -> Answer:
+    """The :class:`Answer` of one OpenAI-shaped choice (any of the three log-prob shapes): its text
+    and its answer tokens' log-probs, the terminator split off by the server backend's parser.
+
+    The proxy and the framework integrations (:mod:`gnll.integrations`) read choices with it, so a
+    response scored by either gets the same numbers. A choice without usable log-probs is a
+    :class:`LogprobError`.
+    """
+    try:
+        gen = to_generation(read_choice(choice), config, eos_logprob=eos_logprob, where=where)
+    except ServerError as exc:
+        raise LogprobError(str(exc)) from None
+    text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+    return Answer(
+        text=text or "",
+        finish_reason=choice.get("finish_reason"),
+        tokens=gen.tokens,
+        token_logprobs=gen.token_logprobs,
+        decoding=decoding,
+        measured_logprobs=gen.measured_logprobs,
+    )
 
 
 def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:
