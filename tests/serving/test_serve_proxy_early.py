@@ -56,12 +56,7 @@ class StreamingUpstream:
                 try:
                     for i in range(min(TOKENS, body.get("max_tokens") or TOKENS)):
                         lp = {"tokens": [f" w{i}"], "token_logprobs": [LOGPROB]}
-                        chunk = {
-                            "index": 0,
-                            "text": f" w{i}",
-                            "logprobs": lp,
-                            "finish_reason": None,
-                        }
+                        chunk = {"index": 0, "text": f" w{i}", "logprobs": lp, "finish_reason": None}
                         self._event({"id": "x", "model": "fake", "choices": [chunk]})
                         sent += 1
                         time.sleep(PAUSE)
