@@ -36,7 +36,7 @@ def serve(
     host: Annotated[
         str, typer.Option("--host", help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port")] = 8000,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -214,7 +214,9 @@ def serve(
             min_p_correct,
             rule,
             refusal,
-            model=None if upstream else model,
+            model_name=model,
+            proxy=bool(upstream),
+            prompt_format=prompt_format,
         )
         tracing, traced_to = _tracing() if otel else (None, None)
         settings = ServeSettings(
@@ -229,6 +231,7 @@ def serve(
             upstream_timeout=upstream_timeout,
             prompt_format=prompt_format,
             tracing=tracing,
+            early=early,
         )
         check_escalation(settings, escalate_to, in_process=upstream is None)
         if upstream:
@@ -259,7 +262,9 @@ def serve(
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
-        f"policy {pol.mode}; {pol.source})",
+        f"policy {pol.mode}; {pol.source}"
+        + ("; early decisions" if settings.early and not upstream else "")
+        + ")",
         err=True,
     )
     if traced_to:
@@ -308,7 +313,9 @@ def _policy(
     rule: str | None,
     refusal: str | None,
     *,
-    model: str | None,
+    model_name: str,
+    proxy: bool,
+    prompt_format: str,
 ) -> AbstentionPolicy:
     """The abstention policy the options ask for (the library checks the combination)."""
     from gnll.serving import AbstentionPolicy
@@ -322,18 +329,27 @@ def _policy(
                 others=("calibration", "threshold"),
             )
         return AbstentionPolicy.from_cascade(
-            cascade, mode=mode or "escalate", model=model, any_prompt_format=any_format, **extra
+            cascade,
+            mode=mode or "escalate",
+            model=None if proxy else model_name,
+            any_prompt_format=any_format,
+            **extra,
         )
     if calibration is not None:
+        if calibration == "auto" and proxy:
+            raise ValueError(_proxy_auto(model_name))
+        if calibration != "auto" and not Path(calibration).is_file():
+            raise ValueError(f"--calibration {calibration} does not exist")
         if threshold is not None:
             raise ParameterError(
                 "threshold",
                 "cannot be given with calibration (give one of them)",
                 others=("calibration",),
             )
-        return AbstentionPolicy.from_calibration(
+        return _calibrated_policy(
             calibration,
-            model=model,
+            model=None if proxy else model_name,
+            asks_like_ask=not proxy and prompt_format == "instruction",
             mode=mode or "annotate",
             min_p_correct=min_p_correct,
             rule=rule,
@@ -359,3 +375,41 @@ def _tracing() -> tuple[Emitter, str]:
         raise ImportError(
             f"--otel needs OpenTelemetry ({exc.name} is missing): pip install 'gnll[otel]'"
         ) from None
+
+
+def _proxy_auto(model: str) -> str:
+    """Why ``--calibration auto`` cannot serve a proxy (the shipped files' prompts are not its)."""
+    from gnll.calibration import SHIPPED
+
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.json"))) or "none"
+    return (
+        f"--calibration auto: the shipped calibrations (for {shipped}) were fitted on answers to "
+        "gnll ask's instruction prompts, but a proxy serves chat requests, which the upstream "
+        "renders with its chat template, so their P(correct) would not apply (whichever --model "
+        f"you name, {model!r} included); fit one on chat answers "
+        "(gnll calibrate FILE --prompt-format chat) and pass that file"
+    )
+
+
+def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **kwargs):
+    """The policy of ``--calibration``; a file fitted on another model or prompt template is one
+    warning line at start-up (the way ``gnll ask`` warns), before the server takes requests."""
+    import warnings
+
+    from gnll.backends.prompting import instruction_prompt
+    from gnll.calibration import CalibrationMismatchWarning, prompt_fingerprint
+    from gnll.scoring.asking import ASK_PROMPTS
+    from gnll.serving import AbstentionPolicy
+
+    template = {}
+    if asks_like_ask:  # chat requests are asked exactly as gnll ask asks them
+        template = {
+            "prompt_fingerprint": prompt_fingerprint(instruction_prompt("{question}")),
+            "prompt_description": ASK_PROMPTS,
+        }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationMismatchWarning)
+        policy = AbstentionPolicy.from_calibration(spec, model=model, **template, **kwargs)
+    for w in caught:
+        typer.echo(f"gnll serve: warning: {w.message}", err=True)
+    return policy

@@ -115,12 +115,11 @@ class InProcessService:
     def prompt_tokens(self, prompt: str, raw: bool) -> int:
         """The prompt's token count as the model conditions on it (0 when the model cannot tell).
 
-        Any model with a tokenizer (``encode``) can tell, not only one with a decoding loop: a
-        model without one (sliding-window attention) still reports its prompts' length."""
-        encode = getattr(self.model, "encode", None)
-        if not callable(encode):
+        Any model with the hooks can tell, not only one whose decoding loop serves (its
+        ``capabilities.streaming``): a sliding-window model (Gemma) still counts its prompts."""
+        if not isinstance(self.model, StreamingModel):
             return 0
-        return len(cast(StreamingModel, self.model).encode([prompt], raw_prompt=raw)[0])
+        return len(self.model.encode([prompt], raw_prompt=raw)[0])
 
     def streams_live(self) -> bool:
         """Whether streamed answers go out while they are decoded (a
