@@ -263,7 +263,11 @@ def serve(
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
         f"policy {pol.mode}; {pol.source}"
-        + ("; early decisions" if settings.early and not upstream else "")
+        + (
+            "; early decisions"
+            if settings.decides_early and (settings.early or not upstream)
+            else ""
+        )
         + ")",
         err=True,
     )

@@ -288,7 +288,9 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+        # Opt-in here (--early): a cut answer's usage is unknown to the proxy (null).
+        early = settings.early and settings.decides_early
+        if early and settings.policy.mode == "refuse" and req.greedy:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
