@@ -129,7 +129,10 @@ def test_save_load_round_trip_and_mismatch_warning(tmp_path):
     np.testing.assert_array_equal(same.abstain(grid), cal.abstain(grid))
     with pytest.warns(CalibrationMismatchWarning, match="model 'm1', used with 'm2'"):
         Calibrator.load(path, model="m2")
-    with pytest.warns(CalibrationMismatchWarning, match="prompt format"):
+    with pytest.warns(
+        CalibrationMismatchWarning,
+        match="fitted on prompts of template sha256:aaa, used with prompts of template sha256:bbb",
+    ):
         Calibrator.load(path, prompt_fingerprint="sha256:bbb")
 
 

@@ -156,6 +156,15 @@ def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     return scores, labels, info, dropped
 
 
+def _describe_eval_prompts(templates: dict[str, str]) -> str:
+    """``gnll eval's 5-shot triviaqa_short prompts``: what a calibration fitted on runs was fitted on
+    (the examples in a task's prompt each start with "Question:"; the asked question is one more)."""
+    shots = {t: templates[t].count("Question:") - 1 for t in sorted(templates)}
+    if len(set(shots.values())) == 1:
+        return f"gnll eval's {next(iter(shots.values()))}-shot {', '.join(shots)} prompts"
+    return "gnll eval's prompts of " + ", ".join(f"{t} ({k}-shot)" for t, k in shots.items())
+
+
 def load_labelled(
     paths: list[str | Path], *, measure: str = "g-nll", correctness: str | None = None
 ) -> LabelledScores:
@@ -195,7 +204,7 @@ def load_labelled(
             if len(templates) > 1
             else prompt_fingerprint(next(iter(templates.values())))
         )
-        description = "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
+        description = _describe_eval_prompts(templates)
     return LabelledScores(
         scores=np.asarray(all_s, dtype=np.float64),
         labels=np.asarray(all_y, dtype=np.float64),

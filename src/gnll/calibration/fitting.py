@@ -279,10 +279,13 @@ class Calibrator:
         model: str | None = None,
         prompt_fingerprint: str | None = None,
         prompt_format: str | None = None,
+        prompt_description: str | None = None,
     ) -> list[str]:
         """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
         refuse (:class:`CalibrationFormatError`) answers to another prompt format.
 
+        ``prompt_description`` says in words which prompts ``prompt_fingerprint`` identifies
+        (e.g. "gnll ask's zero-shot prompts"), so that a warning names prompts, not hashes.
         Returns the mismatch messages (empty when everything matches or is unknown).
         """
         if not calibration_applies(self, prompt_format):
@@ -301,10 +304,9 @@ class Calibrator:
             )
         fitted_fp = self.meta.get("prompt_fingerprint")
         if prompt_fingerprint and fitted_fp and prompt_fingerprint != fitted_fp:
-            problems.append(
-                f"calibration was fitted on prompt format {fitted_fp!r} "
-                f"({self.meta.get('prompt_format', 'unknown')}), used with {prompt_fingerprint!r}"
-            )
+            fitted = self.meta.get("prompt_description") or f"prompts of template {fitted_fp}"
+            used = prompt_description or f"prompts of template {prompt_fingerprint}"
+            problems.append(f"calibration was fitted on {fitted}, used with {used}")
         for msg in problems:
             warnings.warn(msg + ": P(correct) may be off", CalibrationMismatchWarning, stacklevel=2)
         return problems

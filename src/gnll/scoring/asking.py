@@ -179,16 +179,12 @@ def ask_calibration(
     from gnll.calibration import load_calibration, prompt_fingerprint
 
     fmt = check_format(prompt_format)
-    cal = load_calibration(
-        spec,
-        model=model,
-        prompt_fingerprint=(
-            prompt_fingerprint(instruction_prompt("{question}", long=long))
-            if fmt == "instruction"
-            else None
-        ),
-        prompt_format=fmt,
-    )
+    cal = load_calibration(spec, model=model, prompt_format=fmt)
+    if fmt == "instruction":  # the template is known: warn when the file was fitted on another
+        cal.check(
+            prompt_fingerprint=prompt_fingerprint(instruction_prompt("{question}", long=long)),
+            prompt_description=f"gnll ask{' --long' if long else ''}'s zero-shot prompts",
+        )
     if measures is not None:
         _calibrated_measure(cal, measures)
     return cal
