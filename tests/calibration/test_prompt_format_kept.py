@@ -76,8 +76,8 @@ def test_ask_warns_about_another_template_in_words(tmp_path, fake):
     assert res.exit_code == 0, res.output
     [warning] = [x for x in res.stderr.splitlines() if x.startswith("warning:")]
     assert re.search(
-        r"fitted on gnll eval's \d+-shot triviaqa_short prompts, used with gnll ask's zero-shot "
-        r"prompts: P\(correct\) may be off",
+        r"fitted on answers to gnll eval's \d+-shot triviaqa_short prompts, but is used on answers "
+        r"to questions asked as gnll ask asks them \(zero-shot",
         warning,
     ), warning
     assert "sha256" not in warning and "prompt format" not in warning

@@ -284,8 +284,9 @@ class Calibrator:
         """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
         refuse (:class:`CalibrationFormatError`) answers to another prompt format.
 
-        ``prompt_description`` says in words which prompts ``prompt_fingerprint`` identifies
-        (e.g. "gnll ask's zero-shot prompts"), so that a warning names prompts, not hashes.
+        ``prompt_description`` says in words which prompts the answers come from (the warning
+        names both templates so, never by their fingerprints).
+
         Returns the mismatch messages (empty when everything matches or is unknown).
         """
         if not calibration_applies(self, prompt_format):
@@ -304,9 +305,16 @@ class Calibrator:
             )
         fitted_fp = self.meta.get("prompt_fingerprint")
         if prompt_fingerprint and fitted_fp and prompt_fingerprint != fitted_fp:
-            fitted = self.meta.get("prompt_description") or f"prompts of template {fitted_fp}"
-            used = prompt_description or f"prompts of template {prompt_fingerprint}"
-            problems.append(f"calibration was fitted on {fitted}, used with {used}")
+            fitted = self.meta.get("prompt_description") or (
+                f"other {self.meta['prompt_format']!r} prompts"
+                if self.meta.get("prompt_format")
+                else "other prompts"
+            )
+            problems.append(
+                f"the calibration was fitted on answers to {fitted}, but is used on answers to "
+                f"{prompt_description or 'other prompts'} (another prompt template gives other "
+                "G-NLL values)"
+            )
         for msg in problems:
             warnings.warn(msg + ": P(correct) may be off", CalibrationMismatchWarning, stacklevel=2)
         return problems
@@ -403,9 +411,11 @@ class Calibrator:
         model: str | None = None,
         prompt_fingerprint: str | None = None,
         prompt_format: str | None = None,
+        prompt_description: str | None = None,
     ) -> Calibrator:
-        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch;
-        with ``prompt_format``, refuse a file fitted on another format."""
+        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch
+        (``prompt_description``: the prompts in use, in words); with ``prompt_format``, refuse a
+        file fitted on another format."""
         path = Path(path)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -418,7 +428,12 @@ class Calibrator:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
         cal.meta.setdefault("path", str(path))
-        cal.check(model=model, prompt_fingerprint=prompt_fingerprint, prompt_format=prompt_format)
+        cal.check(
+            model=model,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_format=prompt_format,
+            prompt_description=prompt_description,
+        )
         return cal
 
     def __repr__(self) -> str:

@@ -182,13 +182,16 @@ def serve(
             )
         extra = {"refusal": refusal} if refusal else {}
         if calibration is not None:
+            if calibration == "auto" and upstream:
+                raise ValueError(_proxy_auto(model))
             if calibration != "auto" and not Path(calibration).is_file():
                 raise ValueError(f"--calibration {calibration} does not exist")
             if threshold is not None:
                 raise ValueError("give --calibration or --threshold, not both")
-            pol = AbstentionPolicy.from_calibration(
+            pol = _calibrated_policy(
                 calibration,
                 model=None if upstream else model,
+                asks_like_ask=not upstream and prompt_format == "instruction",
                 mode=policy,
                 min_p_correct=min_p_correct,
                 rule=rule,
@@ -280,10 +283,52 @@ def serve(
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
         f"policy {pol.mode}; {pol.source}"
-        + ("; early decisions" if settings.early and not upstream else "")
+        + (
+            "; early decisions"
+            if settings.decides_early and (settings.early or not upstream)
+            else ""
+        )
         + ")",
         err=True,
     )
     if traced_to:
         typer.echo(f"gnll serve: OpenTelemetry evaluation events to {traced_to}", err=True)
     serve_forever(application, host, port, sock=sock)
+
+
+def _proxy_auto(model: str) -> str:
+    """Why ``--calibration auto`` cannot serve a proxy (the shipped files' prompts are not its)."""
+    from gnll.calibration import SHIPPED
+
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.json"))) or "none"
+    return (
+        f"--calibration auto: the shipped calibrations (for {shipped}) were fitted on answers to "
+        "gnll ask's instruction prompts, but a proxy serves chat requests, which the upstream "
+        "renders with its chat template, so their P(correct) would not apply (whichever --model "
+        f"you name, {model!r} included); fit one on chat answers "
+        "(gnll calibrate FILE --prompt-format chat) and pass that file"
+    )
+
+
+def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **kwargs):
+    """The policy of ``--calibration``; a file fitted on another model or prompt template is one
+    warning line at start-up (the way ``gnll ask`` warns), before the server takes requests."""
+    import warnings
+
+    from gnll.backends.prompting import instruction_prompt
+    from gnll.calibration import CalibrationMismatchWarning, prompt_fingerprint
+    from gnll.scoring.asking import ASK_PROMPTS
+    from gnll.serving import AbstentionPolicy
+
+    template = {}
+    if asks_like_ask:  # chat requests are asked exactly as gnll ask asks them
+        template = {
+            "prompt_fingerprint": prompt_fingerprint(instruction_prompt("{question}")),
+            "prompt_description": ASK_PROMPTS,
+        }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationMismatchWarning)
+        policy = AbstentionPolicy.from_calibration(spec, model=model, **template, **kwargs)
+    for w in caught:
+        typer.echo(f"gnll serve: warning: {w.message}", err=True)
+    return policy

@@ -160,6 +160,10 @@ def check_question(question: object) -> str:
     return question
 
 
+#: The prompts ``gnll ask`` (and ``gnll serve --prompt-format instruction``) asks, in words.
+ASK_PROMPTS = "questions asked as gnll ask asks them (zero-shot, short-answer instruction)"
+
+
 def ask_calibration(
     spec: str,
     *,
@@ -179,12 +183,17 @@ def ask_calibration(
     from gnll.calibration import load_calibration, prompt_fingerprint
 
     fmt = check_format(prompt_format)
-    cal = load_calibration(spec, model=model, prompt_format=fmt)
-    if fmt == "instruction":  # the template is known: warn when the file was fitted on another
-        cal.check(
-            prompt_fingerprint=prompt_fingerprint(instruction_prompt("{question}", long=long)),
-            prompt_description=f"gnll ask{' --long' if long else ''}'s zero-shot prompts",
-        )
+    cal = load_calibration(
+        spec,
+        model=model,
+        prompt_fingerprint=(
+            prompt_fingerprint(instruction_prompt("{question}", long=long))
+            if fmt == "instruction"
+            else None
+        ),
+        prompt_format=fmt,
+        prompt_description=ASK_PROMPTS,
+    )
     if measures is not None:
         _calibrated_measure(cal, measures)
     return cal

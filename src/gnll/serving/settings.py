@@ -42,7 +42,9 @@ class ServeSettings:
         an in-process answer stops at the first token after which the policy refuses or escalates
         it whatever comes next, with the same decision as at its end. ``None`` (the default): on
         whenever the policy allows it (a threshold, a fitted rule, or a non-increasing calibrated
-        map); ``True``: required (an error when the policy does not allow it); ``False``: off.
+        map) for an in-process model, off in proxy mode (there the usage of a cut answer is
+        unknown to the proxy: ``usage`` is null); ``True``: required (an error when
+        the policy does not allow it); ``False``: off. :attr:`decides_early` is the outcome.
     tracing:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
         answer's scores; ``None`` (the default) emits nothing and imports nothing.
@@ -62,7 +64,8 @@ class ServeSettings:
     early: bool | None = None
 
     def __post_init__(self) -> None:
-        self.early = self._early()
+        #: Whether answers stop at exact early decisions (``early`` resolved against the policy).
+        self.decides_early = self._early()
         if self.prompt_format not in ("chat", "instruction"):
             raise ValueError(
                 f"chat requests can be rendered as 'chat' or 'instruction', not {self.prompt_format!r}"

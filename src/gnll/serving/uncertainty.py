@@ -102,13 +102,26 @@ class AbstentionPolicy:
 
     @classmethod
     def from_calibration(
-        cls, spec: str | Path, *, model: str | None = None, **kwargs: Any
+        cls,
+        spec: str | Path,
+        *,
+        model: str | None = None,
+        prompt_fingerprint: str | None = None,
+        prompt_description: str | None = None,
+        **kwargs: Any,
     ) -> AbstentionPolicy:
         """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file, or ``"auto"``: the file
-        shipped for an embedded ``model``. Warns when the file was fitted on another model."""
+        shipped for an embedded ``model``. Warns (``CalibrationMismatchWarning``) when the file was
+        fitted on another model, or on another prompt template than ``prompt_fingerprint`` (the
+        template requests are asked in, described by ``prompt_description``)."""
         from gnll.calibration import load_calibration, shipped_calibration
 
-        calibrator = load_calibration(spec, model=model)
+        calibrator = load_calibration(
+            spec,
+            model=model,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_description=prompt_description,
+        )
         measure = calibrator.meta.get("measure", "g-nll")
         if measure != "g-nll":
             raise ValueError(f"{spec} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
