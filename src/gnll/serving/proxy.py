@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
@@ -86,7 +87,9 @@ class ProxyService:
         server: str = "auto",
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
-            raise ValueError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
+            raise ParameterError(
+                "upstream", f"must be an http(s) URL ending in /v1, got {upstream!r}"
+            )
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
