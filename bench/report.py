@@ -355,6 +355,10 @@ def continuous_batching(r: dict[str, Any]) -> list[str]:
 def early_decisions(r: dict[str, Any]) -> list[str]:
     rows = []
     for name, s in r["summary"].items():
+        hit = [q for q in r["per_question"] if q[name]["end_decision"]]
+        share = (
+            statistics.median(q[name]["tokens"] / q["full"]["tokens"] for q in hit) if hit else None
+        )
         rows.append(
             {
                 "policy": f"{name}: {s['policy']['source']}",
@@ -367,6 +371,7 @@ def early_decisions(r: dict[str, Any]) -> list[str]:
                 "median paired ratio": s["median_paired_ratio"],
                 "tokens early": s["tokens_abstained_early"],
                 "tokens full": s["tokens_abstained_full"],
+                "median share of the answer generated": share,
             }
         )
     total = r["summary"][next(iter(r["summary"]))]
