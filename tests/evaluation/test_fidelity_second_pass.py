@@ -4,14 +4,9 @@ metric, several judges, the clusterer in the table header, the presets' splits."
 from __future__ import annotations
 
 import pytest
-from fakes import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg
 
 from gnll.evaluation.run.runner import Evaluator
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 # ----------------------------------------------------------------- 28.6: temperature per dataset

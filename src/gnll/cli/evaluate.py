@@ -372,7 +372,7 @@ def evaluate(
         from gnll.distributed.evaluation import RayEvaluator
 
         cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
-        evaluator: Evaluator = RayEvaluator(cfg, cluster=cluster)  # the same outputs as local
+        evaluator: Evaluator | RayEvaluator = RayEvaluator(cfg, cluster=cluster)  # local's outputs
     else:
         evaluator = Evaluator(cfg)
     results = evaluator.run()  # errors: one line from the CLI's error boundary (--debug: traceback)
