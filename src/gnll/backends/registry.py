@@ -30,6 +30,7 @@ __all__ = [
     "Backend",
     "EmbeddedModel",
     "available_backends",
+    "check_model",
     "embedded_model_dir",
     "get_backend",
     "load_model",
@@ -158,6 +159,21 @@ def load_model(
     >>> "Paris" in answer.text, answer.finish_reason in ("stop", "eos", "length")
     (True, True)
     """
+    check_model(name, backend=backend, **model_args)
+    return get_backend(backend).factory(name, progress=progress, **model_args)
+
+
+def check_model(name: str = DEFAULT_MODEL, *, backend: str = "hf", **model_args: Any) -> None:
+    """Refuse, in about a second and without loading anything, a model :func:`load_model` cannot
+    load: an unknown backend, a backend's missing argument, an hf model that is neither embedded,
+    a local path, in the hub cache nor on the hub
+    (:class:`~gnll.backends.resolve.ModelNotFound`). Run it before creating files for a model.
+
+    >>> check_model("smollm2-135m-instruct")
+    >>> check_model("m", backend="openai")
+    Traceback (most recent call last):
+    ValueError: backend='openai' needs base_url=http://HOST:PORT/v1
+    """
     if backend == "hf" and name not in EMBEDDED_MODELS:
         from gnll.backends.resolve import check_model_source
 
@@ -170,4 +186,3 @@ def load_model(
     if missing:
         needs = " ".join(f"{k}={spec.requires[k]}" for k in missing)
         raise ValueError(f"backend={backend!r} needs {needs}")
-    return spec.factory(name, progress=progress, **model_args)

@@ -16,7 +16,6 @@ Examples
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from gnll._util.runfiles import SAMPLES, iter_samples, samples_path
+from gnll._util import read_json
+from gnll._util.runfiles import SAMPLES, RunDir, iter_samples, samples_path
 from gnll._util.tabular import file_format
 
 __all__ = ["LabelledScores", "load_labelled", "prompt_fingerprint"]
@@ -107,14 +107,14 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
         "tasks": tasks,
         "correctness": sorted(metrics),
     }
-    run_json = run_dir / "run.json"
+    run_json = RunDir(run_dir).run_json
     if run_json.exists():
-        info["model"] = json.loads(run_json.read_text())["config"].get("model")
+        info["model"] = read_json(run_json)["config"].get("model")
     templates = {}
     for task in sorted(tasks):
         fp = run_dir / "tasks" / task / "fingerprint.json"
         if fp.exists():
-            prefix = json.loads(fp.read_text()).get("prompt_prefix", "")
+            prefix = read_json(fp).get("prompt_prefix", "")
             templates[task] = prefix + "Question: {question}\nAnswer:"
     info["prompt_templates"] = templates
     return scores, labels, info, dropped
@@ -170,7 +170,7 @@ def load_labelled(
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
-        if p.is_dir() or p.name == "samples.jsonl":
+        if p.is_dir() or p.name == SAMPLES:
             s, y, info, d = _read_run(p, measure, correctness)
             templates.update(info.pop("prompt_templates"))
             formats.add("instruction")  # gnll eval's task prompts

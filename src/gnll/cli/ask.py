@@ -71,8 +71,18 @@ def ask(
     from gnll import load_model
     from gnll import measures as M
     from gnll.backends.prompting import check_format
-    from gnll.scoring.asking import AskOptionError, ask, check_ask_options
+    from gnll.scoring.asking import AskOptionError, ask, check_ask_options, check_question
 
+    try:
+        check_question(question)
+    except ValueError as exc:  # before the model loads; one line, like gnll generate's empty row
+        from rich.console import Console
+
+        from gnll.cli._errors import usage_failer
+
+        usage_failer(Console(stderr=True))(
+            f'{exc}: ask something, e.g. gnll ask "What is the capital of France?"'
+        )
     try:
         wanted = M.validate(measures)
     except ValueError as exc:

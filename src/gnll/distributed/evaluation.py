@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from gnll.distributed.cluster import Cluster, require_ray, start_replicas
@@ -75,7 +76,12 @@ class RayEvaluator:
             self.evaluator.timed("replicas", time.perf_counter() - t)
 
     def run(self) -> dict[str, Any]:
+        cfg = self.config
         try:
+            if not (cfg.resume and Path(cfg.output_path).exists()):
+                # A new run computes everything: the replicas load the model before the run
+                # directory exists, so a mistyped --model leaves nothing behind (as locally).
+                self._replicas()
             return self.evaluator.run()
         finally:
             if self._actors is not None:

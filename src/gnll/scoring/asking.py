@@ -132,6 +132,22 @@ def check_ask_options(
         raise AskOptionError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
 
 
+def check_question(question: object) -> str:
+    """The question, or ``ValueError`` when it is not text or is empty/whitespace: a model asked
+    nothing still answers something, with a G-NLL that means nothing.
+
+    >>> check_question("   ")
+    Traceback (most recent call last):
+    ...
+    ValueError: the question is empty
+    """
+    if not isinstance(question, str):
+        raise ValueError(f"the question must be text, got {type(question).__name__}")
+    if not question.strip():
+        raise ValueError("the question is empty")
+    return question
+
+
 def ask_calibration(
     spec: str,
     *,
@@ -232,6 +248,7 @@ def ask(
     >>> result.answer, round(result.measures["g-nll"], 3)  # doctest: +SKIP
     ('Paris', 0.012)
     """
+    check_question(question)
     wanted = M.validate(measures)
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")

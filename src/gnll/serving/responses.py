@@ -12,7 +12,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gnll.uncertainty import Uncertainty
 
 
 @dataclass
@@ -29,6 +32,9 @@ class Answer:
     #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
     #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
     measured_logprobs: list[float] | None = None
+    #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
+    #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
+    early: dict[str, Any] | None = None
 
 
 @dataclass
@@ -36,7 +42,7 @@ class Reply:
     """What a service returns for one request: the body, or a stream that ends with it."""
 
     body: dict[str, Any] | None
-    records: list[dict[str, Any]]
+    records: list[Uncertainty]
     stream: Iterator[str] | AsyncIterator[str] | None = None
     prompt: str | None = None
     status: int = 200
@@ -110,7 +116,7 @@ def completion_body(
     answers: Sequence[Answer],
     texts: Sequence[str],
     finishes: Sequence[str | None],
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Uncertainty],
     *,
     logprobs: int | None,
     prompt_tokens: int,
@@ -118,10 +124,16 @@ def completion_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = completion_logprobs(a, logprobs or 0) if logprobs is not None else None
-        if rec.get("refused"):  # refused: the log-probs describe the text that was withheld
+        if rec.refused:  # refused: the log-probs describe the text that was withheld
             lp = None
         choices.append(
-            {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "uncertainty": rec}
+            {
+                "index": i,
+                "text": text,
+                "logprobs": lp,
+                "finish_reason": finish,
+                "uncertainty": rec.to_json(),
+            }
         )
     return {
         "id": new_id("cmpl"),
@@ -138,7 +150,7 @@ def chat_body(
     answers: Sequence[Answer],
     texts: Sequence[str],
     finishes: Sequence[str | None],
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Uncertainty],
     *,
     logprobs: bool,
     top_logprobs: int,
@@ -146,14 +158,14 @@ def chat_body(
 ) -> dict[str, Any]:
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
-        lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.get("refused") else None
+        lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.refused else None
         choices.append(
             {
                 "index": i,
                 "message": {"role": "assistant", "content": text, "refusal": None},
                 "logprobs": lp,
                 "finish_reason": finish,
-                "uncertainty": rec,
+                "uncertainty": rec.to_json(),
             }
         )
     return {

@@ -9,9 +9,9 @@ Examples
 --------
 >>> policy = AbstentionPolicy(threshold=2.0)
 >>> u = uncertainty_record([-0.1, -0.2], decoding="greedy", policy=policy)
->>> round(u["g_nll"], 3), u["num_tokens"], u["abstain"]
+>>> round(u.g_nll, 3), u.num_tokens, u.abstain
 (0.3, 2, False)
->>> uncertainty_record([-0.1, -3.0], decoding="sampled", policy=policy)["g_nll"] is None
+>>> uncertainty_record([-0.1, -3.0], decoding="sampled", policy=policy).g_nll is None
 True
 """
 
@@ -27,6 +27,7 @@ from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
 from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
 from gnll.measures.logprobs import LogprobError, check_logprobs
+from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
@@ -270,8 +271,8 @@ def uncertainty_record(
     source: str = "model",
     measured_logprobs: Sequence[float] | None = None,
     prompt_format: str | None = None,
-) -> dict[str, Any]:
-    """The ``uncertainty`` object of one answer (see the module docstring for the fields).
+) -> Uncertainty:
+    """The ``uncertainty`` record of one answer (see the module docstring for the fields).
 
     ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`).
 
@@ -292,32 +293,28 @@ def uncertainty_record(
         )
     nll, ln = _g_nll(lps), _ln_g_nll(lps)
     greedy = decoding == "greedy"
-    record: dict[str, Any] = {
-        "measure": "g-nll",
-        "decoding": decoding,
-        "g_nll": nll if greedy else None,
-        "ln_g_nll": ln if greedy else None,
-        "nll": nll,
-        "num_tokens": len(answer_lps),
-        "p_correct": None,
-        "abstain": None,
-    }
-    if prompt_format is not None:
-        record["prompt_format"] = prompt_format
-    if greedy:
-        record["p_correct"], record["abstain"] = policy.decide(nll, prompt_format)
-    if include_tokens:
-        record["tokens"] = list(tokens) if tokens is not None else None
-        record["token_logprobs"] = answer_lps
-        if top_logprobs is not None:
-            record["top_logprobs"] = [dict(t) for t in top_logprobs]
-    return record
+    p_correct, abstain = policy.decide(nll, prompt_format) if greedy else (None, None)
+    return Uncertainty(
+        decoding=decoding,
+        g_nll=nll if greedy else None,
+        ln_g_nll=ln if greedy else None,
+        nll=nll,
+        num_tokens=len(answer_lps),
+        p_correct=p_correct,
+        abstain=abstain,
+        prompt_format=prompt_format,
+        tokens=list(tokens) if include_tokens and tokens is not None else None,
+        token_logprobs=answer_lps if include_tokens else None,
+        top_logprobs=(
+            [dict(t) for t in top_logprobs] if include_tokens and top_logprobs is not None else None
+        ),
+    )
 
 
-def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+def headers_for(records: Sequence[Uncertainty]) -> dict[str, str]:
     """``X-Uncertainty-*`` response headers: one comma-separated value per choice."""
 
-    def fmt(v: Any) -> str:
+    def fmt(v: object) -> str:
         if v is None:
             return "none"  # one choice among several without the value
         if isinstance(v, bool):
@@ -337,42 +334,42 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     }
     # A header none of the choices has a value for (P-Correct without a calibration) is left out.
     headers = {
-        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records)
+        f"X-Uncertainty-{h}": ",".join(fmt(getattr(r, k)) for r in records)
         for h, k in fields.items()
-        if any(r.get(k) is not None for r in records)
+        if any(getattr(r, k) is not None for r in records)
     }
-    if any("answered_by" in r for r in records):  # --policy escalate
-        headers["X-Answered-By"] = ",".join(fmt(r.get("answered_by")) for r in records)
+    if any(r.answered_by is not None for r in records):  # --policy escalate
+        headers["X-Answered-By"] = ",".join(fmt(r.answered_by) for r in records)
     return headers
 
 
 def apply_policy(
-    policy: AbstentionPolicy, text: str, finish_reason: str | None, record: dict[str, Any]
-) -> tuple[str, str | None]:
-    """The answer text and finish reason a client sees under ``policy`` for one choice.
+    policy: AbstentionPolicy, text: str, finish_reason: str | None, record: Uncertainty
+) -> tuple[str, str | None, Uncertainty]:
+    """The answer text, finish reason and record a client sees under ``policy`` for one choice.
 
     ``finish_reason`` stays within OpenAI's values (``"length"`` still says the answer was cut);
-    abstention is ``record["abstain"]``. A refused answer's text, tokens and log-probs are removed
-    from ``record`` (``record["refused"]`` is set), so nothing the client receives reveals it.
+    abstention is ``record.abstain``. A refused answer's record has ``refused`` set and no tokens or
+    log-probs, so nothing the client receives reveals it.
     """
-    if not record.get("abstain") or policy.mode != "refuse":
-        return text, finish_reason
-    record["refused"] = True
-    for key in ("tokens", "token_logprobs", "top_logprobs"):
-        record.pop(key, None)
-    return policy.refusal, finish_reason
+    if not record.abstain or policy.mode != "refuse":
+        return text, finish_reason, record
+    refused = record.model_copy(
+        update={"refused": True, "tokens": None, "token_logprobs": None, "top_logprobs": None}
+    )
+    return policy.refusal, finish_reason, refused
 
 
 def annotate(
     answers: Sequence[Answer],
-    policy: Any,
+    policy: AbstentionPolicy,
     *,
     include_tokens: bool,
     source: str = "model",
     prompt_format: str | None = None,
-) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
+) -> tuple[list[Uncertainty], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
-    from gnll.serving.answer_spans import add_spans
+    from gnll.serving.answer_spans import answer_spans
 
     records, texts, finishes = [], [], []
     for a in answers:
@@ -387,10 +384,33 @@ def annotate(
             prompt_format=prompt_format,
             measured_logprobs=a.measured_logprobs,
         )
-        text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        if a.early is not None:
+            rec = add_early(rec, a.early)
+        text, finish, rec = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
-        add_spans(rec, a.text, None if rec.get("refused") else a.tokens, a.token_logprobs)
+        rec = rec.with_spans(
+            None if rec.refused else answer_spans(a.text, a.tokens, a.token_logprobs)
+        )
         records.append(rec)
         texts.append(text)
         finishes.append(finish)
     return records, texts, finishes
+
+
+def add_early(record: Uncertainty, facts: dict[str, Any]) -> Uncertainty:
+    """The record of an answer that stopped at an exact early decision (:mod:`gnll.measures.early`).
+
+    Its ``g_nll``, ``p_correct`` and ``num_tokens`` are those of the answer tokens released when
+    the decision was made (a lower bound of the whole answer's G-NLL, an upper bound of its
+    ``p_correct``); the rest of the answer was never generated.
+    """
+    return record.model_copy(
+        update={
+            "early": True,
+            "decided_at_token": facts["decided_at_token"],
+            "tokens_generated": facts["tokens_generated"],
+            "tokens_saved": facts["tokens_saved"],
+            "g_nll_is_lower_bound": True,
+            "withheld": "the rest of the answer: never generated",
+        }
+    )

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gnll._util import jsonable
+from gnll._util.runfiles import RESULTS
 from gnll.simulation.distributions import (
     LeafPool,
     PrefixTreeDistribution,
@@ -564,6 +565,6 @@ def write_results(results: dict[str, Any], output_path: str | Path) -> Path:
     """Write ``results.json`` into directory ``output_path`` (created if needed); return it."""
     out = Path(output_path)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
+    path = out / RESULTS
     path.write_text(json.dumps(jsonable(results, nan="none"), indent=1, allow_nan=False))
     return path

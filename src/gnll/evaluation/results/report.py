@@ -12,7 +12,6 @@ metrics; and the full configuration with seeds and library versions. It is deter
 
 from __future__ import annotations
 
-import json
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
@@ -20,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
-from gnll._util import jsonable
-from gnll._util.runfiles import iter_samples
+from gnll._util import jsonable, read_json
+from gnll._util.runfiles import RunDir, iter_samples
 from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements, judge_index
 from gnll.evaluation.results.groups import (
     PAPER_AVERAGE_ROWS,
@@ -93,7 +92,7 @@ def _strata(
 def read_strata(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[float], dict]] | None:
     """The per-question data of a finished run (from its ``samples.jsonl``), or ``None`` if absent."""
     run_dir = Path(run_dir)
-    samples = run_dir / "samples.jsonl"
+    samples = RunDir(run_dir).samples
     if not samples.exists():
         return None
     res = load_results(run_dir)
@@ -197,12 +196,12 @@ def load_results(path: str | Path) -> dict[str, Any]:
     """Read ``results.json`` from a run directory (or the file itself)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "results.json"
+        p = RunDir(p).results
     if not p.exists():
         raise FileNotFoundError(
             f"{p} not found: is {path} the --output_path of a finished `gnll eval` run?"
         )
-    data = json.loads(p.read_text(encoding="utf-8"))
+    data = read_json(p)
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{p}: not a gnll eval results file (schema {data.get('schema')!r})")
     return data

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
 from gnll._util import jsonable, progress_enabled
+from gnll._util.runfiles import RunDir
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.data.tasks import get_task
@@ -121,6 +122,7 @@ class Evaluator:
     ) -> None:
         self.config = config
         self.out = Path(config.output_path)
+        self.files = RunDir(self.out)
         self._model = model
         if model is not None:
             self._check_capabilities(model)
@@ -134,6 +136,8 @@ class Evaluator:
         self.timer = _Timer()
         self._noted: set[str] = set()
         self._progress: SplitProgress | None = None
+        #: Whether the stages' work is computed in this process (no mapper given).
+        self.computes_here = map_works is None
         self.map_works: WorkMapper = map_works or partial(map, self.compute)
         self.chunks_per_wave = chunks_per_wave
 
@@ -141,16 +145,21 @@ class Evaluator:
     @property
     def model(self) -> Model:
         if self._model is None:
-            from gnll.backends import load_model
-
-            logger.info("loading model %s", self.config.model)
-            t = time.perf_counter()
-            self._model = load_model(
-                self.config.model, progress=self.config.progress, **self.config.model_args
-            )
-            self.timer.add("load_model", time.perf_counter() - t)
-            self._check_capabilities(self._model)
+            self._model = self._load_model()
         return self._model
+
+    def _load_model(self) -> Model:
+        """The evaluated model, loaded and checked."""
+        from gnll.backends import load_model
+
+        logger.info("loading model %s", self.config.model)
+        t = time.perf_counter()
+        model = load_model(
+            self.config.model, progress=self.config.progress, **self.config.model_args
+        )
+        self.timer.add("load_model", time.perf_counter() - t)
+        self._check_capabilities(model)
+        return model
 
     @property
     def judge(self) -> Model:
@@ -204,7 +213,7 @@ class Evaluator:
         if kind in self._noted:
             return
         self._noted.add(kind)
-        path = self.out / "components.json"
+        path = self.files.components
         known = json.loads(path.read_text()) if path.exists() else {}
         known[kind] = jsonable(info, nan="keep")
         write_json_atomic(path, known)
@@ -465,6 +474,11 @@ class Evaluator:
         ]
         for td in datas:
             td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
+        if self._model is None and self.computes_here and not (cfg.resume and self.out.exists()):
+            # A new run computes everything, so it needs the model: loaded before the run
+            # directory exists, a mistyped --model leaves nothing behind. (A resumed run loads it
+            # only if something is left to compute.)
+            self._model = self._load_model()
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
             prepare_output_dir(self.out, resume=cfg.resume, overwrite=cfg.overwrite)
@@ -474,7 +488,7 @@ class Evaluator:
             ]
             # Only now, with every fingerprint checked, may run.json describe this directory.
             write_json_atomic(
-                self.out / "run.json", {"config": cfg.public(), "output_path": str(self.out)}
+                self.files.run_json, {"config": cfg.public(), "output_path": str(self.out)}
             )
             return self._run_tasks(runs, t0)
 
@@ -525,7 +539,7 @@ class Evaluator:
 
         # Assemble samples.jsonl in one streaming pass over the caches.
         t = time.perf_counter()
-        samples_path = self.out / "samples.jsonl"
+        samples_path = self.files.samples
         # fsynced before the rename and the directory after it (atomic_file)
         with atomic_file(samples_path) as fh:
             for p in plan:
@@ -540,18 +554,18 @@ class Evaluator:
         info = self._component_info()
         # results.json is the file people share: no paths of this machine in it
         results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
-        write_json_atomic(self.out / "results.json", results)
-        write_text_atomic(self.out / "table.md", tables.render_table([results]))
+        write_json_atomic(self.files.results, results)
+        write_text_atomic(self.files.table, tables.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
         if cfg.plots:
             from gnll.evaluation.results import plots
 
             t = time.perf_counter()
-            plots.make_plots(samples_path, results, self.out / "plots")
+            plots.make_plots(samples_path, results, self.files.plots)
             self.timer.add("plots", time.perf_counter() - t)
         self.timer.add("total", time.perf_counter() - t0)
         write_json_atomic(
-            self.out / "timings.json",
+            self.files.timings,
             {
                 "seconds": self.timer.seconds,
                 "calls": self.timer.calls,
@@ -562,7 +576,7 @@ class Evaluator:
 
     def _component_info(self) -> dict[str, Any]:
         """Model / judge / clusterer descriptions (``components.json``, written on first use)."""
-        path = self.out / "components.json"
+        path = self.files.components
         info: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
         info.setdefault("model", {"name": self.config.model})
         for metric, name in zip(self.config.judge_metrics, self.config.judges, strict=True):

@@ -212,13 +212,15 @@ class Stage(ABC):
         """The questions of ``chunk`` (indices) its cache does not hold yet."""
         return [i for i, k in enumerate(chunk.keys) if not self.cache.has(k)]
 
-    @staticmethod
-    def batch(chunk: Chunk, todo: list[int]) -> list[int]:
-        """The questions to compute for ``todo``: a chunk partly on disk was torn by a kill
-        mid-append, so all of it is computed again, in one call as the uninterrupted run did (even
-        batch-dependent float rounding is then the same); only the missing records are appended,
-        so the resumed run is byte-identical."""
-        return todo if len(todo) == len(chunk.keys) else list(range(len(chunk.keys)))
+    def batch(self, chunk: Chunk, todo: list[int]) -> list[int]:
+        """The questions to compute for ``todo``. A chunk partly on disk because a kill tore its
+        append is computed whole again, in one call as the uninterrupted run did, so that even
+        batch-dependent float rounding is the same (only the missing records are appended: the
+        resumed run is byte-identical). A chunk partly on disk from whole appends (an earlier run
+        with a smaller ``--limit``, or another ``--chunk_size``) keeps them: only its missing
+        questions are computed."""
+        torn = len(todo) < len(chunk.keys) and self.cache.may_be_torn(chunk.keys)
+        return list(range(len(chunk.keys))) if torn else todo
 
     @abstractmethod
     def work(self, chunk: Chunk, batch: list[int]) -> Work:
@@ -424,7 +426,9 @@ class TopBeam:
         self.header = {**beams.header, "reference": "top beam"}
 
     def answer(self, key: Key) -> Generation:
-        return self.beams.generations(key)[0]  # sorted best first by rescore_beams
+        # Ranked here, not trusted from the cache's order: the beams are ranked by the empty-answer
+        # rule (:attr:`Generation.logprob`), ties to the first, as ``rescore_beams`` sorts them.
+        return max(self.beams.generations(key), key=lambda g: g.logprob)
 
 
 class TaskStages:

@@ -7,13 +7,13 @@ named by a hash of the configuration that produced them.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnll._util import jsonable
+from gnll._util import jsonable, read_json
+from gnll._util.runfiles import RunDir
 from gnll._util.seeds import stable_hash
 from gnll.backends.identity import describe_diff, fill_unknown, outcome_args
 from gnll.evaluation.data.tasks import TaskData
@@ -31,18 +31,12 @@ __all__ = [
     "prepare_output_dir",
 ]
 
-CACHE_VERSION = 3  # 3: samples seeded by (prompt, sample), not by chunk
+# 3: samples seeded by (prompt, sample), not by chunk. 4: beams ranked (and sampled empty answers
+# scored) by the empty-answer rule: a cache of version 3 may hold an empty top beam ranked first
+# with log-likelihood 0, so it is refused instead of resumed.
+CACHE_VERSION = 4
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
-OUTPUT_ENTRIES = (
-    "run.json",
-    "components.json",
-    "tasks",
-    "samples.jsonl",
-    "results.json",
-    "table.md",
-    "plots",
-    "timings.json",
-)
+OUTPUT_ENTRIES = RunDir.ENTRIES
 
 
 class FingerprintMismatchError(RuntimeError):
@@ -66,7 +60,7 @@ def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> N
         return
     present = [e for e in OUTPUT_ENTRIES if (out / e).exists() or (out / e).is_symlink()]
     if present and not overwrite:
-        what = "a finished run" if (out / "results.json").exists() else "an unfinished run"
+        what = "a finished run" if RunDir(out).results.exists() else "an unfinished run"
         raise EarlierRunError(
             f"{out} holds {what} ({', '.join(present)}); nothing was deleted. Pass --resume to "
             "continue it, --overwrite to delete it and start over, or choose another --output_path"
@@ -125,7 +119,7 @@ class TaskRun:
             tdir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, fp)
             return cls(data, tdir, fp)
-        old = json.loads(path.read_text())
+        old = read_json(path)
         new = jsonable(fp, nan="keep")
         if fill_unknown(old, new) != new:
             diffs = ["  " + line for line in describe_diff(old, new)]
@@ -134,7 +128,8 @@ class TaskRun:
                 "configuration:\n"
                 + "\n".join(diffs)
                 + "\nThe cached generations do not belong to this run. Use a new "
-                f"--output_path, or run without --resume to start {out} over."
+                f"--output_path, or pass --overwrite instead of --resume to delete {out}'s "
+                "earlier run and start over."
             )
         # Same run; a hub commit unknown before the first download is not a change, but once
         # known it is recorded, so a different commit is refused later on.
