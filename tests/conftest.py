@@ -177,6 +177,7 @@ def ray_cluster():
     import ray  # the test extra installs it: a missing Ray fails here, it is not skipped
 
     here = Path(__file__).parent
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV")}
     paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -192,3 +193,8 @@ def ray_cluster():
         yield ray
     finally:
         ray.shutdown()
+        for key, value in saved.items():  # the rest of the session sees its own environment
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

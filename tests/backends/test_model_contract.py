@@ -60,7 +60,18 @@ def test_a_model_declares_capabilities_and_renders_chat_through_render_prompt():
         def render_prompt(self, prompt):
             return str(prompt)
 
-    assert Bare().capabilities == Capabilities()  # declared on the contract, not looked up
+    # declared on the contract, not looked up; a backend that declares nothing claims nothing
+    # beyond generation
+    caps = Bare().capabilities
+    assert caps == Capabilities(
+        beams=False, scoring=False, terminator=False, sampling_logprobs=False
+    )
+    assert caps.missing(["beams", "scoring", "terminator", "sampling_logprobs"]) == [
+        "beams",
+        "scoring",
+        "terminator",
+        "sampling_logprobs",
+    ]
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
     # without a template: the contents joined by blank lines; with one: the model's own renderer
     assert Bare().render_chat(turns) == "Be brief.\n\nHi?"

@@ -26,7 +26,7 @@ def test_rundir_names_what_the_writer_the_lock_and_the_cleaner_use():
     from gnll.evaluation.run.store import OUTPUT_ENTRIES
 
     run = RunDir("r")
-    assert OUTPUT_ENTRIES == RunDir.ENTRIES and OWN_FILES == RunDir.own_files()
+    assert OUTPUT_ENTRIES == RunDir.ENTRIES and RunDir.own_files() == OWN_FILES
     for path in (run.run_json, run.components, run.samples, run.results, run.table, run.timings):
         assert path.parent == run.path and path.name in RunDir.ENTRIES
         assert written_by_gnll(path.name)

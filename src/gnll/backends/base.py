@@ -359,11 +359,15 @@ class Model(ABC):
         Short name used in results and tables.
     capabilities:
         What the backend computes (:class:`Capabilities`); callers check it before any work.
-        ``capabilities.streaming`` says the model is also a :class:`StreamingModel`.
+        ``capabilities.streaming`` says the model is also a :class:`StreamingModel`. A backend
+        that declares nothing claims nothing beyond greedy and sampled generation: beams,
+        scoring, terminator and tempered log-probs are claimed, not assumed.
     """
 
     name: str
-    capabilities: Capabilities = Capabilities()
+    capabilities: Capabilities = Capabilities(
+        beams=False, scoring=False, terminator=False, sampling_logprobs=False
+    )
 
     @abstractmethod
     def generate(

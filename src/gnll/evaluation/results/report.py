@@ -15,6 +15,7 @@ from __future__ import annotations
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measu
 
 __all__ = [
     "SCHEMA",
+    "ReportOptions",
     "averaged_significance",
     "build_results",
     "load_results",
@@ -138,10 +140,38 @@ def averaged_significance(
     return out
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """What :func:`build_results` needs of a run's configuration (the results wing does not import
+    the run wing: the runner builds this from its ``EvalConfig``).
+
+    Attributes
+    ----------
+    model:
+        The evaluated model's name.
+    config:
+        The configuration as recorded in results (``EvalConfig.public()``).
+    n_boot, seed:
+        Bootstrap resamples and seed of the standard errors and significance tests.
+    f1_rule:
+        The F1 correctness rule (``gt`` or ``ge``).
+    """
+
+    model: str
+    config: dict[str, Any]
+    n_boot: int
+    seed: int
+    f1_rule: str = "gt"
+
+
 def build_results(
-    samples_path: str | Path, config: Any, task_meta: dict[str, Any], components: dict[str, Any]
+    samples_path: str | Path,
+    options: ReportOptions,
+    task_meta: dict[str, Any],
+    components: dict[str, Any],
 ) -> dict[str, Any]:
     """Compute ``results.json`` from ``samples.jsonl`` (read once, keeping scores per question)."""
+    config = options
     rows = read_rows(samples_path)
     strata = _strata(rows, task_meta)
     tasks_out: dict[str, Any] = {}
@@ -171,7 +201,7 @@ def build_results(
         extra: dict[str, Any] = {}
         if "f1" in meta["correctness"]:
             extra["f1_rule"] = {
-                "rule": getattr(config, "f1_rule", "gt"),
+                "rule": config.f1_rule,
                 "disagreements": f1_rule_disagreements([r["verdicts"]["f1"] for r in trs]),
                 "n": len(trs),
             }
@@ -183,7 +213,7 @@ def build_results(
     results = {
         "schema": SCHEMA,
         "model": config.model,
-        "config": config.public(),
+        "config": config.config,
         "components": components,
         "versions": versions(),
         "tasks": tasks_out,

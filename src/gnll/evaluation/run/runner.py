@@ -5,8 +5,8 @@ questions (one ``Model.generate`` call per chunk and stage, so the backend can b
 length-sort many prompts). A stage (:mod:`~gnll.evaluation.run.stages`) describes a chunk's work
 (:class:`~gnll.evaluation.run.stages.Work`); a chunk mapper computes it (``map_works``: here, one
 after another, by default; on Ray replicas with :mod:`gnll.distributed.evaluation`) and the stage
-appends the records to its own flushed JSONL cache as soon as a chunk's arrive, so an interrupted run continues with
-``resume=True`` and recomputes nothing that reached the disk. Each task's fingerprint (model,
+appends the records to its own flushed JSONL cache as soon as a chunk's arrive, so an interrupted
+run continues with ``resume=True`` and recomputes nothing that reached the disk. Each task's fingerprint (model,
 prompt, data, split; :mod:`~gnll.evaluation.run.store`) is checked on resume and a mismatch stops the
 run with a message instead of mixing runs.
 
@@ -14,12 +14,7 @@ The sampling temperature is chosen on the held-out pool (:mod:`~gnll.evaluation.
 the end, ``samples.jsonl`` is assembled from the caches in one streaming pass
 (:mod:`~gnll.evaluation.run.assemble`), and results, tables and plots are computed from it.
 
-Example
--------
->>> cfg = EvalConfig(model="smollm2-135m-instruct", tasks=["svamp_short"], output_path="runs/x",
-...                  measures=["g-nll"], limit=20)
->>> cfg.needs_samples, cfg.needs_beams
-(False, False)
+(The configuration's example is in :mod:`~gnll.evaluation.run.config`.)
 """
 
 from __future__ import annotations
@@ -553,7 +548,14 @@ class Evaluator:
         t = time.perf_counter()
         info = self._component_info()
         # results.json is the file people share: no paths of this machine in it
-        results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
+        options = report.ReportOptions(
+            model=cfg.model,
+            config=cfg.public(),
+            n_boot=cfg.n_boot,
+            seed=cfg.seed,
+            f1_rule=cfg.f1_rule,
+        )
+        results = without_local_paths(report.build_results(samples_path, options, task_meta, info))
         write_json_atomic(self.files.results, results)
         write_text_atomic(self.files.table, tables.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
