@@ -215,9 +215,9 @@ def evaluate(
     resume: Annotated[
         bool,
         typer.Option(
-            "--resume/--no-resume",
+            "--resume",
             rich_help_panel="Run",
-            help="Continue a run in OUTPUT_PATH, reusing its caches.",
+            help="Continue the run in --output, reusing its caches.",
         ),
     ] = False,
     overwrite: Annotated[
@@ -225,7 +225,7 @@ def evaluate(
         typer.Option(
             "--overwrite",
             rich_help_panel="Run",
-            help="Delete an earlier run in OUTPUT_PATH and start over (without it, or --resume, "
+            help="Delete an earlier run in --output and start over (without it, or --resume, "
             "an earlier run there is an error).",
         ),
     ] = False,
@@ -353,7 +353,7 @@ def evaluate(
             "--preset",
             rich_help_panel="Model and tasks",
             help="Run a paper grid (paper-table1, paper-table1-short, paper-table5, paper-llama-8b): one run per "
-            "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
+            "model under --output, merged table.md; options given here override the preset.",
         ),
     ] = None,
     verbose: Annotated[

@@ -22,8 +22,16 @@ from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
-from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
-from gnll.spans import span_nlls
+from gnll.scoring.rows import (
+    SCORE_COLUMNS,
+    Item,
+    Row,
+    check_columns,
+    count_rows,
+    iter_rows,
+    to_item,
+)
+from gnll.uncertainty import span_columns
 
 logger = logging.getLogger(__name__)
 
@@ -227,22 +235,6 @@ def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
     return out
 
 
-def span_columns(tokens: Any, logprobs: Any, text: str, kind: str) -> dict[str, Any]:
-    """``spans``, ``max_span_nll`` and ``least_certain_span`` of one answer (None, with
-    ``spans_error``, when it has no spans of that kind, e.g. no JSON)."""
-    try:
-        report = span_nlls(list(tokens), [float(x) for x in logprobs], text, kind)  # type: ignore[arg-type]
-    except ValueError as e:
-        return {"spans": None, "spans_error": str(e)}
-    top = report.least_certain()
-    return {
-        "spans": [sp.to_dict() for sp in report.spans],
-        "max_span_nll": top.nll if top is not None else None,
-        "least_certain_span": top.path if top is not None else None,
-        "unassigned_nll": report.unassigned_nll,
-    }
-
-
 def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
     row = dict(item.row)
     row.update(
@@ -259,7 +251,7 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
     if job.spans:
-        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))
+        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))  # type: ignore[arg-type]
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
         # the greedy answer's measured log-probs: an empty answer counts its stop token's
@@ -334,13 +326,15 @@ def run_score_job(
     *,
     map_chunks: ChunkMapper | None = None,
     desc: str = "scoring",
+    required: tuple[tuple[str, ...], ...] = SCORE_COLUMNS,
 ) -> ScoreSummary:
     """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log.
 
     ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas, each
     scoring with ``job.for_model(its model)``); it gets ``(chunk, resume line)`` pairs and must
     yield their :class:`ChunkResult` in the same order.
-    ``desc`` labels the progress bar. An output that would destroy data (the input itself, an
+    ``desc`` labels the progress bar; ``required`` lists the columns (groups of alternatives) every
+    row needs, checked once against a CSV or Parquet header. An output that would destroy data (the input itself, an
     earlier run without ``job.resume`` or ``job.overwrite``) raises
     :class:`~gnll.scoring.output.OutputExistsError` before anything is read or written.
     """
@@ -352,6 +346,7 @@ def run_score_job(
         resume=job.resume,
         overwrite=job.overwrite,
     )
+    check_columns(job.input, job.input_format, required)
     t0 = time.perf_counter()
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0

@@ -65,7 +65,9 @@ class StreamedChoice:
                 "top_logprobs": self.top_logprobs,
             }
         out: dict[str, Any] = {"logprobs": logprobs, "finish_reason": self.finish_reason}
-        out.update({"message": {"content": text}} if self.chat else {"text": text})
+        out.update(
+            {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
+        )
         if self.token_ids:
             out["token_ids"] = self.token_ids
         if self.has_stop_reason:
