@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
@@ -86,7 +87,9 @@ class ProxyService:
         server: str = "auto",
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
-            raise ValueError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
+            raise ParameterError(
+                "upstream", f"must be an http(s) URL ending in /v1, got {upstream!r}"
+            )
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
@@ -285,7 +288,9 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+        # Opt-in here (--early): a cut answer's usage is unknown to the proxy (null).
+        early = settings.early and settings.decides_early
+        if early and settings.policy.mode == "refuse" and req.greedy:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
