@@ -136,7 +136,7 @@ def templates_fingerprint(templates: dict[str, str]) -> tuple[str | None, str | 
         if len(templates) > 1
         else prompt_fingerprint(next(iter(templates.values())))
     )
-    return fp, "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
+    return fp, _describe_eval_prompts(templates)
 
 
 def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
@@ -173,6 +173,15 @@ def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     if "prompt_format" in df.columns:  # gnll ask --json and gnll score write it
         info["prompt_formats"] = sorted(map(str, df["prompt_format"].dropna().unique()))
     return scores, labels, info, dropped
+
+
+def _describe_eval_prompts(templates: dict[str, str]) -> str:
+    """``gnll eval's 5-shot triviaqa_short prompts``: what a calibration fitted on runs was fitted on
+    (the examples in a task's prompt each start with "Question:"; the asked question is one more)."""
+    shots = {t: templates[t].count("Question:") - 1 for t in sorted(templates)}
+    if len(set(shots.values())) == 1:
+        return f"gnll eval's {next(iter(shots.values()))}-shot {', '.join(shots)} prompts"
+    return "gnll eval's prompts of " + ", ".join(f"{t} ({k}-shot)" for t, k in shots.items())
 
 
 def load_labelled(
