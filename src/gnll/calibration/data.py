@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,14 +111,32 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
     run_json = run_dir / "run.json"
     if run_json.exists():
         info["model"] = read_json(run_json)["config"].get("model")
+    info["prompt_templates"] = run_prompt_templates(run_dir, tasks)
+    return scores, labels, info, dropped
+
+
+def run_prompt_templates(run_dir: Path, tasks: Iterable[str]) -> dict[str, str]:
+    """The prompt template of each task of a ``gnll eval`` run (its few-shot prefix and question)."""
     templates = {}
     for task in sorted(tasks):
         fp = run_dir / "tasks" / task / "fingerprint.json"
         if fp.exists():
             prefix = read_json(fp).get("prompt_prefix", "")
             templates[task] = prefix + "Question: {question}\nAnswer:"
-    info["prompt_templates"] = templates
-    return scores, labels, info, dropped
+    return templates
+
+
+def templates_fingerprint(templates: dict[str, str]) -> tuple[str | None, str | None]:
+    """One fingerprint and description of a run's prompt templates (``None`` without any)."""
+    if not templates:
+        return None, None
+    joined = "\n---\n".join(f"{t}:\n{templates[t]}" for t in sorted(templates))
+    fp = (
+        prompt_fingerprint(joined)
+        if len(templates) > 1
+        else prompt_fingerprint(next(iter(templates.values())))
+    )
+    return fp, _describe_eval_prompts(templates)
 
 
 def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
@@ -156,6 +175,15 @@ def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     return scores, labels, info, dropped
 
 
+def _describe_eval_prompts(templates: dict[str, str]) -> str:
+    """``gnll eval's 5-shot triviaqa_short prompts``: what a calibration fitted on runs was fitted on
+    (the examples in a task's prompt each start with "Question:"; the asked question is one more)."""
+    shots = {t: templates[t].count("Question:") - 1 for t in sorted(templates)}
+    if len(set(shots.values())) == 1:
+        return f"gnll eval's {next(iter(shots.values()))}-shot {', '.join(shots)} prompts"
+    return "gnll eval's prompts of " + ", ".join(f"{t} ({k}-shot)" for t, k in shots.items())
+
+
 def load_labelled(
     paths: list[str | Path], *, measure: str = "g-nll", correctness: str | None = None
 ) -> LabelledScores:
@@ -187,15 +215,7 @@ def load_labelled(
         all_s += s
         all_y += y
         dropped += d
-    fp = description = None
-    if templates:
-        joined = "\n---\n".join(f"{t}:\n{templates[t]}" for t in sorted(templates))
-        fp = (
-            prompt_fingerprint(joined)
-            if len(templates) > 1
-            else prompt_fingerprint(next(iter(templates.values())))
-        )
-        description = "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
+    fp, description = templates_fingerprint(templates)
     return LabelledScores(
         scores=np.asarray(all_s, dtype=np.float64),
         labels=np.asarray(all_y, dtype=np.float64),

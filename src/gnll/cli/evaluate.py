@@ -3,7 +3,7 @@
 Example
 -------
 ``gnll eval --model smollm2-135m-instruct --tasks triviaqa_short,svamp_short --limit 200
---output_path runs/demo`` writes ``samples.jsonl``, ``results.json``, ``table.md`` and ``plots/`` to
+--output runs/demo`` writes ``samples.jsonl``, ``results.json``, ``table.md`` and ``plots/`` to
 ``runs/demo``; ``--measures g-nll`` skips beams, samples and clustering entirely.
 """
 

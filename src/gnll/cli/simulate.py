@@ -2,7 +2,7 @@
 
 Example
 -------
-``gnll simulate --quick --output_path /tmp/sim`` writes ``/tmp/sim/results.json`` and the PNG
+``gnll simulate --quick --output /tmp/sim`` writes ``/tmp/sim/results.json`` and the PNG
 figures in a few seconds; without ``--quick`` it runs the paper's full study (2,000 distributions
 per setting).
 """

@@ -234,9 +234,9 @@ class InProcessService:
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Callable[[], EarlyDecision] | None:
         """A maker of exact early decisions for the request's answers, or ``None`` when they are
-        off (``settings.early``), or the policy sends every answer or cannot decide early."""
+        off (``settings.decides_early``), or the policy sends every answer or cannot decide early."""
         policy = settings.policy
-        if not settings.early or not req.greedy:
+        if not settings.decides_early or not req.greedy:
             return None
         if policy.mode not in ("refuse", "escalate") or not policy.active:
             return None
@@ -266,7 +266,7 @@ class InProcessService:
     ) -> tuple[list[Answer], int, str]:
         """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt.
 
-        Under ``--policy refuse`` or ``escalate`` with ``settings.early``, each greedy answer stops
+        Under ``--policy refuse`` or ``escalate`` with ``settings.decides_early``, each greedy answer stops
         at its exact early decision (:meth:`early_rule`).
         """
         config, prompts, raw = self._plan(req, settings)

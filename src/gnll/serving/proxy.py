@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
@@ -86,7 +87,9 @@ class ProxyService:
         server: str = "auto",
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
-            raise ValueError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
+            raise ParameterError(
+                "upstream", f"must be an http(s) URL ending in /v1, got {upstream!r}"
+            )
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
@@ -285,7 +288,9 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+        # Opt-in here (--early): a cut answer's usage is unknown to the proxy (null).
+        early = settings.early and settings.decides_early
+        if early and settings.policy.mode == "refuse" and req.greedy:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
@@ -421,22 +426,15 @@ class ProxyService:
         i: int,
     ) -> Answer:
         try:
-            gen = to_generation(
-                read_choice(choice), config, eos_logprob=profile.eos_logprob, where=f"choice {i}"
+            return choice_answer(
+                choice,
+                config,
+                eos_logprob=profile.eos_logprob,
+                decoding="greedy" if req.greedy else "sampled",
+                where=f"choice {i}",
             )
-        except ServerError as exc:
+        except LogprobError as exc:
             raise LogprobError(f"upstream {self.upstream}: {exc}") from None
-        text = (
-            choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
-        )
-        return Answer(
-            text=text or "",
-            finish_reason=choice.get("finish_reason"),
-            tokens=gen.tokens,
-            token_logprobs=gen.token_logprobs,
-            decoding="greedy" if req.greedy else "sampled",
-            measured_logprobs=gen.measured_logprobs,
-        )
 
     async def _relay(
         self,
@@ -528,6 +526,36 @@ class ProxyService:
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
+
+
+def choice_answer(
+    choice: dict[str, Any],
+    config: GenerationConfig,
+    *,
+    eos_logprob: bool,
+    decoding: str = "greedy",
+    where: str = "choice 0",
+) -> Answer:
+    """The :class:`Answer` of one OpenAI-shaped choice (any of the three log-prob shapes): its text
+    and its answer tokens' log-probs, the terminator split off by the server backend's parser.
+
+    The proxy and the framework integrations (:mod:`gnll.integrations`) read choices with it, so a
+    response scored by either gets the same numbers. A choice without usable log-probs is a
+    :class:`LogprobError`.
+    """
+    try:
+        gen = to_generation(read_choice(choice), config, eos_logprob=eos_logprob, where=where)
+    except ServerError as exc:
+        raise LogprobError(str(exc)) from None
+    text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+    return Answer(
+        text=text or "",
+        finish_reason=choice.get("finish_reason"),
+        tokens=gen.tokens,
+        token_logprobs=gen.token_logprobs,
+        decoding=decoding,
+        measured_logprobs=gen.measured_logprobs,
+    )
 
 
 def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -71,6 +71,10 @@ class Emitter:
                     attributes["gen_ai.response.id"] = response_id
                 if record.answered_by:
                     attributes["gen_ai.response.model"] = record.answered_by
+                early = record.early_decision
+                if early is not None:  # decided before the (local) answer's end
+                    attributes["gnll.early_decision.token"] = early.decided_at_token
+                    attributes["gnll.early_decision.tokens_saved"] = early.tokens_saved
                 self.logger.emit(
                     timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
                 )

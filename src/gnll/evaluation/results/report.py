@@ -199,7 +199,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
         p = p / "results.json"
     if not p.exists():
         raise FileNotFoundError(
-            f"{p} not found: is {path} the --output_path of a finished `gnll eval` run?"
+            f"{p} not found: is {path} the --output of a finished `gnll eval` run?"
         )
     data = read_json(p)
     if data.get("schema") != SCHEMA:

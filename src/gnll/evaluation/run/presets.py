@@ -1,8 +1,8 @@
 """Paper presets: the model grids, judge and settings of the paper's tables, by name.
 
-``gnll eval --preset paper-table1 --output_path runs/paper`` runs the paper's Table 1 grid (six
+``gnll eval --preset paper-table1 --output runs/paper`` runs the paper's Table 1 grid (six
 models x six tasks, F1 and LLM-as-a-judge correctness) on a GPU machine, one run directory per model
-under ``--output_path``, then writes the merged ``table.md`` there. Any option given on the command
+under ``--output``, then writes the merged ``table.md`` there. Any option given on the command
 line overrides the preset's value: ``--model`` (comma-separated) replaces the model list, ``--judge``
 the judge, ``--limit`` caps every task, ``--model_args backend=openai,base_url=...`` points at a vLLM
 server.

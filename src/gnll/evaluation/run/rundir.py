@@ -79,7 +79,7 @@ class RunLock:
         except Timeout:
             raise RunDirectoryBusyError(
                 f"{self.out} is in use by another gnll run ({self._owner()}); wait for it to "
-                "finish, or give this run another --output_path"
+                "finish, or give this run another --output"
             ) from None
         owner = f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}"
         (self.out / OWNER_NAME).write_text(owner + "\n", encoding="utf-8")
@@ -143,7 +143,7 @@ def clear_previous_run(out: str | Path, entries: tuple[str, ...]) -> list[str]:
         )
         raise ForeignFilesError(
             f"{out} holds files gnll did not write ({shown}); nothing was deleted. Move them "
-            "away, continue the earlier run with --resume, or choose another --output_path"
+            "away, continue the earlier run with --resume, or choose another --output"
         )
     for entry in present:
         p = out / entry

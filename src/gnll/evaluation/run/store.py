@@ -59,7 +59,7 @@ def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> N
     """Create ``out``; with ``overwrite``, remove what an earlier run wrote there (and say so).
 
     An earlier run (finished or not: its caches may hold hours of work) is never deleted without
-    ``overwrite``: a mistyped ``--output_path`` must not cost a day. Only files gnll writes are
+    ``overwrite``: a mistyped ``--output`` must not cost a day. Only files gnll writes are
     removed; anything else makes it refuse before deleting anything
     (:func:`~gnll.evaluation.run.rundir.clear_previous_run`). The caller holds the directory's lock.
     """
@@ -71,7 +71,7 @@ def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> N
         what = "a finished run" if (out / "results.json").exists() else "an unfinished run"
         raise EarlierRunError(
             f"{out} holds {what} ({', '.join(present)}); nothing was deleted. Pass --resume to "
-            "continue it, --overwrite to delete it and start over, or choose another --output_path"
+            "continue it, --overwrite to delete it and start over, or choose another --output"
         )
     removed = clear_previous_run(out, OUTPUT_ENTRIES)
     if removed:
@@ -136,7 +136,7 @@ class TaskRun:
                 "configuration:\n"
                 + "\n".join(diffs)
                 + "\nThe cached generations do not belong to this run. Use a new "
-                f"--output_path, or pass --overwrite instead of --resume to delete {out}'s "
+                f"--output, or pass --overwrite instead of --resume to delete {out}'s "
                 "earlier run and start over."
             )
         # Same run; a hub commit unknown before the first download is not a change, but once

@@ -246,6 +246,14 @@ function render(q, choice, verdict) {
   d.className = "big " + (u.abstain ? "abstain" : "answer-ok");
   d.textContent = u.abstain === null || u.abstain === undefined ? "no policy" : u.abstain ? "abstain" : "answer";
   $("policy").textContent = `policy ${pol.policy}`;
+  // An exact early decision: where it was made, and the tokens it spared (this answer's own, or
+  // the local model's before an escalation).
+  const early = u.early ? u : u.local && u.local.early ? u.local : null;
+  $("early").hidden = !early;
+  if (early) {
+    $("early").textContent = `decided at token ${early.decided_at_token} (G-NLL ${fmt(early.g_nll)} ` +
+      `already past the threshold; exact); ${early.tokens_saved} tokens never generated`;
+  }
   $("result").hidden = false;
   answer.dataset.state = "done";
   const correct = verdict ? verdict.correct : null;
