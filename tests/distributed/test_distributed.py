@@ -359,3 +359,25 @@ def test_more_replicas_than_the_cluster_holds_fail_at_once_in_one_line(ray_clust
         start_replicas(object, Cluster("auto", replicas=4))
     assert time.monotonic() - t0 < 30
     assert str(err.value).startswith("4 replicas x 1 CPU need 4 CPUs; the cluster has 2")
+
+
+def test_eval_on_ray_loads_a_separate_judge_on_the_replicas_not_on_the_driver(
+    ray_cluster, tiny_llama, tmp_path, monkeypatch
+):
+    from gnll.distributed.evaluation import RayEvaluator
+
+    data = make_data_dir(tmp_path / "data")
+    model, judge = tiny_llama(), tiny_llama(max_position_embeddings=256)  # two checkpoints
+    options = dict(judge=str(judge), correctness=["judge", "f1"], measures=["g-nll"], limit=6)
+    Evaluator(eval_config(data, model, tmp_path / "local", **options)).run()
+
+    def no_loading(name, **kwargs):
+        raise AssertionError(f"the driver loaded {name}")
+
+    monkeypatch.setattr("gnll.backends.load_model", no_loading)
+    cfg = eval_config(data, model, tmp_path / "ray", **options)
+    RayEvaluator(cfg, cluster=Cluster("auto", replicas=2)).run()
+    for name in ("results.json", "samples.jsonl"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    components = json.loads((tmp_path / "ray" / "components.json").read_text())
+    assert components["judge"]["name"] == str(judge)
