@@ -347,3 +347,25 @@ def test_score_cli_engine_ray_writes_the_span_and_greedy_columns_of_the_local_en
     got = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
     assert len(got) == 8 and all(len(r["spans"]) == 2 and "g_nll" in r for r in got)
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+
+
+def test_eval_on_ray_loads_a_separate_judge_on_the_replicas_not_on_the_driver(
+    ray_cluster, tiny_llama, tmp_path, monkeypatch
+):
+    from gnll.distributed.evaluation import RayEvaluator
+
+    data = make_data_dir(tmp_path / "data")
+    model, judge = tiny_llama(), tiny_llama(max_position_embeddings=256)  # two checkpoints
+    options = dict(judge=str(judge), correctness=["judge", "f1"], measures=["g-nll"], limit=6)
+    Evaluator(eval_config(data, model, tmp_path / "local", **options)).run()
+
+    def no_loading(name, **kwargs):
+        raise AssertionError(f"the driver loaded {name}")
+
+    monkeypatch.setattr("gnll.backends.load_model", no_loading)
+    cfg = eval_config(data, model, tmp_path / "ray", **options)
+    RayEvaluator(cfg, cluster=Cluster("auto", replicas=2)).run()
+    for name in ("results.json", "samples.jsonl"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    components = json.loads((tmp_path / "ray" / "components.json").read_text())
+    assert components["judge"]["name"] == str(judge)
