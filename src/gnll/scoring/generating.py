@@ -35,6 +35,8 @@ class AskOptions:
     seed: int = 0
     calibration: Any = None
     logprobs: bool = False
+    #: How each question is sent (:mod:`gnll.backends.prompting`), as ``gnll ask --prompt_format``.
+    prompt_format: str = "instruction"
 
 
 def _question(row: dict[str, Any]) -> str | None:
@@ -52,10 +54,15 @@ def _question_error(row: dict[str, Any]) -> str:
     return "field 'question' is empty"
 
 
-def _output_row(line: int, row: dict[str, Any], result: Any, opts: AskOptions) -> dict[str, Any]:
+def _output_row(
+    line: int, row: dict[str, Any], result: Any, opts: AskOptions, model_name: str
+) -> dict[str, Any]:
     out = dict(row)
     out["input_line"] = line
     out["answer"] = result.answer
+    # which model answered, and under which prompt format: gnll calibrate records both
+    out["model"] = model_name
+    out["prompt_format"] = result.prompt_format
     out.update({name.replace("-", "_"): value for name, value in result.measures.items()})
     out["num_tokens"] = len(result.greedy.tokens)
     out["finish_reason"] = result.greedy.finish_reason
@@ -93,6 +100,7 @@ def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 
                 max_new_tokens=opts.max_new_tokens,
                 seed=opts.seed,
                 calibration=opts.calibration,
+                prompt_format=opts.prompt_format,
             )
         except ERRORS as exc:
             if isinstance(exc, ContextOverflow):  # this row's question, not "prompt 0"
@@ -101,7 +109,7 @@ def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 
                 text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             res.errors.append((line, f"cannot answer: {text}", row))
             continue
-        res.rows.append(_output_row(line, row, result, opts))
+        res.rows.append(_output_row(line, row, result, opts, model.name))
     return res
 
 
