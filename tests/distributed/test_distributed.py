@@ -349,6 +349,18 @@ def test_score_cli_engine_ray_writes_the_span_and_greedy_columns_of_the_local_en
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
 
 
+def test_more_replicas_than_the_cluster_holds_fail_at_once_in_one_line(ray_cluster):
+    """The session's cluster has 2 CPUs: 4 one-CPU replicas are refused in seconds, not after a
+    silent 10-minute wait for the two Ray can never place."""
+    from gnll.distributed.cluster import RayUnavailable, start_replicas
+
+    t0 = time.monotonic()
+    with pytest.raises(RayUnavailable) as err:
+        start_replicas(object, Cluster("auto", replicas=4))
+    assert time.monotonic() - t0 < 30
+    assert str(err.value).startswith("4 replicas x 1 CPU need 4 CPUs; the cluster has 2")
+
+
 def test_eval_on_ray_loads_a_separate_judge_on_the_replicas_not_on_the_driver(
     ray_cluster, tiny_llama, tmp_path, monkeypatch
 ):

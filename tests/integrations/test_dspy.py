@@ -101,3 +101,44 @@ def test_refuse_replaces_the_field():
         )
     assert pred.answer == "I am not confident enough to answer this."
     assert pred.uncertainty["refused"] is True
+
+
+@pytest.mark.model
+def test_embedded_model_field_score_matches_the_servers_tokens(smollm):
+    """The embedded model through the real `dspy.LM` (two demonstrations teach it the format): the
+    whole completion's NLL is the server's `uncertainty.g_nll` for those messages, and the field's
+    score is the span NLL of the value in the server's own tokens."""
+    import openai
+
+    from gnll.integrations.dspy import field_segment
+
+    with ServerThread(build_inprocess_app(smollm, ServeSettings(), max_wait_ms=1)) as srv:
+        model = dspy.LM(
+            "openai/smollm2-135m-instruct",
+            api_base=srv.url + "/v1",
+            api_key="x",
+            max_tokens=60,
+            cache=False,
+        )
+        with dspy.context(lm=model, adapter=dspy.ChatAdapter()):
+            qa = FieldConfidence("question -> answer", server="gnll")
+            qa.predict.demos = [
+                dspy.Example(question="What is the capital of Italy?", answer="Rome"),
+                dspy.Example(question="What is the capital of Spain?", answer="Madrid"),
+            ]
+            pred = qa(question="What is the capital of France?")
+        messages = model.history[-1]["messages"]
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        ref = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=messages,
+            max_tokens=60,
+            logprobs=True,
+        ).choices[0]
+    u = ref.uncertainty
+    assert abs(pred.uncertainty["completion_nll"] - u["g_nll"]) <= 1e-6
+    text = "".join(u["tokens"])
+    span = span_nlls(u["tokens"], u["token_logprobs"], text, [field_segment(text, "answer")])
+    assert abs(pred.g_nll - span.spans[0].nll) <= 1e-6
+    assert pred.g_nll < u["g_nll"]  # the markers' tokens are not in it
+    assert pred.answer and pred.answer in ref.message.content
