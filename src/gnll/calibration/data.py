@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gnll._util import read_json
-from gnll._util.runfiles import SAMPLES, iter_samples, samples_path
+from gnll._util.runfiles import SAMPLES, RunDir, iter_samples, samples_path
 from gnll._util.tabular import file_format
 
 __all__ = ["LabelledScores", "load_labelled", "prompt_fingerprint"]
@@ -108,7 +108,7 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
         "tasks": tasks,
         "correctness": sorted(metrics),
     }
-    run_json = run_dir / "run.json"
+    run_json = RunDir(run_dir).run_json
     if run_json.exists():
         info["model"] = read_json(run_json)["config"].get("model")
     info["prompt_templates"] = run_prompt_templates(run_dir, tasks)
@@ -198,7 +198,7 @@ def load_labelled(
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
-        if p.is_dir() or p.name == "samples.jsonl":
+        if p.is_dir() or p.name == SAMPLES:
             s, y, info, d = _read_run(p, measure, correctness)
             templates.update(info.pop("prompt_templates"))
             formats.add("instruction")  # gnll eval's task prompts

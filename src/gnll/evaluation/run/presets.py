@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnll._util.runfiles import RunDir
 from gnll.semantic.nli import REFERENCE_NLI_MODEL
 
 __all__ = [
@@ -193,6 +194,6 @@ def run_preset(configs: Sequence[Any], output_path: str | Path) -> str:
     strata = [read_strata(cfg.output_path) for cfg in configs]
     labels = [Path(cfg.output_path).name for cfg in configs]
     text = render_table(results, averaged_significance(results, strata), run_labels=labels)
-    out = Path(output_path) / "table.md"
+    out = RunDir(output_path).table
     out.write_text(text, encoding="utf-8")
     return str(out)

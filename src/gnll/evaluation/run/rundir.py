@@ -30,6 +30,8 @@ from pathlib import Path, PurePosixPath
 
 from filelock import FileLock, Timeout
 
+from gnll._util.runfiles import RunDir
+
 __all__ = [
     "ForeignFilesError",
     "RunDirectoryBusyError",
@@ -43,18 +45,7 @@ OWNER_NAME = ".gnll.owner"
 
 #: Paths (relative to the run directory, ``/``-separated) of every file an evaluation writes.
 #: Temporary files of the atomic writer (``.<name>.<random>.tmp``) count as gnll's too.
-OWN_FILES = (
-    "run.json",
-    "components.json",
-    "samples.jsonl",
-    "results.json",
-    "table.md",
-    "timings.json",
-    "tasks/*/fingerprint.json",
-    "tasks/*/*.json",
-    "tasks/*/cache/*.jsonl",
-    "plots/*.png",
-)
+OWN_FILES = RunDir.own_files()
 
 
 class RunDirectoryBusyError(RuntimeError):
@@ -106,9 +97,9 @@ class RunLock:
 def written_by_gnll(rel: str) -> bool:
     """Whether the file at ``rel`` (relative to a run directory) is one gnll writes.
 
-    >>> [written_by_gnll(p) for p in ("results.json", "tasks/x/cache/greedy-ab.jsonl",
+    >>> [written_by_gnll(p) for p in ("table.md", "tasks/x/cache/greedy-ab.jsonl",
     ...                                "plots/roc.png", "plots/notes.txt", "tasks/x/my.csv",
-    ...                                ".results.json.k3j_x.tmp", ".notes.abc.tmp")]
+    ...                                ".table.md.k3j_x.tmp", ".notes.abc.tmp")]
     [True, True, True, False, False, True, False]
     """
     path = PurePosixPath(rel)
