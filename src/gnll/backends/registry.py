@@ -118,7 +118,13 @@ def get_backend(name: str) -> Backend:
 
 
 def load_model(
-    name: str = DEFAULT_MODEL, *, backend: str = "hf", progress: bool = True, **model_args: Any
+    name: str = DEFAULT_MODEL,
+    *,
+    backend: str = "hf",
+    progress: bool = True,
+    reasoning: str | None = None,
+    trace_budget: int | None = None,
+    **model_args: Any,
 ) -> Model:
     """Load a model by name.
 
@@ -137,7 +143,12 @@ def load_model(
         ``device`` (auto/cpu/cuda), ``dtype`` (auto/float32/bfloat16/float16), ``revision``,
         ``trust_remote_code``, ``gguf_file``, and :class:`~gnll.backends.hf.HFModel`'s
         ``chat_template`` (bool; default: on for instruction-tuned models), ``batch_size``,
-        ``max_batch_tokens``, ``decoder`` (auto/loop/generate).
+        ``max_batch_tokens``, ``decoder`` (auto/loop/generate). For any backend, ``reasoning``
+        (``think``, ``harmony`` or ``marker:TEXT``) says the model reasons before it answers: an
+        in-process model decodes a greedy trace (at most ``trace_budget`` tokens) and then the
+        answer (:class:`~gnll.backends.reasoning_model.ReasoningModel`); a server's responses
+        are split at the marker (servers with a reasoning parser are recognised without it).
+        Either way every measure sees the answer's tokens only.
 
     Returns
     -------
@@ -162,4 +173,18 @@ def load_model(
     if missing:
         needs = " ".join(f"{k}={spec.requires[k]}" for k in missing)
         raise ValueError(f"backend={backend!r} needs {needs}")
-    return spec.factory(name, progress=progress, **model_args)
+    if trace_budget is not None and reasoning is None:
+        raise ValueError("trace_budget needs reasoning=think|harmony|marker:TEXT")
+    if reasoning is None:
+        return spec.factory(name, progress=progress, **model_args)
+    from gnll.backends.reasoning import reasoning_format
+
+    fmt = reasoning_format(reasoning)  # a typo fails before anything loads
+    if backend == "openai":
+        if trace_budget is not None:
+            raise ValueError("trace_budget is for in-process models: a server decodes the trace")
+        return spec.factory(name, progress=progress, reasoning=reasoning, **model_args)
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    model = spec.factory(name, progress=progress, **model_args)
+    return ReasoningModel(model, fmt, trace_budget=256 if trace_budget is None else trace_budget)

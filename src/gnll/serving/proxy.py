@@ -27,6 +27,7 @@ from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
+from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError
@@ -62,6 +63,7 @@ class ProxyService:
         api_key: str | None = None,
         timeout: float = 120.0,
         server: str = "auto",
+        reasoning: str | None = None,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ValueError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
@@ -69,6 +71,9 @@ class ProxyService:
         self._api_key = api_key
         self.timeout = float(timeout)
         self.server = server
+        #: The upstream model's reasoning format (``think``, ``harmony``, ``marker:TEXT``) when
+        #: its server runs no reasoning parser; with one, reasoning is recognised on its own.
+        self.reasoning = reasoning
         self.profile: ServerProfile | None = None if server == "auto" else PROFILES[server]
         self.client: httpx.AsyncClient | None = None
         self.model_name: str | None = None
@@ -254,17 +259,37 @@ class ProxyService:
         return Reply(body=data, records=records, prompt=prompt)
 
     def _answer(
-        self, choice: Any, req: Any, profile: ServerProfile, config: GenerationConfig, i: int
+        self,
+        choice: Any,
+        req: Any,
+        profile: ServerProfile,
+        config: GenerationConfig,
+        i: int,
+        labels: list[Any] | None = None,
     ) -> Answer:
         try:
-            gen = to_generation(
-                read_choice(choice), config, eos_logprob=profile.eos_logprob, where=f"choice {i}"
-            )
+            raw = read_choice(choice, reasoning=self.reasoning, labels=labels)
+            if raw.reasoning is not None and not raw.reasoning.marker_reported and labels:
+                raise ServerError(
+                    "the stream carried no token for the end-of-reasoning marker (llama.cpp sends "
+                    "no chunk for a token that adds no text), so which tokens lie between trace "
+                    "and answer is unknown and the answer's G-NLL cannot be aligned; ask with "
+                    '"stream": false'
+                )
+            gen = to_generation(raw, config, eos_logprob=profile.eos_logprob, where=f"choice {i}")
         except ServerError as exc:
             raise LogprobError(f"upstream {self.upstream}: {exc}") from None
         text = (
             choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
         )
+        if gen.reasoning is not None and text and text != raw.text:
+            # No reasoning parser upstream (``--reasoning`` named the format): split the text as
+            # one would, the trace into ``reasoning`` beside the answer.
+            trace = text[: len(text) - len(raw.text.lstrip())]
+            span = reasoning_format(self.reasoning or "think").find(trace)
+            where = choice["message"] if isinstance(choice.get("message"), dict) else choice
+            where["reasoning"] = trace[: span[0]] if span else trace
+            text = raw.text.lstrip()
         return Answer(
             text=text or "",
             finish_reason=choice.get("finish_reason"),
@@ -272,6 +297,7 @@ class ProxyService:
             token_logprobs=gen.token_logprobs,
             decoding="greedy" if req.greedy else "sampled",
             measured_logprobs=gen.measured_logprobs,
+            reasoning=gen.reasoning,
         )
 
     async def _relay(
@@ -325,7 +351,10 @@ class ProxyService:
             )
             return
         try:
-            answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
+            answers = [
+                self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
+                for i in sorted(acc)
+            ]
             records, _, finishes = annotate(
                 answers,
                 settings.policy,

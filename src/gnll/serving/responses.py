@@ -29,6 +29,9 @@ class Answer:
     #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
     #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
     measured_logprobs: list[float] | None = None
+    #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
+    #: the fields above are the answer's.
+    reasoning: Any = None
 
 
 @dataclass

@@ -220,6 +220,7 @@ def uncertainty_record(
     source: str = "model",
     measured_logprobs: Sequence[float] | None = None,
     prompt_format: str | None = None,
+    reasoning: Any = None,
 ) -> dict[str, Any]:
     """The ``uncertainty`` object of one answer (see the module docstring for the fields).
 
@@ -254,6 +255,8 @@ def uncertainty_record(
     }
     if prompt_format is not None:
         record["prompt_format"] = prompt_format
+    if reasoning is not None:  # a reasoning model: G-NLL is the answer's, given prompt + trace
+        record.update(reasoning_fields(reasoning))
     if greedy:
         record["p_correct"], record["abstain"] = policy.decide(nll, prompt_format)
     if include_tokens:
@@ -262,6 +265,29 @@ def uncertainty_record(
         if top_logprobs is not None:
             record["top_logprobs"] = [dict(t) for t in top_logprobs]
     return record
+
+
+def reasoning_fields(split: Any) -> dict[str, Any]:
+    """The fields a reasoning model's answer adds to its record (:class:`ReasoningSplit`).
+
+    ``scored``: which tokens G-NLL sums (``"answer"``: the answer after the end-of-reasoning
+    marker, conditioned on prompt + trace); ``trace_nll`` / ``trace_tokens``: the trace's (a
+    trace measure, not the answer's uncertainty); ``answer_tokens``: the tokens after the marker
+    (the terminator included); ``split_at``: the first answer token's index among all generated
+    tokens.
+    """
+    r = split.record()
+    return {
+        "scored": "answer",
+        "trace_nll": r["trace_nll"],
+        "trace_tokens": r["trace_tokens"],
+        "marker_tokens": r["marker_tokens"],
+        "answer_tokens": r["answer_tokens"],
+        "split_at": r["split_at"],
+        "reasoning_format": r["format"],
+        "reasoning_source": r["source"],
+        **({"notes": r["notes"]} if r.get("notes") else {}),
+    }
 
 
 def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -336,6 +362,7 @@ def annotate(
             source=source,
             prompt_format=prompt_format,
             measured_logprobs=a.measured_logprobs,
+            reasoning=a.reasoning,
         )
         text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
