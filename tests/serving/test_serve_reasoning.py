@@ -56,6 +56,9 @@ def test_proxy_scores_the_answer_not_the_trace(fixture, owner):
     assert u["num_tokens"] == 2 and u["scored"] == "answer"
     assert u["trace_nll"] == pytest.approx(3.81) and u["trace_tokens"] == 8
     assert (u["marker_tokens"], u["answer_tokens"], u["split_at"]) == (1, 2, 9)
+    # DeepConf's trace confidence beside it, from the one reported alternative per position
+    tc = u["trace_confidence"]
+    assert tc["k"] == 1 and tc["tail"] == pytest.approx(3.81 / 8) == tc["lowest_group"]
     # the span over the answer carries the answer's NLL, not the trace's
     assert all(s["nll"] <= 0.15 + 1e-9 for s in u.get("spans") or [])
     body = up.requests[-1][2]

@@ -38,6 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from gnll.measures.trace import DEEPCONF_WINDOW, token_confidence, trace_confidence
+
 Label = Literal["trace", "marker", "answer"]
 
 __all__ = [
@@ -159,6 +161,9 @@ class ReasoningSplit:
     notes: tuple[str, ...] = field(default=())
     #: The trace's text, when known (a server's ``message.reasoning``, an in-process trace).
     trace_text: str | None = None
+    #: The log-probs of the alternatives reported at each trace position (DeepConf's token
+    #: confidence); ``None``: only the chosen tokens' (:attr:`trace_logprobs`).
+    trace_top_logprobs: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.trace_end <= self.answer_start <= self.num_tokens:
@@ -197,6 +202,20 @@ class ReasoningSplit:
             return None
         return 0.0 - math.fsum(self.trace_logprobs)
 
+    def trace_confidence(self, window: int = DEEPCONF_WINDOW) -> dict[str, Any] | None:
+        """DeepConf's confidences of the trace (:func:`gnll.measures.trace.trace_confidence`):
+        trace quality for voting among traces, not the answer's uncertainty. ``k``: alternatives
+        per position they average over (1: the chosen token only). ``None``: no trace log-probs."""
+        if not self.trace_logprobs:
+            return None
+        tops = self.trace_top_logprobs
+        if tops is None or len(tops) != len(self.trace_logprobs) or not all(tops):
+            tops, k = tuple((v,) for v in self.trace_logprobs), 1
+        else:
+            k = min(len(t) for t in tops)
+        scores = trace_confidence(token_confidence(tops), window=window)
+        return {**scores, "k": k}
+
     def label(self, i: int) -> Label:
         """Which run token ``i`` belongs to."""
         if not 0 <= i < self.num_tokens:
@@ -230,6 +249,9 @@ class ReasoningSplit:
             "marker_logprobs": None if self.marker_logprobs is None else list(self.marker_logprobs),
             "notes": list(self.notes),
             "trace_text": self.trace_text,
+            "trace_top_logprobs": None
+            if self.trace_top_logprobs is None
+            else [list(t) for t in self.trace_top_logprobs],
         }
 
     @classmethod
@@ -245,6 +267,9 @@ class ReasoningSplit:
             None if marker is None else tuple(float(x) for x in marker),
             tuple(d.get("notes") or ()),
             d.get("trace_text"),
+            None
+            if d.get("trace_top_logprobs") is None
+            else tuple(tuple(float(x) for x in t) for t in d["trace_top_logprobs"]),
         )
 
 
@@ -375,6 +400,34 @@ def _entries(choice: dict[str, Any]) -> tuple[list[str], list[Any], list[list[in
         return tokens, values, (bl if bl and all(isinstance(b, list) for b in bl) else None)
     tokens = [str(t) for t in lp.get("tokens") or []]
     return tokens, list(lp.get("token_logprobs") or []), None
+
+
+def _tops(choice: dict[str, Any]) -> list[tuple[float, ...]]:
+    """The reported alternatives' log-probs at each position (either shape; empty if none)."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return []
+    if isinstance(lp.get("content"), list):
+        rows = [e.get("top_logprobs") or [] for e in lp["content"]]
+        return [
+            tuple(
+                float(a["logprob"])
+                for a in r
+                if isinstance(a, dict) and a.get("logprob") is not None
+            )
+            for r in rows
+        ]
+    rows = lp.get("top_logprobs") or []
+    return [
+        tuple(float(v) for v in r.values() if v is not None) if isinstance(r, dict) else ()
+        for r in rows
+    ]
+
+
+def _with_tops(split: ReasoningSplit, tops: Sequence[tuple[float, ...]]) -> ReasoningSplit:
+    if len(tops) < split.trace_end or not all(tops[: split.trace_end]):
+        return split
+    return replace(split, trace_top_logprobs=tuple(tops[: split.trace_end]))
 
 
 def _slice_choice(choice: dict[str, Any], start: int, answer_text: str | None) -> dict[str, Any]:
@@ -508,6 +561,7 @@ def split_choice(
         )
     if reasoning and split.trace_text is None:
         split = replace(split, trace_text=reasoning)
+    split = _with_tops(split, _tops(choice))
     return _slice_choice(choice, split.answer_start, answer_text), split
 
 
@@ -582,6 +636,7 @@ class ReasoningStream:
         self.labels: list[Label | None] = []
         self.values: list[float | None] = []
         self.pieces: list[bytes] = []
+        self.tops: list[tuple[float, ...]] = []
         self.answer_start: int | None = None
         self.reasoning = False
 
@@ -605,6 +660,8 @@ class ReasoningStream:
         self.labels.extend(_chunk_labels(pieces, trace, answer))
         self.values.extend(values)
         self.pieces.extend(pieces)
+        tops = _tops(choice)
+        self.tops.extend(tops if len(tops) == len(tokens) else [()] * len(tokens))
         if self.answer_start is None:
             self._locate()
 
@@ -630,7 +687,8 @@ class ReasoningStream:
             return None  # answer text before the trace ended: :meth:`split` says so
 
     def split(self) -> ReasoningSplit:
-        return _split_labels(list(self.labels), self.values, self.fmt, self.pieces)
+        split = _split_labels(list(self.labels), self.values, self.fmt, self.pieces)
+        return _with_tops(split, self.tops)
 
 
 def _chunk_labels(pieces: Sequence[bytes], trace: str, answer: str) -> list[Label | None]:

@@ -274,7 +274,9 @@ def reasoning_fields(split: Any) -> dict[str, Any]:
     marker, conditioned on prompt + trace); ``trace_nll`` / ``trace_tokens``: the trace's (a
     trace measure, not the answer's uncertainty); ``answer_tokens``: the tokens after the marker
     (the terminator included); ``split_at``: the first answer token's index among all generated
-    tokens.
+    tokens; ``trace_confidence``: DeepConf's confidences of the trace (lowest group, tail,
+    bottom 10%: :mod:`gnll.measures.trace`), which rank traces for voting and say nothing on
+    the answer's correctness by themselves.
     """
     r = split.record()
     return {
@@ -286,6 +288,7 @@ def reasoning_fields(split: Any) -> dict[str, Any]:
         "split_at": r["split_at"],
         "reasoning_format": r["format"],
         "reasoning_source": r["source"],
+        "trace_confidence": split.trace_confidence(),
         **({"notes": r["notes"]} if r.get("notes") else {}),
     }
 
