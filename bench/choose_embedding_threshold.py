@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -41,7 +42,9 @@ from gnll.measures import discrete_semantic_entropy
 from gnll.semantic import EmbeddingClusterer, ExactClusterer, SentenceEmbedder
 from gnll.text import normalize_answer
 
-DEFAULT_DATA = Path("/work/shared/data/triviaqa/triviaqa_unfiltered_validation.jsonl")
+DEFAULT_DATA = (
+    Path(os.environ.get("GNLL_DATA_DIR", "."), "triviaqa", "triviaqa_unfiltered_validation.jsonl")
+)
 TEMPLATES = ("The answer is {a}.", "It is {a}.", "I think it's {a}.", "{a} is the answer.")
 
 

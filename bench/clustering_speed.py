@@ -1,6 +1,6 @@
 """Time per question of each clusterer for N=10 answers on this machine.
 
-Answer sets are built from TriviaQA (``/work/shared/data``): each set of N answers mixes aliases of
+Answer sets are built from TriviaQA (the full file under ``$GNLL_DATA_DIR``): each set of N answers mixes aliases of
 the question's own gold answer with the gold answers of 1-3 other questions, some wrapped in a short
 sentence, so sets have repeats, spelling variants and several meanings, as sampled answers do.
 
@@ -48,7 +48,9 @@ from gnll.semantic import (
 )
 from gnll.text import normalize_answer
 
-DEFAULT_DATA = Path("/work/shared/data/triviaqa/triviaqa_unfiltered_validation.jsonl")
+DEFAULT_DATA = (
+    Path(os.environ.get("GNLL_DATA_DIR", "."), "triviaqa", "triviaqa_unfiltered_validation.jsonl")
+)
 TEMPLATES = ("The answer is {a}.", "It is {a}.", "I think it's {a}.")
 
 NLI_SIZES = {

@@ -1,7 +1,7 @@
 """Regenerate the calibration files shipped for the embedded models (src/gnll/calibration/shipped/).
 
 For each embedded model: the first LIMIT questions of the eval split of each short-answer task
-(TriviaQA, SVAMP, NQ-Open, bundled in ../shared/data, split as `gnll eval` splits them) are asked
+(TriviaQA, SVAMP, NQ-Open, the full files, split as `gnll eval` splits them) are asked
 *exactly as `gnll ask` asks them* (zero-shot, the same instruction and chat template, greedy, 50 new
 tokens), each answer is labelled correct when a gold answer occurs in it (``contains``: asked this
 way the models answer in sentences, for which the short tasks' F1 > 0.5 is almost never met; the
@@ -15,7 +15,7 @@ surface gives them: their stop token's log-prob (``Generation.measured_logprobs`
 default abstention rule is the accuracy rule where its target is reachable, else the coverage rule
 (answer the most certain 80%); the file states which and why (``default_rule``).
 
-    OMP_NUM_THREADS=1 python scripts/calibrate_embedded.py [--limit 100] [--data_dir ../shared/data]
+    OMP_NUM_THREADS=1 python scripts/calibrate_embedded.py [--limit 100] [--data_dir DIR]
 
 Greedy decoding only (no beams, no samples): a few minutes of CPU per model.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -102,7 +103,12 @@ def label_rows(path: Path, limit: int, data_dir: str) -> tuple[Path, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--limit", type=int, default=100, help="questions per task (eval split)")
-    ap.add_argument("--data_dir", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument(
+        "--data_dir",
+        default=os.environ.get("GNLL_DATA_DIR"),
+        help="the folder of the full data files (default $GNLL_DATA_DIR; without it the shipped "
+        "sample, whose first 200 evaluation questions per task are the full files')",
+    )
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument(
         "--work", default=str(ROOT / "runs" / "calibration"), help="scored files go here"

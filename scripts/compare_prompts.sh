@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 LIMIT="${LIMIT:-200}"
 TASKS="${TASKS:-triviaqa_short,svamp_short,nq_open_short}"
 OUT="${OUT:-runs/prompts}"
-DATA_DIR="${GNLL_DATA_DIR:-../shared/data}"
+DATA_DIR="${GNLL_DATA_DIR:?set GNLL_DATA_DIR to the folder of the full data files}"
 for fmt in single multiturn plain; do
   case $fmt in
     single) extra=() ;;

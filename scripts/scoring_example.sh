@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 RUN=runs/calib-smollm2-135m-instruct
 gnll eval --model smollm2-135m-instruct --tasks triviaqa_short,svamp_short,nq_open_short \
-  --limit 150 --measures g-nll --correctness f1,contains --data_dir ../shared/data \
+  --limit 150 --measures g-nll --correctness f1,contains --data_dir "${GNLL_DATA_DIR:?set GNLL_DATA_DIR to the folder of the full data files}" \
   --no-plots --no-progress --resume --output_path "$RUN"
 gnll calibrate "$RUN" --output runs/smollm2-eval-calibration.json \
   --plot docs/figures/reliability-smollm2-eval.png

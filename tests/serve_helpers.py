@@ -76,6 +76,11 @@ class ScriptedModel(Model):
     def score(self, prompts, answers, **kwargs):
         raise NotImplementedError("the scripted model only generates")
 
+    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
+        """One token per character: a tokenizer without a decoding loop (as a sliding-window
+        model's), so usage counts prompt tokens here too."""
+        return [[ord(c) for c in p] for p in prompts]
+
 
 #: A long answer (for streams that a client abandons): 200 one-word tokens.
 LONG = ([f" w{i}" for i in range(200)], [-0.5] * 200)
@@ -117,11 +122,13 @@ class FakeDecoder:
     def busy(self) -> bool:
         return bool(self.waiting or self.rows)
 
-    def add(self, tag, ids, prefix=None, *, seed=None, max_new_tokens=None, stops=None) -> None:
+    def add(
+        self, tag, ids, prefix=None, *, seed=None, max_new_tokens=None, stops=None, watch=None
+    ) -> None:
         prompt = "".join(chr(i) for i in ids).strip()
         script = STREAM_SCRIPT.get(prompt, SURE)
         self.results[tag] = [None] * self.n
-        self.waiting.append((tag, script, max_new_tokens or self.config.max_new_tokens))
+        self.waiting.append((tag, script, max_new_tokens or self.config.max_new_tokens, watch))
 
     def cancel(self, tag) -> None:
         self.model.cancelled.append(tag)
@@ -132,18 +139,21 @@ class FakeDecoder:
 
     def step(self):
         while self.waiting and len(self.rows) + self.n <= self.width:
-            tag, script, cap = self.waiting.pop(0)
+            tag, script, cap, watch = self.waiting.pop(0)
             for j in range(self.n):
-                self.rows[(tag, j)] = [script, 0, cap]
+                self.rows[(tag, j)] = [script, 0, cap, watch]
         time.sleep(self.model.delay)
         self.model.steps.append(sorted({k[0] for k in self.rows}))
         heard, done = [], []
         for (tag, j), row in list(self.rows.items()):
-            (tokens, lps), t, cap = row
+            (tokens, lps), t, cap, watch = row
             token = self.model.ids[tokens[t]] if t < len(tokens) else EOS
-            heard.append((tag, j, token, lps[t] if t < len(tokens) else -0.1))
+            lp = lps[t] if t < len(tokens) else -0.1
+            heard.append((tag, j, token, lp))
             row[1] = t + 1
-            if token == EOS or row[1] >= cap:
+            self.model.generated += 1
+            decided = watch is not None and watch(j, token, lp)  # an early decision ends it
+            if decided or token == EOS or row[1] >= cap:
                 k = min(row[1], len(tokens))
                 ended = "eos" if token == EOS else "length"
                 gen = Generation(
@@ -185,9 +195,7 @@ class StreamingModel(ScriptedModel):
         self.tokenizer = _Tokenizer({EOS: "", **{i: w for w, i in self.ids.items()}})
         self.steps: list[list] = []
         self.cancelled: list = []
-
-    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
-        return [[ord(c) for c in p] for p in prompts]
+        self.generated = 0  # tokens decoded, all rows
 
     def check_context(self, ids, max_new_tokens: int) -> None:
         if any(len(row) > 4000 for row in ids):

@@ -53,7 +53,8 @@ def reference_split(rules, ids, raw, tempered, config) -> Generation:
         token_lp = token_lp + term_lp
     sampling = None
     if config.strategy == "sample":
-        sampling = (tempered[:k] if tempered is not None else raw[:k]).tolist()
+        n = k if k or not term_ids else 1  # an empty answer: its stop token, tempered
+        sampling = (tempered[:n] if tempered is not None else raw[:n]).tolist()
     return Generation(
         text=text[:cut].strip(),
         token_ids=answer_ids,

@@ -324,3 +324,26 @@ def test_score_cli_engine_ray_writes_the_local_output_and_resumes_after_kill(
     assert resumed.exit_code == 1 and "already done" in resumed.output, resumed.output
     assert out.read_bytes() == want
     assert (tmp_path / "killed.jsonl.errors.jsonl").read_bytes() == errors
+
+
+def test_score_cli_engine_ray_writes_the_span_and_greedy_columns_of_the_local_engine(
+    ray_cluster, tiny_llama, tmp_path
+):
+    """``--spans`` and ``--with-greedy`` reach the replicas: the Ray output is the local one."""
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    inp = tmp_path / "in.jsonl"
+    rows = [{"id": i, "question": f"What is {i}?", "answer": f"It is {i}. Sure."} for i in range(8)]
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["score", "-i", str(inp), "--model", str(tiny_llama()), "--chunk-size", "3"]
+    common += ["--no-progress", "--spans", "sentence", "--with-greedy", "--max-new-tokens", "4"]
+    run = CliRunner().invoke
+    local = run(app, [*common, "-o", str(tmp_path / "local.jsonl")])
+    assert local.exit_code == 0, local.output
+    remote = run(app, [*common, "-o", str(tmp_path / "ray.jsonl"), "--engine", "ray"])
+    assert remote.exit_code == 0, remote.output
+    got = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
+    assert len(got) == 8 and all(len(r["spans"]) == 2 and "g_nll" in r for r in got)
+    assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()

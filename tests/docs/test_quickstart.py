@@ -32,13 +32,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _data_dir() -> Path | None:
-    for cand in (os.environ.get("GNLL_DATA_DIR"), ROOT.parent / "shared" / "data"):
-        if cand and (Path(cand) / "triviaqa").is_dir():
-            return Path(cand)
-    return None
-
-
 def _bash(block: Block, ports: dict[str, str]) -> str:
     code = block.code
     for doc_port, port in ports.items():
@@ -86,18 +79,21 @@ def test_quickstart_marks_a_runnable_block_for_every_job():
         assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
     assert any(b.lang == "python" and b.file is None for b in blocks)
     assert all(b.lang in {"bash", "python"} for b in blocks)
+    # score and generate refusing to write over an earlier output (and score over its own input)
+    for command in ("gnll score", "gnll generate"):
+        assert any(
+            command in b.code and any("holds an earlier run" in e for e in b.expect) for b in blocks
+        ), f"no runnable block shows {command} refusing to overwrite an earlier output"
+    assert any("is the input file" in e for b in blocks for e in b.expect)
 
 
 @pytest.mark.e2e
 @pytest.mark.server
 def test_quickstart_runs_end_to_end(tmp_path):
-    data = _data_dir()
-    if data is None:
-        pytest.skip("the evaluation data is not here: set GNLL_DATA_DIR (see docs/quickstart.md)")
     env = dict(os.environ)
+    env.pop("GNLL_DATA_DIR", None)  # a reader's machine has no data files: the shipped sample
     env.update(
         OMP_NUM_THREADS="1",
-        GNLL_DATA_DIR=str(data),
         PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT), env.get("PYTHONPATH", "")]),
         NO_COLOR="1",
         COLUMNS="120",

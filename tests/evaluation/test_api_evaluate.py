@@ -29,6 +29,8 @@ def test_evaluate_returns_what_a_run_directory_would_hold_and_leaves_nothing(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    # torch puts its compile cache under the temp dir the first time a process asks for it: not ours
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torch-cache"))
     ev = evaluate(
         FakeModel(), "triviaqa_short,svamp_short", limit=24, data_dir=str(data_dir), **OPTIONS
     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from full_data import FULL_DATA, needs_full_data
 
 from gnll.evaluation.data.datasets import (
     DATASETS,
@@ -24,11 +24,6 @@ from gnll.evaluation.data.prompts import (
 )
 from gnll.evaluation.data.tasks import TASKS, get_task, parse_task_list, split_indices
 from gnll.evaluation.run.cache import CacheMismatchError, JsonlCache
-
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not (SHARED / DATASETS["svamp"].relpath).exists(), reason="shared/data not available"
-)
 
 
 # ------------------------------------------------------------------------------------ prompts
@@ -95,11 +90,10 @@ def test_canonical_answer_skips_redirect_titles():
     assert rank_aliases(["x"]) == ["x"]
 
 
-@needs_data
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_task_prompts_on_real_data(name):
     task = get_task(name)
-    td = task.load(seed=0, data_dir=str(SHARED))
+    td = task.load(seed=0)  # the embedded sample
     ex = td.split("eval", 1)[0]
     prompt = td.prompt(ex)
     if task.mode == "short":
@@ -117,9 +111,9 @@ def test_task_prompts_on_real_data(name):
     assert not {e.id for e in td.fewshot} & pools
 
 
-@needs_data
+@needs_full_data
 def test_golden_real_prompt_svamp_short():
-    td = get_task("svamp_short").load(seed=0, data_dir=str(SHARED))
+    td = get_task("svamp_short").load(seed=0, data_dir=str(FULL_DATA))
     # the few-shot examples come from the 700 problems outside the fixed 300-problem evaluation pool
     assert td.prefix.startswith(
         "Answer the following question as briefly as possible.\n"
@@ -137,9 +131,8 @@ def test_golden_real_prompt_svamp_short():
     assert "chal-680" in pool and "chal-680" not in [e.id for e in td.fewshot]
 
 
-@needs_data
 def test_golden_real_prompt_triviaqa_short():
-    td = get_task("triviaqa_short").load(seed=0, data_dir=str(SHARED))
+    td = get_task("triviaqa_short").load(seed=0)  # the embedded sample keeps the full file's split
     assert [e.id for e in td.fewshot] == ["1371", "9530", "10382", "10517", "10661"]
     assert td.prefix.count("\nAnswer: ") == 5 and td.prefix.endswith("\n\n")
 
@@ -199,24 +192,26 @@ def test_loaders_read_original_formats(tmp_path):
 def test_missing_data_error_names_file_and_places(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GNLL_DATA_DIR", str(tmp_path / "env"))
-    monkeypatch.setattr("gnll.evaluation.data.datasets._project_root", lambda: tmp_path / "nowhere")
     with pytest.raises(FileNotFoundError) as err:
         load_dataset("nq_open", data_dir=tmp_path / "given")
     msg = str(err.value)
     assert "nq_open/NQ-open.dev.jsonl" in msg
     assert str(tmp_path / "given") in msg and "--data_dir" in msg and "--data_source hub" in msg
+    assert "--data_source embedded" in msg
     with pytest.raises(FileNotFoundError, match="env"):
         load_dataset("nq_open")  # $GNLL_DATA_DIR is used when no --data_dir is given
     monkeypatch.delenv("GNLL_DATA_DIR")
-    with pytest.raises(FileNotFoundError) as err:
-        load_dataset("nq_open")
-    assert str(tmp_path / ".." / "shared" / "data") in str(err.value)
+    with pytest.raises(FileNotFoundError, match="no data directory was given"):
+        load_dataset("nq_open", source="local")
+    # nothing given at all: the embedded sample, never a folder guessed from the working directory
+    (tmp_path.parent / "shared" / "data").mkdir(parents=True, exist_ok=True)
+    assert load_dataset("nq_open")[1]["source"] == "embedded"
 
 
-@needs_data
+@needs_full_data
 def test_real_data_counts():
     for name, spec in DATASETS.items():
-        examples, _ = load_dataset(name, data_dir=SHARED)
+        examples, _ = load_dataset(name, data_dir=FULL_DATA)
         assert len(examples) == spec.size
 
 

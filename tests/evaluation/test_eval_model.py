@@ -3,20 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from gnll.evaluation.data.datasets import DATASETS, candidate_data_dirs
-
 pytestmark = pytest.mark.model
-
-
-def _data_dir() -> Path | None:
-    for d in candidate_data_dirs():
-        if (d / DATASETS["svamp"].relpath).exists() and (d / DATASETS["triviaqa"].relpath).exists():
-            return d
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +18,10 @@ def model(smollm):
 def test_end_to_end_real_model(model, tmp_path):
     from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
-    data = _data_dir()
-    if data is None:
-        pytest.skip("shared/data not available")
     cfg = EvalConfig(
         model="smollm2-135m-instruct",
         tasks=["svamp_short", "triviaqa_long"],
         output_path=tmp_path / "run",
-        data_dir=str(data),
         limit=4,
         beams=2,
         samples=2,
@@ -86,14 +72,10 @@ def test_real_model_as_judge(model, tmp_path):
     silently counted as wrong, and agreement with F1 is reported."""
     from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
-    data = _data_dir()
-    if data is None:
-        pytest.skip("shared/data not available")
     cfg = EvalConfig(
         model="smollm2-135m-instruct",
         tasks=["triviaqa_short"],
         output_path=tmp_path / "judge",
-        data_dir=str(data),
         limit=3,
         measures=["g-nll"],
         correctness=["f1", "judge"],

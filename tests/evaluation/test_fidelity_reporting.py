@@ -162,7 +162,7 @@ def test_table3_averages_ara80_over_datasets(data_dir, tmp_path):
         model=FakeModel(),
     ).run()
     table = (tmp_path / "t3" / "table.md").read_text()
-    section = table.split("the paper's Table 3)")[1].split("\n## ")[0]
+    section = table.split("the paper's Table 3;")[1].split("\n## ")[0]
     row = next(line for line in section.splitlines() if line.startswith("| fake-lm | short | F1"))
     aras = [res["tasks"][t]["metrics"]["f1"]["measures"]["g-nll"]["ara80"] for t in res["tasks"]]
     want = f"{sum(aras) / len(aras):.3f}".lstrip("0")

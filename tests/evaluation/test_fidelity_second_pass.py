@@ -295,9 +295,14 @@ def test_two_judges_each_get_their_own_rows_labelled_by_judge(data_dir, tmp_path
     assert "judge_vs_judge2" in short["agreement"]
     table = render_table([res])
     assert "LLM (judge-a)" in table and "LLM (judge-b)" in table
-    # the overall Average spans short F1, both short judges and both long judges (not Contains)
-    assert _average_row(table)[3] == "5"
-    assert res["averages"]["overall"]["n_tasks"] == 5
+    # The AUROC Average spans short F1 and the first judge's short and long rows (the paper's
+    # Tables 1 and 5: F1 and the base-model judge); the ARA@80 Average (its Table 3) every judge.
+    # Contains never counts.
+    assert _average_row(table)[3] == "3"
+    assert res["averages"]["overall"]["n_tasks"] == 3
+    assert res["averages"]["overall_rows"] == "f1+judge"
+    assert _average_row(table, "## Rejection accuracy at 80% averaged")[3] == "5"
+    assert _average_row(render_table([res], average_rows="f1+judges"))[3] == "5"
     comps = json.loads((tmp_path / "r" / "components.json").read_text())
     assert set(comps) >= {"judge", "judge2"}
 

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import pickle
-from pathlib import Path
 
 import pytest
 
 from gnll import GenerationConfig
 from gnll.backends.base import ChatPrompt, chat_messages
-from gnll.evaluation.data.datasets import DATASETS, Example
+from gnll.evaluation.data.datasets import Example
 from gnll.evaluation.data.prompts import BRIEF_SHORT, build_messages, build_prompt
 from gnll.evaluation.data.tasks import get_task
 
-SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 FEWSHOT = [
     Example("1", "Who wrote Hamlet?", ("Shakespeare",)),
     Example("2", "Capital of France?", ("Paris",), context=None),
@@ -50,11 +48,8 @@ def test_chat_prompt_is_the_plain_text_and_keeps_its_turns():
         ChatPrompt("x", [])
 
 
-@pytest.mark.skipif(
-    not (SHARED / DATASETS["triviaqa"].relpath).exists(), reason="shared/data not available"
-)
 def test_task_prompt_and_fingerprint():
-    td = get_task("triviaqa_short").load(seed=0, data_dir=str(SHARED))
+    td = get_task("triviaqa_short").load(seed=0)  # the embedded sample
     ex = td.split("eval", 1)[0]
     single = td.prompt(ex)
     before = td.describe()

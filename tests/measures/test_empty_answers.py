@@ -132,7 +132,7 @@ def test_score_with_greedy_reports_the_rule(tmp_path):
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     inp.write_text(json.dumps({"question": "Who?", "answer": "abc"}) + "\n")
-    job = ScoreJob(str(inp), str(out), "jsonl", "jsonl", None, lambda q: q, with_greedy=True,
+    job = ScoreJob(str(inp), str(out), "jsonl", "jsonl", None, with_greedy=True,
                    progress=False)  # fmt: skip
     run_score_job(EmptyGreedy(), job)
     [row] = [json.loads(line) for line in out.read_text().splitlines()]
@@ -204,8 +204,8 @@ def test_no_surface_reports_negative_zero():
     assert math.copysign(1.0, M.g_nll(certain)) == 1.0
     assert math.copysign(1.0, certain.logprob) == 1.0
     rec = uncertainty_record([0.0], decoding="greedy", policy=AbstentionPolicy())
-    assert math.copysign(1.0, rec["g_nll"]) == 1.0
-    assert math.copysign(1.0, rec["ln_g_nll"]) == 1.0
+    assert math.copysign(1.0, rec.g_nll) == 1.0
+    assert math.copysign(1.0, rec.ln_g_nll) == 1.0
 
 
 @pytest.mark.model
@@ -250,3 +250,90 @@ def test_real_beams_are_ranked_by_the_rule(gemma):
                     n_empty += 1
                     assert b.logprob == pytest.approx(b.terminator_logprobs[0]) and b.logprob < 0
     assert n_empty > 0  # an empty beam was there to be ranked
+
+
+# ------------------------------------------------- issue 39.3: the last exceptions to the rule
+def test_sampled_empty_answer_is_scored_under_the_sampling_distribution(tiny_llama):
+    """With --sample_logprobs sampling, every sample's tokens are scored under the tempered
+    distribution: an empty sample too, by its stop token's tempered log-prob (before, its
+    temperature-1 log-prob was mixed in)."""
+    from transformers import AutoTokenizer
+
+    from gnll.backends.base import DEFAULT_STOP
+    from gnll.backends.hf.stopping import StopRules
+    from gnll.evaluation.run.assemble import measure_logprobs
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama())
+    rules = StopRules(tok, DEFAULT_STOP, {tok.eos_token_id})
+    config = GenerationConfig.sample(2, temperature=0.5)
+    raw, tempered = np.array([STOP_LP, -0.1]), np.array([-0.9, -0.2])
+    gen = rules.split([tok.eos_token_id, tok.eos_token_id], raw, tempered, config)
+    assert gen.text == "" and gen.terminator_logprobs == [STOP_LP]
+    assert gen.sampling_logprobs == [-0.9]
+    assert measure_logprobs(gen, sampling=True) == [-0.9]
+    assert measure_logprobs(gen) == [STOP_LP]  # temperature 1, the default
+    # A non-empty sample: its answer tokens only, tempered.
+    ids = tok("Paris", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    lp = np.linspace(-1.0, -0.5, len(ids))
+    full = rules.split(ids, lp, lp / 2, config)
+    assert full.sampling_logprobs == (lp / 2)[: len(ids) - 1].tolist()
+    # An empty sample whose tempered stop-token log-prob is unknown is refused, not mixed.
+    with pytest.raises(EmptyAnswerError, match="sampling distribution"):
+        measure_logprobs(replace(gen, sampling_logprobs=[]), sampling=True)
+
+
+def test_vllm_greedy_processor_scores_an_empty_answer_by_its_stop_token(tiny_llama):
+    """The Ray/vLLM greedy processor gives an empty answer the library's G-NLL and LN-G-NLL
+    (its stop token's NLL, one token), not LN-G-NLL 0."""
+    from gnll import load_model
+    from gnll.distributed.vllm import VllmGreedy
+
+    lm = load_model(str(tiny_llama()), progress=False)
+    vg = VllmGreedy.from_model(lm, max_new_tokens=5)
+    request = vg.preprocess({"id": 0, "question": "Say nothing."})
+    eos = lm.tokenizer.eos_token_id
+    row = {
+        **{k: v for k, v in request.items() if k not in ("tokenized_prompt", "sampling_params")},
+        "prompt_token_ids": request["tokenized_prompt"],
+        "generated_tokens": [eos],
+        "generated_text": "",
+        "num_generated_tokens": 1,
+        "logprobs": [{eos: {"logprob": STOP_LP, "rank": 1, "decoded_token": ""}}],
+    }
+    got = vg.postprocess(row)
+    assert got["error"] is None and got["answer"] == "" and got["num_tokens"] == 0
+    assert got["g_nll"] == M.g_nll([STOP_LP]) == -STOP_LP
+    assert got["ln_g_nll"] == M.ln_g_nll([STOP_LP]) == -STOP_LP
+
+
+def test_top_beam_is_ranked_not_taken_from_the_cache_order():
+    """--reference beam ranks the cached beams by the rule instead of trusting their order (a cache
+    written before the rule could hold an empty beam first, ranked with log-likelihood 0)."""
+    from gnll.evaluation.run.stages import TopBeam
+
+    beam = Generation("Paris", [7], ["Paris"], [-1.0], "stop", terminator_logprobs=[-0.1])
+
+    class Beams:
+        header = {"stage": "beams"}
+
+        def generations(self, key):
+            return [empty(), beam]  # the old order: the empty beam first
+
+    assert TopBeam(Beams()).answer(("q", 0)) is beam
+
+
+def test_a_cache_from_before_the_beam_rule_is_not_resumed(tmp_path):
+    """The cache version is bumped with the rule: a resumed run of the older version is refused
+    (its beams may have been ranked with an empty beam first), not silently continued."""
+    from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
+
+    data = make_data_dir(tmp_path / "data")
+    c = cfg(data, tmp_path / "run", tasks=["triviaqa_short"], beams=2, samples=0,
+            measures=["g-nll", "bs-msp"])  # fmt: skip
+    Evaluator(c, model=FakeModel()).run()
+    fp = tmp_path / "run" / "tasks" / "triviaqa_short" / "fingerprint.json"
+    old = json.loads(fp.read_text())
+    fp.write_text(json.dumps({**old, "cache_version": 3}))
+    with pytest.raises(FingerprintMismatchError, match="cache_version"):
+        Evaluator(cfg(data, tmp_path / "run", tasks=["triviaqa_short"], beams=2, samples=0,
+                      measures=["g-nll", "bs-msp"], resume=True), model=FakeModel()).run()  # fmt: skip

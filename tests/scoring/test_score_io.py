@@ -296,7 +296,8 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
     assert [r["num_tokens"] for r in _read_jsonl(out)] == [6, 2]
     res = CliRunner().invoke(
         app,
-        ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--raw-prompt", "--verbatim"],
+        ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--raw-prompt", "--verbatim"]
+        + ["--overwrite"],
     )
     assert [r["num_tokens"] for r in _read_jsonl(out)] == [5, 1]
 
@@ -304,7 +305,8 @@ def test_messages_raw_prompt_and_a_backend_that_cannot_score(tmp_path, monkeypat
         capabilities = gnll.backends.base.Capabilities(scoring=False)
 
     monkeypatch.setattr(gnll, "load_model", lambda name, **kw: NoScoring())
-    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no-progress"])
+    args = ["score", "-i", str(inp), "-o", str(out), "--no-progress", "--overwrite"]
+    res = CliRunner().invoke(app, args)
     assert res.exit_code == 2 and "cannot score given answers" in res.output
 
 
@@ -338,6 +340,7 @@ def test_no_errors_file_without_bad_rows_and_one_wording_of_bad_json(tmp_path, t
     assert res.exit_code == 0, res.output
     assert not Path(str(out) + ".errors.jsonl").exists()
     inp.write_text('{"question": "q", "answer": "a\tb\x01"}\n'.replace("\x01", "\\x01"))
-    res = CliRunner().invoke(app, ["score", "-i", str(inp), "-o", str(out), "--no_progress"])
+    args = ["score", "-i", str(inp), "-o", str(out), "--no_progress", "--overwrite"]
+    res = CliRunner().invoke(app, args)
     [err] = _read_jsonl(Path(str(out) + ".errors.jsonl"))
     assert err["error"].startswith("not valid JSON (") and " at at " not in err["error"]

@@ -129,7 +129,9 @@ def test_spans_in_every_answer(monkeypatch):
             ("Or Lyon?", 13, 21, 3),
         ]
         assert [s["nll"] for s in u["spans"]] == pytest.approx([0.5, 6.0])
-        assert u["least_certain_span"] == 1
+        # the path of the least certain span, as gnll ask and gnll score name it
+        assert u["least_certain_span"] == "2"
+        assert [s["straddling"] for s in u["spans"]] == [0, 0]
         assert sum(s["nll"] for s in u["spans"]) == pytest.approx(u["g_nll"], abs=1e-9)
         u = c.completions.create(model="scripted", prompt="json").choices[0].uncertainty
         assert u["spans_kind"] == "json"

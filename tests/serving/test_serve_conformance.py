@@ -9,6 +9,7 @@ without, so streams are replays) and proxy (in front of the in-process server).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 
@@ -165,16 +166,38 @@ def test_unknown_model_is_404_model_not_found(server):
     assert err.value.code == "model_not_found" and err.value.status_code == 404
 
 
+def check_envelope(r: httpx.Response, status: int) -> dict:
+    """OpenAI's error object; its ``code`` is a string or null (never the HTTP status: a strictly
+    typed client's ``Option<String>`` fails on an integer)."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["code"] is None or isinstance(err["code"], str), err
+    return err
+
+
 def test_every_error_has_the_openai_envelope(server):
     for method, path, status in (
         ("GET", "/v1/nowhere", 404),
         ("POST", "/v1/models", 405),
         ("GET", "/nowhere", 404),
+        ("GET", "/ui/api/examples?task=nope", 400),
     ):
-        r = httpx.request(method, server.url + path)
-        assert r.status_code == status
-        err = r.json()["error"]
-        assert set(err) == {"message", "type", "param", "code"} and err["message"]
+        check_envelope(httpx.request(method, server.url + path), status)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    check_envelope(post(server, "/chat/completions", messages=USER, tools=tools), 400)
+    check_envelope(post(server, "/completions", prompt="x", max_tokens=-1), 400)
+    bad = httpx.post(server.url + "/v1/completions", content=b"{", timeout=30)
+    check_envelope(bad, 400)
+    missing = post(server, "/completions", prompt="x", model="gpt-4o")
+    assert check_envelope(missing, 404)["code"] == "model_not_found"
+
+
+def test_the_cascade_answers_errors_in_the_same_envelope(policed_server):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    check_envelope(post(policed_server, "/chat/completions", messages=USER, tools=tools), 400)
+    missing = post(policed_server, "/completions", prompt="x", model="gpt-4o")
+    assert check_envelope(missing, 404)["code"] == "model_not_found"
 
 
 @pytest.mark.parametrize(
@@ -324,3 +347,120 @@ def test_a_busy_port_fails_before_the_banner():
     assert done.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
     assert "on http://" not in done.stderr  # no "serving on" banner for a server that never was
+
+
+# ---------------------------------------------------------------- every policy, every path
+POLICIES = ("annotate", "flag", "refuse", "escalate")
+BIG = (["Lyon", "."], [-0.5, -0.25])  # the escalation target's answer
+
+
+class BigModel(ScriptedModel):
+    """The larger model an uncertain answer escalates to (answers differently, so it shows)."""
+
+    name = "big"
+
+    def generate(self, prompts, config=None, **kwargs):
+        from gnll.backends.base import Generation
+
+        return [[Generation("Lyon.", [7, 8], *map(list, BIG), "eos")] for _ in prompts]
+
+
+@pytest.fixture(scope="module", params=[(m, p) for m in MODES for p in POLICIES], ids=str)
+def policed_server(request):
+    """(mode, policy) -> a server that abstains above G-NLL 1 (the scripted "unsure" answer has
+    5.0, every other prompt 0.03). In proxy mode the proxy applies flag/refuse itself; under
+    escalate it stands in front of an escalating in-process server."""
+    mode, policy = request.param
+    policy_of = AbstentionPolicy(mode=policy, threshold=1.0, refusal="I do not know.")
+    with contextlib.ExitStack() as stack:
+        escalate_to = None
+        if policy == "escalate":
+            big = build_inprocess_app(BigModel(), ServeSettings(), max_wait_ms=1)
+            escalate_to = stack.enter_context(ServerThread(big)).url + "/v1"
+        local_policy = policy_of if mode != "proxy" or policy == "escalate" else AbstentionPolicy()
+        model = ScriptedModel() if mode == "replay" else StreamingModel()
+        app = build_inprocess_app(
+            model,
+            ServeSettings(policy=local_policy),
+            max_wait_ms=1,
+            escalate_to=escalate_to,
+            escalate_model="big",
+        )
+        srv = stack.enter_context(ServerThread(app))
+        if mode == "proxy":
+            proxy_policy = AbstentionPolicy() if policy == "escalate" else policy_of
+            service = ProxyService(srv.url + "/v1", timeout=30)
+            srv = stack.enter_context(
+                ServerThread(create_app(service, ServeSettings(policy=proxy_policy)))
+            )
+        srv.mode, srv.policy, srv.model_id = mode, policy, model.name
+        yield srv
+
+
+def _request(chat: bool, prompt: str) -> tuple[str, dict]:
+    if chat:
+        return "/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+    return "/completions", {"prompt": prompt}
+
+
+@pytest.mark.parametrize("prompt", ["unsure", "sure"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_every_policy_answers_as_openai_does(policed_server, chat, prompt):
+    """Bodies and every stream chunk validate with the openai types; each choice finishes once;
+    the usage chunk comes only when asked for, with the same usage as the body (prompt tokens
+    counted: one per character of the scripted tokenizer)."""
+    srv = policed_server
+    path, kw = _request(chat, prompt)
+    body = post(srv, path, **kw)
+    assert body.status_code == 200, body.text
+    check_body(body.json(), chat)
+    usage = body.json()["usage"]
+    assert usage["prompt_tokens"] > 0, usage
+    if not chat:
+        assert usage["prompt_tokens"] == len(prompt)
+    for include_usage in (False, True):
+        opts = {"stream_options": {"include_usage": True}} if include_usage else {}
+        r = post(srv, path, stream=True, **kw, **opts)
+        assert r.status_code == 200, r.text
+        chunks = check_stream(sse(r.text), chat, usage=include_usage)
+        if include_usage:
+            assert chunks[-1]["usage"] == usage
+        text = "".join(
+            (c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
+            for c in chunks
+            if c["choices"]
+        )
+        content = body.json()["choices"][0]
+        assert text == (content["message"]["content"] if chat else content["text"])
+        final = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+        assert final[-1]["choices"][0]["uncertainty"]["g_nll"] is not None
+
+
+def test_every_policy_passes_the_sdks_canonical_loops(policed_server):
+    """``for chunk in stream: chunk.choices[0]`` (the openai SDK's README loop), sync and async."""
+    import asyncio
+
+    srv = policed_server
+    c = client(srv)
+    for prompt in ("unsure", "sure"):
+        messages = [{"role": "user", "content": prompt}]
+        pieces = [
+            chunk.choices[0].delta.content or ""
+            for chunk in c.chat.completions.create(
+                model=srv.model_id, messages=messages, stream=True
+            )
+        ]
+        assert "".join(pieces)
+        pieces = [
+            chunk.choices[0].text
+            for chunk in c.completions.create(model=srv.model_id, prompt=prompt, stream=True)
+        ]
+        assert "".join(pieces)
+    expected = {"annotate": "Maybe Lyon", "flag": "Maybe Lyon", "refuse": "I do not know."}
+
+    async def main() -> str:
+        ac = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        stream = await ac.chat.completions.create(model=srv.model_id, messages=USER, stream=True)
+        return "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+
+    assert asyncio.run(main()) == expected.get(srv.policy, "Lyon.")

@@ -122,3 +122,20 @@ def test_non_reasoning_answers_carry_no_reasoning_fields():
         r = client(srv).chat.completions.create(model="r1", messages=MSG)
     u = r.choices[0].uncertainty
     assert not {"scored", "trace_nll", "split_at"} & set(u)
+
+
+def test_early_refusal_counts_the_answer_not_the_trace():
+    """--policy refuse decides early on released tokens: a reasoning model's trace (NLL 3.81) is
+    context, so a threshold of 1.0 keeps the answer (NLL 0.15); counting the trace would refuse."""
+    from gnll.serving import AbstentionPolicy
+
+    up = StandIn(responder("vllm_chat_stream.sse"))
+    policy = AbstentionPolicy(mode="refuse", threshold=1.0)
+    srv = ServerThread(create_app(ProxyService(up.url, timeout=30), ServeSettings(policy=policy)))
+    with up, srv:
+        r = client(srv).chat.completions.create(model="r1", messages=MSG)
+    u = r.choices[0].uncertainty
+    assert r.choices[0].message.content == "The answer is 4."
+    assert not u.get("refused") and u["abstain"] is False
+    assert u["g_nll"] == pytest.approx(0.15) and u["trace_tokens"] == 8
+    assert up.requests[-1][2]["stream"] is True  # the proxy watched the stream

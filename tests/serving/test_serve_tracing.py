@@ -16,6 +16,7 @@ from serve_helpers import ScriptedModel
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 from gnll.serving.tracing import EVENT_NAME, Emitter
+from gnll.uncertainty import Uncertainty
 
 
 @pytest.fixture
@@ -64,18 +65,17 @@ def test_one_event_per_score_with_label_and_response_id(exporter):
 def test_p_correct_and_escalate_labels(exporter):
     exp, provider = exporter
     emitter = Emitter(provider)
-    n = emitter.emit(
-        [
-            {
-                "g_nll": 2.0,
-                "p_correct": 0.25,
-                "abstain": True,
-                "escalated": True,
-                "answered_by": "big",
-            }
-        ],
-        "chatcmpl-1",
+    record = Uncertainty(
+        decoding="greedy",
+        g_nll=2.0,
+        nll=2.0,
+        num_tokens=3,
+        p_correct=0.25,
+        abstain=True,
+        escalated=True,
+        answered_by="big",
     )
+    n = emitter.emit([record], "chatcmpl-1")
     assert n == 2
     got = events(exp)
     assert [(e["gen_ai.evaluation.name"], e["gen_ai.evaluation.score.value"]) for e in got] == [

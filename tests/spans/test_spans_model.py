@@ -4,8 +4,6 @@ whose NLL rises, and the field left alone barely moves."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,14 +14,10 @@ from gnll.spans import span_nlls
 
 pytestmark = pytest.mark.model
 
-DATA = Path(
-    os.environ.get("GNLL_DATA_DIR")
-    or Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-)
 
 
 def test_the_corrupted_field_carries_the_rise(smollm):
-    examples = get_task("triviaqa_short").load(data_dir=str(DATA)).split("eval", 40)
+    examples = get_task("triviaqa_short").load().split("eval", 40)
     gold = [e.answers[0] for e in examples]
     wrong = [gold[(i + 7) % len(gold)] for i in range(len(gold))]  # another question's answer
     prompts = [f"{e.question}\nReply in JSON with the keys answer and source." for e in examples]

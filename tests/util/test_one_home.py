@@ -30,7 +30,7 @@ def _every_layer(lps):
     return [
         M.g_nll(lps),
         -sum(check_scored(_scored(lps), "a").token_logprobs),
-        uncertainty_record(lps, decoding="greedy", policy=AbstentionPolicy())["g_nll"],
+        uncertainty_record(lps, decoding="greedy", policy=AbstentionPolicy()).g_nll,
         -sum(server_logprobs(list(lps), ["t"] * len(lps), "prompt 0")),
     ]
 

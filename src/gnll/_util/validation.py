@@ -6,7 +6,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["check_scores_labels"]
+__all__ = ["ParameterError", "check_scores_labels"]
+
+
+class ParameterError(ValueError):
+    """A library object's parameter ``param`` has a value it cannot take.
+
+    The message starts with the parameter's name, so a command line can name its option for it
+    (``--`` + the message) while a Python caller reads the parameter's own name: every entry point
+    gets the same check, made by the object itself (scikit-learn's ``_validate_params`` pattern).
+
+    >>> str(ParameterError("chunk_size", "must be >= 1, got 0"))
+    'chunk_size must be >= 1, got 0'
+    """
+
+    def __init__(self, param: str, problem: str) -> None:
+        super().__init__(f"{param} {problem}")
+        self.param = param
 
 
 def check_scores_labels(

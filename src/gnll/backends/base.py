@@ -181,7 +181,9 @@ class Generation:
         The token(s) that produced the stop sequence or EOS and their log-probs (empty for "length").
     sampling_logprobs:
         For sampled outputs: log-probs of the answer tokens under the distribution actually sampled from
-        (temperature-scaled). ``None`` for greedy and beam outputs.
+        (temperature-scaled); for an empty answer, of its first terminator token (the empty-answer
+        rule of :attr:`measured_logprobs` under that distribution). ``None`` for greedy and beam
+        outputs.
     reasoning:
         For a reasoning model (:mod:`gnll.backends.reasoning`): where its output split into trace,
         end-of-reasoning marker and answer, with the trace's log-probs. Every other field is the

@@ -26,6 +26,7 @@ __all__ = [
     "ModelArgsOption",
     "ModelOption",
     "OutputFileOption",
+    "OverwriteRowsOption",
     "ProgressOption",
     "ResumeRowsOption",
     "SamplesOption",
@@ -50,12 +51,21 @@ FormatOption = Annotated[
 ErrorsOption = Annotated[
     Path | None,
     typer.Option(
-        "--errors", help="Errors file (default: OUTPUT.errors.jsonl; stderr for stdout output)."
+        "--errors",
+        help="Errors file (default: the --output name + .errors.jsonl; stderr for stdout output).",
     ),
 ]
 ResumeRowsOption = Annotated[
     bool,
-    typer.Option("--resume", help="Continue a partly written OUTPUT without duplicating rows."),
+    typer.Option("--resume", help="Continue a partly written --output without duplicating rows."),
+]
+OverwriteRowsOption = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite",
+        help="Replace an earlier --output and its errors file (without it, or --resume, an "
+        "existing output is an error).",
+    ),
 ]
 ChunkSizeOption = Annotated[
     int, typer.Option("--chunk_size", help="Rows read and written per step.")

@@ -60,7 +60,8 @@ def evaluate(
         typer.Option(
             "--data_dir",
             "--data-dir",
-            help="Folder with the datasets (default: $GNLL_DATA_DIR, ../shared/data).",
+            help="Folder with the full datasets (default: $GNLL_DATA_DIR; without either, the "
+            "sample shipped with gnll).",
         ),
     ] = None,
     data_path: Annotated[
@@ -74,10 +75,12 @@ def evaluate(
         typer.Option(
             "--data_source",
             "--data-source",
-            help="'local' files, 'hub' (Hugging Face datasets, needs network) or 'reference' (the "
-            "hub with Farquhar et al.'s TriviaQA split; the presets').",
+            help="'embedded' (the sample shipped with gnll: a few hundred questions per dataset), "
+            "'local' (the full files: --data_dir, --data_path or $GNLL_DATA_DIR), 'hub' (Hugging "
+            "Face datasets, needs network), 'reference' (the hub with Farquhar et al.'s TriviaQA "
+            "split; the presets'), or 'auto': local when files are given, else embedded.",
         ),
-    ] = "local",
+    ] = "auto",
     split_path: Annotated[
         str | None,
         typer.Option(

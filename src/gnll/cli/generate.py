@@ -34,6 +34,7 @@ from gnll.cli._options import (
     ModelArgsOption,
     ModelOption,
     OutputFileOption,
+    OverwriteRowsOption,
     ProgressOption,
     ResumeRowsOption,
     SamplesOption,
@@ -68,6 +69,7 @@ def generate(
     calibration: CalibrationOption = None,
     logprobs: LogprobsOption = False,
     resume: ResumeRowsOption = False,
+    overwrite: OverwriteRowsOption = False,
     chunk_size: ChunkSizeOption = 64,
     progress: ProgressOption = True,
 ) -> None:
@@ -98,7 +100,9 @@ def generate(
         fail(f"--{exc.option} {exc.reason}", exc)
     except ValueError as exc:
         fail(f"--measures: {exc}", exc)
-    in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
+    in_fmt, out_fmt, errors = check_files(
+        fail, input, output, input_format, errors, resume, overwrite
+    )
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, "instruction") if calibration else None
@@ -115,6 +119,7 @@ def generate(
         errors=errors,
         long=long,
         resume=resume,
+        overwrite=overwrite,
         chunk_size=chunk_size,
         progress=progress,
     )

@@ -16,7 +16,7 @@ import logging
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -30,6 +30,7 @@ from gnll.cli._options import (
     ModelArgsOption,
     ModelOption,
     OutputFileOption,
+    OverwriteRowsOption,
     ProgressOption,
     ResumeRowsOption,
 )
@@ -45,10 +46,13 @@ def check_files(
     input_format: str | None,
     errors: Path | None,
     resume: bool,
+    overwrite: bool = False,
 ) -> tuple[str, str, Path | None]:
     """The input and output formats and the errors file of a streaming job (``score``,
-    ``generate``); calls ``fail(message)`` for an unusable combination."""
+    ``generate``); calls ``fail(message)`` for an unusable combination, or an output that would
+    destroy data (:func:`~gnll.scoring.output.check_output`), before the model loads."""
     from gnll._util.tabular import file_format
+    from gnll.scoring.output import OutputExistsError, check_output
 
     try:
         in_fmt = file_format(input, input_format)
@@ -70,6 +74,10 @@ def check_files(
         fail("--resume needs an output file, not stdout")
     if errors is None and output != "-":
         errors = Path(output + ".errors.jsonl")
+    try:
+        check_output(input, output, errors, out_fmt, resume=resume, overwrite=overwrite)
+    except OutputExistsError as e:
+        fail(str(e), e)
     return in_fmt, out_fmt, errors
 
 
@@ -121,6 +129,7 @@ def score_command(
     ] = None,
     calibration: CalibrationOption = None,
     resume: ResumeRowsOption = False,
+    overwrite: OverwriteRowsOption = False,
     chunk_size: ChunkSizeOption = 256,
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Rows per forward pass.")
@@ -136,105 +145,82 @@ def score_command(
     """Score given answers by teacher forcing (no generation, unless --with_greedy)."""
     from rich.console import Console
 
-    from gnll import load_model
-    from gnll.calibration import load_calibration
     from gnll.cli._args import model_kwargs
-    from gnll.scoring import ScoreJob, run_score_job
-    from gnll.scoring.stream import CALIBRATED_COLUMNS
 
     console = Console(stderr=True)
-
     fail = usage_failer(console, debug)
-
-    if chunk_size < 1:
-        fail(f"--chunk_size must be >= 1, got {chunk_size}")
-    if spans is not None and spans not in ("sentence", "json"):
-        fail(f"--spans must be sentence or json, got {spans!r}")
-    if max_new_tokens is not None and max_new_tokens < 1:
-        fail(f"--max_new_tokens must be >= 1, got {max_new_tokens}")
-    in_fmt, out_fmt, errors = check_files(fail, input, output, input_format, errors, resume)
+    in_fmt, out_fmt, errors = check_files(
+        fail, input, output, input_format, errors, resume, overwrite
+    )
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")
-    if engine == "ray":
-        from gnll.cli._ray import cluster_of, score_on_ray
-
-        try:
-            summary = score_on_ray(
-                console=console,
-                cluster=cluster_of(address, replicas, cpus_per_replica, gpus_per_replica),
-                model=model,
-                model_args=model_args,
-                calibration=calibration,
-                long=long,
-                input=input,
-                output=output,
-                input_format=in_fmt,
-                output_format=out_fmt,
-                errors=errors,
-                raw_prompt=raw_prompt,
-                verbatim=verbatim,
-                logprobs=logprobs,
-                with_greedy=with_greedy,
-                max_new_tokens=max_new_tokens or (100 if long else 50),
-                resume=resume,
-                chunk_size=chunk_size,
-                batch_size=batch_size,
-                progress=progress,
-            )
-        except (FileNotFoundError, ValueError, ImportError, RuntimeError) as e:
-            fail(str(e), e)
-        _report(console, summary)
-        return
-    try:
-        lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
-    except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
-        fail(f"cannot load model {model!r}: {e}", e)
-    cal = None
-    if calibration is not None:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                cal = load_calibration(calibration, model=lm.name)
-            except (FileNotFoundError, ValueError) as e:
-                fail(str(e), e)
-        for w in caught:
-            console.print(f"[yellow]warning:[/] {plain(w.message)}")
-        if cal.meta.get("measure", "g-nll") not in CALIBRATED_COLUMNS:
-            fail(
-                f"{calibration} maps measure {cal.meta.get('measure')!r}; gnll score can apply "
-                f"calibrations of {', '.join(CALIBRATED_COLUMNS)}"
-            )
-    if lm.capabilities.missing(["scoring"]):
-        fail(f"{lm.name} cannot score given answers: its backend cannot teacher-force")
-    render_messages = lm.render_chat if lm.capabilities.chat else None
-
-    job = ScoreJob(
+    # One job for either engine, built (and checked) before any model is loaded.
+    job = _build_job(
+        fail,
+        console,
+        model=model,
+        calibration=calibration,
         input=input,
         output=output,
         input_format=in_fmt,
         output_format=out_fmt,
         errors=errors,
         long=long,
-        render_messages=render_messages,
         raw_prompt=raw_prompt,
         verbatim=verbatim,
         logprobs=logprobs,
         with_greedy=with_greedy,
         spans=spans,
-        max_new_tokens=max_new_tokens if max_new_tokens is not None else (100 if long else 50),
-        calibrator=cal,
+        max_new_tokens=max_new_tokens,
         resume=resume,
+        overwrite=overwrite,
         chunk_size=chunk_size,
         batch_size=batch_size,
         progress=progress,
     )
     if debug:
         logging.basicConfig(level=logging.INFO)
-    try:
-        summary = run_score_job(lm, job)
-    except (FileNotFoundError, ValueError, ImportError) as e:
-        fail(str(e), e)
+    if engine == "ray":
+        from gnll.cli._ray import cluster_of
+        from gnll.distributed.scoring import run_score_job as run_on_ray
+
+        cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
+        args = model_kwargs(model_args)
+        try:
+            summary = run_on_ray(job, model, args, cluster)
+        except (FileNotFoundError, ValueError, ImportError, RuntimeError) as e:
+            fail(str(e), e)
+    else:
+        from gnll import load_model
+        from gnll.scoring import run_score_job
+
+        try:
+            lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
+        except (KeyError, ValueError, FileNotFoundError, ImportError) as e:
+            fail(f"cannot load model {model!r}: {e}", e)
+        try:
+            summary = run_score_job(lm, job)
+        except (FileNotFoundError, ValueError, ImportError) as e:
+            fail(str(e), e)
     _report(console, summary)
+
+
+def _build_job(fail: Callable[..., None], console: Any, **fields: Any) -> Any:
+    """:func:`gnll.scoring.build_score_job`, its warnings printed and its errors one line."""
+    from gnll._util.validation import ParameterError
+    from gnll.scoring import build_score_job
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            job = build_score_job(**fields)
+        except ParameterError as e:
+            fail(f"--{e}", e)  # the parameter is the option of the same name
+        except (FileNotFoundError, ValueError) as e:
+            fail(str(e), e)
+    for w in caught:
+        console.print(f"[yellow]warning:[/] {plain(w.message)}")
+    return job
 
 
 def _report(console, summary) -> None:  # type: ignore[no-untyped-def]

@@ -97,6 +97,16 @@ def serve(
     refusal: Annotated[
         str | None, typer.Option("--refusal", help="Text that replaces refused answers.")
     ] = None,
+    early: Annotated[
+        bool | None,
+        typer.Option(
+            "--early/--no-early",
+            help="Under --policy refuse/escalate, stop a local answer at the first token after "
+            "which it is refused/escalated whatever follows (exact: the same decisions). "
+            "Default: on when the policy allows it.",
+            show_default=False,
+        ),
+    ] = None,
     prompt_format: Annotated[
         str,
         typer.Option(
@@ -229,6 +239,7 @@ def serve(
             upstream_timeout=upstream_timeout,
             prompt_format=prompt_format,
             tracing=tracing,
+            early=early,
         )
     except (ValueError, ImportError, FileNotFoundError) as exc:
         typer.echo(f"gnll serve: {exc}", err=True)
@@ -268,7 +279,9 @@ def serve(
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
-        f"policy {pol.mode}; {pol.source})",
+        f"policy {pol.mode}; {pol.source}"
+        + ("; early decisions" if settings.early and not upstream else "")
+        + ")",
         err=True,
     )
     if traced_to:

@@ -24,12 +24,23 @@ def table(
             "directory and the overall average is left out (default: refused).",
         ),
     ] = False,
+    average_rows: Annotated[
+        str | None,
+        typer.Option(
+            "--average_rows",
+            help="Rows of every overall Average (and its test): f1+judge (F1 and the first "
+            "judge) or f1+judges (F1 and every judge). Default: the paper's per table, f1+judge "
+            "for AUROC (Tables 1, 5), f1+judges for ARA@80 (Table 3).",
+        ),
+    ] = None,
 ) -> None:
     """Print (or write) the paper-style tables of one or more runs (rows: model/task/metric)."""
+    from gnll.evaluation.results.groups import PAPER_AVERAGE_ROWS, check_average_rows
     from gnll.evaluation.results.report import averaged_significance, load_results, read_strata
     from gnll.evaluation.results.tables import render_table
 
     try:
+        check_average_rows(average_rows)
         results = [load_results(d) for d in run_dirs]
         # Per-question data for the significance of averaged rows spanning several runs.
         strata = [read_strata(d) if Path(d).is_dir() else None for d in run_dirs]
@@ -51,7 +62,9 @@ def table(
         )
         raise typer.Exit(code=2)
     labels = [Path(d).name or str(d) for d in run_dirs]
-    text = render_table(results, averaged_significance(results, strata), run_labels=labels)
+    tested = average_rows or PAPER_AVERAGE_ROWS["auroc_averaged"]
+    significance = averaged_significance(results, strata, average_rows=tested)
+    text = render_table(results, significance, run_labels=labels, average_rows=average_rows)
     if output is None:
         typer.echo(text, nl=False)
     else:

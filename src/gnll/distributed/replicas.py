@@ -40,16 +40,6 @@ def load(model: ModelSpec, model_args: dict[str, Any] | None = None) -> Model:
     return load_model(model, progress=False, **(model_args or {}))
 
 
-def with_model_templates(job: ScoreJob, model: Model) -> ScoreJob:
-    """``job`` with the chat-template rendering of ``messages`` rows of this model (as gnll score)."""
-    if model.capabilities.missing(["scoring"]):
-        raise ValueError(
-            f"{model.name} cannot score given answers: its backend cannot teacher-force"
-        )
-    render = model.render_chat if model.capabilities.chat else None
-    return dataclasses.replace(job, render_messages=render)
-
-
 class ScoreReplica:
     """A ``gnll score`` replica: :meth:`score_chunk` is the local engine's step on one chunk."""
 
@@ -58,7 +48,7 @@ class ScoreReplica:
     ) -> None:
         set_threads(threads)
         self.model = load(model, model_args)
-        self.job = with_model_templates(dataclasses.replace(job, progress=False), self.model)
+        self.job = dataclasses.replace(job, progress=False).for_model(self.model)
 
     def ready(self) -> dict[str, Any]:
         return {"name": self.model.name}

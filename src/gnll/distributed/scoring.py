@@ -13,15 +13,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from gnll.distributed.cluster import Cluster, connect, require_ray, start_replicas
-from gnll.distributed.replicas import (
-    ModelSpec,
-    ScoreReplica,
-    load,
-    set_threads,
-    with_model_templates,
-)
+from gnll.distributed.replicas import ModelSpec, ScoreReplica, load, set_threads
 from gnll.scoring.rows import Row
-from gnll.scoring.stream import CALIBRATED_COLUMNS, ChunkResult, ScoreJob, ScoreSummary
+from gnll.scoring.stream import ChunkResult, ScoreJob, ScoreSummary, build_score_job
 from gnll.scoring.stream import run_score_job as run_local
 
 __all__ = ["SCORE_COLUMNS", "ScoreBatches", "run_score_job", "score"]
@@ -96,16 +90,9 @@ class ScoreBatches:
     ) -> None:
         set_threads(options.get("threads"))
         self.model = load(model, model_args)
-        cal = None
-        if options.get("calibration") is not None:
-            from gnll.calibration import load_calibration
-
-            cal = options["calibration"]
-            if isinstance(cal, str):
-                cal = load_calibration(cal, model=self.model.name)
-            if cal.meta.get("measure", "g-nll") not in CALIBRATED_COLUMNS:
-                raise ValueError(f"calibration of {cal.meta.get('measure')!r} cannot be applied")
-        job = ScoreJob(
+        job = build_score_job(
+            model=self.model.name,
+            calibration=options.get("calibration"),
             input="-",
             output="-",
             input_format="jsonl",
@@ -116,12 +103,11 @@ class ScoreBatches:
             verbatim=bool(options.get("verbatim")),
             logprobs=bool(options.get("logprobs")),
             with_greedy=bool(options.get("with_greedy")),
-            max_new_tokens=int(options.get("max_new_tokens") or 50),
-            calibrator=cal,
+            max_new_tokens=options.get("max_new_tokens"),
             batch_size=options.get("batch_size"),
             progress=False,
         )
-        self.job = with_model_templates(job, self.model)
+        self.job = job.for_model(self.model)
         self.fields = _score_fields(options)
 
     def __call__(self, batch: Any) -> Any:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gnll import measures as M
 from gnll.backends.base import DEFAULT_STOP, GenerationConfig, ScoredAnswer, chat_messages
 from gnll.scoring.api import check_scored, join_answer
 from gnll.scoring.rows import Item, to_item
@@ -264,10 +265,12 @@ class VllmGreedy(_Templates):
         except ValueError as e:
             return {**out, **dict.fromkeys(cols), "terminator_logprobs": None,
                     "error": f"cannot read the generation: {e}"}  # fmt: skip
-        nll = -g.logprob
+        # The library's measures on the empty-answer rule's log-probs: an empty answer scores its
+        # stop token's NLL under both G-NLL and LN-G-NLL (one token), as on every other surface.
+        lps = g.measured_logprobs
         return {
             **out,
-            "answer": g.text, "g_nll": nll, "ln_g_nll": nll / g.num_tokens if g.num_tokens else 0.0,
+            "answer": g.text, "g_nll": M.g_nll(lps), "ln_g_nll": M.ln_g_nll(lps),
             "num_tokens": g.num_tokens, "finish_reason": g.finish_reason,
             "stop_sequence": g.stop_sequence, "terminator_logprobs": list(g.terminator_logprobs),
             "error": None,

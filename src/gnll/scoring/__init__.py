@@ -5,6 +5,13 @@ streams a JSONL/CSV/Parquet file through a model for the ``gnll score`` command.
 """
 
 from gnll.scoring.api import ScoringError, score
-from gnll.scoring.stream import ScoreJob, ScoreSummary, run_score_job
+from gnll.scoring.stream import ScoreJob, ScoreSummary, build_score_job, run_score_job
 
-__all__ = ["ScoreJob", "ScoreSummary", "ScoringError", "run_score_job", "score"]
+__all__ = [
+    "ScoreJob",
+    "ScoreSummary",
+    "ScoringError",
+    "build_score_job",
+    "run_score_job",
+    "score",
+]

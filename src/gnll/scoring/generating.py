@@ -109,4 +109,4 @@ def run_generate_job(model: Model, job: ScoreJob, opts: AskOptions) -> ScoreSumm
     def map_chunks(todo: Iterator[tuple[list[Row], int]]) -> Iterator[ChunkResult]:
         return (answer_chunk(model, opts, chunk, first) for chunk, first in todo)
 
-    return run_score_job(None, job, map_chunks=map_chunks)
+    return run_score_job(None, job, map_chunks=map_chunks, desc="generating")

@@ -4,6 +4,10 @@ Every output row carries ``input_line`` (its line in the input). ``--resume`` fi
 row of an existing output (a torn last line from a kill is cut off), drops error records past it
 (those rows are scored again) and continues with the input rows after it, so no row is written
 twice and none is lost.
+
+An output file is only ever appended to (``--resume``) or replaced whole when ``--overwrite`` was
+asked (:func:`check_output`): an earlier run's output and errors file are never truncated, clobbered
+or deleted silently, and a job never writes over its own input.
 """
 
 from __future__ import annotations
@@ -20,7 +24,14 @@ from typing import Any, TextIO
 
 from gnll._util import jsonable
 
-__all__ = ["ErrorLog", "RowWriter", "resume_point"]
+__all__ = [
+    "ErrorLog",
+    "OutputExistsError",
+    "RowWriter",
+    "check_output",
+    "resume_point",
+    "same_file",
+]
 
 #: Rows are flushed every batch (a killed process loses nothing written); fsync, which only matters
 #: if the machine itself goes down, runs at most this often so small batches stay cheap.
@@ -37,6 +48,79 @@ class _Syncer:
         if force or now - self._last >= FSYNC_SECONDS:
             os.fsync(fh.fileno())
             self._last = now
+
+
+class OutputExistsError(ValueError):
+    """The output (or its errors file) holds an earlier run, or is the job's own input."""
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (through symlinks and hard links); ``-`` is never a file."""
+    if str(a) == "-" or str(b) == "-":
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _rows_in(path: Path, fmt: str) -> int:
+    """Complete rows in an output or errors file (a CSV's header is not a row)."""
+    with path.open("rb") as fh:
+        lines = sum(1 for raw in fh if raw.strip())
+    return max(0, lines - 1) if fmt == "csv" else lines
+
+
+def check_output(
+    input: str,
+    output: str,
+    errors: Path | None,
+    output_format: str,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> None:
+    """Refuse, before anything is written, a job that would destroy data.
+
+    Raises :class:`OutputExistsError` when ``output`` or ``errors`` is the input file itself (also
+    through a symlink or a hard link: opening the output would truncate the input before it is read),
+    when output and errors are one file, and when ``output`` or ``errors`` holds an earlier run and
+    neither ``resume`` (continue it) nor ``overwrite`` (replace it) was asked.
+
+    >>> check_output("-", "-", None, "jsonl")  # stdin to stdout: nothing to protect
+    """
+    if resume and overwrite:
+        raise OutputExistsError("pass --resume or --overwrite, not both")
+    if output == "-":
+        if errors is not None and same_file(input, errors):
+            raise OutputExistsError(f"the errors file {errors} is the input file")
+        return
+    if same_file(input, output):
+        raise OutputExistsError(
+            f"{output} is the input file {input}: writing it would erase the input before it is "
+            "read; choose another --output"
+        )
+    if errors is not None and same_file(input, errors):
+        raise OutputExistsError(f"the errors file {errors} is the input file {input}")
+    if errors is not None and same_file(output, errors):
+        raise OutputExistsError(f"the errors file {errors} is the output file")
+    if resume or overwrite:
+        return
+    out = Path(output)
+    held = []
+    if out.exists() and out.stat().st_size > 0:
+        held.append(_count(_rows_in(out, output_format), "row"))
+    if errors is not None and errors.exists():
+        held.append(f"{_count(_rows_in(errors, 'jsonl'), 'failed row')} in {errors}")
+    if held:
+        raise OutputExistsError(
+            f"{output} holds an earlier run ({'; '.join(held)}); nothing was changed. Pass "
+            "--resume to continue it, --overwrite to replace it, or choose another --output"
+        )
 
 
 def _cut_torn_tail(path: Path) -> None:

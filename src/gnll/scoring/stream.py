@@ -7,6 +7,7 @@ the others are still scored.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -16,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
-from gnll.scoring.output import ErrorLog, RowWriter, resume_point
+from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
 from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
 from gnll.spans import span_nlls
 
@@ -30,7 +32,9 @@ __all__ = [
     "ChunkResult",
     "ScoreJob",
     "ScoreSummary",
+    "build_score_job",
     "run_score_job",
+    "score_calibration",
     "score_chunk",
 ]
 
@@ -43,7 +47,19 @@ CALIBRATED_COLUMNS = {"g-nll": "nll", "nll": "nll", "ln-g-nll": "ln_nll", "ln_nl
 
 @dataclass
 class ScoreJob:
-    """What ``gnll score`` was asked to do (the CLI maps its options onto this)."""
+    """What ``gnll score`` was asked to do, checked on construction (the CLI maps its options onto
+    this through :func:`build_score_job`, and hands the same job to either engine).
+
+    Raises :class:`~gnll._util.validation.ParameterError` (a ``ValueError`` naming the parameter)
+    for a value no engine can run.
+
+    >>> ScoreJob("in.jsonl", "out.jsonl", "jsonl", "jsonl", None, long=True).max_new_tokens
+    100
+    >>> ScoreJob("in.jsonl", "out.jsonl", "jsonl", "jsonl", None, spans="words")
+    Traceback (most recent call last):
+    ...
+    gnll._util.validation.ParameterError: spans must be sentence or json, got 'words'
+    """
 
     input: str
     output: str
@@ -52,18 +68,95 @@ class ScoreJob:
     errors: Path | None
     #: ``question`` rows get the long-answer instruction (``gnll ask --long``).
     long: bool = False
+    #: Added by :meth:`for_model` where the model is loaded (a chat model's template).
     render_messages: Callable[[list[dict[str, Any]]], str] | None = None
     raw_prompt: bool = False
     verbatim: bool = False
     logprobs: bool = False
     with_greedy: bool = False
     spans: str | None = None  # "sentence" or "json": add each answer's span NLLs (gnll.spans)
-    max_new_tokens: int = 50
+    #: Cap of ``with_greedy`` answers; ``None``: :data:`DEFAULT_MAX_NEW_TOKENS` (100 with ``long``).
+    max_new_tokens: int | None = None
     calibrator: Any = None
     resume: bool = False
+    #: Replace an earlier run's output and errors file (without it, or ``resume``, one is refused).
+    overwrite: bool = False
     chunk_size: int = 256
     batch_size: int | None = None
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ParameterError("chunk_size", f"must be >= 1, got {self.chunk_size}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ParameterError("batch_size", f"must be >= 1, got {self.batch_size}")
+        if self.spans is not None and self.spans not in SPAN_KINDS:
+            raise ParameterError("spans", f"must be sentence or json, got {self.spans!r}")
+        if self.max_new_tokens is None:
+            self.max_new_tokens = DEFAULT_MAX_NEW_TOKENS[self.long]
+        elif self.max_new_tokens < 1:
+            raise ParameterError("max_new_tokens", f"must be >= 1, got {self.max_new_tokens}")
+        if self.resume and self.output == "-":
+            raise ParameterError("resume", "needs an output file, not stdout")
+        if self.output_format not in ("jsonl", "csv"):
+            raise ParameterError(
+                "output_format",
+                f"must be jsonl or csv, got {self.output_format!r} (Parquet output is not "
+                "supported)",
+            )
+
+    def for_model(self, model: Model) -> ScoreJob:
+        """This job as ``model`` runs it: refused if the backend cannot teacher-force; a chat
+        model renders ``messages`` rows with its template (run where the model is loaded)."""
+        if model.capabilities.missing(["scoring"]):
+            raise ValueError(
+                f"{model.name} cannot score given answers: its backend cannot teacher-force"
+            )
+        render = self.render_messages or (model.render_chat if model.capabilities.chat else None)
+        return dataclasses.replace(self, render_messages=render)
+
+
+#: The span kinds of ``ScoreJob.spans`` (:func:`gnll.spans.span_nlls`).
+SPAN_KINDS = ("sentence", "json")
+
+#: ``max_new_tokens`` of ``with_greedy`` answers when not given, by ``long``.
+DEFAULT_MAX_NEW_TOKENS = {False: 50, True: 100}
+
+
+def score_calibration(calibration: Any, *, model: str | None = None) -> Any:
+    """The calibrator ``gnll score`` applies: ``calibration`` (a path, ``"auto"`` or a loaded
+    :class:`~gnll.calibration.Calibrator`) loaded and checked to map a measure it can apply.
+
+    Warns (:class:`~gnll.calibration.CalibrationMismatchWarning`) when it was fitted on
+    another ``model``.
+    """
+    if calibration is None:
+        return None
+    cal = calibration
+    if isinstance(cal, str | Path):
+        from gnll.calibration import load_calibration
+
+        cal = load_calibration(cal, model=model)
+    measure = cal.meta.get("measure", "g-nll")
+    if measure not in CALIBRATED_COLUMNS:
+        where = calibration if isinstance(calibration, str | Path) else "the calibration"
+        raise ValueError(
+            f"{where} maps measure {measure!r}; gnll score can apply calibrations of "
+            f"{', '.join(CALIBRATED_COLUMNS)}"
+        )
+    return cal
+
+
+def build_score_job(
+    *, model: str | None = None, calibration: Any = None, **fields: Any
+) -> ScoreJob:
+    """The one way a command builds its :class:`ScoreJob`, before choosing an engine.
+
+    ``calibration`` is loaded and checked here (:func:`score_calibration`, against the ``model``
+    name); every other keyword is a :class:`ScoreJob` field. The job does not depend on the
+    loaded model: each engine applies :meth:`ScoreJob.for_model` where the model is.
+    """
+    return ScoreJob(calibrator=score_calibration(calibration, model=model), **fields)
 
 
 @dataclass
@@ -236,13 +329,29 @@ ChunkMapper = Callable[[Iterator[tuple[list[Row], int]]], Iterator[ChunkResult]]
 
 
 def run_score_job(
-    model: Model | None, job: ScoreJob, *, map_chunks: ChunkMapper | None = None
+    model: Model | None,
+    job: ScoreJob,
+    *,
+    map_chunks: ChunkMapper | None = None,
+    desc: str = "scoring",
 ) -> ScoreSummary:
     """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log.
 
-    ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas); it gets
-    ``(chunk, resume line)`` pairs and must yield their :class:`ChunkResult` in the same order.
+    ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas, each
+    scoring with ``job.for_model(its model)``); it gets ``(chunk, resume line)`` pairs and must
+    yield their :class:`ChunkResult` in the same order.
+    ``desc`` labels the progress bar. An output that would destroy data (the input itself, an
+    earlier run without ``job.resume`` or ``job.overwrite``) raises
+    :class:`~gnll.scoring.output.OutputExistsError` before anything is read or written.
     """
+    check_output(
+        job.input,
+        job.output,
+        job.errors,
+        job.output_format,
+        resume=job.resume,
+        overwrite=job.overwrite,
+    )
     t0 = time.perf_counter()
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0
@@ -258,12 +367,13 @@ def run_score_job(
 
     if map_chunks is None:
         assert model is not None
+        job = job.for_model(model)
 
         def map_chunks(todo: Iterator[tuple[list[Row], int]]) -> Iterator[ChunkResult]:
             return (score_chunk(model, job, chunk, first) for chunk, first in todo)
 
     chunks = ((c, start) for c in _chunks(iter_rows(job.input, job.input_format), job.chunk_size))
-    bar = tqdm(total=total, unit="rows", disable=not job.progress, desc="scoring", smoothing=0.1)
+    bar = tqdm(total=total, unit="rows", disable=not job.progress, desc=desc, smoothing=0.1)
     try:
         for res in map_chunks(chunks):
             summary.rows_in += res.rows_in

@@ -49,13 +49,7 @@ def build_inprocess_app(
 
     settings = settings or ServeSettings()
     engine = BatchingEngine(model, max_batch_prompts=max_batch_prompts, max_wait_ms=max_wait_ms)
-    service = InProcessService(
-        model,
-        engine,
-        default_max_tokens=settings.default_max_tokens,
-        max_tokens_limit=settings.max_tokens_limit,
-        prompt_format=settings.prompt_format,
-    )
+    service: Service = InProcessService(model, engine, prompt_format=settings.prompt_format)
     if escalate_to is not None:
         from gnll.serving.cascade import CascadeService
         from gnll.serving.proxy import ProxyService

@@ -17,6 +17,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -31,6 +32,7 @@ from gnll.measures import LogprobError
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.metrics import Metrics
+from gnll.serving.observers import AccessLog, Answered, Observer, response_id_of
 from gnll.serving.responses import Reply, error_body
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
 from gnll.serving.service import Service
@@ -42,9 +44,9 @@ log = logging.getLogger("gnll.serve")
 
 
 def _error(
-    status: int, message: str, type_: str, param: str | None = None, code: Any = None
+    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    body = error_body(message, type_, param=param, code=code if code is not None else status)
+    body = error_body(message, type_, param=param, code=code)
     return JSONResponse(body, status_code=status)
 
 
@@ -92,45 +94,69 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {err.get('msg')}", where or None
 
 
-def _uncertainty_fields(records: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "choices": len(records),
-        "g_nll": [r.get("g_nll") for r in records],
-        "num_tokens": [r.get("num_tokens") for r in records],
-        "abstain": [r.get("abstain") for r in records],
-    }
+def _stream_error(chunk: str) -> str | None:
+    """The message of an error event (a stream that broke after its headers went out)."""
+    if not chunk.startswith('data: {"error"'):
+        return None
+    try:
+        err = json.loads(chunk[6:])["error"]
+    except (ValueError, KeyError, TypeError):
+        return "error event"
+    return str(err.get("message") if isinstance(err, dict) else err)
 
 
 async def _observed(
-    stream: Any, records: list[dict[str, Any]], metrics: Metrics, done: Any, observe: bool
-) -> Any:
-    """``stream``, then (once it has ended and ``records`` is filled) the answers' metrics and the
-    request's access-log entry (``done``), also when the client went away mid-stream (``done``
-    hears whether the stream was sent to its end)."""
+    stream: Iterator[str] | AsyncIterator[str],
+    done: Callable[[str | None, bool, str | None], None],
+) -> AsyncIterator[str]:
+    """``stream``, then (once it has ended and the reply's records are filled)
+    ``done(response_id, sent, error)``, also when the client went away mid-stream: ``sent`` says
+    whether the stream reached its end, ``error`` is the error event that ended it, if one did (its
+    HTTP status was 200, so the log line is the only place an operator finds it)."""
     sent = False
+    response_id: str | None = None
+    error: str | None = None
     try:
-        if hasattr(stream, "__aiter__"):
+        if isinstance(stream, AsyncIterator):
             async for chunk in stream:
+                response_id = response_id or response_id_of(chunk)
+                error = error or _stream_error(chunk)
                 yield chunk
         else:
             for chunk in stream:
+                response_id = response_id or response_id_of(chunk)
+                error = error or _stream_error(chunk)
                 yield chunk
         sent = True
     finally:
         if hasattr(stream, "aclose"):  # the client left: the service frees what the stream held
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
-        if observe:
-            for record in records:
-                metrics.observe_answer(record)
-        done(records, sent)
+        done(response_id, sent, error)
 
 
-def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
-    """Build the app around a service (see the module docstring)."""
+def create_app(
+    service: Service,
+    settings: ServeSettings | None = None,
+    *,
+    observers: Sequence[Observer] = (),
+) -> FastAPI:
+    """Build the app around a service (see the module docstring).
+
+    ``observers`` hear of every request's answers after the app's own (metrics, access log, the
+    ``--otel`` events of ``settings.tracing``): :mod:`gnll.serving.observers`.
+    """
     settings = settings or ServeSettings()
     metrics = Metrics()
     service.attach(metrics)
+    listeners: list[Observer] = [metrics, AccessLog()]
+    if settings.tracing is not None:  # --otel (gnll.serving.tracing)
+        listeners.append(settings.tracing)
+    listeners.extend(observers)
+
+    def notify(event: Answered) -> None:
+        for observer in listeners:
+            observer.answered(event)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -247,9 +273,7 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
         except EngineStopped as exc:
             raise HTTPError(503, str(exc), "server_error") from None
         info = request.state.log
-        info.update(
-            model=service.model_name, stream=req.stream, **_uncertainty_fields(reply.records)
-        )
+        info.update(model=service.model_name, stream=req.stream)
         if settings.log_prompts:
             info["prompt"] = reply.prompt
             if reply.body is not None:
@@ -257,23 +281,18 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
                     c.get("text", (c.get("message") or {}).get("content"))
                     for c in reply.body.get("choices", [])
                 ]
-        known = bool(reply.records)  # a live stream's records are known when it has ended
-        for record in reply.records:
-            metrics.observe_answer(record)
         headers = headers_for(reply.records) if reply.records else {}
         if reply.stream is not None:
             request.state.deferred = True
+            records = reply.records  # a live stream's records are known when it has ended
 
-            def done(records: list[dict[str, Any]], sent: bool) -> None:
-                info.update(_uncertainty_fields(records), stream_sent=sent)
+            def done(response_id: str | None, sent: bool, error: str | None) -> None:
+                notify(Answered(records, response_id, info, stream_sent=sent, stream_error=error))
                 log_request(request, reply.status, request.state.started)
 
-            stream = _observed(reply.stream, reply.records, metrics, done, observe=not known)
-            if settings.tracing is not None:  # --otel (gnll.serving.tracing)
-                stream = settings.tracing.wrap(stream, reply.records)
+            stream = _observed(reply.stream, done)
             return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
-        if settings.tracing is not None:
-            settings.tracing.emit(reply.records, (reply.body or {}).get("id"))
+        notify(Answered(reply.records, (reply.body or {}).get("id"), info))
         return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
     @app.post("/v1/completions")

@@ -19,17 +19,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from gnll.measures import LogprobError
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Reply, sse
+from gnll.serving.metrics import Metrics
+from gnll.serving.responses import Answer, Reply
+from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.service import Service
+from gnll.serving.settings import ServeSettings
+from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.uncertainty import LocalAnswer, Uncertainty
 
-__all__ = ["CascadeService"]
+__all__ = ["CascadeService", "Upstream"]
 
 log = logging.getLogger("gnll.serve")
+
+
+class Upstream(Service, Protocol):
+    """The service escalations go to (a :class:`~gnll.serving.proxy.ProxyService`): a
+    :class:`~gnll.serving.service.Service` that also names its server."""
+
+    upstream: str
 
 
 class CascadeService:
@@ -45,16 +57,16 @@ class CascadeService:
         The model name sent upstream (``None``: the upstream's first listed model).
     """
 
-    def __init__(self, local: Any, upstream: Any, upstream_model: str | None = None) -> None:
+    def __init__(
+        self, local: Service, upstream: Upstream, upstream_model: str | None = None
+    ) -> None:
         self.local = local
         self.upstream = upstream
         self.upstream_model = upstream_model
         self.mode = local.mode
-        self.engine = getattr(local, "engine", None)
-        self.escalations = 0
 
     @property
-    def model_name(self) -> str:
+    def model_name(self) -> str | None:
         return self.local.model_name
 
     def describe(self) -> dict[str, Any]:
@@ -81,78 +93,83 @@ class CascadeService:
         up_ok, up_facts = await self.upstream.ready()
         return ok, {**facts, "escalate_to": {**up_facts, "ok": up_ok}}
 
-    def attach(self, metrics: Any) -> None:
+    def attach(self, metrics: Metrics) -> None:
         self.local.attach(metrics)
 
-    async def handle(self, req: Any, settings: Any) -> Reply:
+    async def handle(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Reply:
         if req.stream and not req.greedy:  # no G-NLL, so no escalation: stream as it is decoded
             return await self.local.handle(req, settings)
         held = req.model_copy(update={"stream": False})
         reply = await self.local.handle(held, settings)
+        assert reply.body is not None, "a request that is not streamed has a body"
         body = reply.body
-        local_name = self.local.model_name
-        if not any(r.get("abstain") for r in reply.records):
-            for rec in reply.records:
-                rec.update(answered_by=local_name, escalated=False)
-            return self._finish(req, body, reply.records, reply.prompt)
-        self.escalations += 1
-        chat = "message" in body["choices"][0]
-        local_texts = [_text(c, chat) for c in body["choices"]]
+        local_name = self.local.model_name or ""
+        if not any(r.abstain for r in reply.records):
+            kept = [
+                r.model_copy(update={"answered_by": local_name, "escalated": False})
+                for r in reply.records
+            ]
+            return self._finish(req, body, kept, reply.prompt)
         up_req = held.model_copy(update={"model": self.upstream_model})
-        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy())
+        up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         try:
             up = await self.upstream.handle(up_req, up_settings)
         except (HTTPError, LogprobError) as exc:
-            message = getattr(exc, "message", None) or str(exc)
+            message = exc.message if isinstance(exc, HTTPError) else str(exc)
             log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
-            for rec in reply.records:
-                rec.update(answered_by=local_name, escalated=False, escalation_error=message)
-            return self._finish(req, body, reply.records, reply.prompt)
+            kept = [
+                r.model_copy(
+                    update={
+                        "answered_by": local_name,
+                        "escalated": False,
+                        "escalation_error": message,
+                    }
+                )
+                for r in reply.records
+            ]
+            return self._finish(req, body, kept, reply.prompt)
+        assert up.body is not None, "a request that is not streamed has a body"
         up_name = up.body.get("model") or self.upstream_model or self.upstream.model_name
-        local = reply.records[0] | {"text": local_texts[0], "model": local_name}
-        records = []
-        for choice in up.body["choices"]:
-            rec = choice["uncertainty"]
-            rec.update(answered_by=up_name, escalated=True, local=local)
-            records.append(rec)
-        return self._finish(req, up.body, records, reply.prompt)
+        first = reply.records[0]
+        local = LocalAnswer.model_validate(
+            first.to_json() | {"text": req.choice_text(body["choices"][0]), "model": local_name}
+        )
+        escalated = [
+            r.model_copy(update={"answered_by": up_name, "escalated": True, "local": local})
+            for r in up.records
+        ]
+        return self._finish(req, up.body, escalated, reply.prompt)
 
     @staticmethod
-    def _finish(req: Any, body: dict[str, Any], records: list, prompt: str | None) -> Reply:
-        stream = _replay(body) if req.stream else None
+    def _finish(
+        req: CompletionRequest | ChatCompletionRequest,
+        body: dict[str, Any],
+        records: list[Uncertainty],
+        prompt: str | None,
+    ) -> Reply:
+        for choice, rec in zip(body["choices"], records, strict=True):
+            choice["uncertainty"] = rec.to_json()
+        stream = None
+        if req.stream:
+            # A streamed request is replayed exactly as any finished answer is (one shape for every
+            # policy: a usage chunk only when ``include_usage`` asks for it).
+            answers = [_answer_of(c, req) for c in body["choices"]]
+            stream = stream_chunks(body, answers, chat=req.is_chat, include_usage=req.include_usage)
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=prompt
         )
 
 
-def _text(choice: dict[str, Any], chat: bool) -> str:
-    return (choice.get("message") or {}).get("content") or "" if chat else choice.get("text") or ""
-
-
-def _replay(body: dict[str, Any]) -> Iterator[str]:
-    """A finished body as OpenAI stream chunks: each choice's text in one piece, then its
-    ``finish_reason`` and ``uncertainty``, then usage and ``[DONE]``."""
-    chat = "message" in body["choices"][0]
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {
-        "id": body.get("id"),
-        "object": kind,
-        "created": body.get("created"),
-        "model": body.get("model"),
-    }
-    for choice in body["choices"]:
-        i = choice.get("index", 0)
-        text = _text(choice, chat)
-        piece = {"index": i, "logprobs": None, "finish_reason": None}
-        piece.update({"delta": {"role": "assistant", "content": text}} if chat else {"text": text})
-        yield sse({**base, "choices": [piece]})
-        last = {
-            "index": i,
-            "logprobs": None,
-            "finish_reason": choice.get("finish_reason"),
-            "uncertainty": choice.get("uncertainty"),
-        }
-        last.update({"delta": {}} if chat else {"text": ""})
-        yield sse({**base, "choices": [last]})
-    yield sse({**base, "choices": [], "usage": body.get("usage")})
-    yield sse("[DONE]")
+def _answer_of(choice: dict[str, Any], req: CompletionRequest | ChatCompletionRequest) -> Answer:
+    """A finished choice as an :class:`Answer`, with the tokens its ``logprobs`` list (when the
+    request asked for them), so that a replayed stream carries them piece by piece."""
+    lp = choice.get("logprobs") or {}
+    if req.is_chat:
+        content = lp.get("content") or []
+        tokens = [e["token"] for e in content]
+        lps = [e["logprob"] for e in content]
+    else:
+        tokens, lps = list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])
+    return Answer(req.choice_text(choice), choice.get("finish_reason"), tokens, lps)

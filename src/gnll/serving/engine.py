@@ -50,7 +50,9 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
+from gnll.measures.early import EarlyDecision
 from gnll.serving.errors import RequestError
+from gnll.serving.streams.live import HeldText
 
 log = logging.getLogger("gnll.serve")
 
@@ -74,6 +76,11 @@ class _Job:
     #: prompt and sequence before the job resolves.
     top_k: int = 0
     tops: list[list[list[dict[str, float]]]] | None = None
+    #: Exact early decisions (greedy jobs under refuse/escalate): a new
+    #: :class:`~gnll.measures.early.EarlyDecision` per answer; a row stops once its rule decides.
+    early: Callable[[], EarlyDecision] | None = None
+    #: Per prompt, per sequence: the early decision's facts when one was made (else ``None``).
+    decisions: list[list[dict[str, Any] | None]] | None = None
 
     def resolve(self, value: Any) -> None:
         """Deliver the job's generations (from the worker thread)."""
@@ -91,6 +98,51 @@ class Decoded:
 
     generations: list[list[Generation]]
     top_logprobs: list[list[list[dict[str, float]]] | None] | None = None
+    #: Per prompt, per sequence: an early decision's facts (:class:`EarlyStop.facts`) when the
+    #: answer was stopped at it, else ``None``; ``None`` for a job without early decisions.
+    decisions: list[list[dict[str, Any] | None]] | None = None
+
+
+class EarlyStop:
+    """One greedy row's released answer and its running decision: a decoding loop's ``watch``.
+
+    Tokens go through the stop-string hold-back (:class:`~gnll.serving.streams.live.HeldText`,
+    as a stream sends them); only released tokens reach the rule, so a token that a stop string
+    later cuts off never counts.
+    """
+
+    def __init__(self, held: HeldText, rule: EarlyDecision, max_tokens: int) -> None:
+        self.held, self.rule, self.max_tokens = held, rule, max_tokens
+
+    def __call__(self, token: int, logprob: float) -> bool:
+        self.rule.skip()
+        for _, _, lps in self.held.push(token, logprob):
+            self.rule.release(lps)
+        return self.rule.decided
+
+    def facts(self) -> dict[str, Any]:
+        d = self.rule.decision
+        return {
+            "decided_at_token": d.at_token,
+            "tokens_generated": self.rule.generated,
+            "tokens_saved": self.max_tokens - self.rule.generated,
+            "action": d.action,
+        }
+
+    def generation(self) -> Generation:
+        """The answer as far as it was released when the decision was made."""
+        held, t = self.held, self.held.sent
+        ids = held.ids[:t]
+        return Generation(
+            text=held.text.strip(),
+            token_ids=ids,
+            tokens=[held.decode([i]) for i in ids],
+            token_logprobs=[float(x) for x in held.logprobs[:t]],
+            finish_reason="decided",
+            # Decided before any answer token (a policy that abstains on G-NLL 0): its G-NLL is
+            # the running sum, 0, not the empty-answer rule's stop token (none was generated).
+            terminator_logprobs=[] if ids else [0.0],
+        )
 
 
 @dataclass
@@ -101,6 +153,23 @@ class _Open:
     outputs: list[list[Generation] | None]
     left: int
     tops: list[list[list[dict[str, float]]] | None]
+    #: Per prompt, per sequence: the early-decision watches (jobs with early decisions only).
+    watches: list[list[EarlyStop]] | None = None
+    decisions: list[list[dict[str, Any] | None]] = field(default_factory=list)
+
+    def decided(self, i: int, gens: list[Generation]) -> list[Generation]:
+        """Prompt ``i``'s generations, those stopped at an early decision cut to what was
+        released; records the decisions."""
+        assert self.watches is not None
+        if not self.decisions:
+            self.decisions = [[None] * len(w) for w in self.watches]
+        out = []
+        for j, (gen, w) in enumerate(zip(gens, self.watches[i], strict=True)):
+            if w.rule.decided:
+                self.decisions[i][j] = w.facts()
+                gen = w.generation()
+            out.append(gen)
+        return out
 
 
 class EngineStopped(RuntimeError):
@@ -192,18 +261,32 @@ class BatchingEngine:
         *,
         raw: bool = False,
         top_logprobs: int = 0,
+        early: Callable[[], EarlyDecision] | None = None,
     ) -> Decoded:
         """Like :meth:`submit`, with the ``top_logprobs`` most likely alternatives per answer token
-        (needs :attr:`reports_alternatives`)."""
+        (needs :attr:`reports_alternatives`).
+
+        ``early``: makes one :class:`~gnll.measures.early.EarlyDecision` per answer (greedy
+        decoding); an answer stops at the token where it decides (continuous decoding loop only:
+        :attr:`decides_early`), and :attr:`Decoded.decisions` says where.
+        """
         if top_logprobs and not self._continuous:
             raise RequestError("this model reports no alternatives (top_logprobs)", "top_logprobs")
+        if not self._continuous or config.strategy != "greedy":
+            early = None
         job = self._enqueue(prompts, config, raw, stream=False, top_k=int(top_logprobs))
+        job.early = early
         try:
             gens = await job.future
         except asyncio.CancelledError:  # the request's task was cancelled: free its rows
             job.cancelled = True
             raise
-        return Decoded(gens, job.tops)
+        return Decoded(gens, job.tops, job.decisions)
+
+    @property
+    def decides_early(self) -> bool:
+        """Whether answers can stop at an early decision (the continuous decoding loop can)."""
+        return self._continuous
 
     def stream(
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
@@ -333,15 +416,34 @@ class BatchingEngine:
                 return
             number = next(numbers)
             stops = self._streaming.stop_rules(job.config.stop)
+            watches: list[list[EarlyStop]] = []
             for i, row in enumerate(ids):
+                watch = None
+                if job.early is not None:
+                    rows = [
+                        EarlyStop(
+                            HeldText(self._streaming.decode, stops.token_ids, stops.strings),
+                            job.early(),
+                            job.config.max_new_tokens,
+                        )
+                        for _ in range(job.config.num_sequences)
+                    ]
+                    watches.append(rows)
+
+                    def watch(j: int, token: int, lp: float, rows=rows) -> bool:
+                        return rows[j](token, lp)
+
                 decoder.add(
                     (number, i),
                     row,
                     seed=seed,
                     max_new_tokens=job.config.max_new_tokens,
                     stops=stops,
+                    watch=watch,
                 )
-            open_jobs[number] = _Open(job, [None] * len(ids), len(ids), [None] * len(ids))
+            open_jobs[number] = _Open(
+                job, [None] * len(ids), len(ids), [None] * len(ids), watches or None
+            )
             decoder.top_k = max(decoder.top_k, job.top_k)
             served += len(ids)
             if job.events is not None:  # the loop reports its tokens only when someone listens
@@ -371,11 +473,15 @@ class BatchingEngine:
                 entry = open_jobs.get(jid)
                 if entry is None:  # cancelled meanwhile
                     continue
+                if entry.watches is not None:
+                    gens = entry.decided(i, gens)
                 entry.outputs[i], entry.left = gens, entry.left - 1
                 entry.tops[i] = decoder.top_logprobs.pop((jid, i), None)
                 if entry.left == 0:
                     if entry.job.top_k:
                         entry.job.tops = entry.tops
+                    if entry.watches is not None:
+                        entry.job.decisions = entry.decisions
                     open_jobs.pop(jid).job.resolve(entry.outputs)
             for jid in [jid for jid, entry in open_jobs.items() if entry.job.cancelled]:
                 # Its client went away: its rows leave the loop and their slots go to others.

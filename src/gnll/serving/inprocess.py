@@ -19,27 +19,29 @@ ask`` asks it. Every answer's ``uncertainty`` says which format its prompt had.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any, cast
 
-from gnll.backends.base import ChatPrompt, Generation, GenerationConfig, Model, StreamingModel
-from gnll.backends.prompting import prompt_for
+from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
+from gnll.measures.early import EarlyDecision
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.errors import ModelNotFound, RequestError
+from gnll.serving.errors import ModelNotFound
 from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Answer, Reply
-from gnll.serving.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt
+from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import annotate
+from gnll.uncertainty import Uncertainty
 
-
-def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
-    """The conversation as one prompt, for the model to render (:meth:`Model.render_chat`)."""
-    return ChatPrompt.of([{"role": m.role, "content": m.text()} for m in messages])
+__all__ = ["InProcessService", "chat_prompt", "to_answer"]
 
 
 def to_answer(
-    gen: Generation, decoding: str, top_logprobs: list[dict[str, float]] | None = None
+    gen: Generation,
+    decoding: str,
+    top_logprobs: list[dict[str, float]] | None = None,
+    early: dict[str, Any] | None = None,
 ) -> Answer:
     # The text the tokens spell (a completion's leading space included), as servers return it, so
     # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
@@ -56,6 +58,7 @@ def to_answer(
         top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
         measured_logprobs=gen.measured_logprobs,
+        early=early,
     )
 
 
@@ -69,16 +72,13 @@ class InProcessService:
         model: Model,
         engine: BatchingEngine,
         *,
-        default_max_tokens: int = 100,
-        max_tokens_limit: int = 512,
         prompt_format: str = "chat",
     ) -> None:
         self.model = model
         self.engine = engine
-        #: How chat requests are rendered (``completions`` prompts are always ``"text"``).
+        #: How chat requests are rendered (``completions`` prompts are always ``"text"``); the
+        #: token limits come from each request's settings, as in the proxy.
         self.prompt_format = prompt_format
-        self.default_max_tokens = default_max_tokens
-        self.max_tokens_limit = max_tokens_limit
 
     @property
     def model_name(self) -> str:
@@ -113,8 +113,12 @@ class InProcessService:
         return [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "gnll"}]
 
     def prompt_tokens(self, prompt: str, raw: bool) -> int:
-        """The prompt's token count as the model conditions on it (0 when the model cannot tell)."""
-        if not self.model.capabilities.streaming:
+        """The prompt's token count as the model conditions on it (0 when the model cannot tell).
+
+        Any model with a tokenizer (``encode``) can tell, not only one with a decoding loop: a
+        model without one (sliding-window attention) still reports its prompts' length."""
+        encode = getattr(self.model, "encode", None)
+        if not callable(encode):
             return 0
         return len(cast(StreamingModel, self.model).encode([prompt], raw_prompt=raw)[0])
 
@@ -124,7 +128,9 @@ class InProcessService:
         answer."""
         return self.model.capabilities.streaming
 
-    async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+    async def handle(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
         from gnll.serving import responses as R
 
@@ -137,15 +143,14 @@ class InProcessService:
             and self.streams_live()
         ):
             return await self._stream(req, settings)
-        answers, n_prompt, prompt = await self.generate(req)
-        chat = isinstance(req, ChatCompletionRequest)
+        answers, n_prompt, prompt = await self.generate(req, settings)
         records, texts, finishes = annotate(
             answers,
             settings.policy,
             include_tokens=req.wants_logprobs,
-            prompt_format=self.format_of(req),
+            prompt_format=req.prompt_format(self.prompt_format),
         )
-        if chat:
+        if req.is_chat:
             body = R.chat_body(
                 self.model_name,
                 answers,
@@ -163,23 +168,25 @@ class InProcessService:
                 texts,
                 finishes,
                 records,
-                logprobs=req.logprobs,
+                logprobs=req.num_top_logprobs if req.wants_logprobs else None,
                 prompt_tokens=n_prompt,
             )
         stream = (
-            stream_chunks(body, answers, chat=chat, include_usage=req.include_usage)
+            stream_chunks(body, answers, chat=req.is_chat, include_usage=req.include_usage)
             if req.stream
             else None
         )
         return Reply(body=body, records=records, stream=stream, prompt=prompt)
 
-    async def _stream(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+    async def _stream(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Reply:
         """A reply whose chunks go out as the tokens are decoded (:mod:`gnll.serving.streams.live`);
         its ``records`` fill in when the stream ends."""
         from gnll.serving import responses as R
         from gnll.serving.streams.live import LiveStream, relay
 
-        config, prompts, raw = self._plan(req)
+        config, prompts, raw = self._plan(req, settings)
         events = self.engine.stream(prompts, config, raw=raw)
         # Up to the first decoded step: a request that fails before it (too long a prompt) is
         # answered with an HTTP error, as without streaming.
@@ -190,11 +197,11 @@ class InProcessService:
             config.stop,
             choices=len(prompts) * n,
             n=n,
-            chat=isinstance(req, ChatCompletionRequest),
+            chat=req.is_chat,
             logprobs=req.wants_logprobs,
             include_usage=req.include_usage,
         )
-        records: list[dict[str, Any]] = []
+        records: list[Uncertainty] = []
 
         def finish(outs: list[list[Generation]]) -> tuple:
             answers = self._answers(outs, config)
@@ -202,7 +209,7 @@ class InProcessService:
                 answers,
                 settings.policy,
                 include_tokens=req.wants_logprobs,
-                prompt_format=self.format_of(req),
+                prompt_format=req.prompt_format(self.prompt_format),
             )
             records.extend(recs)
             n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
@@ -212,54 +219,65 @@ class InProcessService:
         return Reply(body=None, records=records, stream=stream, prompt=prompts[0])
 
     def _plan(
-        self, req: CompletionRequest | ChatCompletionRequest
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> tuple[GenerationConfig, list[str], bool]:
         """The decoding, the prompts and whether they are already rendered."""
         self.check_model(req.model)
         req.check_unwarped()
         config = req.generation_config(
-            default_max_tokens=self.default_max_tokens, max_tokens_limit=self.max_tokens_limit
+            default_max_tokens=settings.default_max_tokens,
+            max_tokens_limit=settings.max_tokens_limit,
         )
-        if not isinstance(req, ChatCompletionRequest):
-            return config, req.prompts, True
-        if self.prompt_format == "instruction":
-            if len(req.messages) != 1 or req.messages[0].role != "user":
-                raise RequestError(
-                    "this server asks chat requests in the 'instruction' prompt format "
-                    "(gnll serve --prompt-format instruction): send one user message, the question",
-                    "messages",
-                )
-            prompt, raw = prompt_for(req.messages[0].text(), "instruction")
-            return config, [prompt], raw
-        try:
-            return config, [chat_prompt(req.messages)], False
-        except ValueError as exc:
-            raise RequestError(str(exc), "messages") from exc
+        prompts, raw = req.model_prompts(self.prompt_format)
+        return config, prompts, raw
 
-    def format_of(self, req: CompletionRequest | ChatCompletionRequest) -> str:
-        """The request's prompt format (:mod:`gnll.backends.prompting`)."""
-        return self.prompt_format if isinstance(req, ChatCompletionRequest) else "text"
+    def early_rule(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Callable[[], EarlyDecision] | None:
+        """A maker of exact early decisions for the request's answers, or ``None`` when they are
+        off (``settings.early``), or the policy sends every answer or cannot decide early."""
+        policy = settings.policy
+        if not settings.early or not req.greedy:
+            return None
+        if policy.mode not in ("refuse", "escalate") or not policy.active:
+            return None
+        fmt = req.prompt_format(self.prompt_format)
+        return lambda: policy.early_decision(prompt_format=fmt)
 
     @staticmethod
     def _answers(
-        outs: list[list[Generation]], config: GenerationConfig, tops: list | None = None
+        outs: list[list[Generation]],
+        config: GenerationConfig,
+        tops: list | None = None,
+        decisions: list | None = None,
     ) -> list[Answer]:
         decoding = "greedy" if config.strategy == "greedy" else "sampled"
         tops = tops or [None] * len(outs)
+        decisions = decisions or [None] * len(outs)
         return [
-            to_answer(g, decoding, (alts or [None] * len(gens))[j])
-            for gens, alts in zip(outs, tops, strict=True)
+            to_answer(
+                g, decoding, (alts or [None] * len(gens))[j], (early or [None] * len(gens))[j]
+            )
+            for gens, alts, early in zip(outs, tops, decisions, strict=True)
             for j, g in enumerate(gens)
         ]
 
     async def generate(
-        self, req: CompletionRequest | ChatCompletionRequest
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> tuple[list[Answer], int, str]:
-        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt."""
-        config, prompts, raw = self._plan(req)
+        """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt.
+
+        Under ``--policy refuse`` or ``escalate`` with ``settings.early``, each greedy answer stops
+        at its exact early decision (:meth:`early_rule`).
+        """
+        config, prompts, raw = self._plan(req, settings)
         # A model without a decoding loop has no alternatives to give (``/health`` says 0).
         top = req.num_top_logprobs if self.engine.reports_alternatives else 0
-        decoded = await self.engine.decode(prompts, config, raw=raw, top_logprobs=top)
-        answers = self._answers(decoded.generations, config, decoded.top_logprobs)
+        decoded = await self.engine.decode(
+            prompts, config, raw=raw, top_logprobs=top, early=self.early_rule(req, settings)
+        )
+        answers = self._answers(
+            decoded.generations, config, decoded.top_logprobs, decoded.decisions
+        )
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gnll.serving.observers import Answered
+from gnll.uncertainty import Uncertainty
 
 #: G-NLL buckets in nats: short confident answers sit below 1, long or unsure ones reach tens.
 G_NLL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 20.0, 40.0, float("inf"))
@@ -84,20 +85,25 @@ class Metrics:
         self.requests.labels(endpoint, str(status)).inc()
         self.latency.labels(endpoint).observe(seconds)
 
-    def observe_answer(self, record: dict[str, Any]) -> None:
-        self.answers.labels(record.get("decoding", "greedy")).inc()
-        if record.get("escalated"):
+    def observe_answer(self, record: Uncertainty) -> None:
+        self.answers.labels(record.decoding).inc()
+        if record.escalated:
             self.escalations.labels("answered").inc()
-        elif record.get("escalation_error"):
+        elif record.escalation_error:
             self.escalations.labels("failed").inc()
-        if record.get("g_nll") is not None:
-            self.g_nll.observe(record["g_nll"])
-        if record.get("abstain") is not None:
+        if record.g_nll is not None:
+            self.g_nll.observe(record.g_nll)
+        if record.abstain is not None:
             self._decided += 1
-            if record["abstain"]:
+            if record.abstain:
                 self._abstained += 1
                 self.abstentions.inc()
             self.abstention_rate.set(self._abstained / self._decided)
+
+    def answered(self, event: Answered) -> None:
+        """Observe every answer of a request (:mod:`gnll.serving.observers`)."""
+        for record in event.records:
+            self.observe_answer(record)
 
     def observe_batch(self, prompts: int, seconds: float) -> None:
         self.batch_size.observe(prompts)

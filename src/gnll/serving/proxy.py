@@ -12,6 +12,16 @@ handled in one place for ``gnll eval`` and ``gnll serve``.
 
 Errors: an unreachable upstream is a 502, a timeout a 504, an upstream 5xx a 502 and an upstream 4xx
 the same 4xx, each with the upstream's own message.
+
+Where an upstream silently ignores part of a request, the proxy answers as OpenAI would instead: a
+model name the upstream does not list in ``/v1/models`` is a 404 ``model_not_found`` (llama.cpp
+serves any name), ``n`` answered with fewer choices is a 400, and a stream that asks for
+``include_usage`` from an upstream not known to send a usage chunk (llama-cpp-python never does) is
+answered from a whole upstream response and replayed, so that its usage is the upstream's own count
+(the prompt's tokens included, which a stream does not tell). A
+stream the upstream ends without a ``finish_reason`` (llama-cpp-python cuts a running stream when
+another request arrives, unless started with ``--interrupt_requests false``) ends in an error event
+that says so.
 """
 
 from __future__ import annotations
@@ -30,12 +40,24 @@ from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_m
 from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
-from gnll.serving.errors import HTTPError
+from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
 from gnll.serving.uncertainty import annotate
+from gnll.uncertainty import Uncertainty
+
+#: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
+#: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
+NO_STREAM_USAGE = frozenset({"llama-cpp-python", "generic"})
+
+#: What a stream cut short by the upstream most likely means, per upstream.
+CUT_STREAM_HINT = {
+    "llama-cpp-python": "llama-cpp-python stops a running stream when another request arrives "
+    "unless it is started with --interrupt_requests false",
+}
 
 
 class ProxyService:
@@ -77,6 +99,8 @@ class ProxyService:
         self.profile: ServerProfile | None = None if server == "auto" else PROFILES[server]
         self.client: httpx.AsyncClient | None = None
         self.model_name: str | None = None
+        #: The model names the upstream lists in ``/v1/models`` (empty until it has answered).
+        self.served: list[str] = []
 
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
@@ -136,9 +160,28 @@ class ProxyService:
             if self.profile is None:
                 self.profile = profile_from_models(models, self.upstream)
             data = models.get("data") or []
-            if data and isinstance(data[0], dict):
-                self.model_name = data[0].get("id")
+            self.served = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
+            if self.served:
+                self.model_name = self.served[0]
         return self.profile
+
+    def check_request(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        """Refuse what the upstream would silently answer otherwise: a model it does not serve
+        (llama.cpp answers any name with its one model), ``n > 1`` from a server that ignores it."""
+        if req.model and self.served and req.model not in self.served:
+            raise ModelNotFound(req.model, ", ".join(self.served))
+        profile = self.profile
+        if (
+            req.n > 1
+            and profile is not None
+            and not profile.supports_n
+            and profile.name != "generic"
+        ):
+            raise RequestError(
+                f"n={req.n}: the upstream server ({profile.name}) ignores n and answers with one "
+                "choice; send separate requests instead",
+                "n",
+            )
 
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
@@ -194,11 +237,14 @@ class ProxyService:
 
     # ------------------------------------------------------------------ requests
     def upstream_body(
-        self, req: CompletionRequest | ChatCompletionRequest, settings: Any, profile: ServerProfile
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        profile: ServerProfile,
     ) -> dict[str, Any]:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
-        chat = isinstance(req, ChatCompletionRequest)
+        chat = req.is_chat
         if req.max_tokens_requested() is None:
             key = profile.max_tokens_key if chat else "max_tokens"
             body[key] = settings.default_max_tokens
@@ -218,30 +264,50 @@ class ProxyService:
             body["model"] = self.model_name
         return body
 
-    async def handle(self, req: CompletionRequest | ChatCompletionRequest, settings: Any) -> Reply:
+    async def handle(
+        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+    ) -> Reply:
         config = req.generation_config(
             default_max_tokens=settings.default_max_tokens,
             max_tokens_limit=settings.max_tokens_limit,
         )
         profile = await self._detect()
-        chat = isinstance(req, ChatCompletionRequest)
+        self.check_request(req)
+        chat = req.is_chat
         body = self.upstream_body(req, settings, profile)
-        path = "/chat/completions" if chat else "/completions"
-        prompt = _prompt_text(req)
-        if req.stream and settings.policy.mode != "refuse":
+        path = req.path
+        prompt = req.prompt_text()
+        # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
+        # replay of a whole upstream response.
+        replay = settings.policy.mode == "refuse" or (
+            req.include_usage and profile.name in NO_STREAM_USAGE
+        )
+        if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
-            records: list[dict[str, Any]] = []  # filled when the stream ends (for metrics)
+            records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
             stream = self._relay(response, req, settings, profile, config, records)
             return Reply(body=None, records=records, stream=stream, prompt=prompt)
         body["stream"] = False
         body.pop("stream_options", None)
-        data = await self._call("POST", path, body)
+        decided: Answer | None = None
+        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+            if _expected_choices(req) == 1:  # one answer to watch
+                data, decided = await self._early_call(path, body, req, settings, config)
+            else:
+                data = await self._call("POST", path, body)
+        else:
+            data = await self._call("POST", path, body)
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices:
             raise HTTPError(
                 502, f"upstream {self.upstream}{path} returned no choices", "upstream_error"
             )
-        answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
+        if len(choices) < _expected_choices(req):
+            raise RequestError(_short_message(self.upstream, req, len(choices)), "n")
+        if decided is not None:
+            answers = [decided]
+        else:
+            answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
         records, texts, finishes = annotate(
             answers,
             settings.policy,
@@ -251,17 +317,107 @@ class ProxyService:
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
-        if req.stream:  # refuse: the answer is known before its first piece is sent
+        if req.stream:  # a replay: the answer is known before its first piece is sent
             stream = stream_chunks(
                 _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
             )
             return Reply(body=data, records=records, stream=stream, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
 
+    async def _early_call(
+        self,
+        path: str,
+        body: dict[str, Any],
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        config: GenerationConfig,
+    ) -> tuple[dict[str, Any], Answer | None]:
+        """The upstream's answer, streamed and cut at its exact early decision.
+
+        The tokens of a chunk without ``finish_reason`` are answer tokens the upstream has
+        released (a server holds back text that may begin a stop string), so they go to the
+        policy's :class:`~gnll.measures.early.EarlyDecision` as they arrive; once it decides, the
+        connection is closed (vLLM and llama.cpp stop generating when their client goes away) and
+        the answer so far comes back as a decided :class:`Answer`. Otherwise the whole streamed
+        answer comes back as a non-streaming response body (and ``None``).
+        """
+        rule = settings.policy.early_decision(
+            where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
+        )
+        response = await self._send("POST", path, {**body, "stream": True}, stream=True)
+        acc, last = StreamedChoice(req.is_chat), {}
+        tokens: list[str] = []
+        lps: list[float] = []
+        seen = 0  # tokens received, trace included
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if isinstance(chunk, dict) and "error" in chunk:
+                    raise HTTPError(
+                        502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
+                    )
+                last = chunk
+                for choice in chunk.get("choices") or []:
+                    acc.add(choice)
+                    pairs = _chunk_tokens(choice)
+                    first, seen = seen, seen + len(pairs)
+                    if choice.get("finish_reason"):
+                        continue  # the end: the decision is the whole answer's
+                    # A reasoning model's trace and end-of-reasoning marker are context, not
+                    # answer: the running G-NLL starts at the answer's first token.
+                    start = acc.labeller.answer_start if acc.labeller.reasoning else 0
+                    for j, (tok, lp) in enumerate(pairs):
+                        if start is None or first + j < start:
+                            continue
+                        tokens.append(tok)
+                        lps.append(lp)
+                        rule.skip()
+                        rule.release([lp])
+                if rule.decided:
+                    break  # closing the response below disconnects from the upstream
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            raise HTTPError(502, f"upstream stream broke off: {exc}", "upstream_error") from None
+        finally:
+            await response.aclose()
+        base = {
+            "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
+            "object": "chat.completion" if req.is_chat else "text_completion",
+            "created": last.get("created"),
+            "model": last.get("model"),
+            "usage": None,
+        }
+        if not rule.decided:
+            return {**base, "choices": [{"index": 0, **acc.choice()}]}, None
+        t = rule.decision.at_token or 0
+        text = "".join(tokens[:t])
+        answer = Answer(
+            text=text,
+            finish_reason="stop",
+            tokens=tokens[:t],
+            token_logprobs=lps[:t],
+            decoding="greedy",
+            measured_logprobs=lps[:t] or [0.0],
+            early={
+                "decided_at_token": t,
+                "tokens_generated": rule.generated,
+                "tokens_saved": config.max_new_tokens - rule.generated,
+            },
+        )
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
+        choice.update(
+            {"message": {"role": "assistant", "content": text}} if req.is_chat else {"text": text}
+        )
+        return {**base, "choices": [choice]}, answer
+
     def _answer(
         self,
         choice: Any,
-        req: Any,
+        req: CompletionRequest | ChatCompletionRequest,
         profile: ServerProfile,
         config: GenerationConfig,
         i: int,
@@ -303,14 +459,14 @@ class ProxyService:
     async def _relay(
         self,
         response: httpx.Response,
-        req: Any,
-        settings: Any,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
         profile: ServerProfile,
         config: GenerationConfig,
-        out: list[dict[str, Any]],
+        out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        chat = isinstance(req, ChatCompletionRequest)
+        chat = req.is_chat
         acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
         usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
@@ -350,6 +506,20 @@ class ProxyService:
                 R.error_body(f"upstream {self.upstream} ended the stream early", "upstream_error")
             )
             return
+        cut = [i for i in sorted(acc) if acc[i].finish_reason is None]
+        if cut:
+            hint = CUT_STREAM_HINT.get(profile.name, "it cut the answer short")
+            said = sum(len(t) for t in acc[cut[0]].text)
+            message = (
+                f"upstream {self.upstream} ended the stream of choice {cut[0]} without a "
+                f"finish_reason after {said} characters: the answer was cut short ({hint})"
+            )
+            yield R.sse(R.error_body(message, "upstream_error"))
+            return
+        if len(acc) < _expected_choices(req):
+            message = _short_message(self.upstream, req, len(acc))
+            yield R.sse(R.error_body(message, "invalid_request_error", param="n"))
+            return
         try:
             answers = [
                 self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
@@ -368,7 +538,12 @@ class ProxyService:
         out.extend(records)
         base = {k: last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
-            c = {"index": i, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
+            c = {
+                "index": i,
+                "logprobs": None,
+                "finish_reason": finish,
+                "uncertainty": rec.to_json(),
+            }
             c.update({"delta": {}} if chat else {"text": ""})
             yield R.sse({**base, "choices": [c]})
         if usage is not None and req.include_usage:
@@ -376,10 +551,25 @@ class ProxyService:
         yield R.sse("[DONE]")
 
 
-def _prompt_text(req: Any) -> str:
-    if isinstance(req, ChatCompletionRequest):
-        return "\n".join(m.text() for m in req.messages)
-    return "\n".join(req.prompts)
+def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(token, log-prob)`` of a streamed chunk, in the chat or the completions shape."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        return []
+    if isinstance(lp.get("content"), list):
+        return [(e.get("token", ""), e.get("logprob")) for e in lp["content"]]
+    return list(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))
+
+
+def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
+    return req.num_prompts * req.n
+
+
+def _short_message(upstream: str, req: CompletionRequest | ChatCompletionRequest, got: int) -> str:
+    return (
+        f"n={req.n}: the upstream server {upstream} answered with {got} of "
+        f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
+    )
 
 
 def _upstream_error(text: str) -> dict[str, Any]:
@@ -407,16 +597,16 @@ def _upstream_message(text: str) -> str:
 
 
 def _decorate(
-    choice: dict, rec: dict, text: str, finish: Any, *, chat: bool, keep_logprobs: bool
+    choice: dict, rec: Uncertainty, text: str, finish: Any, *, chat: bool, keep_logprobs: bool
 ) -> None:
-    choice["uncertainty"] = rec
+    choice["uncertainty"] = rec.to_json()
     choice["finish_reason"] = finish
     if chat:
         if isinstance(choice.get("message"), dict):
             choice["message"]["content"] = text
     else:
         choice["text"] = text
-    if not keep_logprobs or rec.get("refused"):
+    if not keep_logprobs or rec.refused:
         choice["logprobs"] = None
 
 

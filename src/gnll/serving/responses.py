@@ -12,7 +12,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gnll.uncertainty import Uncertainty
 
 
 @dataclass
@@ -32,6 +35,9 @@ class Answer:
     #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
     #: the fields above are the answer's.
     reasoning: Any = None
+    #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
+    #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
+    early: dict[str, Any] | None = None
 
 
 @dataclass
@@ -39,7 +45,7 @@ class Reply:
     """What a service returns for one request: the body, or a stream that ends with it."""
 
     body: dict[str, Any] | None
-    records: list[dict[str, Any]]
+    records: list[Uncertainty]
     stream: Iterator[str] | AsyncIterator[str] | None = None
     prompt: str | None = None
     status: int = 200
@@ -50,7 +56,17 @@ def new_id(prefix: str) -> str:
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: Any = None) -> dict:
-    """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``)."""
+    """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``).
+
+    ``code`` is a string or null, as OpenAI types it: a strictly typed client (``Option<String>``)
+    fails on an integer, so an upstream's numeric code (vLLM sends the HTTP status) is dropped.
+
+    Examples
+    --------
+    >>> error_body("no such model", "invalid_request_error", code=404)["error"]["code"] is None
+    True
+    """
+    code = code if isinstance(code, str) and code else None
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
@@ -103,7 +119,7 @@ def completion_body(
     answers: Sequence[Answer],
     texts: Sequence[str],
     finishes: Sequence[str | None],
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Uncertainty],
     *,
     logprobs: int | None,
     prompt_tokens: int,
@@ -111,10 +127,16 @@ def completion_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = completion_logprobs(a, logprobs or 0) if logprobs is not None else None
-        if rec.get("refused"):  # refused: the log-probs describe the text that was withheld
+        if rec.refused:  # refused: the log-probs describe the text that was withheld
             lp = None
         choices.append(
-            {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "uncertainty": rec}
+            {
+                "index": i,
+                "text": text,
+                "logprobs": lp,
+                "finish_reason": finish,
+                "uncertainty": rec.to_json(),
+            }
         )
     return {
         "id": new_id("cmpl"),
@@ -131,7 +153,7 @@ def chat_body(
     answers: Sequence[Answer],
     texts: Sequence[str],
     finishes: Sequence[str | None],
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Uncertainty],
     *,
     logprobs: bool,
     top_logprobs: int,
@@ -139,14 +161,14 @@ def chat_body(
 ) -> dict[str, Any]:
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
-        lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.get("refused") else None
+        lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.refused else None
         choices.append(
             {
                 "index": i,
                 "message": {"role": "assistant", "content": text, "refusal": None},
                 "logprobs": lp,
                 "finish_reason": finish,
-                "uncertainty": rec,
+                "uncertainty": rec.to_json(),
             }
         )
     return {

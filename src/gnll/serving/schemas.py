@@ -21,11 +21,13 @@ Examples
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gnll.backends.base import GenerationConfig
+from gnll.backends.base import ChatPrompt, GenerationConfig
+from gnll.backends.prompting import prompt_for
 from gnll.serving.errors import RequestError
 
 #: Request fields that ask for something other than a free-text answer (refused with a 400).
@@ -54,7 +56,17 @@ def check_free_text(data: dict[str, Any]) -> None:
 
 
 class _Request(BaseModel):
+    """What both kinds of request share; the kind itself is told by the class (``is_chat``,
+    ``path``) and its methods, never by testing which class a request is."""
+
     model_config = ConfigDict(extra="allow")
+
+    #: ``/v1/chat/completions`` (messages, ``delta`` chunks) or ``/v1/completions`` (raw text).
+    is_chat: ClassVar[bool]
+    #: The route under ``/v1``, as an upstream server has it too.
+    path: ClassVar[str]
+    #: The ``id`` prefix and ``object`` of a response.
+    id_prefix: ClassVar[str]
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -147,6 +159,10 @@ class _Request(BaseModel):
 class CompletionRequest(_Request):
     """``POST /v1/completions``: ``prompt`` is raw text (no chat template), or a list of them."""
 
+    is_chat: ClassVar[bool] = False
+    path: ClassVar[str] = "/completions"
+    id_prefix: ClassVar[str] = "cmpl"
+
     prompt: str | list[str]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
@@ -170,6 +186,28 @@ class CompletionRequest(_Request):
     def num_top_logprobs(self) -> int:
         return int(self.logprobs or 0)
 
+    def prompt_format(self, chat_format: str) -> str:
+        """How this request's prompt is rendered: a completion's is always the exact ``"text"``."""
+        return "text"
+
+    def model_prompts(self, chat_format: str) -> tuple[list[str], bool]:
+        """The prompts for the model, and whether they are already rendered (always)."""
+        return list(self.prompts), True
+
+    @property
+    def num_prompts(self) -> int:
+        """How many prompts the request holds (its answers are ``num_prompts * n``)."""
+        return len(self.prompts)
+
+    def prompt_text(self) -> str:
+        """The prompts as one text (the access log's ``prompt``)."""
+        return "\n".join(self.prompts)
+
+    @staticmethod
+    def choice_text(choice: dict[str, Any]) -> str:
+        """The answer text of one ``choices[i]`` of a response body."""
+        return str(choice.get("text") or "")
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -189,8 +227,17 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
+    """The conversation as one prompt, for the model to render (:meth:`Model.render_chat`)."""
+    return ChatPrompt.of([{"role": m.role, "content": m.text()} for m in messages])
+
+
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``: the model's chat template renders ``messages``."""
+
+    is_chat: ClassVar[bool] = True
+    path: ClassVar[str] = "/chat/completions"
+    id_prefix: ClassVar[str] = "chatcmpl"
 
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool = False
@@ -207,3 +254,42 @@ class ChatCompletionRequest(_Request):
     @property
     def num_top_logprobs(self) -> int:
         return int(self.top_logprobs or 0)
+
+    def prompt_format(self, chat_format: str) -> str:
+        """How this request's prompt is rendered: the server's chat format
+        (:mod:`gnll.backends.prompting`)."""
+        return chat_format
+
+    def model_prompts(self, chat_format: str) -> tuple[list[str], bool]:
+        """The prompt for the model in ``chat_format``, and whether it is already rendered.
+
+        ``"chat"``: the messages as a :class:`~gnll.backends.base.ChatPrompt` the model renders
+        itself; ``"instruction"``: one user message, asked as ``gnll ask`` asks a question.
+        """
+        if chat_format == "instruction":
+            if len(self.messages) != 1 or self.messages[0].role != "user":
+                raise RequestError(
+                    "this server asks chat requests in the 'instruction' prompt format "
+                    "(gnll serve --prompt-format instruction): send one user message, the question",
+                    "messages",
+                )
+            prompt, raw = prompt_for(self.messages[0].text(), "instruction")
+            return [prompt], raw
+        try:
+            return [chat_prompt(self.messages)], False
+        except ValueError as exc:
+            raise RequestError(str(exc), "messages") from exc
+
+    @property
+    def num_prompts(self) -> int:
+        """One conversation: one prompt."""
+        return 1
+
+    def prompt_text(self) -> str:
+        """The messages' texts as one text (the access log's ``prompt``)."""
+        return "\n".join(m.text() for m in self.messages)
+
+    @staticmethod
+    def choice_text(choice: dict[str, Any]) -> str:
+        """The answer text of one ``choices[i]`` of a response body."""
+        return str((choice.get("message") or {}).get("content") or "")

@@ -37,6 +37,12 @@ class ServeSettings:
         template; ``"instruction"``, one user message taken as a question and asked as ``gnll
         ask`` asks it (in-process only). ``/v1/completions`` prompts are always ``"text"``. A
         calibration fitted on another format than the chat requests' is refused here.
+    early:
+        Exact early decisions under ``--policy refuse`` or ``escalate`` (:mod:`gnll.measures.early`):
+        an in-process answer stops at the first token after which the policy refuses or escalates
+        it whatever comes next, with the same decision as at its end. ``None`` (the default): on
+        whenever the policy allows it (a threshold, a fitted rule, or a non-increasing calibrated
+        map); ``True``: required (an error when the policy does not allow it); ``False``: off.
     tracing:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
         answer's scores; ``None`` (the default) emits nothing and imports nothing.
@@ -53,8 +59,10 @@ class ServeSettings:
     body_timeout: float = 30.0
     prompt_format: str = "chat"
     tracing: Any = None
+    early: bool | None = None
 
     def __post_init__(self) -> None:
+        self.early = self._early()
         if self.prompt_format not in ("chat", "instruction"):
             raise ValueError(
                 f"chat requests can be rendered as 'chat' or 'instruction', not {self.prompt_format!r}"
@@ -85,6 +93,19 @@ class ServeSettings:
                 f"--default_max_tokens ({self.default_max_tokens}) must be between 1 and "
                 f"--max_tokens_limit ({self.max_tokens_limit})"
             )
+
+    def _early(self) -> bool:
+        from gnll.measures.early import EarlyDecisionError
+
+        if self.early is False:
+            return False
+        try:
+            self.policy.early_decision()
+        except EarlyDecisionError as exc:
+            if self.early:
+                raise EarlyDecisionError(f"--early: {exc}") from None
+            return False
+        return True
 
     def __repr__(self) -> str:  # the key must not reach logs or tracebacks
         return (

@@ -15,21 +15,23 @@ Off by default; this module and OpenTelemetry are imported only when it is on (`
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from typing import Any
+
+from gnll.serving.observers import Answered
+from gnll.uncertainty import Uncertainty
 
 __all__ = ["EVENT_NAME", "Emitter", "configure_provider"]
 
 EVENT_NAME = "gen_ai.evaluation.result"
 
 
-def _label(record: dict[str, Any]) -> str | None:
-    if record.get("escalated"):
+def _label(record: Uncertainty) -> str | None:
+    if record.escalated:
         return "escalate"
-    abstain = record.get("abstain")
+    abstain = record.abstain
     return None if abstain is None else "abstain" if abstain else "answer"
 
 
@@ -49,13 +51,13 @@ class Emitter:
         provider = logger_provider or _logs.get_logger_provider()
         self.logger = provider.get_logger("gnll.serving")
 
-    def emit(self, records: Iterable[dict[str, Any]], response_id: str | None) -> int:
+    def emit(self, records: Iterable[Uncertainty], response_id: str | None) -> int:
         """One event per score of each greedy answer; returns how many were emitted."""
         count = 0
         for record in records:
-            if record.get("g_nll") is None:  # a sampled answer has no G-NLL to report
+            if record.g_nll is None:  # a sampled answer has no G-NLL to report
                 continue
-            for name, value in (("g_nll", record["g_nll"]), ("p_correct", record.get("p_correct"))):
+            for name, value in (("g_nll", record.g_nll), ("p_correct", record.p_correct)):
                 if value is None:
                     continue
                 attributes: dict[str, Any] = {
@@ -67,37 +69,17 @@ class Emitter:
                     attributes["gen_ai.evaluation.score.label"] = label
                 if response_id:
                     attributes["gen_ai.response.id"] = response_id
-                if record.get("answered_by"):
-                    attributes["gen_ai.response.model"] = record["answered_by"]
+                if record.answered_by:
+                    attributes["gen_ai.response.model"] = record.answered_by
                 self.logger.emit(
                     timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
                 )
                 count += 1
         return count
 
-    async def wrap(self, stream: Any, records: list[dict[str, Any]]) -> AsyncIterator[str]:
-        """``stream`` unchanged; its events are emitted once it has ended (when ``records`` and the
-        response id, read from the first chunk, are known)."""
-        response_id = None
-        if hasattr(stream, "__aiter__"):
-            async for chunk in stream:
-                response_id = response_id or _chunk_id(chunk)
-                yield chunk
-        else:
-            for chunk in stream:
-                response_id = response_id or _chunk_id(chunk)
-                yield chunk
-        self.emit(records, response_id)
-
-
-def _chunk_id(chunk: Any) -> str | None:
-    text = chunk.decode() if isinstance(chunk, bytes) else str(chunk)
-    if not text.startswith("data: {"):
-        return None
-    try:
-        return json.loads(text[6:]).get("id")
-    except ValueError:
-        return None
+    def answered(self, event: Answered) -> None:
+        """Emit the events of one request's answers (:mod:`gnll.serving.observers`)."""
+        self.emit(event.records, event.response_id)
 
 
 def configure_provider() -> str:

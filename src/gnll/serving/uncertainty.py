@@ -9,9 +9,9 @@ Examples
 --------
 >>> policy = AbstentionPolicy(threshold=2.0)
 >>> u = uncertainty_record([-0.1, -0.2], decoding="greedy", policy=policy)
->>> round(u["g_nll"], 3), u["num_tokens"], u["abstain"]
+>>> round(u.g_nll, 3), u.num_tokens, u.abstain
 (0.3, 2, False)
->>> uncertainty_record([-0.1, -3.0], decoding="sampled", policy=policy)["g_nll"] is None
+>>> uncertainty_record([-0.1, -3.0], decoding="sampled", policy=policy).g_nll is None
 True
 """
 
@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
+from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
 from gnll.measures.logprobs import LogprobError, check_logprobs
+from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.responses import Answer
@@ -164,6 +166,55 @@ class AbstentionPolicy:
             return None, bool(g_nll > self.threshold)
         return None, None
 
+    def early_decision(
+        self, *, where: str = "answer", prompt_format: str | None = None
+    ) -> EarlyDecision:
+        """A running decision for one greedy answer (:mod:`gnll.measures.early`): it says
+        ``decided`` at the first released answer token after which this policy abstains on the
+        answer whatever comes next, with the policy's own :meth:`decide` as the test.
+
+        Raises
+        ------
+        EarlyDecisionError
+            For a policy that does not refuse or escalate, has no threshold, or whose calibrated
+            map is not non-increasing in G-NLL (then no decision is exact before the end).
+        """
+        if self.mode not in ("refuse", "escalate"):
+            raise EarlyDecisionError(
+                f"early decisions stop an answer that is refused or escalated; --policy {self.mode} "
+                "sends every answer, so it is decided at the end (use --policy refuse or escalate)"
+            )
+        if not self.active:
+            raise EarlyDecisionError(
+                "early decisions need a threshold: give --threshold or --calibration"
+            )
+        self.check_monotone()
+
+        def abstains(g: float) -> bool:
+            return bool(self.decide(g, prompt_format)[1])
+
+        return EarlyDecision(abstains, action=self.mode, where=where)
+
+    def check_monotone(self) -> None:
+        """Refuse (:class:`EarlyDecisionError`) a policy whose abstention set in G-NLL is not closed
+        upwards. ``G-NLL > threshold`` and a fitted rule (``G-NLL <= t`` answers) always are; a
+        ``--min_p_correct`` target is when the calibrated map is non-increasing."""
+        if self.calibrator is None or self.min_p_correct is None:
+            return
+        m = self.calibrator.map_
+        what = f"the calibration map ({m.get('kind')})"
+        if m.get("kind") == "isotonic":
+            check_nonincreasing(m["x"], m["y"], what=what)
+        elif m.get("kind") == "platt":
+            if m["coef"] > 0:
+                raise EarlyDecisionError(
+                    f"{what} is not monotone the right way: p_correct rises with G-NLL "
+                    f"(coef {m['coef']:g} > 0), so an answer it rejects part-way may be accepted at "
+                    "its end; early decisions need a non-increasing map (gnll calibrate fits one)"
+                )
+        else:
+            raise EarlyDecisionError(f"{what}: cannot tell whether it is monotone")
+
     def describe(self) -> dict[str, Any]:
         return {
             "policy": self.mode,
@@ -221,8 +272,11 @@ def uncertainty_record(
     measured_logprobs: Sequence[float] | None = None,
     prompt_format: str | None = None,
     reasoning: Any = None,
-) -> dict[str, Any]:
-    """The ``uncertainty`` object of one answer (see the module docstring for the fields).
+) -> Uncertainty:
+    """The ``uncertainty`` record of one answer (see the module docstring for the fields).
+
+    ``reasoning``: a reasoning model's :class:`~gnll.backends.reasoning.ReasoningSplit` (the
+    answer's log-probs are the answer's only; the record then says so, :func:`reasoning_fields`).
 
     ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`).
 
@@ -243,28 +297,24 @@ def uncertainty_record(
         )
     nll, ln = _g_nll(lps), _ln_g_nll(lps)
     greedy = decoding == "greedy"
-    record: dict[str, Any] = {
-        "measure": "g-nll",
-        "decoding": decoding,
-        "g_nll": nll if greedy else None,
-        "ln_g_nll": ln if greedy else None,
-        "nll": nll,
-        "num_tokens": len(answer_lps),
-        "p_correct": None,
-        "abstain": None,
-    }
-    if prompt_format is not None:
-        record["prompt_format"] = prompt_format
-    if reasoning is not None:  # a reasoning model: G-NLL is the answer's, given prompt + trace
-        record.update(reasoning_fields(reasoning))
-    if greedy:
-        record["p_correct"], record["abstain"] = policy.decide(nll, prompt_format)
-    if include_tokens:
-        record["tokens"] = list(tokens) if tokens is not None else None
-        record["token_logprobs"] = answer_lps
-        if top_logprobs is not None:
-            record["top_logprobs"] = [dict(t) for t in top_logprobs]
-    return record
+    p_correct, abstain = policy.decide(nll, prompt_format) if greedy else (None, None)
+    return Uncertainty(
+        decoding=decoding,
+        g_nll=nll if greedy else None,
+        ln_g_nll=ln if greedy else None,
+        nll=nll,
+        num_tokens=len(answer_lps),
+        p_correct=p_correct,
+        abstain=abstain,
+        prompt_format=prompt_format,
+        tokens=list(tokens) if include_tokens and tokens is not None else None,
+        token_logprobs=answer_lps if include_tokens else None,
+        top_logprobs=(
+            [dict(t) for t in top_logprobs] if include_tokens and top_logprobs is not None else None
+        ),
+        # a reasoning model: G-NLL is the answer's, given prompt + trace
+        **(reasoning_fields(reasoning) if reasoning is not None else {}),
+    )
 
 
 def reasoning_fields(split: Any) -> dict[str, Any]:
@@ -293,10 +343,10 @@ def reasoning_fields(split: Any) -> dict[str, Any]:
     }
 
 
-def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
+def headers_for(records: Sequence[Uncertainty]) -> dict[str, str]:
     """``X-Uncertainty-*`` response headers: one comma-separated value per choice."""
 
-    def fmt(v: Any) -> str:
+    def fmt(v: object) -> str:
         if v is None:
             return "none"  # one choice among several without the value
         if isinstance(v, bool):
@@ -316,42 +366,42 @@ def headers_for(records: Sequence[dict[str, Any]]) -> dict[str, str]:
     }
     # A header none of the choices has a value for (P-Correct without a calibration) is left out.
     headers = {
-        f"X-Uncertainty-{h}": ",".join(fmt(r.get(k)) for r in records)
+        f"X-Uncertainty-{h}": ",".join(fmt(getattr(r, k)) for r in records)
         for h, k in fields.items()
-        if any(r.get(k) is not None for r in records)
+        if any(getattr(r, k) is not None for r in records)
     }
-    if any("answered_by" in r for r in records):  # --policy escalate
-        headers["X-Answered-By"] = ",".join(fmt(r.get("answered_by")) for r in records)
+    if any(r.answered_by is not None for r in records):  # --policy escalate
+        headers["X-Answered-By"] = ",".join(fmt(r.answered_by) for r in records)
     return headers
 
 
 def apply_policy(
-    policy: AbstentionPolicy, text: str, finish_reason: str | None, record: dict[str, Any]
-) -> tuple[str, str | None]:
-    """The answer text and finish reason a client sees under ``policy`` for one choice.
+    policy: AbstentionPolicy, text: str, finish_reason: str | None, record: Uncertainty
+) -> tuple[str, str | None, Uncertainty]:
+    """The answer text, finish reason and record a client sees under ``policy`` for one choice.
 
     ``finish_reason`` stays within OpenAI's values (``"length"`` still says the answer was cut);
-    abstention is ``record["abstain"]``. A refused answer's text, tokens and log-probs are removed
-    from ``record`` (``record["refused"]`` is set), so nothing the client receives reveals it.
+    abstention is ``record.abstain``. A refused answer's record has ``refused`` set and no tokens or
+    log-probs, so nothing the client receives reveals it.
     """
-    if not record.get("abstain") or policy.mode != "refuse":
-        return text, finish_reason
-    record["refused"] = True
-    for key in ("tokens", "token_logprobs", "top_logprobs"):
-        record.pop(key, None)
-    return policy.refusal, finish_reason
+    if not record.abstain or policy.mode != "refuse":
+        return text, finish_reason, record
+    refused = record.model_copy(
+        update={"refused": True, "tokens": None, "token_logprobs": None, "top_logprobs": None}
+    )
+    return policy.refusal, finish_reason, refused
 
 
 def annotate(
     answers: Sequence[Answer],
-    policy: Any,
+    policy: AbstentionPolicy,
     *,
     include_tokens: bool,
     source: str = "model",
     prompt_format: str | None = None,
-) -> tuple[list[dict[str, Any]], list[str], list[str | None]]:
+) -> tuple[list[Uncertainty], list[str], list[str | None]]:
     """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``."""
-    from gnll.serving.answer_spans import add_spans
+    from gnll.serving.answer_spans import answer_spans
 
     records, texts, finishes = [], [], []
     for a in answers:
@@ -367,10 +417,33 @@ def annotate(
             measured_logprobs=a.measured_logprobs,
             reasoning=a.reasoning,
         )
-        text, finish = apply_policy(policy, a.text, a.finish_reason, rec)
+        if a.early is not None:
+            rec = add_early(rec, a.early)
+        text, finish, rec = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
-        add_spans(rec, a.text, None if rec.get("refused") else a.tokens, a.token_logprobs)
+        rec = rec.with_spans(
+            None if rec.refused else answer_spans(a.text, a.tokens, a.token_logprobs)
+        )
         records.append(rec)
         texts.append(text)
         finishes.append(finish)
     return records, texts, finishes
+
+
+def add_early(record: Uncertainty, facts: dict[str, Any]) -> Uncertainty:
+    """The record of an answer that stopped at an exact early decision (:mod:`gnll.measures.early`).
+
+    Its ``g_nll``, ``p_correct`` and ``num_tokens`` are those of the answer tokens released when
+    the decision was made (a lower bound of the whole answer's G-NLL, an upper bound of its
+    ``p_correct``); the rest of the answer was never generated.
+    """
+    return record.model_copy(
+        update={
+            "early": True,
+            "decided_at_token": facts["decided_at_token"],
+            "tokens_generated": facts["tokens_generated"],
+            "tokens_saved": facts["tokens_saved"],
+            "g_nll_is_lower_bound": True,
+            "withheld": "the rest of the answer: never generated",
+        }
+    )

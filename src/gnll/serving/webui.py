@@ -17,6 +17,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
+from gnll.serving.responses import error_body
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 
@@ -65,14 +66,13 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     @app.get("/ui/api/examples")
     async def examples(task: str = Query("triviaqa_short"), limit: int = Query(25, ge=1, le=200)):
         if task not in UI_TASKS:
-            return JSONResponse(
-                {"error": f"unknown task {task!r}; choose from {list(UI_TASKS)}"}, status_code=400
-            )
+            message = f"unknown task {task!r}; choose from {list(UI_TASKS)}"
+            return JSONResponse(error_body(message, "invalid_request_error", param="task"), 400)
         try:
             return {"task": task, "examples": _examples(task, str(settings.data_dir or ""), limit)}
         except (FileNotFoundError, ValueError) as exc:
             first = str(exc).splitlines()[0]
-            return JSONResponse({"error": first}, status_code=404)
+            return JSONResponse(error_body(first, "not_found_error"), status_code=404)
 
 
 @lru_cache(maxsize=8)

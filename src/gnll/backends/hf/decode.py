@@ -35,6 +35,9 @@ class _Prompt:
     seed: int | None
     config: GenerationConfig  # its own max_new_tokens and stop strings
     stops: StopRules
+    #: Hears each of the prompt's new tokens, ``(j, token_id, raw log-prob)``, and answers whether
+    #: row ``j`` is done now (an exact early decision, :mod:`gnll.measures.early`).
+    watch: Callable[[int, int, float], bool] | None = None
 
 
 @dataclass
@@ -245,6 +248,7 @@ class Decoder:
         seed: int | None = None,
         max_new_tokens: int | None = None,
         stops: StopRules | None = None,
+        watch: Callable[[int, int, float], bool] | None = None,
     ) -> None:
         """Queue one encoded prompt; its generations are reported under ``tag``.
 
@@ -252,6 +256,9 @@ class Decoder:
         bring it). ``seed``: its own sampling seed instead of the configuration's (a server gives
         every request one, so that two users asking the same question get independent samples).
         ``max_new_tokens``, ``stops``: its own limit and stop rules instead of the loop's.
+        ``watch``: hears each new token of its rows, ``(j, token_id, raw log-prob)``; a row ends
+        as soon as it returns ``True`` (its slot goes to the next prompt), with the tokens decoded
+        so far (a server stops an answer whose refusal or escalation is already certain).
         """
         if tag in self.results:
             raise ValueError(f"prompt tag {tag!r} is already decoding")
@@ -263,7 +270,7 @@ class Decoder:
             )
         seed = config.seed if seed is None else seed
         self.results[tag] = [None] * self.n
-        self.waiting.append(_Prompt(tag, ids, prefix, seed, config, stops or self.stops))
+        self.waiting.append(_Prompt(tag, ids, prefix, seed, config, stops or self.stops, watch))
 
     def cancel(self, tag: Hashable) -> None:
         """Forget a prompt: out of the queue, or its rows out of the batch (their slots are free
@@ -368,7 +375,8 @@ class Decoder:
             if tops is not None:
                 row.tops.append(tops[s])
             p = row.prompt
-            if ids[s] in p.stops.token_ids or len(row.tokens) == p.config.max_new_tokens:
+            decided = p.watch is not None and p.watch(row.j, ids[s], lp[s])
+            if decided or ids[s] in p.stops.token_ids or len(row.tokens) == p.config.max_new_tokens:
                 ended.append(s)
             else:
                 going.append(s)

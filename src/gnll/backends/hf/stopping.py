@@ -177,7 +177,10 @@ class StopRules:
             token_lp = token_lp + term_lp
         sampling = None
         if config.strategy == "sample":
-            sampling = (tempered[:k] if tempered is not None else raw[:k]).tolist()
+            # An empty answer is scored by its stop token (the empty-answer rule): under the
+            # distribution it was drawn from too, so that no sample mixes temperatures.
+            n = k if k or not term_ids else 1
+            sampling = (tempered[:n] if tempered is not None else raw[:n]).tolist()
         return Generation(
             text=text[:cut].strip(),
             token_ids=answer_ids,

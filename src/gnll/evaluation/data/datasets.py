@@ -1,14 +1,14 @@
 """Loaders for the paper's three QA benchmarks, in their original file formats.
 
-The files are never part of the repository. They are looked up, in this order, in
+Where the questions come from (``source``):
 
-1. ``data_path`` -- one file of the dataset's own format (``--data_path``), else
-2. ``data_dir`` -- a folder laid out like ``shared/data`` (``--data_dir``), else
-3. ``$GNLL_DATA_DIR``, else
-4. ``../shared/data`` relative to the working directory, then relative to the project root.
-
-Users who are online can instead load the same splits from the Hugging Face hub
-(``source="hub"``, needs the ``datasets`` package: ``pip install gnll[hub]``).
+- ``"embedded"`` -- the sample shipped inside gnll (:mod:`gnll.evaluation.data.embedded`): a few
+  hundred questions of each benchmark, enough for the demo; the default when no file is given;
+- ``"local"`` -- the full files, looked up in ``data_path`` (one file of the dataset's own format,
+  ``--data_path``), else ``data_dir`` (a folder with ``triviaqa/``, ``svamp/`` and ``nq_open/``,
+  ``--data_dir``), else ``$GNLL_DATA_DIR``; the default when any of them is given;
+- ``"hub"`` / ``"reference"`` -- the Hugging Face hub (needs the ``datasets`` package:
+  ``pip install gnll[hub]``, and network).
 
 Example
 -------
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll._util import file_sha256
+from gnll.evaluation.data.embedded import EMBEDDED_DIR
 from gnll.evaluation.data.records import (
     DataError,
     Row,
@@ -45,13 +46,18 @@ __all__ = [
     "DataError",
     "DatasetSpec",
     "Example",
+    "SOURCES",
     "candidate_data_dirs",
     "detect_dataset",
     "load_dataset",
     "resolve_data_file",
+    "resolve_source",
 ]
 
 ENV_VAR = "GNLL_DATA_DIR"
+#: Where questions can come from; ``"auto"`` is ``"local"`` when a file or folder is given (or
+#: ``$GNLL_DATA_DIR`` is set), else ``"embedded"``.
+SOURCES = ("auto", "embedded", "local", "hub", "reference")
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,45 @@ def _nq_example(row: Row, i: int) -> Example:
 
 def parse_nq_open(path: Path) -> list[Example]:
     return [_nq_example(r, i) for i, r in enumerate(iter_jsonl(path))]
+
+
+# --------------------------------------------------------------------------- the embedded sample
+#: Each dataset's record -> Example (the id comes from the sample, which keeps the full file's).
+_EXAMPLE_OF: dict[str, Callable[[Row], Example]] = {
+    "triviaqa": lambda row: _triviaqa_example(row, 0),
+    "svamp": _svamp_example,
+    "nq_open": lambda row: _nq_example(row, 0),
+}
+
+
+def _embedded_example(dataset: str, row: Row) -> Example:
+    wrapped = row.data
+    pool = wrapped.get("pool")
+    rank = wrapped.get("rank")
+    if pool not in ("fewshot", "heldout", "eval") or not isinstance(rank, int):
+        raise DataError(f"{row.where}: not a line of gnll's embedded sample (pool/rank)")
+    record = wrapped.get("record")
+    if not isinstance(record, dict):
+        raise DataError(f"{row.where}: field 'record' must be an object")
+    ex = _EXAMPLE_OF[dataset](Row(row.where, record))
+    return replace(
+        ex, id=id_field(row, "id"), extra={**ex.extra, "pool": pool, "pool_rank": rank}
+    )
+
+
+def _load_embedded(dataset: str, spec: DatasetSpec) -> tuple[list[Example], dict[str, Any]]:
+    path = EMBEDDED_DIR / f"{dataset}.jsonl"
+    rows = [(r, _embedded_example(dataset, r)) for r in iter_jsonl(path)]
+    examples = _unique_ids(rows)
+    return examples, {
+        "dataset": dataset,
+        "source": "embedded",
+        # the package's copy: no local path in results (it differs per machine)
+        "file": f"gnll/evaluation/data/embedded/{path.name}",
+        "sha256": file_sha256(path),
+        "n": len(examples),
+        "sample_of": f"{Path(spec.relpath).name} ({spec.size:,} questions)",
+    }
 
 
 # --------------------------------------------------------------------------- hub loaders (optional)
@@ -299,25 +344,37 @@ def detect_dataset(path: str | Path) -> str:
     raise DataError(f"{path}:1: unknown dataset format (fields {sorted(rec)})")
 
 
-def _project_root() -> Path:
-    return Path(__file__).resolve().parents[3]
-
-
 def candidate_data_dirs(data_dir: str | Path | None = None) -> list[Path]:
-    """Data directories searched, in order.
+    """The data directory searched: ``data_dir``, else ``$GNLL_DATA_DIR``, else none.
 
-    An explicit ``data_dir`` (or else ``$GNLL_DATA_DIR``) is the only place looked at, so a typo is
-    an error rather than a silent fall-back to some other copy; without either, ``../shared/data``
-    relative to the working directory and to the project root are tried.
+    Only one place is looked at, so a typo is an error rather than a silent fall-back to some
+    other copy.
     """
     if data_dir:
         return [Path(data_dir).expanduser()]
     if os.environ.get(ENV_VAR):
         return [Path(os.environ[ENV_VAR]).expanduser()]
-    dirs = [Path.cwd() / ".." / "shared" / "data", _project_root() / ".." / "shared" / "data"]
-    if dirs[0].resolve() == dirs[1].resolve():
-        dirs = dirs[:1]
-    return dirs
+    return []
+
+
+def resolve_source(
+    source: str = "auto",
+    data_dir: str | Path | None = None,
+    data_path: str | Path | None = None,
+) -> str:
+    """``"auto"`` -> ``"local"`` when a file or folder is given (or ``$GNLL_DATA_DIR`` is set), else
+    ``"embedded"``; any other source is checked and returned.
+
+    >>> resolve_source("auto", data_dir="/data")
+    'local'
+    >>> resolve_source("hub")
+    'hub'
+    """
+    if source not in SOURCES:
+        raise ValueError(f"data source must be one of {', '.join(SOURCES)}; got {source!r}")
+    if source != "auto":
+        return source
+    return "local" if (data_path or candidate_data_dirs(data_dir)) else "embedded"
 
 
 def resolve_data_file(
@@ -341,14 +398,12 @@ def resolve_data_file(
         if p.is_file():
             return p
         searched.append(str(p))
+    where = f"looked for {searched[0]}" if searched else "no data directory was given"
     raise FileNotFoundError(
-        f"no local copy of {dataset}: expected the file '{spec.relpath}' under a data directory; "
-        "looked for\n  "
-        + "\n  ".join(searched)
-        + f"\nGive --data_dir DIR (or set ${ENV_VAR}) pointing at a folder that holds "
-        f"'{spec.relpath}', "
-        f"--data_path FILE for a single file, or --data_source hub to load {spec.hub_id} from the "
-        "Hugging Face hub (needs `pip install datasets` and network)."
+        f"no local copy of {dataset}: {where}. Give --data_dir DIR (or set ${ENV_VAR}) pointing "
+        f"at a folder that holds '{spec.relpath}', --data_path FILE for a single file, "
+        "--data_source embedded for the sample shipped with gnll, or --data_source hub to load "
+        f"{spec.hub_id} from the Hugging Face hub (needs `pip install 'gnll[hub]'` and network)."
     )
 
 
@@ -364,15 +419,29 @@ def load_dataset(
     *,
     data_dir: str | Path | None = None,
     data_path: str | Path | None = None,
-    source: str = "local",
+    source: str = "auto",
 ) -> tuple[list[Example], dict[str, Any]]:
     """Load all examples of ``dataset`` and a provenance record (file, sha256, count).
 
-    ``source`` is ``"local"`` (files, see module docstring), ``"hub"`` (Hugging Face ``datasets``:
-    SVAMP's test split and NQ-Open's validation set marked as the evaluation pool, their train parts
-    as the pools) or ``"reference"`` (the hub with Farquhar et al.'s TriviaQA split, the presets').
+    ``source`` (module docstring): ``"auto"``, ``"embedded"`` (the shipped sample; its examples
+    carry their pool in ``extra["pool"]``), ``"local"`` (the full files), ``"hub"`` (Hugging Face
+    ``datasets``: SVAMP's test split and NQ-Open's validation set marked as the evaluation pool,
+    their train parts as the pools) or ``"reference"`` (the hub with Farquhar et al.'s TriviaQA
+    split, the presets').
+
+    >>> examples, info = load_dataset("svamp", source="embedded")
+    >>> info["source"], info["n"], examples[0].extra["pool"] in ("fewshot", "heldout", "eval")
+    ('embedded', 320, True)
     """
     spec = _spec(dataset)
+    source = resolve_source(source, data_dir, data_path)
+    if source == "embedded":
+        if data_dir or data_path:
+            raise ValueError(
+                "--data_source embedded reads the sample shipped with gnll: drop --data_dir/"
+                "--data_path (or choose --data_source local to read them)"
+            )
+        return _load_embedded(dataset, spec)
     if source in ("hub", "reference"):
         # "reference": the splits of Farquhar et al.'s code, where they differ from the hub's
         ref = source == "reference" and spec.reference is not None
@@ -383,8 +452,6 @@ def load_dataset(
             "hub_id": spec.reference_id if ref else spec.hub_id,
             "n": len(examples),
         }
-    if source != "local":
-        raise ValueError(f"data source must be 'local', 'hub' or 'reference', got {source!r}")
     path = resolve_data_file(dataset, data_dir, data_path)
     examples = spec.parse(path)  # checks every row; ids are unique
     if not examples:

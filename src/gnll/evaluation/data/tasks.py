@@ -5,6 +5,10 @@ Every dataset is split deterministically (seeded permutation) into a few-shot po
 the first N of the evaluation pool. Short and long tasks of one dataset share the split, so they ask
 the same questions. The evaluation pool is, in order of precedence:
 
+- the embedded sample (``source="embedded"``, the default without data files): its stored pools,
+  which are the full file's default split (``--seed 0``), so the sample asks the same questions
+  with the same few-shot prompt as the full file; with another seed its evaluation pool is kept and
+  the few-shot and held-out pools are re-drawn from the rest of the sample;
 - the ids listed in ``split_path`` (one per line, ``#`` comments), e.g. a dataset's test split;
 - every question of the data file when ``pool_path`` names a second file of the same format (e.g.
   NQ-Open's train file) from which the few-shot and held-out pools are drawn instead: the paper
@@ -35,6 +39,7 @@ import numpy as np
 from gnll._util.seeds import seed_from
 from gnll.backends.base import ChatPrompt
 from gnll.evaluation.data.datasets import DATASETS, Example, load_dataset
+from gnll.evaluation.data.embedded import SAMPLE_SEED
 from gnll.evaluation.data.prompts import (
     BRIEF_LONG,
     BRIEF_SHORT,
@@ -107,7 +112,7 @@ class Task:
         seed: int = 0,
         data_dir: str | Path | None = None,
         data_path: str | Path | None = None,
-        source: str = "local",
+        source: str = "auto",
         fewshot_pool: int = FEWSHOT_POOL,
         heldout_pool: int = HELDOUT_POOL,
         split_path: str | Path | None = None,
@@ -122,7 +127,17 @@ class Task:
             path_for(pool_path, self.dataset),
         )
         eval_mask, how = None, "seeded permutation"
-        if split_path is not None:
+        pools = None
+        if info["source"] == "embedded" and split_path is None and pool_path is None:
+            eval_mask = [e.extra["pool"] == "eval" for e in examples]
+            how = "the embedded sample's evaluation pool"
+            if (seed, fewshot_pool, heldout_pool) == (SAMPLE_SEED, FEWSHOT_POOL, HELDOUT_POOL):
+                # the full file's split, kept in the sample: the same questions and prompts
+                pools = _stored_pools(examples)
+                how += " (the full file's default split)"
+            else:
+                how += f" (pools re-split with seed {seed})"
+        elif split_path is not None:
             eval_mask = _read_split_file(split_path, examples)
             how = f"ids listed in {split_path}"
         elif pool_path is not None:
@@ -140,7 +155,7 @@ class Task:
             keep = set(chosen.permutation(len(examples))[:k].tolist())
             eval_mask = [i in keep for i in range(len(examples))]
             how = f"fixed subset of {k} (the file marks no test split)"
-        fs_idx, ho_idx, ev_idx = split_indices(
+        fs_idx, ho_idx, ev_idx = pools or split_indices(
             len(examples), seed, fewshot_pool, heldout_pool, eval_mask=eval_mask
         )
         info = {**info, "eval_pool": how}
@@ -210,6 +225,15 @@ class TaskData:
             # Only when set, so the fingerprints of single-turn runs stay what they were.
             **({"fewshot_as_multiturn": True} if self.fewshot_as_multiturn else {}),
         }
+
+
+def _stored_pools(examples: list[Example]) -> tuple[list[int], list[int], list[int]]:
+    """The embedded sample's (few-shot, held-out, evaluation) pools, each in its stored order."""
+    by_pool: dict[str, list[tuple[int, int]]] = {"fewshot": [], "heldout": [], "eval": []}
+    for i, e in enumerate(examples):
+        by_pool[e.extra["pool"]].append((e.extra["pool_rank"], i))
+    fs, ho, ev = ([i for _, i in sorted(by_pool[p])] for p in ("fewshot", "heldout", "eval"))
+    return fs, ho, ev
 
 
 def split_indices(

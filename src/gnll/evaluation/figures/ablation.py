@@ -114,6 +114,10 @@ def run_ablation(
         "n": len(examples),
         "accuracy": sum(correct) / len(correct) if correct else float("nan"),
         "correctness": "f1 > 0.5 of the greedy answer",
+        # Per question, so that baselines can be scored against the same verdicts afterwards
+        # (:func:`add_baselines`), from a ``gnll eval`` run made at the same time.
+        "ids": [str(e.id) for e in examples],
+        "correct": correct,
         "auroc": {name: {k: a for k, (a, _se) in fit.items()} for name, fit in fits.items()},
         "auroc_se": {name: {k: se for k, (_a, se) in fit.items()} for name, fit in fits.items()},
     }

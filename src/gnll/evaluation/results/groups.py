@@ -13,9 +13,12 @@ from typing import Any
 from gnll.evaluation.results.correctness import judge_index
 
 __all__ = [
+    "AVERAGE_ROWS",
     "METRIC_LABELS",
     "MIN_PER_CLASS",
+    "PAPER_AVERAGE_ROWS",
     "average_groups",
+    "check_average_rows",
     "class_counts",
     "defined",
     "duplicates",
@@ -66,29 +69,64 @@ def average_groups(
     return groups
 
 
+#: The row sets an overall **Average** can span, by name.
+AVERAGE_ROWS = {
+    "f1+judge": "F1 and the first judge",
+    "f1+judges": "F1 and every judge",
+}
+
+#: The paper's row set per averaged table. Its Table 1 and Table 5 (AUROC) Averages are the means of
+#: their 18 rows, F1 and the base-model judge "LLM" (PE .677 ... G-NLL .721; Table 5 .677 ... .709);
+#: its Table 3 (ARA@80) Average is the mean of 30 rows, F1, "LLM" and "LLM-Instruct" (.712 ... .729).
+#: ``tests/evaluation/test_paper_averages.py`` recomputes all three from the paper's own rows.
+PAPER_AVERAGE_ROWS = {"auroc_averaged": "f1+judge", "ara80": "f1+judges"}
+
+
+def check_average_rows(rows: str | None) -> str | None:
+    """``rows`` if it names a row set of :data:`AVERAGE_ROWS` (or is ``None``: the paper's per table).
+
+    >>> check_average_rows("f1+judges")
+    'f1+judges'
+    """
+    if rows is not None and rows not in AVERAGE_ROWS:
+        raise ValueError(
+            f"unknown average rows {rows!r}; known: {', '.join(AVERAGE_ROWS)} "
+            "(or none: the paper's set per table)"
+        )
+    return rows
+
+
 def overall_keys(
     groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+    rows: str = "f1+judge",
 ) -> list[tuple[int, str, str, str]]:
-    """The groups the overall average spans: every row of a paper metric (F1 and each judge).
+    """The groups an overall average spans: the rows of the paper metrics named by ``rows``.
 
-    The paper's Table 1 "Average" is the mean of all its rows, the short-answer judge rows included
-    (PE .677, LN-PE .689, G-NLL .721 are the means of its 18 rows). Contains is not a paper metric:
-    where a paper metric scores the same run and generation length its rows stay out, so a task
-    scored under F1 and Contains is not counted twice. A run and length scored by Contains alone (no
-    judge for long answers) contributes its first metric.
+    ``rows`` is a key of :data:`AVERAGE_ROWS`: ``"f1+judge"`` counts F1 and the first judge (the
+    paper's Table 1 and Table 5 Averages: 18 rows, the base-model judge "LLM" only), ``"f1+judges"``
+    F1 and every judge (its Table 3 Average: 30 rows, "LLM" and "LLM-Instruct"). With one judge both
+    are the same rows. Contains is not a paper metric: where a paper metric scores the same run and
+    generation length its rows stay out, so a task scored under F1 and Contains is not counted
+    twice. A run and length scored by Contains alone (no judge for long answers) contributes its
+    first metric.
     """
+    check_average_rows(rows)
     by_length: dict[tuple[int, str, str], list[tuple[int, str, str, str]]] = {}
     for key in groups:
         by_length.setdefault((key[0], key[1], key[2]), []).append(key)
     out = []
     for keys in by_length.values():
         paper = [k for k in keys if any(_is_paper(m) for _t, m, _r in groups[k])]
+        if rows == "f1+judge":
+            paper = [k for k in paper if any(_is_paper(m, judges=1) for _t, m, _r in groups[k])]
         out += paper or keys[:1]
     return out
 
 
-def _is_paper(metric: str) -> bool:
-    return metric == "f1" or judge_index(metric) is not None
+def _is_paper(metric: str, judges: int | None = None) -> bool:
+    """F1 or a judge (only the first ``judges`` judges when given)."""
+    index = judge_index(metric)
+    return metric == "f1" or (index is not None and (judges is None or index < judges))
 
 
 def defined(mres: dict[str, Any]) -> bool:

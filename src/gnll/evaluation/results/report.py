@@ -23,7 +23,12 @@ from gnll import measures as M
 from gnll._util import jsonable
 from gnll._util.runfiles import iter_samples
 from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements, judge_index
-from gnll.evaluation.results.groups import average_groups, defined, overall_keys
+from gnll.evaluation.results.groups import (
+    PAPER_AVERAGE_ROWS,
+    average_groups,
+    defined,
+    overall_keys,
+)
 from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures
 
 __all__ = [
@@ -102,20 +107,23 @@ def averaged_significance(
     *,
     n_boot: int | None = None,
     seed: int | None = None,
+    average_rows: str = PAPER_AVERAGE_ROWS["auroc_averaged"],
 ) -> dict[str, Any]:
     """Stratified paired tests of G-NLL on every dataset-averaged row and on the overall average.
 
-    Returns ``{"groups": {"<run>|<mode>|<metric label>": test}, "overall": test}`` (see
-    :func:`gnll.evaluation.results.metrics.averaged_paired_test`); a run without per-question data
+    Returns ``{"groups": {"<run>|<mode>|<metric label>": test}, "overall": test, "overall_rows":
+    average_rows}`` (see :func:`gnll.evaluation.results.metrics.averaged_paired_test`); the overall
+    test spans the rows ``average_rows`` names (:data:`~gnll.evaluation.results.groups.AVERAGE_ROWS`;
+    default the paper's Table 1 rows, F1 and the first judge). A run without per-question data
     (``None`` in ``strata_list``) leaves the rows it belongs to untested.
     """
     cfg = results_list[0]["config"] if results_list else {}
     n_boot = cfg.get("n_boot", 1000) if n_boot is None else n_boot
     seed = cfg.get("seed", 0) if seed is None else seed
-    out: dict[str, Any] = {"groups": {}}
+    out: dict[str, Any] = {"groups": {}, "overall_rows": average_rows}
     overall: list[tuple[str, list[float], dict]] | None = []
     groups = average_groups(results_list)
-    in_overall = set(overall_keys(groups))
+    in_overall = set(overall_keys(groups, average_rows))
     for (i, model, mode, label), rows in groups.items():
         strata = strata_list[i]
         used = [(t, m) for t, m, mres in rows if defined(mres)]

@@ -10,14 +10,18 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
 from gnll.evaluation.results.correctness import judge_index
 from gnll.evaluation.results.groups import (
+    AVERAGE_ROWS,
     MIN_PER_CLASS,
+    PAPER_AVERAGE_ROWS,
     average_groups,
+    check_average_rows,
     defined,
     duplicates,
     enough_per_class,
@@ -78,6 +82,9 @@ def _pool_source(tres: dict[str, Any]) -> str:
     """Where a task's questions came from: the hub dataset or the file, and how the pool was cut."""
     data = tres.get("data") or {}
     src = data.get("hub_id") or Path(str(data.get("file") or "")).name or data.get("source")
+    if data.get("source") == "embedded":
+        # the numbers are not the full benchmark's: say so where the table's pools are named
+        src = f"embedded sample, {data.get('n', '?')} of the {data.get('sample_of', '?')}"
     how = data.get("eval_pool")
     return ", ".join(str(x) for x in (src, how) if x)
 
@@ -206,26 +213,39 @@ def _run_significance(results_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
             significance["groups"][f"{i}|{key.split('|', 1)[1]}"] = test
         if len(results_list) == 1 and (res.get("averages") or {}).get("overall"):
             significance["overall"] = res["averages"]["overall"]
+            # Runs recorded before the row sets were named tested F1 and every judge.
+            significance["overall_rows"] = res["averages"].get("overall_rows", "f1+judges")
     return significance
 
 
+def _rows_title(section: str, rows: str) -> str:
+    """The row set of a table's overall Average, for its heading: named, and whether it is the paper's."""
+    paper = PAPER_AVERAGE_ROWS[section]
+    which = "the paper's rows for this table" if rows == paper else f"the paper's: {paper}"
+    return f"Average over {rows}, {AVERAGE_ROWS[rows]}; {which}"
+
+
 def _auroc_averaged(
-    results_list: Sequence[dict[str, Any]], significance: dict[str, Any]
+    results_list: Sequence[dict[str, Any]],
+    significance: dict[str, Any],
+    rows: str = PAPER_AVERAGE_ROWS["auroc_averaged"],
 ) -> list[str]:
     """AUROC averaged over datasets, as in the paper's Table 1 (rows: model / length / metric).
 
     One group per run x generation length x metric (two runs of one model stay separate rows),
-    then the overall **Average** when more than one group counts towards it.
+    then the overall **Average** over the row set ``rows`` (:data:`~gnll.evaluation.results.groups.
+    AVERAGE_ROWS`) when more than one group counts towards it.
     """
     groups = average_groups(results_list)
-    out = ["", "## AUROC averaged over datasets (↑)", ""]
+    out = ["", f"## AUROC averaged over datasets (↑; {_rows_title('auroc_averaged', rows)})", ""]
     out.append(
         "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
         "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
         "significantly better than the best sampling-based measure of the row (one-sided paired "
         "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
-        "overall **Average** is the mean over every row of a paper metric (F1 and each judge), "
-        "as the paper's Table 1 averages all its rows; Contains rows stay out where a paper "
+        "overall **Average** is the mean over the rows of F1 and the first judge, as the paper's "
+        "Table 1 and Table 5 average their 18 rows (F1 and the base-model judge; `gnll table "
+        "--average_rows f1+judges` counts every judge); Contains rows stay out where a paper "
         "metric scores the same run and length (a task is not counted twice for F1 and Contains). "
         + SMALL_ROWS
     )
@@ -233,7 +253,7 @@ def _auroc_averaged(
     out += _header(["Model", "Gen.", "Metric", "#tasks"])
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
-    in_overall = overall_keys(groups)
+    in_overall = overall_keys(groups, rows)
     overall_enough = True
     for (run, model, mode, label), full_rows in groups.items():
         counted = (run, model, mode, label) in in_overall
@@ -263,7 +283,15 @@ def _auroc_averaged(
         if duplicates(results_list):
             out += ["", "(No overall average: some runs hold the same model and task.)"]
         else:
-            out += _overall_average(in_overall, all_vals, all_ses, significance, overall_enough)
+            # The overall test counts only when it was run over these same rows.
+            tested_rows = significance.get("overall_rows", PAPER_AVERAGE_ROWS["auroc_averaged"])
+            tested = overall_keys(groups, tested_rows) == in_overall
+            if tested:
+                out += _overall_average(in_overall, all_vals, all_ses, significance, overall_enough)
+            else:
+                sig = {k: v for k, v in significance.items() if k != "overall"}
+                out += _overall_average(in_overall, all_vals, all_ses, sig, overall_enough)[:1]
+                out += ["", f"(Overall average not tested: its test spans {tested_rows}.)"]
     return out
 
 
@@ -302,28 +330,34 @@ def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note
     return out
 
 
-def _ara80(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+def _ara80(
+    results_list: Sequence[dict[str, Any]],
+    significance: dict[str, Any],
+    rows: str = PAPER_AVERAGE_ROWS["ara80"],
+) -> list[str]:
     """Rejection accuracy at 80% per task, then averaged over datasets (the paper's Table 3)."""
     note = "Accuracy on the 80% of questions with the lowest uncertainty (ties at expected value)."
     out = _per_task(results_list, "ara80", "Rejection accuracy at 80% (↑)", note)
-    return out + _ara80_averaged(results_list, average_groups(results_list))
+    return out + _ara80_averaged(results_list, average_groups(results_list), rows)
 
 
 def _ara80_averaged(
     results_list: Sequence[dict[str, Any]],
     groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+    rows: str = PAPER_AVERAGE_ROWS["ara80"],
 ) -> list[str]:
     """The paper's Table 3: ARA@80 averaged over the datasets of each model x length x metric, and
-    its overall Average over the same rows as Table 1's (:func:`overall_keys`)."""
-    out = ["", "## Rejection accuracy at 80% averaged over datasets (↑, the paper's Table 3)", ""]
+    its overall Average over the row set ``rows`` (:func:`overall_keys`; the paper's: every judge)."""
+    title = f"the paper's Table 3; {_rows_title('ara80', rows)}"
+    out = ["", f"## Rejection accuracy at 80% averaged over datasets (↑, {title})", ""]
     out.append(
         "Mean ARA@80 over the tasks in the row, as the paper prints it (plus the mean accuracy). "
-        "**Average**: the mean over every paper-metric row (F1 and each judge), as in the AUROC "
-        "table."
+        "**Average**: the mean over the rows of F1 and every judge, as the paper's Table 3 "
+        "averages its 30 rows (F1, LLM and LLM-Instruct), unlike its AUROC tables."
     )
     out.append("")
     out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."])
-    in_overall = overall_keys(groups)
+    in_overall = overall_keys(groups, rows)
     every: dict[str, list[float]] = defaultdict(list)
     every_acc: list[float] = []
     n_cells = 0
@@ -455,6 +489,7 @@ def render_table(
     *,
     sections: Sequence[str] | None = None,
     run_labels: Sequence[str] | None = None,
+    average_rows: str | None = None,
 ) -> str:
     """Markdown tables: AUROC, averages over datasets, ARA@80, AURAC, temperatures, agreement.
 
@@ -473,6 +508,12 @@ def render_table(
         One name per run (``gnll table``: the run directories). Two runs holding the same model and
         task are refused without them (an average would count one dataset twice); with them, those
         runs' rows are labelled ``model (run)`` and the overall average is left out.
+    average_rows
+        The rows every overall **Average** spans, a key of
+        :data:`~gnll.evaluation.results.groups.AVERAGE_ROWS`. Default: the paper's set per table
+        (:data:`~gnll.evaluation.results.groups.PAPER_AVERAGE_ROWS`): F1 and the first judge for the
+        AUROC table (Tables 1 and 5), F1 and every judge for ARA@80 (Table 3). Each table's heading
+        names its set. The AUROC Average's star needs ``significance`` computed over the same rows.
 
     Returns
     -------
@@ -480,6 +521,7 @@ def render_table(
         The Markdown text, ending with a newline.
     """
     names = list(SECTIONS) if sections is None else list(sections)
+    check_average_rows(average_rows)
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown table sections {unknown}; known: {', '.join(SECTIONS)}")
@@ -503,5 +545,8 @@ def render_table(
     out: list[str] = []
     for name in SECTIONS:
         if name in names:
-            out += SECTIONS[name](results_list, significance)
+            section = SECTIONS[name]
+            if name in PAPER_AVERAGE_ROWS:
+                section = partial(section, rows=average_rows or PAPER_AVERAGE_ROWS[name])
+            out += section(results_list, significance)
     return "\n".join(out) + "\n"

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gnll import measures as M
-from gnll.backends.base import Generation
+from gnll.backends.base import EmptyAnswerError, Generation
 from gnll.evaluation.data.datasets import Example
 from gnll.evaluation.results.correctness import (
     contains_match,
@@ -45,9 +45,24 @@ def measure_logprobs(
     >>> s = Generation("a", [1], ["a"], [-1.0], "stop", sampling_logprobs=[-0.4])
     >>> measure_logprobs(s), measure_logprobs(s, sampling=True)
     ([-1.0], [-0.4])
+    >>> e = Generation("", [], [], [], "stop", terminator_token_ids=[198], terminator_logprobs=[-2.5],
+    ...                sampling_logprobs=[-0.9])
+    >>> measure_logprobs(e, sampling=True)
+    [-0.9]
     """
     if not gen.token_ids and not gen.tokens:
-        return gen.measured_logprobs if empty == "terminator" else []
+        if empty != "terminator":
+            return []
+        if sampling and gen.sampling_logprobs is not None:
+            # The stop token's log-prob under the tempered distribution, like every other sample's
+            # tokens (never the temperature-1 one mixed in).
+            if not gen.sampling_logprobs:
+                raise EmptyAnswerError(
+                    "a sampled answer is empty and its stop token's log-prob under the sampling "
+                    "distribution is unknown, so --sample_logprobs sampling cannot score it"
+                )
+            return [float(gen.sampling_logprobs[0])]
+        return gen.measured_logprobs
     if sampling and gen.sampling_logprobs is not None:
         return list(gen.sampling_logprobs)
     return gen.measured_logprobs

@@ -18,6 +18,7 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.identity import redact
+from gnll.evaluation.data.datasets import resolve_source
 from gnll.evaluation.data.tasks import Task, get_task
 from gnll.evaluation.results.correctness import (
     CORRECTNESS_METRICS,
@@ -45,7 +46,9 @@ class EvalConfig:
     limit: int | None = None
     data_dir: str | None = None
     data_path: str | None = None
-    data_source: str = "local"
+    # "auto": the full files when data_dir/data_path/$GNLL_DATA_DIR give them, else the embedded
+    # sample (resolved at construction, so a run records where its questions came from)
+    data_source: str = "auto"
     split_path: str | None = None  # ids of the evaluation pool (e.g. a test split), one per line
     pool_path: str | None = None  # a file the few-shot and held-out pools come from instead
     correctness: list[str] | None = None
@@ -87,6 +90,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         self.output_path = Path(self.output_path)
+        self.data_source = resolve_source(self.data_source, self.data_dir, self.data_path)
         self.tasks = [get_task(t).name for t in self.tasks]
         self.measures = M.validate(self.measures, paper_order=True)
         if self.judge is not None and not all(self.judges):

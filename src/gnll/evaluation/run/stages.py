@@ -350,7 +350,9 @@ class TopBeam:
         self.header = {**beams.header, "reference": "top beam"}
 
     def answer(self, key: Key) -> Generation:
-        return self.beams.generations(key)[0]  # sorted best first by rescore_beams
+        # Ranked here, not trusted from the cache's order: the beams are ranked by the empty-answer
+        # rule (:attr:`Generation.logprob`), ties to the first, as ``rescore_beams`` sorts them.
+        return max(self.beams.generations(key), key=lambda g: g.logprob)
 
 
 class TaskStages:

@@ -31,7 +31,10 @@ __all__ = [
     "prepare_output_dir",
 ]
 
-CACHE_VERSION = 3  # 3: samples seeded by (prompt, sample), not by chunk
+# 3: samples seeded by (prompt, sample), not by chunk. 4: beams ranked (and sampled empty answers
+# scored) by the empty-answer rule: a cache of version 3 may hold an empty top beam ranked first
+# with log-likelihood 0, so it is refused instead of resumed.
+CACHE_VERSION = 4
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
 OUTPUT_ENTRIES = (
     "run.json",

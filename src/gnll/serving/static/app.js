@@ -238,9 +238,9 @@ function render(q, choice, verdict) {
 function markLeastSpan(u) {
   const box = $("least-span");
   box.textContent = "";
-  const i = u.least_certain_span;
-  if (!u.spans || i === null || i === undefined || u.spans.length < 2) return;
-  const span = u.spans[i];
+  // least_certain_span is the span's path ("2", "$.city"), as on every gnll surface
+  const span = (u.spans || []).find((s) => s.path === u.least_certain_span);
+  if (!span || u.spans.length < 2) return;
   let pos = 0;
   for (const el of $("answer").querySelectorAll(".tok")) {
     const start = pos;

@@ -25,6 +25,7 @@ from typing import Any
 from gnll.backends.base import StreamingModel
 from gnll.serving import responses as R
 from gnll.serving.responses import Answer
+from gnll.uncertainty import Uncertainty
 
 log = logging.getLogger("gnll.serve")
 
@@ -194,7 +195,7 @@ class LiveStream:
     def closing(
         self,
         answers: Sequence[Answer],
-        records: Sequence[dict[str, Any]],
+        records: Sequence[Uncertainty],
         finishes: Sequence[str | None],
         usage: dict[str, int],
     ) -> list[str]:
@@ -203,7 +204,12 @@ class LiveStream:
         out = []
         for c, (answer, rec, finish) in enumerate(zip(answers, records, finishes, strict=True)):
             out += [self._piece(c, p) for p in self.held[c].finish(answer)]
-            last = {"index": c, "logprobs": None, "finish_reason": finish, "uncertainty": rec}
+            last = {
+                "index": c,
+                "logprobs": None,
+                "finish_reason": finish,
+                "uncertainty": rec.to_json(),
+            }
             last.update({"delta": {}} if self.chat else {"text": ""})
             out.append(self._chunk(last))
         if self.include_usage:
@@ -235,7 +241,7 @@ async def relay(
     live: LiveStream,
     events: AsyncIterator[tuple[str, Any]],
     first: tuple[str, Any],
-    finish: Callable[[Any], tuple[list[Answer], list[dict], list, dict[str, int]]],
+    finish: Callable[[Any], tuple[list[Answer], list[Uncertainty], list, dict[str, int]]],
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed request: chunks as tokens arrive, then the closing ones.
 

@@ -8,10 +8,11 @@ under ``refuse`` (the upstream is asked without streaming).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gnll.serving.responses import Answer, sse
+from gnll.serving.responses import Answer, new_id, sse
 
 
 def _pieces(answer: Answer, text: str) -> list[tuple[str, int | None]]:
@@ -40,7 +41,12 @@ def stream_chunks(
     pieces follow each other immediately; the stream still has the shape clients expect.
     """
     kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {"id": body["id"], "object": kind, "created": body["created"], "model": body["model"]}
+    base = {
+        "id": body.get("id") or new_id("chatcmpl" if chat else "cmpl"),
+        "object": kind,
+        "created": body.get("created") or int(time.time()),
+        "model": body.get("model"),
+    }
     for choice, answer in zip(body["choices"], answers, strict=True):
         i = choice["index"]
         text = choice["message"]["content"] if chat else choice["text"]

@@ -1,0 +1,184 @@
+"""Exact early decisions (issue 37): time to the escalate/refuse decision, early vs waiting for the end.
+
+One process loads SmolLM2-135M-Instruct once and answers the ``triviaqa_long`` questions (one
+sentence, zero-shot, up to 100 tokens, rendered as ``gnll eval`` renders them) through the serving
+engine (:class:`gnll.serving.engine.BatchingEngine`, the continuous decoding loop ``gnll serve``
+uses), one request at a time, in three arms per question, their order rotated per question:
+
+- ``full``: the whole greedy answer (what ``gnll serve`` did before early decisions): its G-NLL
+  gives the end-of-answer decision of both policies below;
+- ``escalate``: early decisions under the **calibrated** escalate policy: SmolLM2's shipped
+  calibration (``--calibration auto``, its fitted ``coverage`` rule);
+- ``refuse``: early decisions under ``--policy refuse --threshold T`` (raw G-NLL threshold).
+
+Reported per policy: decisions that differ from the end-of-answer decision (must be 0), and for
+the answers it refuses/escalates: mean seconds to the decision early vs the full answer's seconds
+(the decision time without early decisions), their ratio, and tokens generated. Run with ``nice``
+on a shared machine: the ratio is taken within one run, question by question.
+
+Usage::
+
+    nice -n 10 python bench/early_decisions.py --n 200 --threads 1 \\
+        --output bench/results/early_decisions.json
+    python bench/early_decisions.py --quick
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import common
+
+
+def main() -> None:
+    ap = common.parser(__doc__)
+    ap.add_argument("--n", type=int, default=None, help="questions (default 200; quick 6)")
+    ap.add_argument("--model", default=common.DEFAULT_MODEL)
+    ap.add_argument("--threshold", type=float, default=12.0, help="refuse arm's G-NLL threshold")
+    ap.add_argument("--task", default="triviaqa_long")
+    args = ap.parse_args()
+    common.setup_threads(args.threads)
+    info = common.machine()
+    from gnll import GenerationConfig, load_model
+    from gnll.evaluation.data.tasks import get_task
+    from gnll.measures import g_nll
+    from gnll.serving.engine import BatchingEngine
+    from gnll.serving.uncertainty import AbstentionPolicy
+
+    n = args.n or (6 if args.quick else 200)
+    td = get_task(args.task).load()
+    examples = td.split("eval", n)
+    prompts = [td.prompt(ex) for ex in examples]
+    model = load_model(args.model, progress=False)
+    config = GenerationConfig.greedy(max_new_tokens=td.task.max_new_tokens)
+    policies = {
+        "escalate": AbstentionPolicy.from_calibration("auto", model=model.name, mode="escalate"),
+        "refuse": AbstentionPolicy(mode="refuse", threshold=args.threshold),
+    }
+    for p in policies.values():
+        p.early_decision()  # refuses a policy on which early decisions are not exact
+
+    async def run(report) -> list[dict[str, Any]]:
+        engine = BatchingEngine(model, max_batch_prompts=1)
+        engine.start()
+        rows = []
+        try:
+            arms = ["full", *policies]
+            for q, prompt in enumerate(prompts):
+                row: dict[str, Any] = {"question": q}
+                k = q % len(arms)
+                for arm in arms[k:] + arms[:k]:  # rotate the order: no arm always runs first
+                    early = None
+                    if arm != "full":
+                        early = lambda p=policies[arm]: p.early_decision()  # noqa: E731
+                    t = time.perf_counter()
+                    out = await engine.decode([prompt], config, early=early)
+                    seconds = time.perf_counter() - t
+                    gen = out.generations[0][0]
+                    facts = (out.decisions or [[None]])[0][0]
+                    row[arm] = {
+                        "seconds": seconds,
+                        "tokens": facts["tokens_generated"]
+                        if facts
+                        else len(gen.token_ids) + len(gen.terminator_token_ids),
+                        "answer_tokens": len(gen.token_ids),
+                        "g_nll": g_nll(gen.measured_logprobs),
+                        "early": facts,
+                    }
+                full_g = _g_nll(row["full"])
+                for name, p in policies.items():
+                    end = bool(p.decide(full_g)[1])
+                    decided = row[name]["early"] is not None
+                    at_end = bool(p.decide(_g_nll(row[name]))[1])
+                    row[name]["end_decision"] = end
+                    row[name]["decision"] = decided or at_end
+                rows.append(row)
+                if args.output and len(rows) % 20 == 0:
+                    report(rows, partial=True)  # a checkpoint: a cut-short run still reports
+                if q % 10 == 0 or args.quick:
+                    print(
+                        f"  q{q}: full {row['full']['seconds']:.2f} s {row['full']['tokens']} tok; "
+                        + "; ".join(
+                            f"{a} {row[a]['seconds']:.2f} s {row[a]['tokens']} tok "
+                            f"{'early' if row[a]['early'] else ''}"
+                            for a in policies
+                        ),
+                        flush=True,
+                    )
+        finally:
+            engine.stop()
+        return rows
+
+    def report(rows: list[dict[str, Any]], partial: bool) -> None:
+        summary_rows, results = summarise(rows, policies)
+        print(common.table(summary_rows), flush=True)
+        common.finish(
+            "early_decisions",
+            args,
+            {
+                "task": args.task,
+                "model": model.name,
+                "partial": partial,
+                "summary": results,
+                "per_question": rows,
+            },
+            dict(info),
+        )
+
+    rows = asyncio.run(run(report))
+    report(rows, partial=False)
+
+
+def summarise(rows: list[dict[str, Any]], policies: dict[str, Any]) -> tuple[list, dict]:
+    summary_rows, results = [], {}
+    for name, p in policies.items():
+        changed = sum(r[name]["decision"] != r[name]["end_decision"] for r in rows)
+        hit = [r for r in rows if r[name]["end_decision"]]
+        early_s = [r[name]["seconds"] for r in hit]
+        full_s = [r["full"]["seconds"] for r in hit]
+        res = {
+            "policy": p.describe(),
+            "questions": len(rows),
+            "abstained": len(hit),
+            "decided_early": sum(r[name]["early"] is not None for r in hit),
+            "decision_changes": changed,
+            "mean_s_to_decision_early": statistics.fmean(early_s) if hit else None,
+            "mean_s_to_decision_full": statistics.fmean(full_s) if hit else None,
+            "ratio_of_means": statistics.fmean(early_s) / statistics.fmean(full_s) if hit else None,
+            "median_paired_ratio": statistics.median(
+                e / f for e, f in zip(early_s, full_s, strict=True)
+            )
+            if hit
+            else None,
+            "tokens_abstained_early": sum(r[name]["tokens"] for r in hit),
+            "tokens_abstained_full": sum(r["full"]["tokens"] for r in hit),
+            "tokens_all_early": sum(r[name]["tokens"] for r in rows),
+            "tokens_all_full": sum(r["full"]["tokens"] for r in rows),
+            "seconds_all_early": sum(r[name]["seconds"] for r in rows),
+            "seconds_all_full": sum(r["full"]["seconds"] for r in rows),
+        }
+        results[name] = res
+        summary_rows.append(
+            {
+                "policy": name,
+                "abstained": f"{res['abstained']}/{len(rows)}",
+                "changes": changed,
+                "s early": res["mean_s_to_decision_early"],
+                "s full": res["mean_s_to_decision_full"],
+                "ratio": res["ratio_of_means"],
+                "tokens early": res["tokens_abstained_early"],
+                "tokens full": res["tokens_abstained_full"],
+            }
+        )
+    return summary_rows, results
+
+
+def _g_nll(arm: dict[str, Any]) -> float:
+    return arm["g_nll"]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Who hears about a request's answers: the observers :func:`gnll.serving.create_app` notifies.
+
+Once a request's answers are known (a stream's when it has ended, also when the client left), the
+app hands one :class:`Answered` to every observer in its list, in order: the Prometheus metrics
+(:class:`~gnll.serving.metrics.Metrics`), the access log's uncertainty fields (:class:`AccessLog`),
+the OpenTelemetry events of ``--otel`` (:class:`~gnll.serving.tracing.Emitter`) and any observer
+passed to ``create_app(observers=...)``. Each reads the typed records
+(:class:`gnll.uncertainty.Uncertainty`); none of them changes what the client gets.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from gnll.uncertainty import Uncertainty
+
+__all__ = ["AccessLog", "Answered", "Observer", "response_id_of"]
+
+
+@dataclass
+class Answered:
+    """The answers of one request, once they are known.
+
+    Attributes
+    ----------
+    records:
+        One uncertainty record per choice (empty when a stream broke off before its end).
+    response_id:
+        The response's ``id`` (``None`` when no body or chunk carried one).
+    entry:
+        The request's access-log entry, written when the request is logged.
+    stream_sent:
+        For a stream, whether it was sent to its end (``None``: not a stream).
+    stream_error:
+        The message of the error event that ended a stream, if one did.
+    """
+
+    records: Sequence[Uncertainty]
+    response_id: str | None
+    entry: dict[str, Any] = field(default_factory=dict)
+    stream_sent: bool | None = None
+    stream_error: str | None = None
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Anything that hears of every request's answers."""
+
+    def answered(self, event: Answered) -> None: ...
+
+
+def uncertainty_fields(records: Sequence[Uncertainty]) -> dict[str, Any]:
+    """What the access log says about a request's answers."""
+    return {
+        "choices": len(records),
+        "g_nll": [r.g_nll for r in records],
+        "num_tokens": [r.num_tokens for r in records],
+        "abstain": [r.abstain for r in records],
+    }
+
+
+class AccessLog:
+    """Puts the answers' uncertainty into the request's access-log entry (``gnll.serve.access``)."""
+
+    def answered(self, event: Answered) -> None:
+        event.entry.update(uncertainty_fields(event.records))
+        if event.stream_sent is not None:
+            event.entry["stream_sent"] = event.stream_sent
+        if event.stream_error is not None:
+            event.entry["error"] = event.stream_error
+
+
+def response_id_of(chunk: str | bytes) -> str | None:
+    """The ``id`` of one server-sent-event chunk (``None`` for ``[DONE]`` or an error event)."""
+    text = chunk.decode() if isinstance(chunk, bytes) else str(chunk)
+    if not text.startswith("data: {"):
+        return None
+    try:
+        value = json.loads(text[6:]).get("id")
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None

@@ -1,0 +1,123 @@
+"""`gnll serve --model` with exact early decisions: an answer that will be refused or escalated stops
+at the token where that is certain, with the same decision as waiting for its end.
+
+The fast tests run the real engine and app around the scripted decoding loop of serve_helpers
+(one token per step, counted); the model test runs SmolLM2 on TriviaQA questions both ways.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from serve_helpers import LONG, ScriptedModel, StreamingModel
+
+from gnll.measures import g_nll
+from gnll.measures.early import EarlyDecisionError
+from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
+from gnll.serving.server import ServerThread
+from gnll.serving.uncertainty import DEFAULT_REFUSAL
+
+
+def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": max_tokens},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def serve(model, **settings):
+    return ServerThread(build_inprocess_app(model, ServeSettings(**settings), max_wait_ms=5))
+
+
+def test_refused_answer_stops_at_the_decision_token_with_the_same_decision():
+    policy = AbstentionPolicy(mode="refuse", threshold=3.0)
+    runs = {}
+    for early in (True, False):
+        model = StreamingModel()
+        with serve(model, policy=AbstentionPolicy(mode="refuse", threshold=3.0), early=early) as s:
+            runs[early] = ask(s, "long"), model.generated
+    (on, made_on), (off, made_off) = runs[True], runs[False]
+    assert on["text"] == off["text"] == DEFAULT_REFUSAL
+    u_on, u_off = on["uncertainty"], off["uncertainty"]
+    assert u_on["abstain"] is u_off["abstain"] is True
+    # LONG is 200 tokens of log-prob -0.5: G-NLL passes 3.0 at the 7th (3.5 > 3.0).
+    assert u_on["early"] is True and u_on["decided_at_token"] == 7
+    assert u_on["g_nll"] == 3.5 and u_on["g_nll_is_lower_bound"] is True
+    assert made_on == u_on["tokens_generated"] == 7
+    assert u_on["tokens_saved"] == 100 - 7
+    assert made_off == 100 and u_off["g_nll"] == g_nll(LONG[1][:100])
+    assert "early" not in u_off
+    assert policy.decide(u_off["g_nll"])[1] == policy.decide(u_on["g_nll"])[1]
+
+
+def test_an_answer_the_policy_keeps_runs_to_its_end():
+    model = StreamingModel()
+    with serve(model, policy=AbstentionPolicy(mode="refuse", threshold=3.0)) as s:
+        c = ask(s, "capital?")
+    assert c["text"] == "Paris." and c["uncertainty"]["abstain"] is False
+    assert "early" not in c["uncertainty"]
+
+
+def test_tokens_held_for_a_stop_string_are_not_counted():
+    # Stop string " w2 w3": from " w2" on, every token may belong to it and is held back, so the
+    # rule only ever sees " w0 w1" (G-NLL 1.0 <= 1.4) and never decides early, although the
+    # generated tokens' G-NLL passes 1.4 at the third. (The scripted loop does not cut stop strings,
+    # so the finished answer is all 30 tokens and is refused at its end.)
+    model = StreamingModel()
+    with serve(model, policy=AbstentionPolicy(mode="refuse", threshold=1.4)) as s:
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"prompt": "long", "max_tokens": 30, "stop": [" w2 w3"]},
+            timeout=60,
+        ).json()["choices"][0]["uncertainty"]
+    assert "early" not in r and model.generated == 30 and r["abstain"] is True
+
+
+def test_escalation_starts_at_the_decision_token():
+    big = ScriptedModel()
+    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=5)) as up:
+        model = StreamingModel()
+        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
+        app = build_inprocess_app(
+            model, settings, max_wait_ms=5, escalate_to=up.url + "/v1", escalate_model="scripted"
+        )
+        with ServerThread(app) as s:
+            c = ask(s, "long")
+    u = c["uncertainty"]
+    assert u["escalated"] is True and u["local"]["early"] is True
+    assert u["local"]["decided_at_token"] == 5 and model.generated == 5
+    assert u["local"]["text"] == " w0 w1 w2 w3 w4"  # what the local model had said by then
+
+
+def test_early_decisions_are_refused_where_they_cannot_be_exact():
+    with pytest.raises(EarlyDecisionError, match="--policy refuse or escalate"):
+        ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0), early=True)
+    # By default they are simply off for such policies.
+    assert ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0)).early is False
+    assert ServeSettings(policy=AbstentionPolicy(mode="refuse", threshold=1.0)).early is True
+
+
+@pytest.mark.model
+def test_smollm_same_decisions_with_and_without_early_stopping(smollm):
+    """Ten TriviaQA questions, asked for long answers: every refusal is the same both ways, the
+    early ones stop at or before the full answer's end, and tokens are saved overall."""
+    from gnll.evaluation.data.tasks import get_task
+
+    td = get_task("triviaqa_long").load()
+    prompts = [td.prompt(ex) for ex in td.split("eval", 10)]
+    out = {}
+    for early in (True, False):
+        with serve(smollm, policy=AbstentionPolicy(mode="refuse", threshold=8.0), early=early) as s:
+            out[early] = [ask(s, p, max_tokens=60)["uncertainty"] for p in prompts]
+    saved = 0
+    for on, off in zip(out[True], out[False], strict=True):
+        assert on["abstain"] == off["abstain"]
+        if on.get("early"):
+            assert on["g_nll"] <= off["g_nll"] and on["decided_at_token"] <= off["num_tokens"]
+            saved += off["num_tokens"] - on["tokens_generated"]
+        else:
+            assert on["g_nll"] == off["g_nll"]
+    assert any(u.get("early") for u in out[True]) and saved > 0

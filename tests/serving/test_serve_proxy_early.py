@@ -1,0 +1,151 @@
+"""`gnll serve --upstream URL --policy refuse`: the proxy closes the upstream's stream at the exact
+early decision, and the upstream sees the disconnect there.
+
+The upstream is a stand-in OpenAI server that streams a 200-token answer, one token per chunk with
+a pause between them, and records how many tokens it had sent when its client went away (a write
+to a closed connection fails).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from gnll.serving import AbstentionPolicy, ServeSettings, create_app
+from gnll.serving.proxy import ProxyService
+from gnll.serving.server import ServerThread
+
+TOKENS = 200
+LOGPROB = -0.5
+PAUSE = 0.05
+
+
+class StreamingUpstream:
+    """An OpenAI-compatible stand-in whose streamed answers record the client's disconnect."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []  # per streamed request: tokens written before the end
+        self.disconnected: list[bool] = []
+        self.done = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
+                self._json({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if not body.get("stream"):
+                    toks = [f" w{i}" for i in range(TOKENS)]
+                    lp = {"tokens": toks, "token_logprobs": [LOGPROB] * TOKENS}
+                    c = {"index": 0, "text": "".join(toks), "logprobs": lp, "finish_reason": "stop"}
+                    self._json({"id": "x", "model": "fake", "choices": [c]})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                sent, gone = 0, False
+                try:
+                    for i in range(min(TOKENS, body.get("max_tokens") or TOKENS)):
+                        lp = {"tokens": [f" w{i}"], "token_logprobs": [LOGPROB]}
+                        chunk = {"index": 0, "text": f" w{i}", "logprobs": lp, "finish_reason": None}
+                        self._event({"id": "x", "model": "fake", "choices": [chunk]})
+                        sent += 1
+                        time.sleep(PAUSE)
+                    last = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
+                    self._event({"id": "x", "model": "fake", "choices": [last]})
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
+                    gone = True  # the client closed the connection: stop generating
+                outer.sent.append(sent)
+                outer.disconnected.append(gone)
+                outer.done.set()
+
+            def _event(self, data) -> None:
+                self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+                self.wfile.flush()
+
+            def _json(self, data) -> None:
+                raw = json.dumps(data).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def upstream():
+    up = StreamingUpstream()
+    yield up
+    up.close()
+
+
+def proxy(url: str, **settings) -> ServerThread:
+    return ServerThread(create_app(ProxyService(url, server="vllm"), ServeSettings(**settings)))
+
+
+def test_proxy_disconnects_the_upstream_at_the_decision_token(upstream):
+    policy = AbstentionPolicy(mode="refuse", threshold=3.0)
+    with proxy(upstream.url, policy=policy) as px:
+        r = httpx.post(
+            px.url + "/v1/completions",
+            json={"model": "fake", "prompt": "q", "max_tokens": TOKENS},
+            timeout=60,
+        )
+    u = r.json()["choices"][0]["uncertainty"]
+    # 7 tokens of NLL 0.5 pass the threshold 3.0: decided there, the rest never asked for.
+    assert u["refused"] is True and u["early"] is True and u["decided_at_token"] == 7
+    assert u["g_nll"] == 3.5 and u["tokens_saved"] == TOKENS - 7
+    assert upstream.done.wait(30)
+    assert upstream.disconnected == [True]
+    # The upstream notices at its next writes after the close (a write into the socket buffer
+    # may still succeed); it stopped long before its 200 tokens.
+    assert 7 <= upstream.sent[0] <= 7 + 10
+
+
+def test_proxy_without_early_decisions_reads_the_whole_answer(upstream):
+    policy = AbstentionPolicy(mode="refuse", threshold=3.0)
+    with proxy(upstream.url, policy=policy, early=False) as px:
+        r = httpx.post(
+            px.url + "/v1/completions",
+            json={"model": "fake", "prompt": "q", "max_tokens": TOKENS},
+            timeout=60,
+        )
+    u = r.json()["choices"][0]["uncertainty"]
+    assert u["refused"] is True and "early" not in u and u["g_nll"] == 100.0
+    assert upstream.sent == []  # one non-streaming request: nothing was cut
+
+
+def test_an_answer_the_policy_keeps_is_streamed_to_its_end(upstream):
+    policy = AbstentionPolicy(mode="refuse", threshold=1000.0)
+    with proxy(upstream.url, policy=policy) as px:
+        r = httpx.post(
+            px.url + "/v1/completions",
+            json={"model": "fake", "prompt": "q", "max_tokens": 20},
+            timeout=60,
+        )
+    c = r.json()["choices"][0]
+    assert c["uncertainty"]["abstain"] is False and c["uncertainty"]["g_nll"] == 10.0
+    assert c["text"] == "".join(f" w{i}" for i in range(20))
+    assert upstream.done.wait(30) and upstream.disconnected == [False]
