@@ -135,7 +135,8 @@ def test_responses_api_output_text_logprobs():
     choice, s = responses_answer_choice(load("responses.json"))
     g = to_generation(read_choice(choice), GenerationConfig.greedy(), eos_logprob=False, where="r")
     assert g.text == "The answer is 4." and -g.logprob == pytest.approx(ANSWER_NLL)
-    assert s.source == "responses" and s.trace_nll is None or s.trace_tokens == 0
+    assert s.source == "responses" and s.trace_nll is None and not s.trace_reported
+    assert s.record()["trace_tokens"] is None  # unknown, not 0
     empty = load("responses.json")
     empty["output"][1]["content"][0]["logprobs"] = []
     with pytest.raises(ReasoningError, match="no `output_text` log-probs"):

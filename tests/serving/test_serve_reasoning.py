@@ -12,8 +12,10 @@ from pathlib import Path
 
 import openai
 import pytest
+from serve_helpers import ScriptedModel
 from standin import StandIn
 
+from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, create_app
 from gnll.serving.proxy import ProxyService
 from gnll.serving.server import ServerThread
@@ -139,3 +141,48 @@ def test_early_refusal_counts_the_answer_not_the_trace():
     assert not u.get("refused") and u["abstain"] is False
     assert u["g_nll"] == pytest.approx(0.15) and u["trace_tokens"] == 8
     assert up.requests[-1][2]["stream"] is True  # the proxy watched the stream
+
+
+class Reasoner(ScriptedModel):
+    """Thinks "Let me think." (NLL 2.5), writes </think> (0.3), answers "Paris." (0.03)."""
+
+    def generate(self, prompts, config=None, **kwargs):
+        if config is not None and "</think>" in config.stop:
+            trace = Generation(
+                "Let me think.",
+                [1, 2],
+                ["Let me", " think."],
+                [-1.0, -1.5],
+                "stop",
+                stop_sequence="</think>",
+                terminator_token_ids=[3],
+                terminator_logprobs=[-0.3],
+            )
+            return [[trace] for _ in prompts]
+        return super().generate(prompts, config, **kwargs)
+
+
+def test_in_process_reasoning_model_and_a_proxy_in_front_report_the_answers_g_nll():
+    from gnll.backends.reasoning_model import ReasoningModel
+    from gnll.serving import build_inprocess_app
+
+    model = ReasoningModel(Reasoner(), "think")
+    app = build_inprocess_app(model, ServeSettings(), max_wait_ms=1)
+    with ServerThread(app) as upstream:
+        direct = client(upstream).chat.completions.create(model="scripted", messages=MSG)
+        with ServerThread(create_app(ProxyService(upstream.url + "/v1"), ServeSettings())) as px:
+            via = client(px).chat.completions.create(model="scripted", messages=MSG)
+    for r in (direct, via):
+        assert r.choices[0].message.content == "Paris."
+        assert r.choices[0].message.reasoning == "Let me think."
+        assert r.choices[0].uncertainty["g_nll"] == pytest.approx(0.03)
+        assert r.choices[0].uncertainty["scored"] == "answer"
+    u = direct.choices[0].uncertainty
+    assert u["trace_nll"] == pytest.approx(2.5) and u["reasoning_source"] == "generated"
+    assert (u["trace_tokens"], u["marker_tokens"], u["answer_tokens"]) == (2, 1, 2)
+    # the server's log-probs cover the answer only: the proxy says so
+    v = via.choices[0].uncertainty
+    assert v["reasoning_source"] == "answer-only"
+    assert "trace_nll" not in v and "trace_tokens" not in v  # unknown there, not 0
+    # the answer was decoded after prompt + <think> + trace + </think>
+    assert model.model.prompts[-1].endswith("<think>\nLet me think.\n</think>\n\n")

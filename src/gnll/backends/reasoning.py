@@ -198,7 +198,7 @@ class ReasoningSplit:
     @property
     def trace_nll(self) -> float | None:
         """``-sum`` of the trace's log-probs (``None`` when they were not reported)."""
-        if not self.trace_logprobs and self.trace_end:
+        if (not self.trace_logprobs and self.trace_end) or not self.trace_reported:
             return None
         return 0.0 - math.fsum(self.trace_logprobs)
 
@@ -224,8 +224,26 @@ class ReasoningSplit:
             return "trace"
         return "marker" if i < self.answer_start else "answer"
 
+    @property
+    def trace_reported(self) -> bool:
+        """Whether the trace's tokens were reported (not so when a server sent the answer's
+        log-probs only: then the trace's and marker's counts are unknown, not 0)."""
+        return self.source not in ("answer-only", "responses")
+
     def record(self) -> dict[str, Any]:
         """The fields serving and scoring report next to the answer's G-NLL."""
+        if not self.trace_reported:
+            return {
+                "format": self.format,
+                "source": self.source,
+                "trace_nll": None,
+                "trace_tokens": None,
+                "marker_tokens": None,
+                "answer_tokens": self.answer_tokens,
+                "split_at": None,
+                "marker_reported": False,
+                **({"notes": list(self.notes)} if self.notes else {}),
+            }
         return {
             "format": self.format,
             "source": self.source,

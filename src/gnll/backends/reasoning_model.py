@@ -172,8 +172,13 @@ class ReasoningModel(Model):
     ) -> list[ScoredAnswer]:
         """Teacher-forced answers given prompt + trace (``traces``; ``None``: the model's own
         greedy traces), the trace being context, not answer."""
-        if traces is None:
-            traces = [trace_text(t) for t in self.traces(prompts, raw_prompt=raw_prompt)]
+        given = list(traces) if traces is not None else [None] * len(prompts)
+        todo = [i for i, t in enumerate(given) if t is None]
+        if todo:
+            own = self.traces([prompts[i] for i in todo], raw_prompt=raw_prompt)
+            for i, t in zip(todo, own, strict=True):
+                given[i] = trace_text(t)
+        traces = [str(t) for t in given]
         contexts = [
             self.context(p, t, raw_prompt=raw_prompt) for p, t in zip(prompts, traces, strict=True)
         ]

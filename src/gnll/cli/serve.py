@@ -151,6 +151,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    reasoning: Annotated[
+        str | None,
+        typer.Option(
+            "--reasoning",
+            help="The model reasons before it answers: think, harmony or marker:TEXT. G-NLL is "
+            "the answer's, given the trace (in-process: greedy trace, then answer; --upstream: "
+            "for a server without a reasoning parser; one with a parser is recognised anyway).",
+        ),
+    ] = None,
     log_prompts: Annotated[
         bool,
         typer.Option(
@@ -180,6 +189,10 @@ def serve(
                 "--prompt-format instruction needs an in-process --model: an --upstream server "
                 "renders chat requests itself"
             )
+        if reasoning is not None:
+            from gnll.backends.reasoning import reasoning_format
+
+            reasoning_format(reasoning)  # a typo fails here, before anything loads
         extra = {"refusal": refusal} if refusal else {}
         if calibration is not None:
             if calibration != "auto" and not Path(calibration).is_file():
@@ -256,14 +269,19 @@ def serve(
     if upstream:
         from gnll.serving.proxy import ProxyService
 
-        service = ProxyService(upstream, api_key=upstream_api_key, timeout=upstream_timeout)
+        service = ProxyService(
+            upstream, api_key=upstream_api_key, timeout=upstream_timeout, reasoning=reasoning
+        )
         application = create_app(service, settings)
         what = f"proxy to {upstream}"
     else:
         from gnll import load_model
         from gnll.cli._args import model_kwargs
 
-        lm = load_model(model, **model_kwargs(model_args, model=model))
+        kwargs = model_kwargs(model_args, model=model)
+        if reasoning is not None:
+            kwargs["reasoning"] = reasoning
+        lm = load_model(model, **kwargs)
         application = build_inprocess_app(
             lm,
             settings,

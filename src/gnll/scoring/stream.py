@@ -189,7 +189,10 @@ def _score_items(
             continue
         prompts = [items[i].prompt for i in idx]
         answers = [items[i].answer for i in idx]
+        traces = [items[i].trace for i in idx]
         kw = {"raw_prompt": raw, "verbatim": verbatim}
+        if any(t is not None for t in traces):
+            kw["traces"] = traces
         try:
             res: list[ScoredAnswer | str] = list(
                 score(model, prompts, answers, batch_size=batch_size, **kw)
@@ -199,14 +202,22 @@ def _score_items(
                 res = [_message(e)]
             else:
                 res = []
-                for p, a in zip(prompts, answers, strict=True):
+                for p, a, t in zip(prompts, answers, traces, strict=True):
+                    one = {**kw, "traces": [t]} if "traces" in kw else kw
                     try:
-                        res.append(score(model, [p], [a], batch_size=1, **kw)[0])
+                        res.append(score(model, [p], [a], batch_size=1, **one)[0])
                     except ERRORS as e1:
                         res.append(_message(e1))
         for i, r in zip(idx, res, strict=True):
             out[i] = r
     return out
+
+
+def is_reasoning(model: Model) -> bool:
+    """A model that reasons before it answers (``--model_args reasoning=think``)."""
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    return isinstance(model, ReasoningModel)
 
 
 def _message(e: Exception) -> str:
@@ -243,7 +254,9 @@ def span_columns(tokens: Any, logprobs: Any, text: str, kind: str) -> dict[str, 
     }
 
 
-def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
+def _output_row(
+    item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any, reasoning: bool = False
+) -> dict[str, Any]:
     row = dict(item.row)
     row.update(
         input_line=item.line,
@@ -255,6 +268,8 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
         greedy_stops=s.greedy_stops,
         boundary_merged=s.boundary_merged,
     )
+    if reasoning:  # a reasoning model: the trace (given, or its own greedy one) is context
+        row["scored"] = "answer"
     if job.logprobs:
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
@@ -320,7 +335,9 @@ def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -
         ):
             fmt = item.prompt_format
             res.uncalibrated[fmt] = res.uncalibrated.get(fmt, 0) + 1
-        res.rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
+        res.rows.append(
+            _output_row(item, s, job, greedy[k] if greedy else None, is_reasoning(model))
+        )
     return res
 
 

@@ -162,10 +162,16 @@ def chat_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.refused else None
+        message = {"role": "assistant", "content": text, "refusal": None}
+        trace = getattr(a.reasoning, "trace_text", None)
+        if trace is not None and not rec.refused:
+            # A reasoning model's trace, where vLLM's reasoning parsers put it (a refused
+            # answer's trace is withheld with it).
+            message["reasoning"] = trace
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": lp,
                 "finish_reason": finish,
                 "uncertainty": rec.to_json(),
