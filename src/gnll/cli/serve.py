@@ -281,6 +281,14 @@ def serve(
         kwargs = model_kwargs(model_args, model=model)
         if reasoning is not None:
             kwargs["reasoning"] = reasoning
+        if pol.calibrator is not None and kwargs.get("reasoning"):
+            from gnll.calibration import scored_mismatch
+
+            # refused before the model loads: its answers are scored after the marker
+            why = scored_mismatch(pol.calibrator, "answer")
+            if why is not None:
+                typer.echo(f"gnll serve: {why}", err=True)
+                raise typer.Exit(2)
         lm = load_model(model, **kwargs)
         application = build_inprocess_app(
             lm,

@@ -112,6 +112,13 @@ class ScoreJob:
             raise ValueError(
                 f"{model.name} cannot score given answers: its backend cannot teacher-force"
             )
+        if self.calibrator is not None:
+            from gnll.calibration import scored_mismatch
+
+            # a reasoning model's answers are scored after the marker: another G-NLL
+            why = scored_mismatch(self.calibrator, "answer" if is_reasoning(model) else "output")
+            if why is not None:
+                raise ValueError(why)
         render = self.render_messages or (model.render_chat if model.capabilities.chat else None)
         return dataclasses.replace(self, render_messages=render)
 

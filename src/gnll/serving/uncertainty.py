@@ -147,14 +147,15 @@ class AbstentionPolicy:
         return self.calibrator is not None or self.threshold is not None
 
     def decide(
-        self, g_nll: float, prompt_format: str | None = None
+        self, g_nll: float, prompt_format: str | None = None, scored: str | None = None
     ) -> tuple[float | None, bool | None]:
         """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured, or
-        when the calibration was fitted on another prompt format than the answer's)."""
+        when the calibration was fitted on another prompt format than the answer's, or on answers
+        split otherwise: ``scored`` is ``"answer"`` for a reasoning model's, ``"output"`` else)."""
         if self.calibrator is not None:
             from gnll.calibration import calibration_applies
 
-            if not calibration_applies(self.calibrator, prompt_format):
+            if not calibration_applies(self.calibrator, prompt_format, scored):
                 return None, None
             p = float(self.calibrator.predict_proba([g_nll])[0])
             if self.min_p_correct is not None:
@@ -297,7 +298,8 @@ def uncertainty_record(
         )
     nll, ln = _g_nll(lps), _ln_g_nll(lps)
     greedy = decoding == "greedy"
-    p_correct, abstain = policy.decide(nll, prompt_format) if greedy else (None, None)
+    scored = "answer" if reasoning is not None else "output"
+    p_correct, abstain = policy.decide(nll, prompt_format, scored) if greedy else (None, None)
     return Uncertainty(
         decoding=decoding,
         g_nll=nll if greedy else None,
