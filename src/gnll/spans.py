@@ -129,7 +129,7 @@ class SpanReport:
             "spans": [s.to_dict() for s in self.spans],
             "unassigned_nll": self.unassigned_nll,
             "unassigned_tokens": self.unassigned_tokens,
-            "least_certain": top.path if top is not None else None,
+            "least_certain_span": top.path if top is not None else None,
         }
 
 

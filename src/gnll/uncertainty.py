@@ -30,13 +30,22 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from gnll.spans import Span, SpanReport
+from gnll.spans import Span, SpanKind, SpanReport, span_nlls
 
-__all__ = ["SPAN_FIELDS", "LocalAnswer", "SpanOut", "TraceConfidence", "Uncertainty", "span_fields"]
+__all__ = [
+    "SPAN_FIELDS",
+    "LocalAnswer",
+    "SpanOut",
+    "TraceConfidence",
+    "Uncertainty",
+    "span_columns",
+    "span_fields",
+]
 
 #: The span fields of one answer, named alike on every surface (``gnll ask --spans``, ``gnll score
 #: --spans``, every ``gnll serve`` answer).
@@ -110,6 +119,33 @@ def span_fields(report: SpanReport | None) -> dict[str, Any]:
         "spans": [SpanOut.of(s).model_dump() for s in report.spans],
         "spans_kind": report.kind,
         "least_certain_span": top.path if top is not None else None,
+    }
+
+
+def span_columns(
+    tokens: Sequence[str], token_logprobs: Sequence[float], text: str, kind: SpanKind
+) -> dict[str, Any]:
+    """The span fields of one answer as ``gnll ask --spans`` and ``gnll score --spans`` write them.
+
+    :func:`span_fields` of the answer's ``kind`` spans, with ``max_span_nll`` (the least certain
+    span's NLL) and ``unassigned_nll`` (the tokens in no span); when the answer has no spans of that
+    kind (no JSON in it), ``spans`` is ``None`` and ``spans_error`` says why.
+
+    >>> cols = span_columns(["{", '"a": ', "1", "}"], [-0.1, -0.2, -1.5, -0.1], '{"a": 1}', "json")
+    >>> cols["least_certain_span"], cols["max_span_nll"], round(cols["unassigned_nll"], 3)
+    ('$.a', 1.5, 0.4)
+    >>> span_columns(["no"], [-0.1], "no", "json")["spans_error"]
+    'the answer holds no JSON object or array'
+    """
+    try:
+        report = span_nlls(tokens, [float(x) for x in token_logprobs], text, kind)
+    except ValueError as exc:
+        return {**dict.fromkeys(SPAN_FIELDS), "spans_kind": kind, "spans_error": str(exc)}
+    top = report.least_certain()
+    return {
+        **span_fields(report),
+        "max_span_nll": top.nll if top is not None else None,
+        "unassigned_nll": report.unassigned_nll,
     }
 
 

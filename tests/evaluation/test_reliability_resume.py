@@ -65,3 +65,18 @@ def test_torn_chunk_on_the_real_backend_reproduces_the_samples(data_dir, tmp_pat
     assert _tear(run, "samples-t1", keep=1) == 3  # one chunk of 4: 1 record kept, 3 lost
     _resume(data_dir, ref, run, smollm, chunk_size=4, **opts)
     assert (run / "samples.jsonl").read_bytes() == (ref / "samples.jsonl").read_bytes()
+
+
+def test_resume_with_a_larger_limit_computes_only_the_new_questions(data_dir, tmp_path):
+    """A finished --limit 8 run resumed with --limit 16 asks the model 8 new questions, not 16: its
+    chunk was whole on disk (no torn append), so nothing of it is recomputed."""
+    opts = dict(tasks=["nq_open_short"], measures=["pe", "g-nll"], temperature=1.0, chunk_size=256)
+    run = tmp_path / "grow"
+    Evaluator(cfg(data_dir, run, limit=8, **opts), model=FakeModel()).run()
+    model = FakeModel()
+    Evaluator(cfg(data_dir, run, limit=16, resume=True, **opts), model=model).run()
+    assert model.calls["greedy"] == 8
+    assert model.calls["sample"] == 8  # prompts sampled: the new questions only
+    ref = tmp_path / "ref"
+    Evaluator(cfg(data_dir, ref, limit=16, **opts), model=FakeModel()).run()
+    assert (run / "samples.jsonl").read_bytes() == (ref / "samples.jsonl").read_bytes()

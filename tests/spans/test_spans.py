@@ -235,9 +235,10 @@ def test_gnll_ask_spans(monkeypatch):
     res = CliRunner().invoke(app, ["ask", "Q?", "--json", "--spans", "json"])
     assert res.exit_code == 0, res.output
     rec = json.loads(res.stdout)  # stderr says which model loads
-    assert [(s["path"], s["nll"]) for s in rec["spans"]["spans"]] == [("$.a", 1.5), ("$.b", 0.25)]
-    assert rec["spans"]["least_certain"] == "$.a"
-    total = sum(s["nll"] for s in rec["spans"]["spans"]) + rec["spans"]["unassigned_nll"]
+    assert [(s["path"], s["nll"]) for s in rec["spans"]] == [("$.a", 1.5), ("$.b", 0.25)]
+    # the span fields sit beside the measures, named as gnll score and gnll serve name them
+    assert rec["least_certain_span"] == "$.a" and rec["spans_kind"] == "json"
+    total = sum(s["nll"] for s in rec["spans"]) + rec["unassigned_nll"]
     assert total == pytest.approx(rec["g_nll"], abs=1e-9)
     res = CliRunner().invoke(app, ["ask", "Q?", "--spans", "sentence"])
     assert res.exit_code == 0 and "NLL per sentence" in res.output

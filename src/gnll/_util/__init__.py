@@ -117,6 +117,30 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
         fh.write("\n")
 
 
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``; a damaged or cut-short file is a ``ValueError`` that names it.
+
+    >>> p = Path(tempfile.mkdtemp()) / "results.json"
+    >>> _ = p.write_text('{"a": [1, 2')
+    >>> read_json(p)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: .../results.json is not valid JSON (Expecting ',' delimiter, line 1 column 12): ...
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        what = (
+            "empty"
+            if not text.strip()
+            else f"not valid JSON ({e.msg}, line {e.lineno} column {e.colno})"
+        )
+        raise ValueError(
+            f"{path} is {what}: the file is damaged or was cut short (e.g. by a crash or a full "
+            "disk while it was written)"
+        ) from None
+
+
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of a file's bytes, read in 1 MiB blocks (data files, checkpoint files)."""
     h = hashlib.sha256()

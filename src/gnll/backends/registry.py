@@ -30,6 +30,7 @@ __all__ = [
     "Backend",
     "EmbeddedModel",
     "available_backends",
+    "check_model",
     "embedded_model_dir",
     "get_backend",
     "load_model",
@@ -161,6 +162,38 @@ def load_model(
     >>> "Paris" in answer.text, answer.finish_reason in ("stop", "eos", "length")
     (True, True)
     """
+    check_model(name, backend=backend, reasoning=reasoning, trace_budget=trace_budget, **model_args)
+    factory = get_backend(backend).factory
+    if reasoning is None:
+        return factory(name, progress=progress, **model_args)
+    if backend == "openai":  # the server decodes the trace; its responses are split
+        return factory(name, progress=progress, reasoning=reasoning, **model_args)
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    model = factory(name, progress=progress, **model_args)
+    return ReasoningModel(
+        model, reasoning, trace_budget=256 if trace_budget is None else trace_budget
+    )
+
+
+def check_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    backend: str = "hf",
+    reasoning: str | None = None,
+    trace_budget: int | None = None,
+    **model_args: Any,
+) -> None:
+    """Refuse, in about a second and without loading anything, a model :func:`load_model` cannot
+    load: an unknown backend, a backend's missing argument, an hf model that is neither embedded,
+    a local path, in the hub cache nor on the hub
+    (:class:`~gnll.backends.resolve.ModelNotFound`). Run it before creating files for a model.
+
+    >>> check_model("smollm2-135m-instruct")
+    >>> check_model("m", backend="openai")
+    Traceback (most recent call last):
+    ValueError: backend='openai' needs base_url=http://HOST:PORT/v1
+    """
     if backend == "hf" and name not in EMBEDDED_MODELS:
         from gnll.backends.resolve import check_model_source
 
@@ -175,16 +208,9 @@ def load_model(
         raise ValueError(f"backend={backend!r} needs {needs}")
     if trace_budget is not None and reasoning is None:
         raise ValueError("trace_budget needs reasoning=think|harmony|marker:TEXT")
-    if reasoning is None:
-        return spec.factory(name, progress=progress, **model_args)
-    from gnll.backends.reasoning import reasoning_format
+    if reasoning is not None:
+        from gnll.backends.reasoning import reasoning_format
 
-    fmt = reasoning_format(reasoning)  # a typo fails before anything loads
-    if backend == "openai":
-        if trace_budget is not None:
+        reasoning_format(reasoning)  # a typo fails before anything loads
+        if backend == "openai" and trace_budget is not None:
             raise ValueError("trace_budget is for in-process models: a server decodes the trace")
-        return spec.factory(name, progress=progress, reasoning=reasoning, **model_args)
-    from gnll.backends.reasoning_model import ReasoningModel
-
-    model = spec.factory(name, progress=progress, **model_args)
-    return ReasoningModel(model, fmt, trace_budget=256 if trace_budget is None else trace_budget)

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binom
 
+from gnll._util import read_json
 from gnll.calibration.thresholds import clopper_pearson_lower
 
 __all__ = [
@@ -116,7 +117,7 @@ def _read(path: Path, measure: str, correctness: str | None) -> tuple[dict, str 
                 continue
             rows[(str(r.get("task")), str(r.get("id")))] = (float(score), float(bool(ok)))
     run_json = (samples.parent) / "run.json"
-    model = json.loads(run_json.read_text())["config"].get("model") if run_json.exists() else None
+    model = read_json(run_json)["config"].get("model") if run_json.exists() else None
     return rows, model
 
 

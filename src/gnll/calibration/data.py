@@ -16,7 +16,6 @@ Examples
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gnll._util import read_json
 from gnll._util.runfiles import SAMPLES, iter_samples, samples_path
 from gnll._util.tabular import file_format
 
@@ -115,12 +115,12 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
     }
     run_json = run_dir / "run.json"
     if run_json.exists():
-        info["model"] = json.loads(run_json.read_text())["config"].get("model")
+        info["model"] = read_json(run_json)["config"].get("model")
     templates = {}
     for task in sorted(tasks):
         fp = run_dir / "tasks" / task / "fingerprint.json"
         if fp.exists():
-            prefix = json.loads(fp.read_text()).get("prompt_prefix", "")
+            prefix = read_json(fp).get("prompt_prefix", "")
             templates[task] = prefix + "Question: {question}\nAnswer:"
     info["prompt_templates"] = templates
     return scores, labels, info, dropped

@@ -71,8 +71,18 @@ def ask(
     from gnll import load_model
     from gnll import measures as M
     from gnll.backends.prompting import check_format
-    from gnll.scoring.asking import AskOptionError, ask, check_ask_options
+    from gnll.scoring.asking import AskOptionError, ask, check_ask_options, check_question
 
+    try:
+        check_question(question)
+    except ValueError as exc:  # before the model loads; one line, like gnll generate's empty row
+        from rich.console import Console
+
+        from gnll.cli._errors import usage_failer
+
+        usage_failer(Console(stderr=True))(
+            f'{exc}: ask something, e.g. gnll ask "What is the capital of France?"'
+        )
     try:
         wanted = M.validate(measures)
     except ValueError as exc:
@@ -83,12 +93,14 @@ def ask(
         raise typer.BadParameter(str(exc), param_hint="--prompt-format") from exc
     try:  # before the model loads, not after the greedy pass
         check_ask_options(
-            samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
+            samples=samples,
+            beams=beams,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            spans=spans,
         )
     except AskOptionError as exc:
         raise typer.BadParameter(exc.reason, param_hint=f"--{exc.option}") from exc
-    if spans is not None and spans not in ("sentence", "json"):
-        raise typer.BadParameter(f"must be sentence or json, got {spans!r}", param_hint="--spans")
     typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
     lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
@@ -106,30 +118,17 @@ def ask(
         seed=seed,
         calibration=cal,
         prompt_format=fmt,
+        spans=spans,
     )
-    span_report = _spans(result.greedy, spans) if spans else None
     if as_json:
-        record = result.to_dict()
-        if span_report is not None:
-            record["spans"] = span_report
-        typer.echo(json.dumps(record, ensure_ascii=False))
+        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
         return
     _print_report(question, result.greedy, result.measures, result.calibrated(), fmt)
-    if span_report is not None:
-        _print_spans(span_report)
+    if result.spans is not None:
+        _print_spans(result.spans, len(result.greedy.tokens))
 
 
-def _spans(greedy, kind: str) -> dict[str, object]:
-    """The answer's span NLLs (:mod:`gnll.spans`), or ``{"error": ...}`` when it has none of that kind."""
-    from gnll.spans import span_nlls
-
-    try:
-        return span_nlls(greedy.tokens, greedy.token_logprobs, greedy.text, kind).to_dict()
-    except ValueError as exc:
-        return {"kind": kind, "error": str(exc)}
-
-
-def _print_spans(report: dict) -> None:
+def _print_spans(report: dict, num_tokens: int) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -137,19 +136,20 @@ def _print_spans(report: dict) -> None:
     from gnll.cli._errors import safe_text
 
     console = Console()
-    if "error" in report:
-        console.print(f"[yellow]spans:[/] {report['error']}")
+    if report["spans"] is None:
+        console.print(f"[yellow]spans:[/] {report['spans_error']}")
         return
+    unassigned = num_tokens - sum(s["num_tokens"] for s in report["spans"])
     table = Table(
-        title=f"NLL per {'JSON field' if report['kind'] == 'json' else 'sentence'}",
-        caption=f"not in any span: {report['unassigned_nll']:.4f} ({report['unassigned_tokens']} "
+        title=f"NLL per {'JSON field' if report['spans_kind'] == 'json' else 'sentence'}",
+        caption=f"not in any span: {report['unassigned_nll']:.4f} ({unassigned} "
         "tokens); * least certain",
         show_edge=False,
     )
     for col in ("span", "text", "NLL", "tokens"):
         table.add_column(col, justify="right" if col in ("NLL", "tokens") else "left")
     for s in report["spans"]:
-        mark = " *" if s["path"] == report["least_certain"] else ""
+        mark = " *" if s["path"] == report["least_certain_span"] else ""
         table.add_row(
             s["path"] + mark, Text(safe_text(s["text"])), f"{s['nll']:.4f}", str(s["num_tokens"])
         )

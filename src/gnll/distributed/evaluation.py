@@ -119,13 +119,10 @@ class RayEvaluator(Evaluator):
         ray = require_ray()
         return ray.get(self._replicas()[0].describe.remote(role))
 
-    @property
-    def model(self) -> Model:
-        if self._model is None:
-            self._model = _Remote(self, "model", self._describe("model"))
-            self._check_capabilities(self._model)
-        self._note_component("model", self._model)
-        return self._model
+    def _load_model(self) -> Model:
+        model = _Remote(self, "model", self._describe("model"))
+        self._check_capabilities(model)
+        return model
 
     @property
     def judge(self) -> Model:

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from gnll import measures as M
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.prompting import PromptFormat, check_format, instruction_prompt, prompt_for
+from gnll.spans import SPAN_KINDS, SpanKind
+from gnll.uncertainty import span_columns
 
 if TYPE_CHECKING:
     from gnll.calibration import Calibrator
@@ -49,6 +51,10 @@ class AskResult:
         What the measures needed (``None`` when none needed it).
     p_correct, abstain
         From a calibration, if one was given (``abstain`` only if it has a threshold).
+    spans
+        With ``spans=``: the greedy answer's span fields, named as on every surface
+        (:func:`gnll.uncertainty.span_columns`: ``spans``, ``spans_kind``, ``least_certain_span``,
+        ``max_span_nll``, ``unassigned_nll``, or ``spans_error``).
     """
 
     question: str
@@ -62,6 +68,7 @@ class AskResult:
     p_correct: float | None = None
     abstain: bool | None = None
     prompt_format: str = "instruction"
+    spans: dict[str, Any] | None = None
 
     @property
     def answer(self) -> str:
@@ -99,6 +106,8 @@ class AskResult:
             record["beam_token_logprobs"] = [g.token_logprobs for g in self.beams]
         if self.cluster_ids is not None:
             record["cluster_ids"] = list(self.cluster_ids)
+        if self.spans is not None:
+            record.update(self.spans)
         return record
 
 
@@ -108,6 +117,7 @@ def check_ask_options(
     beams: int = 5,
     temperature: float = 1.0,
     max_new_tokens: int | None = None,
+    spans: str | None = None,
 ) -> None:
     """Refuse options :func:`ask` cannot work with (raises :class:`AskOptionError`).
 
@@ -130,6 +140,24 @@ def check_ask_options(
         )
     if max_new_tokens is not None and max_new_tokens < 1:
         raise AskOptionError("max_new_tokens", f"must be >= 1, got {max_new_tokens}")
+    if spans is not None and spans not in SPAN_KINDS:
+        raise AskOptionError("spans", f"must be sentence or json, got {spans!r}")
+
+
+def check_question(question: object) -> str:
+    """The question, or ``ValueError`` when it is not text or is empty/whitespace: a model asked
+    nothing still answers something, with a G-NLL that means nothing.
+
+    >>> check_question("   ")
+    Traceback (most recent call last):
+    ...
+    ValueError: the question is empty
+    """
+    if not isinstance(question, str):
+        raise ValueError(f"the question must be text, got {type(question).__name__}")
+    if not question.strip():
+        raise ValueError("the question is empty")
+    return question
 
 
 def ask_calibration(
@@ -188,6 +216,7 @@ def ask(
     seed: int = 0,
     calibration: str | Calibrator | None = None,
     prompt_format: PromptFormat = "instruction",
+    spans: SpanKind | None = None,
 ) -> AskResult:
     """Answer ``question`` greedily and compute the requested uncertainty measures.
 
@@ -218,6 +247,9 @@ def ask(
         A :class:`gnll.calibration.Calibrator`, a ``gnll calibrate`` file or ``"auto"``: adds
         ``p_correct`` and ``abstain``. One fitted on another prompt format is refused
         (:class:`gnll.calibration.CalibrationFormatError`).
+    spans
+        ``"sentence"`` or ``"json"``: also split the answer's G-NLL over its sentences or JSON field
+        values (:mod:`gnll.spans`), in :attr:`AskResult.spans`.
 
     Returns
     -------
@@ -232,11 +264,16 @@ def ask(
     >>> result.answer, round(result.measures["g-nll"], 3)  # doctest: +SKIP
     ('Paris', 0.012)
     """
+    check_question(question)
     wanted = M.validate(measures)
     if "g-nll" not in wanted:
         wanted.insert(0, "g-nll")
     check_ask_options(
-        samples=samples, beams=beams, temperature=temperature, max_new_tokens=max_new_tokens
+        samples=samples,
+        beams=beams,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        spans=spans,
     )
     if isinstance(model, str):
         from gnll.backends import load_model
@@ -280,6 +317,11 @@ def ask(
         samples=sample_gens,
         cluster_ids=cluster_ids,
         prompt_format=fmt,
+        spans=(
+            None
+            if spans is None
+            else span_columns(greedy.tokens, greedy.token_logprobs, greedy.text, spans)
+        ),
     )
     if calibration is not None and calibrated is not None:
         result.p_correct = float(calibration.predict_proba([values[calibrated]])[0])

@@ -23,7 +23,7 @@ from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
 from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
-from gnll.spans import span_nlls
+from gnll.uncertainty import span_columns
 
 logger = logging.getLogger(__name__)
 
@@ -245,22 +245,6 @@ def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
     return out
 
 
-def span_columns(tokens: Any, logprobs: Any, text: str, kind: str) -> dict[str, Any]:
-    """``spans``, ``max_span_nll`` and ``least_certain_span`` of one answer (None, with
-    ``spans_error``, when it has no spans of that kind, e.g. no JSON)."""
-    try:
-        report = span_nlls(list(tokens), [float(x) for x in logprobs], text, kind)  # type: ignore[arg-type]
-    except ValueError as e:
-        return {"spans": None, "spans_error": str(e)}
-    top = report.least_certain()
-    return {
-        "spans": [sp.to_dict() for sp in report.spans],
-        "max_span_nll": top.nll if top is not None else None,
-        "least_certain_span": top.path if top is not None else None,
-        "unassigned_nll": report.unassigned_nll,
-    }
-
-
 def _output_row(
     item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any, reasoning: bool = False
 ) -> dict[str, Any]:
@@ -281,7 +265,7 @@ def _output_row(
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
     if job.spans:
-        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))
+        row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))  # type: ignore[arg-type]
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
         # the greedy answer's measured log-probs: an empty answer counts its stop token's

@@ -12,7 +12,6 @@ metrics; and the full configuration with seeds and library versions. It is deter
 
 from __future__ import annotations
 
-import json
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
-from gnll._util import jsonable
+from gnll._util import jsonable, read_json
 from gnll._util.runfiles import iter_samples
 from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements, judge_index
 from gnll.evaluation.results.groups import (
@@ -202,7 +201,7 @@ def load_results(path: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{p} not found: is {path} the --output_path of a finished `gnll eval` run?"
         )
-    data = json.loads(p.read_text(encoding="utf-8"))
+    data = read_json(p)
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{p}: not a gnll eval results file (schema {data.get('schema')!r})")
     return data

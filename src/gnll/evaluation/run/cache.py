@@ -58,6 +58,9 @@ class JsonlCache:
         self.path = Path(path)
         self.header = header
         self._offsets: dict[Key, int] = {}
+        #: When a torn last record was cut at load, the key of the complete record before it: the
+        #: append that was cut short may have left whole records up to (and including) this one.
+        self.torn_after: Key | None = None
         self._fh = None
         if self.path.exists():
             self._load()
@@ -85,6 +88,7 @@ class JsonlCache:
                 )
             good_end = fh.tell()
             lineno = 1
+            last: Key | None = None
             while True:
                 offset = fh.tell()
                 line = fh.readline()
@@ -92,8 +96,10 @@ class JsonlCache:
                     break
                 lineno += 1
                 if not line.endswith(b"\n"):
-                    break  # the process was killed while appending: a torn last record
-                self._offsets[_key_of(line, self.path, lineno)] = offset
+                    self.torn_after = last  # killed while appending: a torn last record
+                    break
+                last = _key_of(line, self.path, lineno)
+                self._offsets[last] = offset
                 good_end = fh.tell()
         if good_end < self.path.stat().st_size:
             with self.path.open("r+b") as fh:
@@ -111,6 +117,12 @@ class JsonlCache:
 
     def has(self, key: Key) -> bool:
         return key in self._offsets
+
+    def may_be_torn(self, keys: Iterable[Key]) -> bool:
+        """Whether the records of ``keys`` on disk may be the rest of an append a kill cut short
+        (they hold the last whole record before a torn one); otherwise each append they came from
+        is complete, e.g. an earlier run with a smaller ``--limit``."""
+        return self.torn_after is not None and self.torn_after in set(keys)
 
     def missing(self, keys: Iterable[Key]) -> list[Key]:
         return [k for k in keys if k not in self._offsets]

@@ -122,17 +122,22 @@ class Evaluator:
     @property
     def model(self) -> Model:
         if self._model is None:
-            from gnll.backends import load_model
-
-            logger.info("loading model %s", self.config.model)
-            t = time.perf_counter()
-            self._model = load_model(
-                self.config.model, progress=self.config.progress, **self.config.model_args
-            )
-            self.timer.add("load_model", time.perf_counter() - t)
-            self._check_capabilities(self._model)
+            self._model = self._load_model()
         self._note_component("model", self._model)
         return self._model
+
+    def _load_model(self) -> Model:
+        """The evaluated model, loaded and checked (the Ray engine's is a handle on replicas)."""
+        from gnll.backends import load_model
+
+        logger.info("loading model %s", self.config.model)
+        t = time.perf_counter()
+        model = load_model(
+            self.config.model, progress=self.config.progress, **self.config.model_args
+        )
+        self.timer.add("load_model", time.perf_counter() - t)
+        self._check_capabilities(model)
+        return model
 
     @property
     def judge(self) -> Model:
@@ -420,6 +425,11 @@ class Evaluator:
         ]
         for td in datas:
             td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
+        if self._model is None and not (cfg.resume and self.out.exists()):
+            # A new run computes everything, so it needs the model: loaded before the run
+            # directory exists, a mistyped --model leaves nothing behind. (A resumed run loads it
+            # only if something is left to compute.)
+            self._model = self._load_model()
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
             prepare_output_dir(self.out, resume=cfg.resume, overwrite=cfg.overwrite)

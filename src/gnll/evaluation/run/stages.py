@@ -121,11 +121,14 @@ class Stage(ABC):
         if todo:
             t = time.perf_counter()
             self._failed: dict[int, str] = {}
-            # A chunk partly on disk was torn by a kill mid-append. Recompute all of it, in one
+            # A chunk partly on disk because a kill tore its append: recompute all of it, in one
             # call as the uninterrupted run did, so that even batch-dependent float rounding is
             # the same, and append only the missing records: the resumed run is byte-identical.
+            # A chunk partly on disk from whole appends (an earlier run with a smaller --limit,
+            # or another --chunk_size) keeps them: only its missing questions are computed.
             # (Questions that failed are simply absent from the records; see _generate.)
-            batch = todo if len(todo) == len(chunk.keys) else list(range(len(chunk.keys)))
+            torn = len(todo) < len(chunk.keys) and self.cache.may_be_torn(chunk.keys)
+            batch = list(range(len(chunk.keys))) if torn else todo
             missing = {tuple(chunk.keys[i]) for i in todo}
             records = self.compute(chunk, batch)
             self.cache.append([r for r in records if (r["k"][0], int(r["k"][1])) in missing])

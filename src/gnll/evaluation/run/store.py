@@ -7,13 +7,12 @@ named by a hash of the configuration that produced them.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gnll._util import jsonable
+from gnll._util import jsonable, read_json
 from gnll._util.seeds import stable_hash
 from gnll.backends.identity import describe_diff, fill_unknown, outcome_args
 from gnll.evaluation.data.tasks import TaskData
@@ -128,7 +127,7 @@ class TaskRun:
             tdir.mkdir(parents=True, exist_ok=True)
             write_json_atomic(path, fp)
             return cls(data, tdir, fp)
-        old = json.loads(path.read_text())
+        old = read_json(path)
         new = jsonable(fp, nan="keep")
         if fill_unknown(old, new) != new:
             diffs = ["  " + line for line in describe_diff(old, new)]
@@ -137,7 +136,8 @@ class TaskRun:
                 "configuration:\n"
                 + "\n".join(diffs)
                 + "\nThe cached generations do not belong to this run. Use a new "
-                f"--output_path, or run without --resume to start {out} over."
+                f"--output_path, or pass --overwrite instead of --resume to delete {out}'s "
+                "earlier run and start over."
             )
         # Same run; a hub commit unknown before the first download is not a change, but once
         # known it is recorded, so a different commit is refused later on.
