@@ -75,3 +75,23 @@ def test_score_of_the_answer_given_its_trace_is_its_g_nll(smollm):
     # without the trace as context, the same answer has another NLL
     [plain] = score(smollm, ["What is 2+2?"], [answer])
     assert abs(plain.nll - (-g.logprob)) > 1e-3
+
+
+def test_ask_reports_the_answers_g_nll_and_the_trace_beside_it():
+    from gnll.backends.base import Generation
+    from gnll.scoring.asking import ask
+
+    class Reasoner(ToyModel):
+        def render_prompt(self, prompt):
+            return prompt
+
+        def generate(self, prompts, config=None, **kw):
+            if config is not None and "</think>" in config.stop:
+                g = Generation("Hm.", [1], ["Hm."], [-2.0], "stop", terminator_logprobs=[-0.1])
+            else:
+                g = Generation("4", [2], ["4"], [-0.25], "eos", terminator_logprobs=[-0.01])
+            return [[g] for _ in prompts]
+
+    r = ask(ReasoningModel(Reasoner()), "What is 2+2?").to_dict()
+    assert r["g_nll"] == pytest.approx(0.25) and r["answer"] == "4"
+    assert (r["scored"], r["trace"], r["trace_nll"], r["trace_tokens"]) == ("answer", "Hm.", 2.0, 1)
