@@ -7,6 +7,15 @@ import pytest
 # The tier markers' guard (tests/ is on the path: pyproject's pythonpath), for src/gnll's doctests too.
 pytest_plugins = ["tiers"]
 
+# The framework integrations import their framework (an optional extra) when imported: their doctest
+# collection would put LangChain & co. into the fast tier. tests/integrations tests them.
+collect_ignore_glob = [
+    "src/gnll/integrations/langchain.py",
+    "src/gnll/integrations/litellm.py",
+    "src/gnll/integrations/dspy.py",
+    "src/gnll/integrations/llamaindex.py",
+]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Docstring examples that load a real model get the ``model`` marker, like the tests that do,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import common
@@ -39,7 +40,17 @@ def main() -> None:
     ap.add_argument("--model", default=common.DEFAULT_MODEL)
     ap.add_argument("--threshold", type=float, default=12.0, help="refuse arm's G-NLL threshold")
     ap.add_argument("--task", default="triviaqa_long")
+    ap.add_argument("--start", type=int, default=0, help="skip the first START questions (shards)")
+    ap.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        help="combine the per-question rows of shard JSON files into --output (no decoding)",
+    )
     args = ap.parse_args()
+    if args.merge:
+        merge(args)
+        return
     common.setup_threads(args.threads)
     info = common.machine()
     from gnll import GenerationConfig, load_model
@@ -50,7 +61,7 @@ def main() -> None:
 
     n = args.n or (6 if args.quick else 200)
     td = get_task(args.task).load()
-    examples = td.split("eval", n)
+    examples = td.split("eval", args.start + n)[args.start :]
     prompts = [td.prompt(ex) for ex in examples]
     model = load_model(args.model, progress=False)
     config = GenerationConfig.greedy(max_new_tokens=td.task.max_new_tokens)
@@ -68,7 +79,7 @@ def main() -> None:
         try:
             arms = ["full", *policies]
             for q, prompt in enumerate(prompts):
-                row: dict[str, Any] = {"question": q}
+                row: dict[str, Any] = {"question": args.start + q}
                 k = q % len(arms)
                 for arm in arms[k:] + arms[:k]:  # rotate the order: no arm always runs first
                     early = None
@@ -130,6 +141,46 @@ def main() -> None:
 
     rows = asyncio.run(run(report))
     report(rows, partial=False)
+
+
+def merge(args: Any) -> None:
+    """Shards run side by side (``--start``) on a shared machine, combined into one result."""
+    import json
+
+    from gnll.serving.uncertainty import AbstentionPolicy
+
+    shards = [json.loads(Path(f).read_text()) for f in args.merge]
+    rows = sorted((r for sh in shards for r in sh["per_question"]), key=lambda r: r["question"])
+    if len({r["question"] for r in rows}) != len(rows):
+        raise SystemExit("the shards overlap: a question appears twice")
+    first = shards[0]
+    policies = {}
+    for name, res in first["summary"].items():
+        desc = res["policy"]
+        policies[name] = (
+            AbstentionPolicy.from_calibration("auto", model=first["model"], mode=desc["policy"])
+            if desc["calibrated"]
+            else AbstentionPolicy(mode=desc["policy"], threshold=desc["threshold_g_nll"])
+        )
+    summary_rows, results = summarise(rows, policies)
+    print(common.table(summary_rows))
+    out = {
+        "benchmark": "early_decisions",
+        "command": " ".join(sh["command"] for sh in shards)
+        + " ; "
+        + common.shlex.join(["python", *common.sys.argv]),
+        "quick": False,
+        "shards": [
+            {"command": sh["command"], "partial": sh["partial"], "machine": sh["machine"]}
+            for sh in shards
+        ],
+        "task": first["task"],
+        "model": first["model"],
+        "summary": results,
+        "per_question": rows,
+    }
+    args.output.write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(f"wrote {args.output}")
 
 
 def summarise(rows: list[dict[str, Any]], policies: dict[str, Any]) -> tuple[list, dict]:

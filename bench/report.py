@@ -38,6 +38,7 @@ ORDER = [
     "stop_split",
     "continuous_batching",
     "distributed",
+    "early_decisions",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -59,6 +60,8 @@ TITLES = {
     "stop_split": "Cutting an answer at its stop string (`StopRules.split`), before/now",
     "continuous_batching": "Continuous batching vs fixed batches, greedy and sampling (issue 17.3b)",
     "distributed": "`gnll score` on Ray: overhead against the local engine, 1 vs 2 replicas",
+    "early_decisions": "Exact early decisions: time to the escalate/refuse decision, early vs at the "
+    "end of the answer (issue 37)",
 }
 
 
@@ -349,6 +352,44 @@ def continuous_batching(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def early_decisions(r: dict[str, Any]) -> list[str]:
+    rows = []
+    for name, s in r["summary"].items():
+        rows.append(
+            {
+                "policy": f"{name}: {s['policy']['source']}",
+                "abstained": f"{s['abstained']}/{s['questions']}",
+                "decided early": s["decided_early"],
+                "decision changes": s["decision_changes"],
+                "mean s to decision, early": s["mean_s_to_decision_early"],
+                "mean s, full answer": s["mean_s_to_decision_full"],
+                "early/full": s["ratio_of_means"],
+                "median paired ratio": s["median_paired_ratio"],
+                "tokens early": s["tokens_abstained_early"],
+                "tokens full": s["tokens_abstained_full"],
+            }
+        )
+    total = r["summary"][next(iter(r["summary"]))]
+    partial = (
+        f" The run was stopped after {total['questions']} of the 200 questions it was started on "
+        "(a 2-core host shared with eight other sessions; the script writes a checkpoint every 20 "
+        "questions): the figures are those questions'."
+        if r.get("partial")
+        else ""
+    )
+    return [
+        f"{total['questions']} `{r['task']}` questions, {r['model']}, one request at a time "
+        "through the serving engine; per question the arms run back to back in rotating order "
+        "(full answer, then each policy with early decisions). The times and tokens are over the "
+        "answers the policy refuses/escalates (the end-of-answer decision); a decision change "
+        "is any question whose early-decision arm decides otherwise than the full answer's G-NLL."
+        + partial,
+        "",
+        common.table(rows),
+        "",
+    ]
+
+
 def stop_split(r: dict[str, Any]) -> list[str]:
     longest = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in r["summary"].items())
     return [
@@ -436,6 +477,7 @@ RENDER = {
     "stop_split": stop_split,
     "continuous_batching": continuous_batching,
     "distributed": distributed,
+    "early_decisions": early_decisions,
 }
 
 
@@ -496,6 +538,17 @@ def summary_rows(found: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         if name in found:
             s = found[name]["summary"]
             add("7 whole eval", target, f"{s['speedup_median']:.2f}x", s["met"])
+    if "early_decisions" in found:
+        s = found["early_decisions"]["summary"]["escalate"]
+        ratio = s["ratio_of_means"]
+        add(
+            "early decisions",
+            "escalated answers decided in <= 50% of the full local answer's time; 0 changes",
+            f"{ratio:.2f} of the time; {s['decision_changes']} changes"
+            if ratio is not None
+            else "no escalation",
+            None if ratio is None else ratio <= 0.5 and s["decision_changes"] == 0,
+        )
     if "scaling" in found:
         s = found["scaling"]["summary"]
         add(

@@ -19,7 +19,7 @@ fi
 OUT="${OUT:-$OUT_DEFAULT}"
 MAX_LOAD="${MAX_LOAD:-1.5}"
 WAIT_MINUTES="${WAIT_MINUTES:-60}"
-ALL="load_times overhead cost_per_method throughput scaling simulation beam_stage eval_speed prefix_attention stop_split continuous_batching distributed"
+ALL="load_times overhead cost_per_method throughput scaling simulation beam_stage eval_speed prefix_attention stop_split continuous_batching distributed early_decisions"
 ONLY="${ONLY:-$ALL}"
 mkdir -p "$OUT"
 

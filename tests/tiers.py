@@ -8,10 +8,11 @@ model      loads real model weights in the test process (the embedded models, Mi
 server     starts a server process (llama.cpp's server, ``gnll serve``)
 browser    drives a headless browser (Chromium through Playwright)
 e2e        runs gnll or Python in a subprocess (CLI runs, bench scripts, kill -9 and resume)
+integr...  drives a framework (LangChain, LiteLLM, DSPy, LlamaIndex): ``integration``
 =========  ==================================================================================
 
 The fast tier is every test without one of these markers (``-m "not (model or server or browser
-or e2e)"``, what ``scripts/test.sh --fast`` runs). It may build tiny random-weight models in
+or e2e or integration)"``, what ``scripts/test.sh --fast`` runs). It may build tiny random-weight models in
 memory or under pytest's temporary directory, but never loads a real checkpoint and never starts
 a process. The guard holds every test to that: during a test without ``model``, loading weights
 through transformers (other than a checkpoint the test saved under pytest's temporary directory),
@@ -35,7 +36,7 @@ from typing import Any
 
 import pytest
 
-TIERS = ("model", "server", "browser", "e2e")  # registered in pyproject.toml
+TIERS = ("model", "server", "browser", "e2e", "integration")  # registered in pyproject.toml
 
 # Session fixtures (tests/conftest.py) that hold real loaded models: requesting one is loading
 # weights, even when an earlier test of the session already paid for it.

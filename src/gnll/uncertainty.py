@@ -261,6 +261,16 @@ class Uncertainty(BaseModel):
                 data.pop(key, None)
         return data
 
+    @property
+    def early_decision(self) -> Uncertainty | None:
+        """The record that says where an exact early decision was made: this one (a refusal), the
+        local answer's after an escalation, or ``None`` when the decision waited for the end."""
+        if self.early:
+            return self
+        if self.local is not None and self.local.early:
+            return self.local
+        return None
+
     def to_json(self) -> dict[str, Any]:
         """The record as the JSON object clients get (fields that say nothing left out)."""
         return self.model_dump()

@@ -129,8 +129,10 @@ def test_save_load_round_trip_and_mismatch_warning(tmp_path):
     np.testing.assert_array_equal(same.abstain(grid), cal.abstain(grid))
     with pytest.warns(CalibrationMismatchWarning, match="model 'm1', used with 'm2'"):
         Calibrator.load(path, model="m2")
-    with pytest.warns(CalibrationMismatchWarning, match="prompt format"):
-        Calibrator.load(path, prompt_fingerprint="sha256:bbb")
+    with pytest.warns(CalibrationMismatchWarning, match="another prompt template") as caught:
+        Calibrator.load(path, prompt_fingerprint="sha256:bbb", prompt_description="my prompts")
+    message = str(caught[0].message)
+    assert "answers to my prompts" in message and "sha256" not in message  # words, not hashes
 
 
 def test_nan_scores_never_become_numbers():

@@ -110,6 +110,10 @@ def test_cli_cascade(tmp_path):
     assert all(r["gated"] > r["random"] for r in doc["at_rates"])
     assert (tmp_path / "cascade.png").stat().st_size > 1000
     assert "1 rows in only one run" in res.output
+    # the file is CascadeThreshold's: versioned, with the prompt format of gnll eval's runs
+    assert doc["format"] == C.FORMAT and doc["prompt_format"] == "instruction"
+    back = C.CascadeThreshold.load(out)
+    assert back.threshold == doc["threshold"]["threshold"] and back.meta["n"] == 400
     res = CliRunner().invoke(app, ["calibrate", "--cascade", str(tmp_path / "small")])
     assert res.exit_code == 2 and "two eval runs" in res.output
 

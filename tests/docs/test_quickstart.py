@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.walkthrough import Block, runnable_blocks
+from tests.docs.walkthrough import Block, runnable_blocks, used_before_written
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "docs" / "quickstart.md"
@@ -87,6 +87,18 @@ def test_quickstart_marks_a_runnable_block_for_every_job():
     assert any("is the input file" in e for b in blocks for e in b.expect)
 
 
+def test_quickstart_never_uses_a_file_before_the_page_shows_it():
+    assert used_before_written(runnable_blocks(QUICKSTART)) == []
+
+
+def test_quickstart_covers_escalate_streams_through_the_sdk_loop():
+    blocks = runnable_blocks(QUICKSTART)
+    runs = [b for b in blocks if "--policy escalate" in b.code]
+    assert runs and any("escalated: True" in e for e in runs[0].expect)
+    used = {b.file: b for b in blocks if b.file and b.file in runs[0].code}
+    assert any("chunk.choices[0]" in b.code and "stream=True" in b.code for b in used.values())
+
+
 @pytest.mark.e2e
 @pytest.mark.server
 def test_quickstart_runs_end_to_end(tmp_path):
@@ -100,14 +112,12 @@ def test_quickstart_runs_end_to_end(tmp_path):
     )
     ports = {"8000": str(_free_port()), "8001": str(_free_port())}
     blocks = runnable_blocks(QUICKSTART)
-    for block in blocks:  # files first: the page shows a file after the command that runs it
+    for block in blocks:  # strictly in page order, as a reader pastes them
         if block.file:
             code = block.code
             for doc_port, port in ports.items():
                 code = code.replace(f":{doc_port}", f":{port}")
             (tmp_path / block.file).write_text(code, encoding="utf-8")
-    for block in blocks:
-        if block.file:
             continue
         where = f"docs/quickstart.md:{block.line}"
         start = time.perf_counter()

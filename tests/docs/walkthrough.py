@@ -6,7 +6,9 @@ A fenced block runs when an HTML comment ``<!-- run ... -->`` stands on the line
 - ``<!-- run: expect "A" "B" -->``: run it and require each quoted string in its output;
 - ``<!-- run: file NAME -->``: write the block to NAME for a later block to use.
 
-Blocks without the comment (installs, cluster recipes) are shown, not run.
+Blocks without the comment (installs, cluster recipes) are shown, not run. Blocks run strictly in
+page order, files included: a block that uses a file the page shows only further down fails, as it
+would for a reader pasting the blocks one after the other (:func:`used_before_written`).
 """
 
 from __future__ import annotations
@@ -61,3 +63,32 @@ def runnable_blocks(path: Path) -> list[Block]:
         )
         i = end + 1
     return blocks
+
+
+def used_before_written(blocks: list[Block]) -> list[str]:
+    r"""Where a block uses a file (by name) that only a later ``file`` block writes.
+
+    Examples
+    --------
+    >>> run = Block("bash", "python client.py\n", 3)
+    >>> used_before_written([run, Block("python", "print(1)\n", 9, file="client.py")])
+    ['line 3 uses client.py, which the page writes only at line 9']
+    >>> used_before_written([Block("python", "print(1)\n", 1, file="client.py"), run])
+    []
+    """
+    problems, written = [], set()
+    for b in blocks:
+        if b.file:
+            written.add(b.file)
+            continue
+        for later in blocks:
+            name = later.file
+            if (
+                name
+                and name not in written
+                and re.search(rf"(?<![\w./-]){re.escape(name)}\b", b.code)
+            ):
+                problems.append(
+                    f"line {b.line} uses {name}, which the page writes only at line {later.line}"
+                )
+    return problems

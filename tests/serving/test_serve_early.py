@@ -92,12 +92,35 @@ def test_escalation_starts_at_the_decision_token():
     assert u["local"]["text"] == " w0 w1 w2 w3 w4"  # what the local model had said by then
 
 
+def test_metrics_and_otel_events_say_where_the_decision_was_made():
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    from gnll.serving.tracing import Emitter
+
+    exp, provider = InMemoryLogRecordExporter(), LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    policy = AbstentionPolicy(mode="refuse", threshold=3.0)
+    with serve(StreamingModel(), policy=policy, tracing=Emitter(provider)) as s:
+        ask(s, "long")
+        ask(s, "capital?")
+        metrics = httpx.get(s.url + "/metrics").text
+    assert 'gnll_early_decisions_total{action="refuse"} 1.0' in metrics
+    assert "gnll_early_tokens_saved_total 93.0" in metrics
+    attrs = [dict(getattr(e, "log_record", e).attributes) for e in exp.get_finished_logs()]
+    provider.shutdown()
+    early = [a for a in attrs if "gnll.early_decision.token" in a]
+    assert len(early) == 1 and early[0]["gnll.early_decision.token"] == 7
+    assert early[0]["gnll.early_decision.tokens_saved"] == 93
+    assert early[0]["gen_ai.evaluation.score.label"] == "abstain"
+
+
 def test_early_decisions_are_refused_where_they_cannot_be_exact():
     with pytest.raises(EarlyDecisionError, match="--policy refuse or escalate"):
         ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0), early=True)
     # By default they are simply off for such policies.
-    assert ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0)).early is False
-    assert ServeSettings(policy=AbstentionPolicy(mode="refuse", threshold=1.0)).early is True
+    assert not ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0)).decides_early
+    assert ServeSettings(policy=AbstentionPolicy(mode="refuse", threshold=1.0)).decides_early
 
 
 @pytest.mark.model
@@ -121,3 +144,36 @@ def test_smollm_same_decisions_with_and_without_early_stopping(smollm):
         else:
             assert on["g_nll"] == off["g_nll"]
     assert any(u.get("early") for u in out[True]) and saved > 0
+
+
+@pytest.mark.model
+def test_cascade_smollm_to_gemma_escalates_the_same_questions_early(smollm, gemma):
+    """SmolLM2 -> Gemma-3-270M on TriviaQA questions with long answers, under the calibrated escalate
+    policy: the same questions escalate with and without early decisions, to the same Gemma answer,
+    and the escalated ones stop SmolLM2 at or before the end of its answer."""
+    from gnll.evaluation.data.tasks import get_task
+
+    td = get_task("triviaqa_long").load()
+    prompts = [td.prompt(ex) for ex in td.split("eval", 6)]
+    policy = AbstentionPolicy(mode="escalate", threshold=12.0)
+    out = {}
+    with ServerThread(build_inprocess_app(gemma, ServeSettings(), max_wait_ms=5)) as up:
+        for early in (True, False):
+            settings = ServeSettings(policy=policy, early=early)
+            app = build_inprocess_app(
+                smollm, settings, max_wait_ms=5, escalate_to=up.url + "/v1", escalate_model=None
+            )
+            with ServerThread(app) as s:
+                out[early] = [ask(s, p, max_tokens=60) for p in prompts]
+    assert any(c["uncertainty"]["escalated"] for c in out[False])
+    for on, off in zip(out[True], out[False], strict=True):
+        u_on, u_off = on["uncertainty"], off["uncertainty"]
+        assert u_on["escalated"] == u_off["escalated"]
+        if u_off["escalated"]:
+            assert on["text"] == off["text"]  # Gemma's answer either way
+            local_on, local_off = u_on["local"], u_off["local"]
+            assert local_on["early"] is True
+            assert local_on["decided_at_token"] <= local_off["num_tokens"]
+            assert local_on["g_nll"] <= local_off["g_nll"]
+        else:
+            assert on["text"] == off["text"] and "early" not in u_on

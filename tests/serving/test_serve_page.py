@@ -105,3 +105,81 @@ def test_errors_show_next_to_the_ask_button(page):
     button = page.locator("#ask").bounding_box()
     error = page.locator("#error").bounding_box()
     assert 0 <= error["y"] - (button["y"] + button["height"]) < 80  # right under the button
+
+
+def _answer_with(page, prompt: str) -> None:
+    page.fill("#question", prompt)
+    page.click("#ask")
+    page.wait_for_selector("#answer[data-state=done]", timeout=30_000)
+
+
+def test_an_error_clears_the_previous_answer(page):
+    _answer_with(page, "What is the capital of France?")
+    assert page.locator("#result").is_visible()
+    body = {"error": {"message": "scripted failure", "type": "x", "param": None, "code": None}}
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(
+            status=400, content_type="application/json", body=json.dumps(body)
+        ),
+    )
+    page.fill("#question", "anything")
+    page.click("#ask")
+    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    assert page.locator("#result").is_hidden()  # no unrelated old answer under the new error
+
+
+def test_a_server_that_cannot_be_reached_is_said_in_words(page):
+    page.route("**/v1/chat/completions", lambda route: route.abort())
+    page.fill("#question", "anything")
+    page.click("#ask")
+    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    text = page.locator("#error").inner_text()
+    assert "Cannot reach the gnll server" in text and "Failed to fetch" not in text
+
+
+def test_the_rule_and_its_source_show_once(page):
+    _answer_with(page, "What is the capital of France?")
+    assert page.locator("body").inner_text().count("abstain when G-NLL > 1") == 1
+
+
+def test_one_token_is_singular(page):
+    u = {"g_nll": 0.1, "num_tokens": 1, "tokens": ["Paris"], "token_logprobs": [-0.1]}
+    chunk = {"choices": [{"index": 0, "delta": {"content": "Paris"}, "finish_reason": "stop"}]}
+    last = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "uncertainty": u}]}
+    events = f"data: {json.dumps(chunk)}\n\ndata: {json.dumps(last)}\n\ndata: [DONE]\n\n"
+    page.route(
+        "**/v1/chat/completions",
+        lambda route: route.fulfill(status=200, content_type="text/event-stream", body=events),
+    )
+    _answer_with(page, "anything")
+    assert page.locator("#n-tokens").inner_text() == "1 token"
+
+
+def test_the_page_says_which_prompt_a_picked_question_was_sent_with(page):
+    page.select_option("#example", index=1)
+    page.click("#ask")
+    page.wait_for_selector("#answer[data-state=done]", timeout=30_000)
+    asked = page.locator("#asked").inner_text()
+    assert "5-shot prompt of triviaqa_short" in asked
+
+
+def test_no_request_of_the_page_fails(page_url):
+    """Favicon included: the console shows no 404."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            failed: list = []
+            page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+            page.on("console", lambda m: failed.append(m.text) if m.type == "error" else None)
+            page.goto(page_url + "/")
+            page.wait_for_function(
+                "document.querySelector('#rule').textContent.length > 0", timeout=30_000
+            )
+            page.wait_for_timeout(500)
+        finally:
+            browser.close()
+    assert failed == []

@@ -56,7 +56,12 @@ class StreamingUpstream:
                 try:
                     for i in range(min(TOKENS, body.get("max_tokens") or TOKENS)):
                         lp = {"tokens": [f" w{i}"], "token_logprobs": [LOGPROB]}
-                        chunk = {"index": 0, "text": f" w{i}", "logprobs": lp, "finish_reason": None}
+                        chunk = {
+                            "index": 0,
+                            "text": f" w{i}",
+                            "logprobs": lp,
+                            "finish_reason": None,
+                        }
                         self._event({"id": "x", "model": "fake", "choices": [chunk]})
                         sent += 1
                         time.sleep(PAUSE)
@@ -107,7 +112,7 @@ def proxy(url: str, **settings) -> ServerThread:
 
 def test_proxy_disconnects_the_upstream_at_the_decision_token(upstream):
     policy = AbstentionPolicy(mode="refuse", threshold=3.0)
-    with proxy(upstream.url, policy=policy) as px:
+    with proxy(upstream.url, policy=policy, early=True) as px:
         r = httpx.post(
             px.url + "/v1/completions",
             json={"model": "fake", "prompt": "q", "max_tokens": TOKENS},
@@ -117,6 +122,7 @@ def test_proxy_disconnects_the_upstream_at_the_decision_token(upstream):
     # 7 tokens of NLL 0.5 pass the threshold 3.0: decided there, the rest never asked for.
     assert u["refused"] is True and u["early"] is True and u["decided_at_token"] == 7
     assert u["g_nll"] == 3.5 and u["tokens_saved"] == TOKENS - 7
+    assert r.json()["usage"] is None  # the upstream never counted the cut answer
     assert upstream.done.wait(30)
     assert upstream.disconnected == [True]
     # The upstream notices at its next writes after the close (a write into the socket buffer
@@ -124,9 +130,9 @@ def test_proxy_disconnects_the_upstream_at_the_decision_token(upstream):
     assert 7 <= upstream.sent[0] <= 7 + 10
 
 
-def test_proxy_without_early_decisions_reads_the_whole_answer(upstream):
+def test_proxy_decides_at_the_end_unless_asked_to_decide_early(upstream):
     policy = AbstentionPolicy(mode="refuse", threshold=3.0)
-    with proxy(upstream.url, policy=policy, early=False) as px:
+    with proxy(upstream.url, policy=policy) as px:  # the default in proxy mode
         r = httpx.post(
             px.url + "/v1/completions",
             json={"model": "fake", "prompt": "q", "max_tokens": TOKENS},
@@ -139,7 +145,7 @@ def test_proxy_without_early_decisions_reads_the_whole_answer(upstream):
 
 def test_an_answer_the_policy_keeps_is_streamed_to_its_end(upstream):
     policy = AbstentionPolicy(mode="refuse", threshold=1000.0)
-    with proxy(upstream.url, policy=policy) as px:
+    with proxy(upstream.url, policy=policy, early=True) as px:
         r = httpx.post(
             px.url + "/v1/completions",
             json={"model": "fake", "prompt": "q", "max_tokens": 20},

@@ -10,6 +10,7 @@ paths in ``test_serve_proxy_llamacpp.py``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -28,8 +29,11 @@ TOKENS = [("Par", -0.5), ("is", -0.25)]
 PROMPT_TOKENS = 7
 
 
-def fake_upstream(owner: str) -> FastAPI:
+def fake_upstream(owner: str, *, interrupt: bool = False) -> FastAPI:
+    """``interrupt``: a stream is cut (no content, no finish_reason) when another request arrives
+    while it runs, as llama-cpp-python's default ``--interrupt_requests true`` does."""
     app = FastAPI()
+    arrivals = [0]
 
     @app.get("/v1/models")
     async def models():
@@ -39,6 +43,8 @@ def fake_upstream(owner: str) -> FastAPI:
     async def chat(request: Request):
         body = await request.json()
         cut = body["messages"][-1]["content"] == "cut"
+        arrivals[0] += 1
+        mine = arrivals[0]
         content = [
             {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
             for t, lp in TOKENS
@@ -56,11 +62,13 @@ def fake_upstream(owner: str) -> FastAPI:
                 {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
             )
 
-        def events():
+        async def events():
             kind = {**base, "object": "chat.completion.chunk"}
             first = {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}
             yield f"data: {json.dumps({**kind, 'choices': [first]})}\n\n"
-            if not cut:
+            if interrupt:
+                await asyncio.sleep(0.3)
+            if not cut and not (interrupt and arrivals[0] != mine):
                 for entry in content:
                     piece = {
                         "index": 0,
@@ -155,3 +163,71 @@ def test_refuse_and_flag_keep_working_in_front_of_it():
                 timeout=30,
             )
             assert "Paris" not in r.text and sse(r.text)[-1] == "[DONE]"
+
+
+def test_doctor_streams_concurrently_and_names_the_interrupt_setting():
+    from gnll.backends.openai.doctor import _streams_check
+    from gnll.backends.openai.model import OpenAICompatModel
+
+    for interrupt, verdict in ((True, "fail"), (False, "pass")):
+        with ServerThread(fake_upstream("me", interrupt=interrupt)) as up:
+            model = OpenAICompatModel("small", base_url=up.url + "/v1", endpoint="chat")
+            check = _streams_check(model, 4)
+        assert model.profile.name == "llama-cpp-python"
+        assert check.verdict == verdict, check
+        if interrupt:
+            assert "3 of 4" in check.detail and "--interrupt_requests false" in check.fix
+
+
+def _serve_cli(args: list[str]):
+    """``gnll serve`` in-process with a busy port: everything up to listening runs (start-up
+    checks and warnings), then it stops with exit status 1 before loading a model."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        return CliRunner().invoke(app, ["serve", "--port", port, *args])
+
+
+def test_proxy_calibration_auto_says_why_it_cannot_apply():
+    res = _serve_cli(["--upstream", "http://127.0.0.1:9/v1", "--calibration", "auto"])
+    assert res.exit_code == 2, res.output
+    out = " ".join(res.output.split())
+    assert "None" not in out and "model None" not in out
+    assert "gnll ask's instruction prompts" in out and "chat" in out
+    assert "--prompt-format chat" in out
+
+
+def test_serve_warns_at_start_up_about_a_calibration_of_other_prompts(tmp_path):
+    """A calibration fitted on gnll eval's few-shot prompts, served to questions asked as gnll ask
+    asks them (same format name, instruction): one warning line in words, before listening."""
+    import numpy as np
+
+    from gnll.calibration import Calibrator, prompt_fingerprint
+
+    rng = np.random.default_rng(0)
+    g = rng.exponential(2.0, 500)
+    cal = Calibrator(method="platt").fit(g, rng.uniform(size=500) < np.exp(-g / 2))
+    cal.meta = {
+        "measure": "g-nll",
+        "model": "smollm2-135m-instruct",
+        "prompt_format": "instruction",
+        "prompt_fingerprint": prompt_fingerprint("Q: {question}\nA: Paris\n\nQuestion: {question}"),
+        "prompt_description": "prompts of gnll eval task(s) triviaqa_short",
+    }
+    path = cal.save(tmp_path / "cal.json")
+    args = ["--prompt-format", "instruction", "--calibration", str(path), "--policy", "flag"]
+    res = _serve_cli(args)
+    assert res.exit_code == 1, res.output
+    out = " ".join(res.output.split())
+    assert (
+        "warning: the calibration was fitted on answers to prompts of gnll eval task(s) "
+        "triviaqa_short, but is used on answers to questions asked as gnll ask asks them" in out
+    )
+    assert "sha256" not in out

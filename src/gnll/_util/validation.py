@@ -16,13 +16,18 @@ class ParameterError(ValueError):
     (``--`` + the message) while a Python caller reads the parameter's own name: every entry point
     gets the same check, made by the object itself (scikit-learn's ``_validate_params`` pattern).
 
+    ``others`` names the other parameters the message mentions by name (``"threshold"`` in "cannot
+    be given with threshold"), so a command line can name their options too.
+
     >>> str(ParameterError("chunk_size", "must be >= 1, got 0"))
     'chunk_size must be >= 1, got 0'
     """
 
-    def __init__(self, param: str, problem: str) -> None:
+    def __init__(self, param: str, problem: str, *, others: tuple[str, ...] = ()) -> None:
         super().__init__(f"{param} {problem}")
         self.param = param
+        self.problem = problem
+        self.others = others
 
 
 def check_scores_labels(

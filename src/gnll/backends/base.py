@@ -159,6 +159,36 @@ class EmptyAnswerError(ValueError):
     """An empty answer whose stop token's log-prob is unknown: no measure can score it."""
 
 
+class ContextOverflow(ValueError):
+    """A prompt that, with the tokens to generate, does not fit the model's context.
+
+    ``str()`` says it for a prompt of a batch (as ``gnll eval`` builds them, with few-shot
+    examples); :meth:`for_question` for a user's own question (``gnll ask``, ``gnll generate``).
+    """
+
+    def __init__(
+        self, model: str, index: int, prompt_tokens: int, max_new_tokens: int, context: int
+    ) -> None:
+        self.model, self.index = model, index
+        self.prompt_tokens, self.max_new_tokens, self.context = (
+            prompt_tokens,
+            max_new_tokens,
+            context,
+        )
+        super().__init__(
+            f"prompt {index} has {prompt_tokens} tokens; with max_new_tokens={max_new_tokens} "
+            f"that exceeds {model}'s context of {context} tokens: shorten the prompt (e.g. fewer "
+            "few-shot examples) or lower max_new_tokens"
+        )
+
+    def for_question(self) -> str:
+        return (
+            f"the question is too long: its prompt has {self.prompt_tokens} tokens, and with "
+            f"--max_new_tokens {self.max_new_tokens} that exceeds {self.model}'s context of "
+            f"{self.context} tokens; shorten the question or lower --max_new_tokens"
+        )
+
+
 @dataclass
 class Generation:
     """One generated output and the evidence the uncertainty measures need.

@@ -66,6 +66,7 @@ def load_calibration(
     model: str | None = None,
     prompt_fingerprint: str | None = None,
     prompt_format: str | None = None,
+    prompt_description: str | None = None,
 ) -> Calibrator:
     """Load ``spec``: a calibration file, or ``"auto"`` for the file shipped for ``model``.
 
@@ -83,7 +84,11 @@ def load_calibration(
             )
         spec = path
     return Calibrator.load(
-        spec, model=model, prompt_fingerprint=prompt_fingerprint, prompt_format=prompt_format
+        spec,
+        model=model,
+        prompt_fingerprint=prompt_fingerprint,
+        prompt_format=prompt_format,
+        prompt_description=prompt_description,
     )
 
 

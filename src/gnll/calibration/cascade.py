@@ -21,6 +21,12 @@ reach (``achievable=False``) and escalates everything.
 
 Both runs must hold the same questions (joined by task and id): one labelled run per model.
 
+**The file** (``cascade.json``, :meth:`CascadeThreshold.save` / :meth:`CascadeThreshold.load`, format
+:data:`FORMAT`) holds the threshold, its guarantee, both models, and the prompt format and templates
+the small model's run was asked in: a G-NLL threshold fitted on answers to 5-shot instruction prompts
+does not mean the same on answers to chat messages, so a server refuses to apply it to another
+format (:meth:`CascadeThreshold.check`), as it refuses such a calibration.
+
 Examples
 --------
 >>> import numpy as np
@@ -36,17 +42,21 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy.stats import binom
 
-from gnll._util import read_json
+from gnll._util import jsonable, read_json
+from gnll.calibration.data import run_prompt_templates, templates_fingerprint
+from gnll.calibration.fitting import CalibrationFormatError, CalibrationMismatchWarning
 from gnll.calibration.thresholds import clopper_pearson_lower
 
 __all__ = [
+    "FORMAT",
     "CascadeData",
     "CascadeThreshold",
     "accuracy_at_rate",
@@ -59,9 +69,19 @@ __all__ = [
 ]
 
 
+#: The version of ``cascade.json`` files (files of the first version, ``"kind": "gnll.cascade/1"``,
+#: recorded no prompt format and are read as fitted on an unknown one).
+FORMAT = "gnll-cascade/2"
+_LEGACY_KIND = "gnll.cascade/1"
+
+
 @dataclass
 class CascadeData:
-    """The same questions answered by both models: the small model's score and both verdicts."""
+    """The same questions answered by both models: the small model's score and both verdicts.
+
+    ``prompt_format``, ``prompt_fingerprint`` and ``prompt_description`` say how the small model
+    was asked (a ``gnll eval`` run: its tasks' instruction prompts).
+    """
 
     keys: list[tuple[str, str]]
     scores: np.ndarray
@@ -70,6 +90,26 @@ class CascadeData:
     small_model: str | None = None
     large_model: str | None = None
     dropped: int = 0
+    measure: str = "g-nll"
+    small_run: str | None = None
+    large_run: str | None = None
+    prompt_format: str | None = None
+    prompt_fingerprint: str | None = None
+    prompt_description: str | None = None
+
+    def meta(self) -> dict[str, Any]:
+        """What a threshold fitted on these questions records about them (``cascade.json``)."""
+        return {
+            "measure": self.measure,
+            "small": {"run": self.small_run, "model": self.small_model},
+            "large": {"run": self.large_run, "model": self.large_model},
+            "n": len(self.keys),
+            "accuracy_small": float(self.small.mean()),
+            "accuracy_large": float(self.large.mean()),
+            "prompt_format": self.prompt_format,
+            "prompt_fingerprint": self.prompt_fingerprint,
+            "prompt_description": self.prompt_description,
+        }
 
 
 @dataclass
@@ -78,7 +118,16 @@ class CascadeThreshold:
 
     ``escalation_rate``, ``accuracy`` and ``accuracy_lower`` (one-sided ``1 - delta``
     Clopper-Pearson) are those of the cascade on the labelled questions; ``achievable`` is False when
-    not even escalating every question was shown to reach ``target``.
+    not even escalating every question was shown to reach ``target``. ``meta`` says what it was
+    fitted on (:meth:`CascadeData.meta`: the measure, both models, the prompt format and templates)
+    and is written with it (:meth:`save`).
+
+    Examples
+    --------
+    >>> t = CascadeThreshold(0.6, 0.1, 4.5, 0.3, 0.62, 0.6, True, "LTT",
+    ...                      meta={"measure": "g-nll", "prompt_format": "instruction"})
+    >>> t.applies("instruction"), t.applies("chat"), t.applies(None)
+    (True, False, True)
     """
 
     target: float
@@ -89,12 +138,145 @@ class CascadeThreshold:
     accuracy_lower: float
     achievable: bool
     method: str
+    meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The fitted rule and its guarantee (``cascade.json``'s ``threshold``)."""
+        d = {
+            "target": self.target,
+            "delta": self.delta,
+            "threshold": self.threshold if math.isfinite(self.threshold) else None,
+            "escalation_rate": self.escalation_rate,
+            "accuracy": self.accuracy,
+            "accuracy_lower": self.accuracy_lower,
+            "achievable": self.achievable,
+            "method": self.method,
+        }
         d["escalates_all"] = self.threshold == -math.inf
-        d["threshold"] = self.threshold if math.isfinite(self.threshold) else None
         return d
+
+    @property
+    def measure(self) -> str:
+        return str(self.meta.get("measure", "g-nll"))
+
+    @property
+    def prompt_format(self) -> str | None:
+        """The format of the prompts the small model answered (``None``: unknown)."""
+        value = self.meta.get("prompt_format")
+        return None if value is None else str(value)
+
+    def applies(self, prompt_format: str | None) -> bool:
+        """Whether the threshold may gate answers to ``prompt_format`` prompts (yes when either
+        format is unknown), as :func:`gnll.calibration.calibration_applies` says for calibrations."""
+        return (
+            self.prompt_format is None
+            or prompt_format is None
+            or self.prompt_format == prompt_format
+        )
+
+    def check(
+        self,
+        *,
+        prompt_format: str | None = None,
+        prompt_fingerprint: str | None = None,
+        model: str | None = None,
+    ) -> list[str]:
+        """Refuse (:class:`~gnll.calibration.CalibrationFormatError`) answers to another prompt
+        format; warn (:class:`~gnll.calibration.CalibrationMismatchWarning`) on another small model
+        or prompt template. Returns the warnings' messages."""
+        where = self.meta.get("path", "the cascade threshold")
+        if not self.applies(prompt_format):
+            raise CalibrationFormatError(
+                f"{where} was fitted on answers to {self.prompt_format!r} prompts "
+                f"({self.meta.get('prompt_description') or 'the small model run'}) and cannot "
+                f"gate answers to {prompt_format!r} prompts: the same G-NLL means another chance "
+                f"of a right answer there; fit it on {prompt_format!r} answers, or apply it "
+                "anyway knowingly"
+            )
+        problems = []
+        fitted_model = (self.meta.get("small") or {}).get("model")
+        if model and fitted_model and model != fitted_model:
+            problems.append(
+                f"{where} was fitted on small model {fitted_model!r}, used with {model!r}"
+            )
+        fitted_fp = self.meta.get("prompt_fingerprint")
+        if prompt_fingerprint and fitted_fp and prompt_fingerprint != fitted_fp:
+            problems.append(
+                f"{where} was fitted on other prompts "
+                f"({self.meta.get('prompt_description') or fitted_fp})"
+            )
+        for msg in problems:
+            warnings.warn(
+                msg + ": its guarantee may not hold", CalibrationMismatchWarning, stacklevel=2
+            )
+        return problems
+
+    def to_file(self) -> dict[str, Any]:
+        """The ``cascade.json`` document."""
+        meta = {k: v for k, v in self.meta.items() if k != "path"}
+        return {"format": FORMAT, **meta, "threshold": self.to_dict()}
+
+    def save(self, path: str | Path) -> Path:
+        """Write ``cascade.json`` (JSON; written to a temporary file first, then moved)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(
+            json.dumps(jsonable(self.to_file(), nan="none"), indent=2, ensure_ascii=False) + "\n",
+            encoding="utf-8",
+        )
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def from_file(cls, d: dict[str, Any]) -> CascadeThreshold:
+        if d.get("format") != FORMAT and d.get("kind") != _LEGACY_KIND:
+            raise ValueError(
+                f"not a gnll cascade file (format {d.get('format') or d.get('kind')!r}, "
+                f"expected {FORMAT!r})"
+            )
+        t = d["threshold"]
+        value = t.get("threshold")
+        meta = {k: v for k, v in d.items() if k not in ("format", "kind", "threshold")}
+        return cls(
+            target=float(t["target"]),
+            delta=float(t["delta"]),
+            threshold=-math.inf if value is None else float(value),
+            escalation_rate=float(t["escalation_rate"]),
+            accuracy=float(t["accuracy"]),
+            accuracy_lower=float(t["accuracy_lower"]),
+            achievable=bool(t["achievable"]),
+            method=str(t.get("method", "")),
+            meta=meta,
+        )
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        prompt_format: str | None = None,
+        prompt_fingerprint: str | None = None,
+        model: str | None = None,
+    ) -> CascadeThreshold:
+        """Read ``cascade.json``; with ``prompt_format``, refuse a file fitted on another format;
+        with ``prompt_fingerprint``/``model``, warn on another template or small model."""
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"cascade file {path} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from None
+        try:
+            fitted = cls.from_file(d)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        fitted.meta["path"] = str(path)
+        fitted.check(
+            prompt_format=prompt_format, prompt_fingerprint=prompt_fingerprint, model=model
+        )
+        return fitted
 
 
 def _read(path: Path, measure: str, correctness: str | None) -> tuple[dict, str | None]:
@@ -130,6 +312,10 @@ def load_cascade(
     keys = [k for k in a if k in b]
     if not keys:
         raise ValueError(f"{small} and {large} share no question (joined by task and id)")
+    small_dir = Path(small).parent if Path(small).is_file() else Path(small)
+    fingerprint, description = templates_fingerprint(
+        run_prompt_templates(small_dir, {task for task, _ in keys})
+    )
     return CascadeData(
         keys,
         np.array([a[k][0] for k in keys]),
@@ -138,6 +324,12 @@ def load_cascade(
         small_model,
         large_model,
         dropped=len(a) + len(b) - 2 * len(keys),
+        measure=measure,
+        small_run=str(small),
+        large_run=str(large),
+        prompt_format="instruction",  # gnll eval asks its tasks' instruction prompts
+        prompt_fingerprint=fingerprint,
+        prompt_description=description,
     )
 
 

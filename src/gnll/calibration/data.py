@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,14 +117,32 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
     run_json = run_dir / "run.json"
     if run_json.exists():
         info["model"] = read_json(run_json)["config"].get("model")
+    info["prompt_templates"] = run_prompt_templates(run_dir, tasks)
+    return scores, labels, info, dropped
+
+
+def run_prompt_templates(run_dir: Path, tasks: Iterable[str]) -> dict[str, str]:
+    """The prompt template of each task of a ``gnll eval`` run (its few-shot prefix and question)."""
     templates = {}
     for task in sorted(tasks):
         fp = run_dir / "tasks" / task / "fingerprint.json"
         if fp.exists():
             prefix = read_json(fp).get("prompt_prefix", "")
             templates[task] = prefix + "Question: {question}\nAnswer:"
-    info["prompt_templates"] = templates
-    return scores, labels, info, dropped
+    return templates
+
+
+def templates_fingerprint(templates: dict[str, str]) -> tuple[str | None, str | None]:
+    """One fingerprint and description of a run's prompt templates (``None`` without any)."""
+    if not templates:
+        return None, None
+    joined = "\n---\n".join(f"{t}:\n{templates[t]}" for t in sorted(templates))
+    fp = (
+        prompt_fingerprint(joined)
+        if len(templates) > 1
+        else prompt_fingerprint(next(iter(templates.values())))
+    )
+    return fp, "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
 
 
 def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
@@ -202,15 +221,7 @@ def load_labelled(
         all_s += s
         all_y += y
         dropped += d
-    fp = description = None
-    if templates:
-        joined = "\n---\n".join(f"{t}:\n{templates[t]}" for t in sorted(templates))
-        fp = (
-            prompt_fingerprint(joined)
-            if len(templates) > 1
-            else prompt_fingerprint(next(iter(templates.values())))
-        )
-        description = "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
+    fp, description = templates_fingerprint(templates)
     return LabelledScores(
         scores=np.asarray(all_s, dtype=np.float64),
         labels=np.asarray(all_y, dtype=np.float64),

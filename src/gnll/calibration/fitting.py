@@ -303,11 +303,18 @@ class Calibrator:
         model: str | None = None,
         prompt_fingerprint: str | None = None,
         prompt_format: str | None = None,
+<<<<<<< HEAD
         scored: str | None = None,
+=======
+        prompt_description: str | None = None,
+>>>>>>> main
     ) -> list[str]:
         """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
         refuse (:class:`CalibrationFormatError`) answers to another prompt format, or split
         otherwise (``scored``: a reasoning model's answer, or whole outputs).
+
+        ``prompt_description`` says in words which prompts the answers come from (the warning
+        names both templates so, never by their fingerprints).
 
         Returns the mismatch messages (empty when everything matches or is unknown).
         """
@@ -330,9 +337,15 @@ class Calibrator:
             )
         fitted_fp = self.meta.get("prompt_fingerprint")
         if prompt_fingerprint and fitted_fp and prompt_fingerprint != fitted_fp:
+            fitted = self.meta.get("prompt_description") or (
+                f"other {self.meta['prompt_format']!r} prompts"
+                if self.meta.get("prompt_format")
+                else "other prompts"
+            )
             problems.append(
-                f"calibration was fitted on prompt format {fitted_fp!r} "
-                f"({self.meta.get('prompt_format', 'unknown')}), used with {prompt_fingerprint!r}"
+                f"the calibration was fitted on answers to {fitted}, but is used on answers to "
+                f"{prompt_description or 'other prompts'} (another prompt template gives other "
+                "G-NLL values)"
             )
         for msg in problems:
             warnings.warn(msg + ": P(correct) may be off", CalibrationMismatchWarning, stacklevel=2)
@@ -430,9 +443,11 @@ class Calibrator:
         model: str | None = None,
         prompt_fingerprint: str | None = None,
         prompt_format: str | None = None,
+        prompt_description: str | None = None,
     ) -> Calibrator:
-        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch;
-        with ``prompt_format``, refuse a file fitted on another format."""
+        """Read a calibration file; with ``model``/``prompt_fingerprint``, warn on a mismatch
+        (``prompt_description``: the prompts in use, in words); with ``prompt_format``, refuse a
+        file fitted on another format."""
         path = Path(path)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
@@ -445,7 +460,12 @@ class Calibrator:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
         cal.meta.setdefault("path", str(path))
-        cal.check(model=model, prompt_fingerprint=prompt_fingerprint, prompt_format=prompt_format)
+        cal.check(
+            model=model,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_format=prompt_format,
+            prompt_description=prompt_description,
+        )
         return cal
 
     def __repr__(self) -> str:
@@ -469,10 +489,15 @@ def _default_rule(thresholds: dict[str, Threshold], given: str | None) -> tuple[
     if cov is not None:
         why = "the only rule fitted"
         if acc is not None:
+            if cov.threshold == math.inf:
+                does = "answers every question"
+            else:
+                does = f"answers when the score is <= {cov.threshold:.4g}"
             why = (
                 f"accuracy among answered >= {acc.target:g} is out of reach on the calibration "
-                f"data (that rule refuses every answer); answer the {cov.target:g} most certain "
-                "fraction instead"
+                f"data (that rule refuses every answer); the coverage rule instead answers at "
+                f"least {cov.target:g} of the questions (probability {1 - cov.delta:g}): on this "
+                f"data it {does} ({cov.coverage:.3f} answered)"
             )
         return "coverage", why
     return None, "no threshold fitted"

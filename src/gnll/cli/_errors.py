@@ -116,24 +116,40 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 _FAILURE_ERRNOS = {28, 5, 122}  # ENOSPC, EIO, EDQUOT
 
 
-def classify(exc: BaseException) -> tuple[int, str]:
-    """(exit status, what to do) for an exception that reached the boundary."""
+def classify(exc: BaseException, resumable: bool = False) -> tuple[int, str]:
+    """(exit status, what to do) for an exception that reached the boundary.
+
+    ``resumable``: the command takes ``--resume`` (eval, score, generate), so "rerun" says to
+    rerun with it. No hint when the error's own message already says what to do (gnll's own
+    network errors do), so a user never reads two different "what to do"s.
+    """
+    rerun = "rerun with --resume (finished work is kept)" if resumable else "rerun"
     if _is_oom(exc):
         return EXIT_FAILURE, (
-            "out of memory: lower --batch_size, or max_batch_tokens in --model_args, "
-            "then rerun (eval: with --resume; finished work is kept)"
+            f"out of memory: lower --batch_size, or max_batch_tokens in --model_args, then {rerun}"
         )
     if isinstance(exc, OSError) and exc.errno in _FAILURE_ERRNOS:
-        return EXIT_FAILURE, "free disk space (or fix the disk), then rerun (eval: with --resume)"
+        return EXIT_FAILURE, f"free disk space (or fix the disk), then {rerun}"
+    if isinstance(exc, _advised()):
+        return EXIT_FAILURE, ""
     if type(exc).__module__.startswith(("httpx", "httpcore", "urllib3", "requests")):
-        return EXIT_FAILURE, "check that the server is running and reachable, then rerun"
+        return EXIT_FAILURE, f"check that the server is running and reachable, then {rerun}"
     if isinstance(exc, TimeoutError | ConnectionError):
-        return EXIT_FAILURE, "check that the server is running and reachable, then rerun"
+        return EXIT_FAILURE, f"check that the server is running and reachable, then {rerun}"
     if isinstance(exc, TypeError) and "keyword argument" in str(exc):
         return EXIT_USER, "check the key names in --model_args / --judge_args / --clusterer_args"
+    if isinstance(exc, OverflowError | click.BadParameter):
+        return EXIT_USER, ""
     if isinstance(exc, _user_error_types()):
         return EXIT_USER, ""
     return EXIT_FAILURE, "this looks like a bug: rerun with --debug and report the traceback"
+
+
+def _advised() -> tuple[type[BaseException], ...]:
+    """Network errors whose message says what to do (no server involved for the hub's)."""
+    from gnll.backends.resolve import HubUnreachable
+
+    return (HubUnreachable,)
 
 
 def _message(exc: BaseException) -> str:
@@ -165,6 +181,7 @@ def error_boundary(command: Callable[..., Any]) -> Callable[..., Any]:
     # Resolved annotations: typer reads the Annotated option declarations from the signature.
     sig = inspect.signature(command, eval_str=True)
     own_debug = "debug" in sig.parameters  # a command may use --debug itself (e.g. more logging)
+    resumable = "resume" in sig.parameters  # eval, score, generate: finished work is kept
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -177,11 +194,17 @@ def error_boundary(command: Callable[..., Any]) -> Callable[..., Any]:
             exc.message = safe_text(scrub(exc.message, _secret_values(kwargs)))
             raise
         except KeyboardInterrupt:
-            typer.echo("interrupted (eval keeps finished work: rerun with --resume)", err=True)
+            typer.echo(
+                "interrupted: the work finished so far is kept; rerun the same command with "
+                "--resume to continue"
+                if resumable
+                else "interrupted",
+                err=True,
+            )
             raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - this is the boundary
             secrets = _secret_values(kwargs)
-            code, hint = classify(exc)
+            code, hint = classify(exc, resumable)
             if debug:
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 typer.echo(safe_text(scrub(tb, secrets)), err=True)

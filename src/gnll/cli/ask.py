@@ -104,22 +104,31 @@ def ask(
     typer.echo(f"loading {model} ...", err=True)  # stderr: --json output stays one object
     lm = load_model(model, progress=not as_json, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
-    result = ask(
-        lm,
-        question,
-        wanted,
-        long=long,
-        samples=samples,
-        temperature=temperature,
-        beams=beams,
-        clusterer=clusterer,
-        clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
-        max_new_tokens=max_new_tokens,
-        seed=seed,
-        calibration=cal,
-        prompt_format=fmt,
-        spans=spans,
-    )
+    from gnll.backends.base import ContextOverflow
+
+    try:
+        result = ask(
+            lm,
+            question,
+            wanted,
+            long=long,
+            samples=samples,
+            temperature=temperature,
+            beams=beams,
+            clusterer=clusterer,
+            clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
+            max_new_tokens=max_new_tokens,
+            seed=seed,
+            calibration=cal,
+            prompt_format=fmt,
+            spans=spans,
+        )
+    except ContextOverflow as exc:
+        from rich.console import Console
+
+        from gnll.cli._errors import usage_failer
+
+        usage_failer(Console(stderr=True))(exc.for_question())
     if as_json:
         typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
         return

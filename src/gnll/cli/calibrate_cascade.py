@@ -5,13 +5,13 @@ Example
 ``gnll calibrate --cascade runs/small runs/large --target-accuracy 0.6 -o cascade.json`` joins the
 two runs by question, prints the cascade's accuracy at escalation rates 10-50% (gated by the small
 model's G-NLL, and at random), fits the threshold that keeps the cascade's accuracy >= 0.6 with
-probability >= 1 - delta at the lowest escalation rate, and writes ``cascade.json`` and
-``cascade.png``. Serve it with ``gnll serve --policy escalate --threshold T --escalate-to URL``.
+probability >= 1 - delta at the lowest escalation rate, and writes ``cascade.json``
+(:meth:`gnll.calibration.cascade.CascadeThreshold.save`) and ``cascade.png``. Serve it with
+``gnll serve --cascade cascade.json --escalate-to URL``.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from gnll.cli._errors import plain, usage_failer
@@ -87,17 +87,6 @@ def calibrate_cascade(
         )
     plot = plot or output.with_suffix(".png")
     cascade_plot(data, plot, fitted=fitted)
-    doc = {
-        "kind": "gnll.cascade/1",
-        "measure": measure,
-        "small": {"run": str(inputs[0]), "model": data.small_model},
-        "large": {"run": str(inputs[1]), "model": data.large_model},
-        "n": n,
-        "accuracy_small": float(data.small.mean()),
-        "accuracy_large": float(data.large.mean()),
-        "threshold": fitted.to_dict(),
-        "at_rates": rows,
-        "plot": plot.name,
-    }
-    output.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    fitted.meta.update(data.meta(), at_rates=rows, plot=plot.name)
+    fitted.save(output)
     console.print(f"[green]wrote[/] {plain(output)} and {plain(plot)}")

@@ -171,15 +171,15 @@ def evaluate(
     resume: Annotated[
         bool,
         typer.Option(
-            "--resume/--no-resume",
-            help="Continue a run in OUTPUT_PATH, reusing its caches.",
+            "--resume",
+            help="Continue the run in --output, reusing its caches.",
         ),
     ] = False,
     overwrite: Annotated[
         bool,
         typer.Option(
             "--overwrite",
-            help="Delete an earlier run in OUTPUT_PATH and start over (without it, or --resume, "
+            help="Delete an earlier run in --output and start over (without it, or --resume, "
             "an earlier run there is an error).",
         ),
     ] = False,
@@ -288,7 +288,7 @@ def evaluate(
         typer.Option(
             "--preset",
             help="Run a paper grid (paper-table1, paper-table1-short, paper-table5, paper-llama-8b): one run per "
-            "model under OUTPUT_PATH, merged table.md; options given here override the preset.",
+            "model under --output, merged table.md; options given here override the preset.",
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+from gnll._util.validation import ParameterError
+
+if TYPE_CHECKING:
+    from gnll.serving import AbstentionPolicy
+    from gnll.serving.tracing import Emitter
 
 __all__ = ["serve"]
 
@@ -27,7 +36,7 @@ def serve(
     host: Annotated[
         str, typer.Option("--host", help="Interface to bind (loopback by default).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port")] = 8000,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
     api_key: Annotated[
         str | None,
         typer.Option(
@@ -49,8 +58,13 @@ def serve(
         ),
     ] = None,
     policy: Annotated[
-        str, typer.Option("--policy", help="annotate, flag, refuse or escalate.")
-    ] = "annotate",
+        str | None,
+        typer.Option(
+            "--policy",
+            help="annotate (the default), flag, refuse or escalate (the default with --cascade).",
+            show_default=False,
+        ),
+    ] = None,
     escalate_to: Annotated[
         str | None,
         typer.Option(
@@ -80,6 +94,22 @@ def serve(
         float | None,
         typer.Option("--threshold", help="Without --calibration: abstain when G-NLL > this."),
     ] = None,
+    cascade: Annotated[
+        Path | None,
+        typer.Option(
+            "--cascade",
+            help="A `gnll calibrate --cascade` file (cascade.json): escalate when G-NLL is above "
+            "its threshold (--policy escalate, with --escalate-to).",
+        ),
+    ] = None,
+    cascade_any_format: Annotated[
+        bool,
+        typer.Option(
+            "--cascade-any-format",
+            help="Apply --cascade to chat requests although it was fitted on another prompt format "
+            "(its guarantee then does not carry over).",
+        ),
+    ] = False,
     min_p_correct: Annotated[
         float | None,
         typer.Option(
@@ -180,9 +210,10 @@ def serve(
     ] = False,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions with an `uncertainty` object on every answer."""
-    from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, create_app
-    from gnll.serving.server import configure_logging, serve_forever
+    from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app, check_escalation
+    from gnll.serving.server import configure_logging, listen, serve_forever
 
+<<<<<<< HEAD
     try:
         if upstream and prompt_format != "chat":
             raise ValueError(
@@ -240,6 +271,23 @@ def serve(
                 raise ImportError(
                     f"--otel needs OpenTelemetry ({exc.name} is missing): pip install 'gnll[otel]'"
                 ) from None
+=======
+    with _option_errors():
+        pol = _policy(
+            policy,
+            calibration,
+            cascade,
+            cascade_any_format,
+            threshold,
+            min_p_correct,
+            rule,
+            refusal,
+            model_name=model,
+            proxy=bool(upstream),
+            prompt_format=prompt_format,
+        )
+        tracing, traced_to = _tracing() if otel else (None, None)
+>>>>>>> main
         settings = ServeSettings(
             api_key=api_key,
             max_request_bytes=max_request_bytes,
@@ -254,12 +302,9 @@ def serve(
             tracing=tracing,
             early=early,
         )
-    except (ValueError, ImportError, FileNotFoundError) as exc:
-        typer.echo(f"gnll serve: {exc}", err=True)
-        raise typer.Exit(2) from None
-
-    from gnll.serving.server import listen
-
+        check_escalation(settings, escalate_to, in_process=upstream is None)
+        if upstream:
+            application = build_proxy_app(upstream, settings, api_key=upstream_api_key)
     try:
         sock = listen(host, port)  # before loading anything: a busy port fails at once
     except OSError as exc:
@@ -267,12 +312,15 @@ def serve(
         raise typer.Exit(1) from None
     configure_logging()
     if upstream:
+<<<<<<< HEAD
         from gnll.serving.proxy import ProxyService
 
         service = ProxyService(
             upstream, api_key=upstream_api_key, timeout=upstream_timeout, reasoning=reasoning
         )
         application = create_app(service, settings)
+=======
+>>>>>>> main
         what = f"proxy to {upstream}"
     else:
         from gnll import load_model
@@ -299,17 +347,162 @@ def serve(
             escalate_model=escalate_model,
             escalate_api_key=upstream_api_key,
         )
-        what = f"{lm.name} in-process"
-        if escalate_to:
-            what += f", escalating to {escalate_to}"
+        what = f"{lm.name} in-process" + (f", escalating to {escalate_to}" if escalate_to else "")
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
         f"policy {pol.mode}; {pol.source}"
-        + ("; early decisions" if settings.early and not upstream else "")
+        + (
+            "; early decisions"
+            if settings.decides_early and (settings.early or not upstream)
+            else ""
+        )
         + ")",
         err=True,
     )
     if traced_to:
         typer.echo(f"gnll serve: OpenTelemetry evaluation events to {traced_to}", err=True)
     serve_forever(application, host, port, sock=sock)
+
+
+#: The option of each library parameter an error may name (the others are ``--`` + the name).
+FLAGS = {
+    "mode": "--policy",
+    "calibrator": "--calibration FILE",
+    "threshold": "--threshold",
+    "escalate_to": "--escalate-to",
+    "prompt_format": "--prompt-format",
+    "any_prompt_format": "--cascade-any-format",
+    "upstream": "--upstream",
+}
+
+
+def _flagged(exc: Exception) -> str:
+    """The message of a library error, with the parameters it names written as options."""
+    names = [getattr(exc, "param", None), *getattr(exc, "others", ())]
+    text = str(exc)
+    for name in filter(None, names):
+        text = re.sub(rf"(?<![\w-]){re.escape(name)}\b", FLAGS.get(name, "--" + name), text)
+    return text
+
+
+@contextlib.contextmanager
+def _option_errors() -> Iterator[None]:
+    """Options the library refuses: one line naming the option, exit status 2."""
+    try:
+        yield
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        typer.echo(f"gnll serve: {_flagged(exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _policy(
+    mode: str | None,
+    calibration: str | None,
+    cascade: Path | None,
+    any_format: bool,
+    threshold: float | None,
+    min_p_correct: float | None,
+    rule: str | None,
+    refusal: str | None,
+    *,
+    model_name: str,
+    proxy: bool,
+    prompt_format: str,
+) -> AbstentionPolicy:
+    """The abstention policy the options ask for (the library checks the combination)."""
+    from gnll.serving import AbstentionPolicy
+
+    extra: dict[str, Any] = {"refusal": refusal} if refusal else {}
+    if cascade is not None:
+        if calibration is not None or threshold is not None:
+            raise ParameterError(
+                "cascade",
+                "cannot be given with calibration or threshold (it is the threshold)",
+                others=("calibration", "threshold"),
+            )
+        return AbstentionPolicy.from_cascade(
+            cascade,
+            mode=mode or "escalate",
+            model=None if proxy else model_name,
+            any_prompt_format=any_format,
+            **extra,
+        )
+    if calibration is not None:
+        if calibration == "auto" and proxy:
+            raise ValueError(_proxy_auto(model_name))
+        if calibration != "auto" and not Path(calibration).is_file():
+            raise ValueError(f"--calibration {calibration} does not exist")
+        if threshold is not None:
+            raise ParameterError(
+                "threshold",
+                "cannot be given with calibration (give one of them)",
+                others=("calibration",),
+            )
+        return _calibrated_policy(
+            calibration,
+            model=None if proxy else model_name,
+            asks_like_ask=not proxy and prompt_format == "instruction",
+            mode=mode or "annotate",
+            min_p_correct=min_p_correct,
+            rule=rule,
+            **extra,
+        )
+    return AbstentionPolicy(
+        mode=mode or "annotate",
+        threshold=threshold,
+        min_p_correct=min_p_correct,
+        rule=rule,
+        **extra,
+    )
+
+
+def _tracing() -> tuple[Emitter, str]:
+    """The ``--otel`` emitter and where its events go."""
+    try:
+        from gnll.serving.tracing import Emitter, configure_provider
+
+        where = configure_provider()
+        return Emitter(), where
+    except ModuleNotFoundError as exc:
+        raise ImportError(
+            f"--otel needs OpenTelemetry ({exc.name} is missing): pip install 'gnll[otel]'"
+        ) from None
+
+
+def _proxy_auto(model: str) -> str:
+    """Why ``--calibration auto`` cannot serve a proxy (the shipped files' prompts are not its)."""
+    from gnll.calibration import SHIPPED
+
+    shipped = ", ".join(sorted(p.stem for p in SHIPPED.glob("*.json"))) or "none"
+    return (
+        f"--calibration auto: the shipped calibrations (for {shipped}) were fitted on answers to "
+        "gnll ask's instruction prompts, but a proxy serves chat requests, which the upstream "
+        "renders with its chat template, so their P(correct) would not apply (whichever --model "
+        f"you name, {model!r} included); fit one on chat answers "
+        "(gnll calibrate FILE --prompt-format chat) and pass that file"
+    )
+
+
+def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **kwargs):
+    """The policy of ``--calibration``; a file fitted on another model or prompt template is one
+    warning line at start-up (the way ``gnll ask`` warns), before the server takes requests."""
+    import warnings
+
+    from gnll.backends.prompting import instruction_prompt
+    from gnll.calibration import CalibrationMismatchWarning, prompt_fingerprint
+    from gnll.scoring.asking import ASK_PROMPTS
+    from gnll.serving import AbstentionPolicy
+
+    template = {}
+    if asks_like_ask:  # chat requests are asked exactly as gnll ask asks them
+        template = {
+            "prompt_fingerprint": prompt_fingerprint(instruction_prompt("{question}")),
+            "prompt_description": ASK_PROMPTS,
+        }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CalibrationMismatchWarning)
+        policy = AbstentionPolicy.from_calibration(spec, model=model, **template, **kwargs)
+    for w in caught:
+        typer.echo(f"gnll serve: warning: {w.message}", err=True)
+    return policy

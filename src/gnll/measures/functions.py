@@ -41,7 +41,9 @@ from gnll.measures.logprobs import check_logprobs
 TokenLogprobs = Sequence[float] | np.ndarray
 
 __all__ = [
+    "G_NLL_EOS",
     "g_nll",
+    "g_nll_eos",
     "ln_g_nll",
     "sequence_logprob",
     "msp_estimate",
@@ -163,6 +165,54 @@ def g_nll(token_logprobs: TokenLogprobs) -> float:
     0.75
     """
     return _nonneg(0.0 - sequence_logprob(token_logprobs))
+
+
+#: The name of :func:`g_nll_eos`, LM-Polygraph's ``MaximumSequenceProbability`` definition of the
+#: greedy answer's NLL (a named variant: gnll's G-NLL, the paper's reading, excludes the terminator).
+G_NLL_EOS = "g-nll+eos"
+
+
+def g_nll_eos(
+    token_logprobs: TokenLogprobs,
+    terminator_logprobs: TokenLogprobs,
+    masked_logprobs: TokenLogprobs = (),
+) -> float:
+    """G-NLL with the terminator: ``-(sum of the answer's and its stop tokens' log-probs)``.
+
+    This is LM-Polygraph's ``MaximumSequenceProbability``: the negated sum of the greedy sequence's
+    log-probs up to and including the token that ended it (the EOS token, or the token(s) of a
+    stop string). gnll's :func:`g_nll` leaves the terminator out (Eq. 9 sums the answer's tokens);
+    the two differ by the terminator's NLL on every answer. An empty answer is its terminator alone
+    (no double counting with the empty-answer rule). LM-Polygraph also generates with
+    ``min_new_tokens=2``: EOS is masked in the first two steps *before* it records the log-probs,
+    so those two steps' distributions are renormalised without EOS; ``masked_logprobs`` (the EOS
+    log-prob at each of those steps) applies the same renormalisation,
+    ``log p - log(1 - p_masked)``. ``scripts/polygraph_fixture.py`` records LM-Polygraph's numbers
+    on the embedded model for ``tests/evaluation/test_polygraph_parity.py``.
+
+    Parameters
+    ----------
+    token_logprobs:
+        The answer tokens' log-probs (``Generation.token_logprobs``; empty for an empty answer).
+    terminator_logprobs:
+        The log-probs of the token(s) that ended it (``Generation.terminator_logprobs``).
+    masked_logprobs:
+        Per leading step, the log-prob of what was masked there (LM-Polygraph: EOS in steps 1-2).
+
+    Examples
+    --------
+    >>> g_nll_eos([-0.5, -0.25], [-0.125])
+    0.875
+    >>> g_nll_eos([], [-2.5, -0.5])
+    3.0
+    >>> round(g_nll_eos([-1.0], [-0.5], masked_logprobs=[-9.0, math.log(0.25)]), 6)
+    1.212195
+    """
+    lps = _as_logprobs([*token_logprobs, *terminator_logprobs]).copy()
+    masked = _as_logprobs(masked_logprobs, name="masked_logprobs")[: lps.size]
+    # Renormalise a step without the masked mass: log p - log(1 - p_masked).
+    lps[: masked.size] -= np.log1p(-np.exp(masked))
+    return _nonneg(0.0 - sequence_logprob(lps))
 
 
 def ln_g_nll(token_logprobs: TokenLogprobs) -> float:

@@ -177,6 +177,10 @@ def check_question(question: object) -> str:
     return question
 
 
+#: The prompts ``gnll ask`` (and ``gnll serve --prompt-format instruction``) asks, in words.
+ASK_PROMPTS = "questions asked as gnll ask asks them (zero-shot, short-answer instruction)"
+
+
 def ask_calibration(
     spec: str,
     *,
@@ -205,6 +209,7 @@ def ask_calibration(
             else None
         ),
         prompt_format=fmt,
+        prompt_description=ASK_PROMPTS,
     )
     if measures is not None:
         _calibrated_measure(cal, measures)

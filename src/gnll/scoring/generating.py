@@ -12,8 +12,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+<<<<<<< HEAD
 from gnll.backends.base import Model
 from gnll.scoring.asking import ask, reasoning_columns
+=======
+from gnll.backends.base import ContextOverflow, Model
+from gnll.scoring.asking import ask
+>>>>>>> main
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
 
@@ -96,7 +101,10 @@ def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 
                 calibration=opts.calibration,
             )
         except ERRORS as exc:
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, ContextOverflow):  # this row's question, not "prompt 0"
+                text = exc.for_question()
+            else:
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             res.errors.append((line, f"cannot answer: {text}", row))
             continue
         res.rows.append(_output_row(line, row, result, opts))
@@ -110,4 +118,6 @@ def run_generate_job(model: Model, job: ScoreJob, opts: AskOptions) -> ScoreSumm
     def map_chunks(todo: Iterator[tuple[list[Row], int]]) -> Iterator[ChunkResult]:
         return (answer_chunk(model, opts, chunk, first) for chunk, first in todo)
 
-    return run_score_job(None, job, map_chunks=map_chunks, desc="generating")
+    return run_score_job(
+        None, job, map_chunks=map_chunks, desc="generating", required=(("question",),)
+    )

@@ -18,9 +18,11 @@ from typing import Any, BinaryIO
 
 from gnll.backends.prompting import prompt_for
 
-__all__ = ["Item", "count_rows", "iter_rows", "to_item"]
+__all__ = ["Item", "check_columns", "count_rows", "iter_rows", "to_item"]
 
 PROMPT_FIELDS = ("messages", "prompt", "question")
+#: What every ``gnll score`` row needs: an answer, and something it answers.
+SCORE_COLUMNS = (("answer",), ("question", "prompt", "messages"))
 LABEL_FIELDS = ("correct", "label")
 #: A reasoning model's trace, scored as context before the answer.
 TRACE_FIELDS = ("trace", "reasoning")
@@ -96,6 +98,42 @@ def iter_rows(path: str, fmt: str) -> Iterator[Row]:
     finally:
         if fh is not sys.stdin.buffer:
             fh.close()
+
+
+def columns(path: str, fmt: str) -> list[str] | None:
+    """The header of a CSV or Parquet file; ``None`` where rows have no common header (JSONL,
+    stdin)."""
+    if path == "-" or fmt == "jsonl":
+        return None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as fh:
+        return next(csv.reader(fh), [])
+
+
+def check_columns(path: str, fmt: str, required: tuple[tuple[str, ...], ...]) -> None:
+    """Refuse, once, a file whose header lacks a column every row needs (each of ``required`` is a
+    group of alternatives), instead of one identical error per row.
+
+    >>> import pathlib, tempfile
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.csv"
+    >>> _ = p.write_text("id,question\n1,Who?\n")
+    >>> check_columns(str(p), "csv", SCORE_COLUMNS)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: .../a.csv has no 'answer' column (its columns: id, question), which every row needs
+    """
+    names = columns(path, fmt)
+    if names is None:
+        return
+    for group in required:
+        if not any(c in names for c in group):
+            want = " or ".join(repr(c) for c in group)
+            raise ValueError(
+                f"{path} has no {want} column (its columns: {', '.join(names) or 'none'}), "
+                "which every row needs"
+            )
 
 
 def count_rows(path: str, fmt: str) -> int | None:

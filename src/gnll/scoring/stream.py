@@ -22,7 +22,15 @@ from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
-from gnll.scoring.rows import Item, Row, count_rows, iter_rows, to_item
+from gnll.scoring.rows import (
+    SCORE_COLUMNS,
+    Item,
+    Row,
+    check_columns,
+    count_rows,
+    iter_rows,
+    to_item,
+)
 from gnll.uncertainty import span_columns
 
 logger = logging.getLogger(__name__)
@@ -342,13 +350,15 @@ def run_score_job(
     *,
     map_chunks: ChunkMapper | None = None,
     desc: str = "scoring",
+    required: tuple[tuple[str, ...], ...] = SCORE_COLUMNS,
 ) -> ScoreSummary:
     """Score every row of ``job.input`` into ``job.output``; bad rows go to the errors log.
 
     ``map_chunks`` computes the chunks elsewhere (``gnll.distributed``: on Ray replicas, each
     scoring with ``job.for_model(its model)``); it gets ``(chunk, resume line)`` pairs and must
     yield their :class:`ChunkResult` in the same order.
-    ``desc`` labels the progress bar. An output that would destroy data (the input itself, an
+    ``desc`` labels the progress bar; ``required`` lists the columns (groups of alternatives) every
+    row needs, checked once against a CSV or Parquet header. An output that would destroy data (the input itself, an
     earlier run without ``job.resume`` or ``job.overwrite``) raises
     :class:`~gnll.scoring.output.OutputExistsError` before anything is read or written.
     """
@@ -360,6 +370,7 @@ def run_score_job(
         resume=job.resume,
         overwrite=job.overwrite,
     )
+    check_columns(job.input, job.input_format, required)
     t0 = time.perf_counter()
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0

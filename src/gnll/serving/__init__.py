@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gnll._util.validation import ParameterError
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.uncertainty import AbstentionPolicy
@@ -22,7 +23,15 @@ if TYPE_CHECKING:
 
     from gnll.backends.base import Model
 
-__all__ = ["AbstentionPolicy", "ServeSettings", "Service", "build_inprocess_app", "create_app"]
+__all__ = [
+    "AbstentionPolicy",
+    "ServeSettings",
+    "Service",
+    "build_inprocess_app",
+    "build_proxy_app",
+    "check_escalation",
+    "create_app",
+]
 
 
 def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
@@ -30,6 +39,37 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
     from gnll.serving.app import create_app as _create
 
     return _create(service, settings)
+
+
+def check_escalation(
+    settings: ServeSettings, escalate_to: str | None, *, in_process: bool = True
+) -> None:
+    """Refuse (:class:`~gnll._util.validation.ParameterError`) an escalation set-up that cannot
+    work: policy mode ``"escalate"`` and ``escalate_to`` go together, escalation needs a local
+    in-process model, and ``escalate_to`` is an http(s) URL. Cheap: callers run it before loading a
+    model (:func:`build_inprocess_app` and :func:`build_proxy_app` run it too)."""
+    escalates = settings.policy.mode == "escalate"
+    if not in_process and (escalates or escalate_to is not None):
+        raise ParameterError(
+            "escalate_to",
+            "needs a local in-process model that answers first, not an upstream server",
+        )
+    if escalates and escalate_to is None:
+        raise ParameterError(
+            "escalate_to",
+            "is needed by mode 'escalate': the larger model's /v1 URL",
+            others=("mode",),
+        )
+    if escalate_to is not None and not escalates:
+        raise ParameterError(
+            "escalate_to",
+            f"needs mode 'escalate' (the policy is {settings.policy.mode!r})",
+            others=("mode",),
+        )
+    if escalate_to is not None and not escalate_to.startswith(("http://", "https://")):
+        raise ParameterError(
+            "escalate_to", f"must be an http(s) URL ending in /v1, got {escalate_to!r}"
+        )
 
 
 def build_inprocess_app(
@@ -43,11 +83,15 @@ def build_inprocess_app(
     escalate_api_key: str | None = None,
 ) -> FastAPI:
     """The app serving an already loaded gnll model with dynamic batching; with ``escalate_to`` (a
-    ``/v1`` URL) uncertain answers go to that server instead (:mod:`gnll.serving.cascade`)."""
+    ``/v1`` URL) uncertain answers go to that server instead (:mod:`gnll.serving.cascade`).
+
+    Raises :class:`~gnll._util.validation.ParameterError` for an escalation set-up that cannot work
+    (:func:`check_escalation`)."""
     from gnll.serving.engine import BatchingEngine
     from gnll.serving.inprocess import InProcessService
 
     settings = settings or ServeSettings()
+    check_escalation(settings, escalate_to)
     engine = BatchingEngine(model, max_batch_prompts=max_batch_prompts, max_wait_ms=max_wait_ms)
     service: Service = InProcessService(model, engine, prompt_format=settings.prompt_format)
     if escalate_to is not None:
@@ -58,4 +102,33 @@ def build_inprocess_app(
             escalate_to, api_key=escalate_api_key, timeout=settings.upstream_timeout
         )
         service = CascadeService(service, upstream, escalate_model)
+    return create_app(service, settings)
+
+
+def build_proxy_app(
+    upstream: str,
+    settings: ServeSettings | None = None,
+    *,
+    api_key: str | None = None,
+    server: str = "auto",
+) -> FastAPI:
+    """The app of proxy mode: requests go to the OpenAI-compatible server at ``upstream`` (its
+    ``/v1`` URL) and its answers come back with their uncertainty (:mod:`gnll.serving.proxy`).
+
+    Raises :class:`~gnll._util.validation.ParameterError` for what an upstream cannot do:
+    ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself) and escalation.
+    """
+    from gnll.serving.proxy import ProxyService
+
+    settings = settings or ServeSettings()
+    if settings.prompt_format != "chat":
+        raise ParameterError(
+            "prompt_format",
+            f"{settings.prompt_format!r} needs an in-process model: an upstream server renders "
+            "chat requests itself",
+        )
+    check_escalation(settings, None, in_process=False)
+    service = ProxyService(
+        upstream, api_key=api_key, timeout=settings.upstream_timeout, server=server
+    )
     return create_app(service, settings)

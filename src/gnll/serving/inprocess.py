@@ -116,12 +116,11 @@ class InProcessService:
     def prompt_tokens(self, prompt: str, raw: bool) -> int:
         """The prompt's token count as the model conditions on it (0 when the model cannot tell).
 
-        Any model with a tokenizer (``encode``) can tell, not only one with a decoding loop: a
-        model without one (sliding-window attention) still reports its prompts' length."""
-        encode = getattr(self.model, "encode", None)
-        if not callable(encode):
+        Any model with the hooks can tell, not only one whose decoding loop serves (its
+        ``capabilities.streaming``): a sliding-window model (Gemma) still counts its prompts."""
+        if not isinstance(self.model, StreamingModel):
             return 0
-        return len(cast(StreamingModel, self.model).encode([prompt], raw_prompt=raw)[0])
+        return len(self.model.encode([prompt], raw_prompt=raw)[0])
 
     def streams_live(self) -> bool:
         """Whether streamed answers go out while they are decoded (a
@@ -236,9 +235,9 @@ class InProcessService:
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Callable[[], EarlyDecision] | None:
         """A maker of exact early decisions for the request's answers, or ``None`` when they are
-        off (``settings.early``), or the policy sends every answer or cannot decide early."""
+        off (``settings.decides_early``), or the policy sends every answer or cannot decide early."""
         policy = settings.policy
-        if not settings.early or not req.greedy:
+        if not settings.decides_early or not req.greedy:
             return None
         if policy.mode not in ("refuse", "escalate") or not policy.active:
             return None
@@ -268,7 +267,7 @@ class InProcessService:
     ) -> tuple[list[Answer], int, str]:
         """The answers for a request (one per prompt x ``n``), prompt token count, rendered prompt.
 
-        Under ``--policy refuse`` or ``escalate`` with ``settings.early``, each greedy answer stops
+        Under ``--policy refuse`` or ``escalate`` with ``settings.decides_early``, each greedy answer stops
         at its exact early decision (:meth:`early_rule`).
         """
         config, prompts, raw = self._plan(req, settings)

@@ -66,6 +66,17 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.early_decisions = Counter(
+            "gnll_early_decisions",
+            "Answers refused or escalated at an exact early decision, before their end (--early)",
+            ["action"],
+            registry=r,
+        )
+        self.early_tokens_saved = Counter(
+            "gnll_early_tokens_saved",
+            "Tokens not generated thanks to early decisions (against each request's max_tokens)",
+            registry=r,
+        )
         self.batch_size = Histogram(
             "gnll_batch_prompts",
             "Prompts per batched run: a generate call, or a continuous decoding loop from start to idle",
@@ -91,6 +102,10 @@ class Metrics:
             self.escalations.labels("answered").inc()
         elif record.escalation_error:
             self.escalations.labels("failed").inc()
+        early = record.early_decision
+        if early is not None:
+            self.early_decisions.labels("escalate" if record.escalated else "refuse").inc()
+            self.early_tokens_saved.inc(max(0, early.tokens_saved or 0))
         if record.g_nll is not None:
             self.g_nll.observe(record.g_nll)
         if record.abstain is not None:

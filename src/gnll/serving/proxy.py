@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
@@ -88,7 +89,9 @@ class ProxyService:
         reasoning: str | None = None,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
-            raise ValueError(f"--upstream must be an http(s) URL ending in /v1, got {upstream!r}")
+            raise ParameterError(
+                "upstream", f"must be an http(s) URL ending in /v1, got {upstream!r}"
+            )
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
@@ -290,7 +293,9 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        if settings.early and settings.policy.mode == "refuse" and req.greedy:
+        # Opt-in here (--early): a cut answer's usage is unknown to the proxy (null).
+        early = settings.early and settings.decides_early
+        if early and settings.policy.mode == "refuse" and req.greedy:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
@@ -344,8 +349,15 @@ class ProxyService:
         rule = settings.policy.early_decision(
             where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
         )
-        response = await self._send("POST", path, {**body, "stream": True}, stream=True)
+        streamed = {**body, "stream": True}
+        profile = self.profile
+        if profile is not None and profile.name not in NO_STREAM_USAGE:
+            # A stream that runs to its end then carries the upstream's usage, as its whole
+            # response would; one cut at the decision has none (the upstream never counted it).
+            streamed["stream_options"] = {"include_usage": True}
+        response = await self._send("POST", path, streamed, stream=True)
         acc, last = StreamedChoice(req.is_chat), {}
+        usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
         seen = 0  # tokens received, trace included
@@ -361,6 +373,10 @@ class ProxyService:
                     raise HTTPError(
                         502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
                     )
+                if chunk.get("usage") is not None:
+                    usage = chunk["usage"]
+                if not chunk.get("choices"):
+                    continue
                 last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
@@ -392,7 +408,7 @@ class ProxyService:
             "usage": None,
         }
         if not rule.decided:
-            return {**base, "choices": [{"index": 0, **acc.choice()}]}, None
+            return {**base, "usage": usage, "choices": [{"index": 0, **acc.choice()}]}, None
         t = rule.decision.at_token or 0
         text = "".join(tokens[:t])
         answer = Answer(
@@ -424,6 +440,7 @@ class ProxyService:
         labels: list[Any] | None = None,
     ) -> Answer:
         try:
+<<<<<<< HEAD
             raw = read_choice(choice, reasoning=self.reasoning, labels=labels)
             if raw.reasoning is not None and not raw.reasoning.marker_reported and labels:
                 raise ServerError(
@@ -455,6 +472,17 @@ class ProxyService:
             measured_logprobs=gen.measured_logprobs,
             reasoning=gen.reasoning,
         )
+=======
+            return choice_answer(
+                choice,
+                config,
+                eos_logprob=profile.eos_logprob,
+                decoding="greedy" if req.greedy else "sampled",
+                where=f"choice {i}",
+            )
+        except LogprobError as exc:
+            raise LogprobError(f"upstream {self.upstream}: {exc}") from None
+>>>>>>> main
 
     async def _relay(
         self,
@@ -549,6 +577,36 @@ class ProxyService:
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
+
+
+def choice_answer(
+    choice: dict[str, Any],
+    config: GenerationConfig,
+    *,
+    eos_logprob: bool,
+    decoding: str = "greedy",
+    where: str = "choice 0",
+) -> Answer:
+    """The :class:`Answer` of one OpenAI-shaped choice (any of the three log-prob shapes): its text
+    and its answer tokens' log-probs, the terminator split off by the server backend's parser.
+
+    The proxy and the framework integrations (:mod:`gnll.integrations`) read choices with it, so a
+    response scored by either gets the same numbers. A choice without usable log-probs is a
+    :class:`LogprobError`.
+    """
+    try:
+        gen = to_generation(read_choice(choice), config, eos_logprob=eos_logprob, where=where)
+    except ServerError as exc:
+        raise LogprobError(str(exc)) from None
+    text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+    return Answer(
+        text=text or "",
+        finish_reason=choice.get("finish_reason"),
+        tokens=gen.tokens,
+        token_logprobs=gen.token_logprobs,
+        decoding=decoding,
+        measured_logprobs=gen.measured_logprobs,
+    )
 
 
 def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:

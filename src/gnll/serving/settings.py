@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnll._util.validation import ParameterError
 from gnll.serving.uncertainty import AbstentionPolicy
 
 
@@ -42,7 +43,9 @@ class ServeSettings:
         an in-process answer stops at the first token after which the policy refuses or escalates
         it whatever comes next, with the same decision as at its end. ``None`` (the default): on
         whenever the policy allows it (a threshold, a fitted rule, or a non-increasing calibrated
-        map); ``True``: required (an error when the policy does not allow it); ``False``: off.
+        map) for an in-process model, off in proxy mode (there the usage of a cut answer is
+        unknown to the proxy: ``usage`` is null); ``True``: required (an error when
+        the policy does not allow it); ``False``: off. :attr:`decides_early` is the outcome.
     tracing:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
         answer's scores; ``None`` (the default) emits nothing and imports nothing.
@@ -62,11 +65,14 @@ class ServeSettings:
     early: bool | None = None
 
     def __post_init__(self) -> None:
-        self.early = self._early()
+        #: Whether answers stop at exact early decisions (``early`` resolved against the policy).
+        self.decides_early = self._early()
         if self.prompt_format not in ("chat", "instruction"):
-            raise ValueError(
-                f"chat requests can be rendered as 'chat' or 'instruction', not {self.prompt_format!r}"
+            raise ParameterError(
+                "prompt_format",
+                f"renders chat requests as 'chat' or 'instruction', not {self.prompt_format!r}",
             )
+        self._check_policy()
         cal = self.policy.calibrator
         if cal is not None:
             from gnll.calibration import CalibrationFormatError, calibration_applies
@@ -85,14 +91,57 @@ class ServeSettings:
                     f"its P(correct) would not apply; {hint}"
                 )
         if self.max_request_bytes < 1024:
-            raise ValueError(f"--max_request_bytes must be >= 1024, got {self.max_request_bytes}")
-        if not self.body_timeout > 0:
-            raise ValueError(f"--body_timeout must be > 0 seconds, got {self.body_timeout}")
-        if not 1 <= self.default_max_tokens <= self.max_tokens_limit:
-            raise ValueError(
-                f"--default_max_tokens ({self.default_max_tokens}) must be between 1 and "
-                f"--max_tokens_limit ({self.max_tokens_limit})"
+            raise ParameterError(
+                "max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}"
             )
+        if not self.body_timeout > 0:
+            raise ParameterError("body_timeout", f"must be > 0 seconds, got {self.body_timeout}")
+        if not 1 <= self.default_max_tokens <= self.max_tokens_limit:
+            raise ParameterError(
+                "default_max_tokens",
+                f"({self.default_max_tokens}) must be between 1 and max_tokens_limit "
+                f"({self.max_tokens_limit})",
+                others=("max_tokens_limit",),
+            )
+
+    def _check_policy(self) -> None:
+        """A policy that serves: one that decides when it must, never on every answer, and whose
+        cascade threshold was fitted on the chat requests' prompt format (unless told)."""
+        pol = self.policy
+        if pol.mode != "annotate" and not pol.active:
+            raise ParameterError(
+                "mode",
+                f"{pol.mode!r} needs calibrator or threshold",
+                others=("calibrator", "threshold"),
+            )
+        useless = pol.refuses_everything() if pol.mode == "refuse" else None
+        if useless:
+            raise ParameterError(
+                "mode",
+                f"'refuse' would refuse every answer: {useless.strip()}; choose another rule, "
+                "min_p_correct or threshold",
+                others=("rule", "min_p_correct", "threshold"),
+            )
+        cascade = pol.cascade
+        if cascade is not None and not pol.any_prompt_format:
+            from gnll.calibration import CalibrationFormatError
+
+            if not cascade.applies(self.prompt_format):
+                fitted = cascade.prompt_format
+                hint = (
+                    "set prompt_format 'instruction' (a chat request's one user message is then a "
+                    "question, asked in the zero-shot instruction prompt)"
+                    if fitted == "instruction"
+                    else f"fit the threshold on {self.prompt_format!r} answers"
+                )
+                error = CalibrationFormatError(
+                    f"the cascade threshold ({cascade.meta.get('path', 'given')}) was fitted on "
+                    f"answers to {fitted!r} prompts, but chat requests are rendered as "
+                    f"{self.prompt_format!r}: its guarantee would not apply; {hint}, or set "
+                    "any_prompt_format to apply it anyway"
+                )
+                error.others = ("prompt_format", "any_prompt_format")  # type: ignore[attr-defined]
+                raise error
 
     def _early(self) -> bool:
         from gnll.measures.early import EarlyDecisionError

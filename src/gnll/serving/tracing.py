@@ -78,6 +78,10 @@ class Emitter:
                     for key in ("trace_nll", "trace_tokens"):
                         if getattr(record, key) is not None:
                             attributes[f"gnll.{key}"] = getattr(record, key)
+                early = record.early_decision
+                if early is not None:  # decided before the (local) answer's end
+                    attributes["gnll.early_decision.token"] = early.decided_at_token
+                    attributes["gnll.early_decision.tokens_saved"] = early.tokens_saved
                 self.logger.emit(
                     timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
                 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from gnll._util.validation import ParameterError
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
 from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
@@ -30,6 +31,8 @@ from gnll.measures.logprobs import LogprobError, check_logprobs
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
+    from gnll.calibration import Calibrator
+    from gnll.calibration.cascade import CascadeThreshold
     from gnll.serving.responses import Answer
 
 Mode = Literal["annotate", "flag", "refuse", "escalate"]
@@ -59,6 +62,16 @@ class AbstentionPolicy:
         Without a calibrator: abstain when G-NLL is above this.
     source:
         Where the decision comes from, shown to clients.
+    rule:
+        With a calibrator: which fitted threshold decides (default: the file's own).
+    cascade:
+        A :class:`gnll.calibration.cascade.CascadeThreshold` (``gnll calibrate --cascade``; see
+        :meth:`from_cascade`): escalate when G-NLL is above its threshold. It gates only answers to
+        the prompt format it was fitted on (others get no decision), unless ``any_prompt_format``.
+    any_prompt_format:
+        Apply ``cascade`` to answers of every prompt format (its guarantee then does not carry over).
+
+    Errors name the parameter (:class:`gnll._util.validation.ParameterError`).
 
     Examples
     --------
@@ -69,32 +82,48 @@ class AbstentionPolicy:
     """
 
     mode: Mode = "annotate"
-    calibrator: Any = None
+    calibrator: Calibrator | None = None
     min_p_correct: float | None = None
     threshold: float | None = None
     refusal: str = DEFAULT_REFUSAL
     source: str = "none"
     rule: str | None = None
+    cascade: CascadeThreshold | None = None
+    any_prompt_format: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(
-                f"abstention policy must be one of {', '.join(MODES)}, got {self.mode!r}"
-            )
+            raise ParameterError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.cascade is not None:
+            self._take_cascade(self.cascade)
         if self.threshold is not None and not math.isfinite(self.threshold):
-            raise ValueError(f"--threshold must be a finite G-NLL value, got {self.threshold}")
+            raise ParameterError("threshold", f"must be a finite G-NLL value, got {self.threshold}")
         if self.min_p_correct is not None and not 0.0 <= self.min_p_correct <= 1.0:
-            raise ValueError(f"--min_p_correct must be in [0, 1], got {self.min_p_correct}")
-        if self.calibrator is not None:
+            raise ParameterError("min_p_correct", f"must be in [0, 1], got {self.min_p_correct}")
+        if self.calibrator is None:
+            for name in ("min_p_correct", "rule"):
+                if getattr(self, name) is not None:
+                    raise ParameterError(
+                        name,
+                        "needs calibrator (without one, threshold on G-NLL decides)",
+                        others=("calibrator", "threshold"),
+                    )
+        else:
             if self.threshold is not None:
-                raise ValueError("give --calibration or --threshold, not both")
-            fitted = getattr(self.calibrator, "thresholds_", {}) or {}
+                raise ParameterError(
+                    "threshold",
+                    "cannot be given with calibrator (give one of them)",
+                    others=("calibrator",),
+                )
+            fitted = self.calibrator.thresholds_ or {}
             if self.rule is None and self.min_p_correct is None and fitted:
-                self.rule = getattr(self.calibrator, "default_rule", None) or next(iter(fitted))
+                self.rule = self.calibrator.default_rule or next(iter(fitted))
             if self.rule is not None and self.rule not in fitted:
-                raise ValueError(
-                    f"the calibration file has no {self.rule!r} threshold "
-                    f"(it has: {', '.join(fitted) or 'none'}); give --min_p_correct instead"
+                raise ParameterError(
+                    "rule",
+                    f"{self.rule!r}: the calibration file has no such threshold "
+                    f"(it has: {', '.join(fitted) or 'none'}); give min_p_correct instead",
+                    others=("min_p_correct",),
                 )
         if self.source == "none" and self.threshold is not None:
             verb = "escalate" if self.mode == "escalate" else "abstain"
@@ -102,13 +131,26 @@ class AbstentionPolicy:
 
     @classmethod
     def from_calibration(
-        cls, spec: str | Path, *, model: str | None = None, **kwargs: Any
+        cls,
+        spec: str | Path,
+        *,
+        model: str | None = None,
+        prompt_fingerprint: str | None = None,
+        prompt_description: str | None = None,
+        **kwargs: Any,
     ) -> AbstentionPolicy:
         """A policy whose ``p_correct`` comes from a ``gnll calibrate`` file, or ``"auto"``: the file
-        shipped for an embedded ``model``. Warns when the file was fitted on another model."""
+        shipped for an embedded ``model``. Warns (``CalibrationMismatchWarning``) when the file was
+        fitted on another model, or on another prompt template than ``prompt_fingerprint`` (the
+        template requests are asked in, described by ``prompt_description``)."""
         from gnll.calibration import load_calibration, shipped_calibration
 
-        calibrator = load_calibration(spec, model=model)
+        calibrator = load_calibration(
+            spec,
+            model=model,
+            prompt_fingerprint=prompt_fingerprint,
+            prompt_description=prompt_description,
+        )
         measure = calibrator.meta.get("measure", "g-nll")
         if measure != "g-nll":
             raise ValueError(f"{spec} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
@@ -122,10 +164,63 @@ class AbstentionPolicy:
             policy.source = name + _rule_text(policy)
         return policy
 
+    @classmethod
+    def from_cascade(
+        cls,
+        path: str | Path,
+        *,
+        mode: Mode = "escalate",
+        model: str | None = None,
+        any_prompt_format: bool = False,
+        refusal: str = DEFAULT_REFUSAL,
+    ) -> AbstentionPolicy:
+        """An escalation policy whose threshold is a ``gnll calibrate --cascade`` file's
+        (:class:`gnll.calibration.cascade.CascadeThreshold`). Warns when it was fitted on another
+        small model than ``model``; the server refuses it for chat requests of another prompt
+        format than it was fitted on unless ``any_prompt_format``."""
+        from gnll.calibration.cascade import CascadeThreshold
+
+        fitted = CascadeThreshold.load(path, model=model)
+        return cls(mode=mode, cascade=fitted, any_prompt_format=any_prompt_format, refusal=refusal)
+
+    def _take_cascade(self, fitted: CascadeThreshold) -> None:
+        if self.mode != "escalate":
+            raise ParameterError(
+                "cascade",
+                f"is a threshold for mode 'escalate', not {self.mode!r}",
+                others=("mode",),
+            )
+        if self.calibrator is not None or self.threshold is not None:
+            raise ParameterError(
+                "cascade",
+                "cannot be given with calibrator or threshold (it is the threshold)",
+                others=("calibrator", "threshold"),
+            )
+        where = fitted.meta.get("path", "the cascade file")
+        if fitted.measure != "g-nll":
+            raise ParameterError(
+                "cascade", f"{where} gates on {fitted.measure!r}; gnll serve escalates on G-NLL"
+            )
+        if not math.isfinite(fitted.threshold):
+            raise ParameterError(
+                "cascade",
+                f"{where}: its target accuracy {fitted.target:g} is out of reach on the calibration "
+                "questions, so it escalates every question (serve the larger model alone, or fit "
+                "a lower target)",
+            )
+        self.threshold = fitted.threshold
+        if self.source == "none":
+            self.source = (
+                f"{Path(where).name}: escalate when G-NLL > {fitted.threshold:.4g} (cascade accuracy "
+                f">= {fitted.target:g} with probability {1 - fitted.delta:g}, escalation rate "
+                f"{fitted.escalation_rate:.3g} on its {fitted.meta.get('prompt_format') or 'unknown'} "
+                "prompts)"
+            )
+
     def refuses_everything(self) -> str | None:
         """Why this policy would abstain on every answer (G-NLL >= 0), or ``None`` if it would not."""
         if self.threshold is not None and self.threshold < 0:
-            return f"--threshold {self.threshold:g} is below 0, and every G-NLL is >= 0"
+            return f"threshold {self.threshold:g} is below 0, and every G-NLL is >= 0"
         if self.calibrator is None:
             return None
         if self.min_p_correct is not None:
@@ -133,7 +228,7 @@ class AbstentionPolicy:
             if best < self.min_p_correct:
                 return (
                     f"the calibration never gives p_correct above {best:.3g}, below "
-                    f"--min_p_correct {self.min_p_correct:g}"
+                    f"min_p_correct {self.min_p_correct:g}"
                 )
             return None
         if self.rule is not None:
@@ -164,6 +259,13 @@ class AbstentionPolicy:
                 return p, bool(self.calibrator.abstain([g_nll], self.rule)[0])
             return p, None
         if self.threshold is not None:
+            cascade = self.cascade
+            if (
+                cascade is not None
+                and not self.any_prompt_format
+                and not cascade.applies(prompt_format)
+            ):
+                return None, None  # fitted on answers to another prompt format
             return None, bool(g_nll > self.threshold)
         return None, None
 

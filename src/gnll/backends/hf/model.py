@@ -16,6 +16,7 @@ from gnll._util import progress_enabled
 from gnll.backends.base import (
     DEFAULT_STOP,
     Capabilities,
+    ContextOverflow,
     Generation,
     GenerationConfig,
     Model,
@@ -392,11 +393,7 @@ class HFModel(Model):
             return
         for i, ids in enumerate(encoded):
             if len(ids) + max_new_tokens > context:
-                raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} that "
-                    f"exceeds {self.name}'s context of {context} tokens: shorten the prompt (e.g. "
-                    "fewer few-shot examples) or lower max_new_tokens"
-                )
+                raise ContextOverflow(self.name, i, len(ids), max_new_tokens, context)
 
     # ------------------------------------------------------------------ scoring
     def score(

@@ -230,6 +230,30 @@ class HTTPClient:
     def get(self, path: str, *, root: bool = False) -> dict[str, Any]:
         return self._request("GET", path, None, root=root)
 
+    def events(self, path: str, body: dict[str, Any]) -> list[Any]:
+        """One streamed request (``"stream": true``), no retries: the server-sent events in order,
+        parsed JSON (``"[DONE]"`` kept as the string). ``gnll doctor`` reads streams with it.
+
+        Raises :class:`ServerUnavailable` when the server cannot be reached or answers an error
+        status, with the key scrubbed from the message.
+        """
+        url = self.base_url + path
+        out: list[Any] = []
+        try:
+            with self._client.stream("POST", url, json={**body, "stream": True}) as response:
+                if response.status_code >= 400:
+                    text = response.read()[:300].decode("utf-8", "replace")
+                    raise ServerUnavailable(
+                        self._scrub(f"{url}: HTTP {response.status_code}: {text}")
+                    )
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        payload = line[5:].strip()
+                        out.append(payload if payload == "[DONE]" else json.loads(payload))
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            raise ServerUnavailable(self._scrub(f"{url}: {type(exc).__name__}: {exc}")) from None
+        return out
+
     def _scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
 
@@ -276,8 +300,7 @@ class HTTPClient:
     def _failing_message(self) -> str:
         return self._scrub(
             f"{self.base_url}: stopping after {self.streak.threshold} failures in a row within "
-            f"{self.streak.window:.0f} s, all {self.streak.last_message}; check the server, then "
-            "resume (nothing computed so far is lost)"
+            f"{self.streak.window:.0f} s, all {self.streak.last_message}"
         )
 
     def _attempt(self, method: str, url: str, body: dict[str, Any] | None) -> dict[str, Any]:

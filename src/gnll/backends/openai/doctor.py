@@ -7,11 +7,12 @@ not affect the default G-NLL.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError, ServerUnavailable
@@ -118,6 +119,7 @@ def diagnose(model: OpenAICompatModel, *, requests: int = 16, concurrency: int =
     checks.append(_terminator_check(model, gens))
     checks.append(_chat_check(model))
     checks.append(_determinism_check(model))
+    checks.append(_streams_check(model, max(concurrency, 2)))
     checks.append(_speed_check(model, requests, concurrency))
     return checks
 
@@ -322,6 +324,64 @@ def _determinism_check(model: OpenAICompatModel) -> Check:
             fix,
         )  # fmt: skip
     return Check("deterministic", "pass", f"identical answers, log-probs within {worst:.1e}")
+
+
+_STREAMS_FIX = {
+    "llama-cpp-python": "start it with --interrupt_requests false (by default it stops a running "
+    "stream when another request arrives)",
+}
+
+
+def _streams_check(model: OpenAICompatModel, concurrency: int) -> Check:
+    """``concurrency`` streamed greedy requests at once, each read to its end: every one must end
+    with a ``finish_reason`` (a proxy, ``gnll serve --upstream``, streams its clients' requests so,
+    and a stream cut short has no G-NLL)."""
+    cfg = GenerationConfig.greedy(max_new_tokens=16)
+    body: dict[str, Any] = {"model": model.name, **model.sampling_parameters(cfg)}
+    if model.endpoint == "chat":
+        path = "/chat/completions"
+        body.update(messages=[{"role": "user", "content": PROBES[0]}])
+        body[model.profile.max_tokens_key] = cfg.max_new_tokens
+    else:
+        path = "/completions"
+        body.update(prompt=PROBES[0], max_tokens=cfg.max_new_tokens)
+    start = threading.Barrier(concurrency)
+
+    def one(_: int) -> str | None:
+        """``None`` when the stream finished; otherwise what went wrong."""
+        start.wait(timeout=30)
+        try:
+            events = model.client.events(path, body)
+        except (ServerError, ServerUnavailable) as exc:
+            return str(exc)
+        chunks = [e for e in events if isinstance(e, dict)]
+        if any("error" in c for c in chunks):
+            return "an error event"
+        if not any(c.get("finish_reason") for e in chunks for c in e.get("choices") or []):
+            return "no finish_reason"
+        return None
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        outcomes = list(pool.map(one, range(concurrency)))
+    bad = [o for o in outcomes if o is not None]
+    if not bad:
+        return Check(
+            "concurrent streams",
+            "pass",
+            f"{concurrency} streams at once all ended with a finish_reason",
+        )
+    fix = _STREAMS_FIX.get(
+        model.profile.name, "make the server queue concurrent streams instead of cutting them"
+    )
+    reasons = sorted(set(bad))
+    return Check(
+        "concurrent streams",
+        "fail",
+        f"{len(bad)} of {concurrency} streams sent at once ended without finishing "
+        f"({'; '.join(reasons)[:200]}): a proxy (gnll serve --upstream) in front of this server "
+        "fails them",
+        fix,
+    )
 
 
 def _speed_check(model: OpenAICompatModel, requests: int, concurrency: int) -> Check:

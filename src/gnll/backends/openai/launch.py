@@ -59,6 +59,11 @@ class LlamaServer:
     kv_f32:
         Keep the attention cache in float32 (llama.cpp's default is float16): closer to the
         float32 in-process backend (greedy answers agreed on 7 instead of 4 of 10 hard prompts).
+    interrupt_requests:
+        llama-cpp-python's own default (``True``) stops a running stream when another request
+        arrives: a proxy in front of it then fails concurrent streams. ``False`` (the default here,
+        and what docs/servers.md starts it with) queues them; ``True`` is for the tests that show
+        what the default does.
     startup_timeout:
         Seconds to wait for ``GET /v1/models`` to answer before giving up.
     lifetime:
@@ -72,6 +77,7 @@ class LlamaServer:
     n_ctx: int = 1024
     n_batch: int = 1
     kv_f32: bool = True
+    interrupt_requests: bool = False
     startup_timeout: float = 120.0
     lifetime: float = 3600.0
     extra_args: tuple[str, ...] = ()
@@ -91,7 +97,8 @@ class LlamaServer:
             "--n_batch", str(self.n_batch), "--n_ubatch", str(self.n_batch),
             *(("--type_k", "0", "--type_v", "0") if self.kv_f32 else ()), "--n_threads", str(self.threads),
             "--n_threads_batch", str(self.threads), "--seed", "0",
-            "--interrupt_requests", "false", "--verbose", "false", *self.extra_args,
+            "--interrupt_requests", str(self.interrupt_requests).lower(),
+            "--verbose", "false", *self.extra_args,
         ]  # fmt: skip
         if shutil.which("timeout"):
             cmd = ["timeout", "-s", "KILL", str(int(self.lifetime)), *cmd]

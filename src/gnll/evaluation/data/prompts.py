@@ -12,7 +12,8 @@ Short answers::
 
 Long answers: the sentence instruction and no few-shot block. SVAMP puts the problem body in a
 ``Context: {body}`` line before each ``Question:`` line. The prompt is the *user text*; the backend
-wraps it in the chat template of instruction-tuned models, as one user turn (the paper's protocol).
+wraps it in the chat template of instruction-tuned models, as one user turn (gnll's choice: the paper
+does not say how it prompted them, and Farquhar et al.'s code feeds every model the raw text).
 With ``fewshot_as_multiturn`` (:func:`build_messages`) the same text also carries chat turns: the
 instruction and the first few-shot question as the first user turn, each few-shot answer as an
 assistant turn, and each later question as a user turn, so a chat model sees worked exchanges

@@ -36,7 +36,14 @@ from gnll.backends.base import GenerationConfig
 from gnll.evaluation.results.correctness import f1_verdict
 from gnll.evaluation.results.metrics import bootstrap_auroc
 
-__all__ = ["BASELINES", "average_ablations", "baseline_scores", "plot_ablation", "run_ablation"]
+__all__ = [
+    "BASELINES",
+    "add_baselines",
+    "average_ablations",
+    "baseline_scores",
+    "plot_ablation",
+    "run_ablation",
+]
 
 #: The paper's sampling-based baselines, drawn as horizontal reference lines.
 BASELINES = ("pe", "ln-pe", "se", "ln-se", "d-se")
@@ -122,21 +129,35 @@ def run_ablation(
         "auroc_se": {name: {k: se for k, (_a, se) in fit.items()} for name, fit in fits.items()},
     }
     if baselines is not None:
-        missing = [e.id for e in examples if str(e.id) not in baselines]
-        if missing:
-            raise ValueError(
-                f"the baseline run lacks {len(missing)} of the {len(examples)} questions "
-                f"(first: id {missing[0]}): run `gnll eval` on the same task with at least "
-                f"--limit {len(examples)} and the same --seed"
-            )
-        fit = {
-            m: bootstrap_auroc(correct, [baselines[str(e.id)][m] for e in examples], seed=seed)
-            for m in BASELINES
-            if all(m in baselines[str(e.id)] for e in examples)
-        }
-        out["baselines"] = {m: a for m, (a, _se) in fit.items()}
-        out["baselines_se"] = {m: se for m, (_a, se) in fit.items()}
+        add_baselines(out, baselines, seed=seed)
     return out
+
+
+def add_baselines(
+    result: dict[str, Any], baselines: dict[str, dict[str, float]], *, seed: int = 0
+) -> dict[str, Any]:
+    """Score the baselines of a ``gnll eval`` run (:func:`baseline_scores`) against the greedy
+    answers' correctness recorded in ``result`` (its ``ids`` and ``correct``), in place.
+
+    So an ablation and its baseline run can be made side by side and joined afterwards
+    (``scripts/fig2_ablation.py --result``).
+    """
+    ids, correct = result["ids"], result["correct"]
+    missing = [i for i in ids if str(i) not in baselines]
+    if missing:
+        raise ValueError(
+            f"the baseline run lacks {len(missing)} of the {len(ids)} questions "
+            f"(first: id {missing[0]}): run `gnll eval` on the same task with at least "
+            f"--limit {len(ids)} and the same --seed"
+        )
+    fit = {
+        m: bootstrap_auroc(correct, [baselines[str(i)][m] for i in ids], seed=seed)
+        for m in BASELINES
+        if all(m in baselines[str(i)] for i in ids)
+    }
+    result["baselines"] = {m: a for m, (a, _se) in fit.items()}
+    result["baselines_se"] = {m: se for m, (_a, se) in fit.items()}
+    return result
 
 
 def average_ablations(results: Sequence[dict[str, Any]]) -> dict[str, Any]:

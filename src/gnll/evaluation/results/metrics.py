@@ -37,6 +37,8 @@ __all__ = [
     "bootstrap_auroc",
     "evaluate_measures",
     "paired_bootstrap_test",
+    "prediction_rejection_area",
+    "prr_metrics",
     "rejection_accuracy",
 ]
 
@@ -274,4 +276,78 @@ def evaluate_measures(
             sig["p_value"] = sig["p_values"][best]
             sig["significant"] = bool(sig["p_value"] < alpha)
     out["significance"] = sig
+    return out
+
+
+def _minmax(quality: np.ndarray) -> np.ndarray:
+    lo, hi = float(np.min(quality)), float(np.max(quality))
+    if np.isclose(lo, hi):  # a constant quality: LM-Polygraph widens the range by 1 each way
+        lo, hi = lo - 1, hi + 1
+    return (quality - lo) / (hi - lo)
+
+
+def prediction_rejection_area(
+    uncertainty: Sequence[float], quality: Sequence[float], max_rejection: float = 1.0
+) -> float:
+    """LM-Polygraph's PRR: the mean quality of the kept answers over the rejection levels.
+
+    Quality is min-max normalised; the answers are sorted by uncertainty (ascending, numpy's default
+    sort, as LM-Polygraph's ``PredictionRejectionArea``), and for each of the
+    ``R = int(max_rejection * n)`` levels that keep the ``k = n - R + 1 ... n`` least uncertain, the
+    mean normalised quality of those ``k`` is averaged. Higher is better.
+
+    >>> prediction_rejection_area([0.1, 0.9, 0.5], [1, 0, 1])
+    0.8888888888888888
+    """
+    q = _minmax(np.asarray(quality, dtype=float))
+    ue = np.asarray(uncertainty, dtype=float)
+    n = len(ue)
+    r = int(max_rejection * n)
+    if n == 0 or r == 0:
+        raise ValueError(f"PRR needs answers to reject (n={n}, max_rejection={max_rejection})")
+    kept = np.cumsum(q[np.argsort(ue)])[-r:]
+    return float(np.sum((kept / np.arange(n - r + 1, n + 1))[::-1]) / r)
+
+
+def prr_metrics(
+    uncertainty: Sequence[float],
+    quality: Sequence[float],
+    *,
+    n_random: int = 1000,
+    seed: int = 42,
+) -> dict[str, float]:
+    """The PRR numbers of LM-Polygraph's benchmark for one measure, under its names.
+
+    ``prr`` and ``prr_0.5`` (rejecting at most half), each also ``_normalized``:
+    ``(prr - random) / (oracle - random)``, where *oracle* ranks by the quality itself and *random*
+    is the mean over ``n_random`` random rankings (LM-Polygraph's ``get_random_scores``: a
+    ``np.random.seed(42)`` stream shuffling ``arange(n)``, reproduced here without touching numpy's
+    global state). Answers whose uncertainty or quality is not finite are left out first, as its
+    ``UEManager`` does. ``quality`` is higher-is-better (e.g. correctness 0/1).
+
+    >>> m = prr_metrics([0.1, 0.9, 0.5, 0.3], [1, 0, 1, 0])
+    >>> sorted(m)
+    ['prr', 'prr_0.5', 'prr_0.5_normalized', 'prr_normalized']
+    """
+    ue = np.asarray(uncertainty, dtype=float)
+    q = np.asarray(quality, dtype=float)
+    if ue.shape != q.shape:
+        raise ValueError(f"{len(ue)} uncertainties but {len(q)} qualities")
+    keep = np.isfinite(ue) & np.isfinite(q)
+    ue, q = ue[keep], q[keep]
+    out: dict[str, float] = {}
+    for name, max_rejection in (("prr", 1.0), ("prr_0.5", 0.5)):
+        value = prediction_rejection_area(ue, q, max_rejection)
+        oracle = prediction_rejection_area(-q, q, max_rejection)
+        rng = np.random.RandomState(seed)
+        order = np.arange(len(q))
+        randoms = []
+        for _ in range(n_random):
+            rng.shuffle(order)
+            randoms.append(prediction_rejection_area(order, q, max_rejection))
+        random = float(np.mean(randoms))
+        out[name] = value
+        out[f"{name}_normalized"] = (
+            (value - random) / (oracle - random) if oracle != random else value
+        )
     return out

@@ -17,9 +17,20 @@ async function getJSON(url) {
   return body;
 }
 
+// An error replaces the result: an earlier answer (its gold, its mark) would read as this one's.
 function showError(msg) {
   $("error").textContent = msg || "";
   $("error").hidden = !msg;
+  if (msg) $("result").hidden = true;
+}
+
+// The browser's own words for a request that never got an answer ("Failed to fetch", "NetworkError
+// when attempting to fetch resource.") say nothing to a reader; everything else is the server's.
+function human(e) {
+  if (e instanceof TypeError && /fetch|network/i.test(e.message)) {
+    return "Cannot reach the gnll server (it may have stopped or restarted): start it again, then ask again.";
+  }
+  return e.message;
 }
 
 function fmt(x, digits = 4) {
@@ -49,7 +60,7 @@ async function init() {
     $("task").innerHTML = c.tasks.map((t) => `<option>${t}</option>`).join("");
     await loadExamples();
   } catch (e) {
-    showError("Cannot reach the server: " + e.message);
+    showError(e instanceof TypeError ? human(e) : "Cannot reach the server: " + e.message);
   }
 }
 
@@ -75,15 +86,22 @@ function currentPrompt() {
   const i = $("example").value;
   const typed = $("question").value.trim();
   // A server started with --prompt-format instruction wraps the question in the instruction itself.
+  // Its calibration applies to that prompt only, so a picked question is sent bare there too (a
+  // 5-shot prompt would be wrapped as if it were the question); elsewhere it goes with the task's
+  // 5-shot prompt, as gnll eval asks it.
   const serverAsks = (state.config.prompt_format || {}).chat === "instruction";
+  const zeroShot = "gnll ask's zero-shot instruction";
   if (typed) {
     const wrapped = `${state.config.instruction}\nQuestion: ${typed}\nAnswer:`;
-    return { question: typed, prompt: serverAsks ? typed : wrapped, gold: null };
+    return { question: typed, prompt: serverAsks ? typed : wrapped, gold: null, asked: zeroShot };
   }
   if (i !== "") {
     const ex = state.examples[Number(i)];
     const prompt = serverAsks ? ex.question : ex.prompt;
-    return { question: ex.question, prompt, gold: ex.answers, numeric: ex.numeric_answer };
+    const asked = serverAsks
+      ? `${zeroShot} (this server's --prompt-format instruction)`
+      : `the 5-shot prompt of ${$("task").value}, as gnll eval asks it`;
+    return { question: ex.question, prompt, gold: ex.answers, numeric: ex.numeric_answer, asked };
   }
   return null;
 }
@@ -112,7 +130,7 @@ async function ask(ev) {
     const verdict = q.gold ? await judge(q, choice.message.content) : null;
     render(q, choice, verdict);
   } catch (e) {
-    showError(e.message);
+    showError(human(e));
   } finally {
     $("ask").disabled = false;
   }
@@ -207,6 +225,7 @@ function render(q, choice, verdict) {
     answer.appendChild(note);
   }
   $("gold").textContent = q.gold ? "Gold: " + q.gold.slice(0, 5).join(" | ") : "";
+  $("asked").textContent = "Asked with " + q.asked + ".";
   const v = $("verdict");
   v.hidden = !verdict;
   if (verdict) {
@@ -215,17 +234,26 @@ function render(q, choice, verdict) {
   }
   $("g-nll").textContent = fmt(u.g_nll);
   $("g-nll").dataset.value = String(u.g_nll);
-  $("n-tokens").textContent = String(u.num_tokens);
+  $("n-tokens").textContent = `${u.num_tokens} ${u.num_tokens === 1 ? "token" : "tokens"}`;
   const pol = state.config.policy;
   const p = u.p_correct;
   $("p-correct").textContent = p === null || p === undefined ? "not calibrated" : fmt(p, 3);
   $("p-correct").className = "big" + (p === null || p === undefined ? " none" : "");
   $("gauge-fill").style.width = p === null || p === undefined ? "0" : `${Math.round(100 * p)}%`;
-  $("calibration").textContent = pol.calibrated ? `calibration: ${pol.source}` : "start the server with --calibration FILE for p(correct)";
+  // The calibration and its rule are named once, in the rule line under the Ask button.
+  $("calibration").textContent = pol.calibrated ? "calibrated (see the rule above)" : "start the server with --calibration FILE for p(correct)";
   const d = $("decision");
   d.className = "big " + (u.abstain ? "abstain" : "answer-ok");
   d.textContent = u.abstain === null || u.abstain === undefined ? "no policy" : u.abstain ? "abstain" : "answer";
-  $("policy").textContent = `policy ${pol.policy}; ${pol.source}`;
+  $("policy").textContent = `policy ${pol.policy}`;
+  // An exact early decision: where it was made, and the tokens it spared (this answer's own, or
+  // the local model's before an escalation).
+  const early = u.early ? u : u.local && u.local.early ? u.local : null;
+  $("early").hidden = !early;
+  if (early) {
+    $("early").textContent = `decided at token ${early.decided_at_token} (G-NLL ${fmt(early.g_nll)} ` +
+      `already past the threshold; exact); ${early.tokens_saved} tokens never generated`;
+  }
   $("result").hidden = false;
   answer.dataset.state = "done";
   const correct = verdict ? verdict.correct : null;

@@ -1,0 +1,106 @@
+"""Record LM-Polygraph's own numbers on the embedded SmolLM2, for gnll's parity test.
+
+    bash scripts/polygraph_fixture.sh          # makes the venv, then runs this file in it
+
+Runs in its own virtual environment (LM-Polygraph's pins clash with gnll's; the venv sees the
+shared torch/transformers through ``--system-site-packages``, so both tools run the same model
+code). The model is gnll's: the embedded SmolLM2-135M-Instruct loaded by :func:`gnll.load_model`
+(the GGUF converted to a transformers model), its ``model`` and ``tokenizer`` handed to
+LM-Polygraph's ``WhiteboxModel``; no hub download. Prompts are gnll's TriviaQA few-shot prompts as
+plain text (no chat template; LM-Polygraph's ``instruct=False`` tokenises them the same way).
+
+For each question LM-Polygraph's ``GreedyProbsCalculator`` (``min_new_tokens=2``, the stop strings
+of gnll's ``DEFAULT_STOP``, newlines allowed) gives the greedy tokens, text and log-likelihoods,
+and ``MaximumSequenceProbability`` the MSP. The quality is gnll's F1 > 0.5 verdict on
+LM-Polygraph's greedy text. ``PredictionRejectionArea`` (``prr``, ``prr_0.5``) and their
+``_normalized`` forms are computed exactly as ``UEManager.eval_ue`` does (oracle: the quality
+itself; random: ``get_random_scores``, 1,000 shuffles). Everything goes to
+``tests/evaluation/data/polygraph_msp.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--limit", type=int, default=40)
+    ap.add_argument("--data_dir", default=None)
+    ap.add_argument("--out", default="tests/evaluation/data/polygraph_msp.json")
+    args = ap.parse_args()
+
+    from lm_polygraph.estimators import MaximumSequenceProbability
+    from lm_polygraph.stat_calculators.greedy_probs import GreedyProbsCalculator
+    from lm_polygraph.ue_metrics import PredictionRejectionArea
+    from lm_polygraph.ue_metrics.ue_metric import get_random_scores, normalize_metric
+    from lm_polygraph.utils.generation_parameters import GenerationParameters
+    from lm_polygraph.utils.model import WhiteboxModel
+
+    from gnll import load_model
+    from gnll.backends.base import DEFAULT_STOP
+    from gnll.evaluation.data.tasks import get_task
+    from gnll.evaluation.results.correctness import f1_verdict
+
+    start = time.time()
+    lm = load_model(args.model, chat_template=False, progress=False)
+    td = get_task("triviaqa_short").load(data_dir=args.data_dir)
+    examples = td.split("eval", args.limit)
+    max_new = td.task.max_new_tokens
+    params = GenerationParameters(stop_strings=list(DEFAULT_STOP), allow_newlines=True)
+    wm = WhiteboxModel(lm.model, lm.tokenizer, model_path=args.model, generation_parameters=params)
+    # Attentions are not needed for MSP (and sdpa attention does not return them).
+    calc = GreedyProbsCalculator(output_attentions=False)
+    rows = []
+    for e in examples:
+        prompt = td.prompt(e)
+        stats = calc({}, [prompt], wm, max_new_tokens=max_new)  # one prompt: no padding
+        text = stats["greedy_texts"][0]
+        msp = float(MaximumSequenceProbability()(stats)[0])
+        verdict = f1_verdict(text, e.answers, e.numeric_answer)
+        rows.append(
+            {
+                "id": str(e.id),
+                "prompt": prompt,
+                "greedy_text": text,
+                "greedy_tokens": [int(t) for t in stats["greedy_tokens"][0]],
+                "greedy_log_likelihoods": [float(x) for x in stats["greedy_log_likelihoods"][0]],
+                "msp": msp,
+                "quality": float(bool(verdict.correct)),
+            }
+        )
+    ue = np.array([r["msp"] for r in rows])
+    quality = np.array([r["quality"] for r in rows])
+    metrics = {}
+    for m in (PredictionRejectionArea(), PredictionRejectionArea(max_rejection=0.5)):
+        value = m(ue, quality)
+        oracle, random = m(-quality, quality), get_random_scores(m, quality)
+        metrics[str(m)] = float(value)
+        metrics[f"{m}_normalized"] = float(normalize_metric(value, oracle, random))
+    out = {
+        "about": "LM-Polygraph's greedy log-likelihoods, MaximumSequenceProbability and PRR "
+        "metrics on gnll's embedded model; written by scripts/polygraph_fixture.py",
+        "lm_polygraph": version("lm-polygraph"),
+        "transformers": version("transformers"),
+        "torch": version("torch"),
+        "model": args.model,
+        "task": "triviaqa_short",
+        "max_new_tokens": max_new,
+        "stop_strings": list(DEFAULT_STOP),
+        "min_new_tokens": 2,
+        "metrics": metrics,
+        "rows": rows,
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"wrote {args.out}: {len(rows)} questions, {time.time() - start:.0f} s; {metrics}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""What every framework integration shares: a framework's log-probs in, ``gnll serve``'s record out.
+
+A framework hands over the answer's text and the OpenAI ``logprobs`` object it kept (chat
+``{"content": [{token, logprob, bytes, top_logprobs}, ...]}`` or legacy completions ``{tokens,
+token_logprobs, ...}``). :class:`AnswerScorer` turns them into the choice ``gnll serve --upstream``
+would have received and scores it with the proxy's own functions, so the numbers are those of the
+server for the same answer: the answer/terminator split of the server backend's parser
+(``server``: whether the server reports the end-of-sequence token), G-NLL from
+:mod:`gnll.measures`, spans from :mod:`gnll.spans`, ``p_correct`` and the decision from an
+:class:`~gnll.serving.AbstentionPolicy`.
+
+Examples
+--------
+>>> scorer = AnswerScorer(policy=make_policy("flag", threshold=1.0))
+>>> scored = scorer.score(" Paris.", {"content": [
+...     {"token": " Paris", "logprob": -0.25}, {"token": ".", "logprob": -0.5}]})
+>>> round(scored.uncertainty.g_nll, 2), scored.uncertainty.abstain, scored.text
+(0.75, False, ' Paris.')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gnll.backends.base import GenerationConfig
+from gnll.backends.openai.servers import PROFILES
+from gnll.measures.logprobs import LogprobError
+from gnll.serving.proxy import choice_answer
+from gnll.serving.uncertainty import AbstentionPolicy, annotate, headers_for
+from gnll.uncertainty import Uncertainty
+
+__all__ = [
+    "AnswerScorer",
+    "ReasoningTokensError",
+    "Scored",
+    "decoding_of",
+    "headers_for",
+    "make_policy",
+]
+
+_UNSET = object()
+
+
+class ReasoningTokensError(LogprobError):
+    """The log-probs cover tokens before the answer's text: a reasoning model's trace whose text
+    the framework dropped (LangChain keeps the trace's log-probs in ``response_metadata`` but not
+    its text), so the answer's own tokens cannot be told apart."""
+
+
+def make_policy(
+    policy: AbstentionPolicy | str = "annotate",
+    *,
+    calibration: str | Path | None = None,
+    threshold: float | None = None,
+    min_p_correct: float | None = None,
+    rule: str | None = None,
+    refusal: str | None = None,
+    model: str | None = None,
+) -> AbstentionPolicy:
+    """An :class:`~gnll.serving.AbstentionPolicy` from ``gnll serve``'s options.
+
+    ``policy``: ``"annotate"``, ``"flag"`` or ``"refuse"`` (or a ready policy, returned as is);
+    ``calibration``: a ``gnll calibrate`` file, or ``"auto"`` with an embedded ``model``'s name;
+    ``threshold``: abstain when G-NLL is above it (without a calibration).
+
+    >>> make_policy("refuse", threshold=3.0).describe()["source"]
+    'threshold: abstain when G-NLL > 3'
+    """
+    if isinstance(policy, AbstentionPolicy):
+        return policy
+    if policy == "escalate":
+        raise ValueError(
+            "policy 'escalate' needs a second model: put `gnll serve --policy escalate` in front of "
+            "the model instead (the integrations annotate, flag or refuse)"
+        )
+    kwargs: dict[str, Any] = {"mode": policy, "min_p_correct": min_p_correct, "rule": rule}
+    if refusal is not None:
+        kwargs["refusal"] = refusal
+    if calibration is not None:
+        out = AbstentionPolicy.from_calibration(calibration, model=model, **kwargs)
+    else:
+        out = AbstentionPolicy(threshold=threshold, **kwargs)
+    why = out.refuses_everything() if out.mode == "refuse" else None
+    if why:
+        raise ValueError(f"policy 'refuse' would refuse every answer: {why}")
+    return out
+
+
+def decoding_of(temperature: float | None) -> str:
+    """``"greedy"`` for temperature 0 or unset (the integrations pin 0), else ``"sampled"``."""
+    return "greedy" if not temperature else "sampled"
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One scored answer: its record, and the text and finish reason a caller sees under the
+    policy (the refusal when ``refuse`` abstained)."""
+
+    uncertainty: Uncertainty
+    text: str
+    finish_reason: str | None
+
+    @property
+    def refused(self) -> bool:
+        return bool(self.uncertainty.refused)
+
+
+@dataclass
+class AnswerScorer:
+    """Score answers from the log-probs a framework kept, as ``gnll serve --upstream`` would.
+
+    Parameters
+    ----------
+    policy:
+        What to do with likely wrong answers (:func:`make_policy`).
+    server:
+        The server behind the framework, a profile of :data:`gnll.backends.openai.servers.PROFILES`
+        (``"vllm"``, ``"llama.cpp"``, ``"gnll"``, ...; ``"generic"`` by default): it says whether
+        the server reports the end-of-sequence token's log-prob, which is then not part of the
+        answer.
+    stop:
+        The request's stop strings (the token that produced one is not part of the answer).
+    prompt_format:
+        How the prompt was rendered (``"chat"`` for chat models): a calibration fitted on another
+        format gives no ``p_correct``.
+    include_tokens:
+        Put the answer's tokens and log-probs into the record.
+    """
+
+    policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
+    server: str = "generic"
+    stop: Sequence[str] = ()
+    prompt_format: str | None = "chat"
+    include_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if self.server not in PROFILES:
+            raise ValueError(
+                f"unknown server {self.server!r}: one of {', '.join(sorted(PROFILES))}"
+            )
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+
+    def score(
+        self,
+        text: str | None,
+        logprobs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
+        *,
+        finish_reason: str | None = None,
+        stop_reason: Any = _UNSET,
+        decoding: str = "greedy",
+        stop: Sequence[str] | None = None,
+        where: str = "response",
+    ) -> Scored:
+        """The record of one answer: ``text`` as the model returned it, ``logprobs`` the OpenAI
+        ``logprobs`` object (or its ``content`` list); ``stop_reason`` as vLLM reports it, when the
+        framework kept it."""
+        if logprobs is None:
+            raise LogprobError(
+                f"{where} carries no log-probs: ask the model for them (`logprobs=True, "
+                "top_logprobs=1`), and use a server that returns them (`gnll doctor URL`)",
+                kind="missing",
+            )
+        lp = {"content": list(logprobs)} if isinstance(logprobs, Sequence) else dict(logprobs)
+        text = "" if text is None else str(text)
+        _check_no_trace(text, lp, where)
+        choice: dict[str, Any] = {
+            "message": {"role": "assistant", "content": text},
+            "logprobs": lp,
+            "finish_reason": finish_reason,
+        }
+        if stop_reason is not _UNSET:
+            choice["stop_reason"] = stop_reason
+        stops = tuple(self.stop if stop is None else ([stop] if isinstance(stop, str) else stop))
+        answer = choice_answer(
+            choice,
+            GenerationConfig(stop=stops),
+            eos_logprob=PROFILES[self.server].eos_logprob,
+            decoding=decoding,
+            where=where,
+        )
+        records, texts, finishes = annotate(
+            [answer],
+            self.policy,
+            include_tokens=self.include_tokens,
+            source=where,
+            prompt_format=self.prompt_format,
+        )
+        return Scored(records[0], texts[0], finishes[0])
+
+
+def _check_no_trace(text: str, logprobs: dict[str, Any], where: str) -> None:
+    """A :class:`ReasoningTokensError` when the tokens spell more than the text *before* it."""
+    entries = logprobs.get("content")
+    if isinstance(entries, list):
+        tokens = [str(e.get("token", "")) for e in entries if isinstance(e, Mapping)]
+        byte_lists = [e.get("bytes") for e in entries if isinstance(e, Mapping)]
+    elif isinstance(logprobs.get("tokens"), list):
+        tokens, byte_lists = [str(t) for t in logprobs["tokens"]], []
+    else:
+        return
+    if byte_lists and all(isinstance(b, list) for b in byte_lists):
+        spelled = bytes(x for b in byte_lists for x in b).decode("utf-8", errors="replace")
+    elif any(t == "" for t in tokens):
+        return  # split multi-byte characters: the strings do not spell the text (parse.py)
+    else:
+        spelled = "".join(tokens)
+    if not text or spelled.startswith(text):
+        return
+    at = spelled.find(text)
+    if at > 0:
+        raise ReasoningTokensError(
+            f"{where}: its {len(tokens)} log-probs spell {at} characters before the answer's text "
+            "(a reasoning model's trace, whose text the framework dropped): the answer's own "
+            "tokens cannot be told apart. Turn the model's thinking off, or put `gnll serve "
+            "--upstream` in front of the server (it sees the trace and the answer apart)"
+        )
+    raise LogprobError(
+        f"{where}: its log-probs do not spell the answer's text (they spell "
+        f"{spelled[:60]!r}, the text is {text[:60]!r}): they belong to another answer"
+    )

@@ -1,0 +1,291 @@
+"""LangChain: G-NLL on every message of a chat model (``pip install "gnll[langchain]"``).
+
+:func:`with_uncertainty` wraps a chat model (``ChatOpenAI`` pointed at vLLM, llama.cpp, ``gnll
+serve`` or OpenAI) in a Runnable that asks it for log-probs (``logprobs=True, top_logprobs>=1``)
+and greedy decoding (temperature 0 unless the model sets one), and returns the same message with
+``response_metadata["uncertainty"]``: the object ``gnll serve`` puts on a choice (``g_nll``,
+``ln_g_nll``, ``p_correct``, ``abstain``, ``spans``, ...). ``invoke``, ``batch``, ``stream`` and
+their async forms all work; a stream ends with one more chunk whose ``response_metadata`` holds the
+uncertainty (so the chunks added up give the message ``invoke`` returns). Under ``policy="refuse"``
+a likely wrong answer is replaced by the refusal (a stream is then held back until its end).
+
+:class:`UncertaintyCallbackHandler` only observes: it scores every chat model call it sees (for
+metrics, tracing or LangSmith feedback) without changing what the chain returns.
+
+Reasoning models: LangChain keeps the log-probs of a reasoning model's trace but drops the trace's
+text, so the answer's tokens cannot be told apart; such a response is refused with a
+:class:`~gnll.integrations.core.ReasoningTokensError` naming the way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.outputs import LLMResult
+from langchain_core.runnables import Runnable, RunnableConfig
+
+from gnll.integrations.core import AnswerScorer, Scored, decoding_of, make_policy
+from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.uncertainty import Uncertainty
+
+__all__ = ["UncertaintyCallbackHandler", "UncertaintyRunnable", "with_uncertainty"]
+
+
+def _text(content: Any) -> str:
+    """A message's text (content blocks joined)."""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        b if isinstance(b, str) else str(b.get("text", "")) for b in content or [] if b is not None
+    )
+
+
+def _temperature(chat_model: Any) -> float | None:
+    t = getattr(chat_model, "temperature", None)
+    return float(t) if isinstance(t, (int, float)) else None
+
+
+class UncertaintyRunnable(Runnable[Any, BaseMessage]):
+    """A chat model whose messages carry ``response_metadata["uncertainty"]`` (see the module)."""
+
+    def __init__(
+        self, chat_model: BaseChatModel, scorer: AnswerScorer, *, top_logprobs: int = 1
+    ) -> None:
+        self.chat_model = chat_model
+        self.scorer = scorer
+        temperature = _temperature(chat_model)
+        self.decoding = decoding_of(temperature)
+        pins: dict[str, Any] = {"logprobs": True, "top_logprobs": max(1, int(top_logprobs))}
+        if temperature is None:
+            pins["temperature"] = 0.0  # G-NLL is the greedy answer's; servers default to sampling
+        self.bound = chat_model.bind(**pins)
+
+    def __repr__(self) -> str:
+        return f"UncertaintyRunnable({self.chat_model!r}, policy={self.scorer.policy.mode!r})"
+
+    # ------------------------------------------------------------------ scoring
+    def _stop(self, kwargs: dict[str, Any]) -> Sequence[str] | None:
+        stop = kwargs.get("stop")
+        if stop is None:
+            stop = getattr(self.chat_model, "stop", None) or getattr(
+                self.chat_model, "stop_sequences", None
+            )
+        return [stop] if isinstance(stop, str) else stop
+
+    def score(self, message: BaseMessage, stop: Sequence[str] | None = None) -> Scored:
+        """The scored answer of a message the chat model returned (with its log-probs)."""
+        meta = message.response_metadata or {}
+        return self.scorer.score(
+            _text(message.content),
+            meta.get("logprobs"),
+            finish_reason=meta.get("finish_reason"),
+            decoding=self.decoding,
+            stop=stop,
+            where=f"the {type(self.chat_model).__name__} response",
+        )
+
+    def _attach(self, message: BaseMessage, stop: Sequence[str] | None) -> BaseMessage:
+        scored = self.score(message, stop)
+        meta = {**message.response_metadata, "uncertainty": scored.uncertainty.to_json()}
+        update: dict[str, Any] = {"response_metadata": meta}
+        if scored.refused:  # nothing of the refused answer leaves: text, tokens, log-probs
+            meta.pop("logprobs", None)
+            update["content"] = scored.text
+        return message.model_copy(update=update)
+
+    def _closing(
+        self, whole: BaseMessage, stop: Sequence[str] | None
+    ) -> tuple[Scored, AIMessageChunk]:
+        scored = self.score(whole, stop)
+        meta = {"uncertainty": scored.uncertainty.to_json()}
+        return scored, AIMessageChunk(content="", response_metadata=meta, id=whole.id)
+
+    # ------------------------------------------------------------------ Runnable
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> BaseMessage:
+        return self._attach(self.bound.invoke(input, config, **kwargs), self._stop(kwargs))
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> BaseMessage:
+        message = await self.bound.ainvoke(input, config, **kwargs)
+        return self._attach(message, self._stop(kwargs))
+
+    def stream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Iterator[BaseMessage]:
+        hold = self.scorer.policy.mode == "refuse"  # the refusal is known at the end only
+        whole: Any = None
+        held: list[BaseMessage] = []
+        for chunk in self.bound.stream(input, config, **kwargs):
+            whole = chunk if whole is None else whole + chunk
+            if hold:
+                held.append(chunk)
+            else:
+                yield chunk
+        if whole is None:
+            return
+        scored, closing = self._closing(whole, self._stop(kwargs))
+        yield from self._release(scored, closing, held, hold)
+
+    async def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[BaseMessage]:
+        hold = self.scorer.policy.mode == "refuse"
+        whole: Any = None
+        held: list[BaseMessage] = []
+        async for chunk in self.bound.astream(input, config, **kwargs):
+            whole = chunk if whole is None else whole + chunk
+            if hold:
+                held.append(chunk)
+            else:
+                yield chunk
+        if whole is None:
+            return
+        scored, closing = self._closing(whole, self._stop(kwargs))
+        for out in self._release(scored, closing, held, hold):
+            yield out
+
+    @staticmethod
+    def _release(
+        scored: Scored, closing: AIMessageChunk, held: list[BaseMessage], hold: bool
+    ) -> Iterator[BaseMessage]:
+        if scored.refused:
+            yield AIMessageChunk(
+                content=scored.text, response_metadata=closing.response_metadata, id=closing.id
+            )
+            return
+        if hold:
+            yield from held
+        yield closing
+
+
+def with_uncertainty(
+    chat_model: BaseChatModel,
+    *,
+    policy: AbstentionPolicy | str = "annotate",
+    calibration: str | Path | None = None,
+    threshold: float | None = None,
+    min_p_correct: float | None = None,
+    refusal: str | None = None,
+    server: str = "generic",
+    prompt_format: str | None = "chat",
+    top_logprobs: int = 1,
+) -> UncertaintyRunnable:
+    """``chat_model`` with G-NLL on every message (``response_metadata["uncertainty"]``).
+
+    Parameters
+    ----------
+    chat_model:
+        A LangChain chat model that returns OpenAI log-probs (``ChatOpenAI`` and its kin).
+    policy, calibration, threshold, min_p_correct, refusal:
+        As ``gnll serve``'s options (:func:`gnll.integrations.core.make_policy`): ``"annotate"``,
+        ``"flag"`` or ``"refuse"``; a ``gnll calibrate`` file for ``p_correct``; or a G-NLL
+        threshold.
+    server:
+        What serves the model (``"vllm"``, ``"llama.cpp"``, ``"gnll"``, ``"openai"``,
+        ``"generic"``): vLLM reports the end-of-sequence token's log-prob, which is not the
+        answer's.
+    top_logprobs:
+        Alternatives asked for per token (at least 1: some servers return no log-probs without).
+
+    Examples
+    --------
+    With ``gnll serve`` running (docs/quickstart.md runs this recipe)::
+
+        from langchain_openai import ChatOpenAI
+        llm = with_uncertainty(ChatOpenAI(base_url="http://127.0.0.1:8000/v1", api_key="x",
+                                          model="smollm2-135m-instruct"), server="gnll")
+        llm.invoke("Capital of France?").response_metadata["uncertainty"]["g_nll"]
+    """
+    scorer = AnswerScorer(
+        policy=make_policy(
+            policy,
+            calibration=calibration,
+            threshold=threshold,
+            min_p_correct=min_p_correct,
+            refusal=refusal,
+            model=getattr(chat_model, "model_name", None),
+        ),
+        server=server,
+        prompt_format=prompt_format,
+    )
+    return UncertaintyRunnable(chat_model, scorer, top_logprobs=top_logprobs)
+
+
+class UncertaintyCallbackHandler(BaseCallbackHandler):
+    """Observe the G-NLL of every chat model answer a chain produces, without changing it.
+
+    The chat model must be asked for log-probs (``ChatOpenAI(logprobs=True, top_logprobs=1,
+    temperature=0)``). Each answer's :class:`~gnll.uncertainty.Uncertainty` goes to
+    ``on_uncertainty(record, run_id)`` (e.g. a metric, an OpenTelemetry event, or LangSmith
+    feedback: ``Client().create_feedback(run_id=run_id, key="g_nll", score=record.g_nll)``) and is
+    kept in ``records[run_id]``; a response it cannot score goes to ``errors[run_id]`` (observing
+    never breaks the chain).
+    """
+
+    raise_error = False
+
+    def __init__(
+        self,
+        on_uncertainty: Callable[[Uncertainty, UUID], None] | None = None,
+        *,
+        policy: AbstentionPolicy | str = "annotate",
+        calibration: str | Path | None = None,
+        threshold: float | None = None,
+        server: str = "generic",
+        prompt_format: str | None = "chat",
+    ) -> None:
+        if (policy.mode if isinstance(policy, AbstentionPolicy) else policy) == "refuse":
+            raise ValueError("a callback only observes: use with_uncertainty(...) to refuse")
+        self.scorer = AnswerScorer(
+            policy=make_policy(policy, calibration=calibration, threshold=threshold),
+            server=server,
+            prompt_format=prompt_format,
+        )
+        self.on_uncertainty = on_uncertainty
+        self.records: dict[UUID, list[Uncertainty]] = {}
+        self.errors: dict[UUID, str] = {}
+        self._stops: dict[UUID, Any] = {}
+        self._decoding: dict[UUID, str] = {}
+
+    def on_chat_model_start(
+        self, serialized: dict[str, Any], messages: Any, *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        params = kwargs.get("invocation_params") or {}
+        self._stops[run_id] = params.get("stop")
+        self._decoding[run_id] = decoding_of(params.get("temperature"))
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        stop, decoding = self._stops.pop(run_id, None), self._decoding.pop(run_id, "greedy")
+        out: list[Uncertainty] = []
+        try:
+            for generations in response.generations:
+                for gen in generations:
+                    info = dict(gen.generation_info or {})
+                    message = getattr(gen, "message", None)
+                    if message is not None:
+                        info = {**message.response_metadata, **info}
+                    scored = self.scorer.score(
+                        _text(message.content) if message is not None else gen.text,
+                        info.get("logprobs"),
+                        finish_reason=info.get("finish_reason"),
+                        decoding=decoding,
+                        stop=stop,
+                        where=f"run {run_id}",
+                    )
+                    out.append(scored.uncertainty)
+        except ValueError as exc:  # LogprobError and its kin: say why, keep the chain running
+            self.errors[run_id] = str(exc)
+            return
+        self.records[run_id] = out
+        if self.on_uncertainty is not None:
+            for record in out:
+                self.on_uncertainty(record, run_id)

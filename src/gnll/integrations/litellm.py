@@ -1,0 +1,278 @@
+"""LiteLLM: G-NLL on the answers of the LiteLLM proxy and SDK (``pip install "gnll[litellm]"``).
+
+**Proxy.** :class:`UncertaintyHandler` is a ``CustomLogger`` with the proxy's call hooks: it asks the
+model for log-probs and greedy decoding (``async_pre_call_hook``), puts the ``uncertainty`` object
+``gnll serve`` returns on every choice of a response (``async_post_call_success_hook``) and the
+``X-Uncertainty-*`` headers on it (``async_post_call_response_headers_hook``), and appends it to a
+stream in a last chunk (``async_post_call_streaming_iterator_hook``). ``flag`` sets
+``uncertainty.abstain``; ``refuse`` replaces a likely wrong answer by the refusal (a stream is then
+held back until its end). In the proxy's ``config.yaml``::
+
+    environment_variables:
+      GNLL_POLICY: refuse          # annotate (default), flag, refuse
+      GNLL_THRESHOLD: "3.0"        # or GNLL_CALIBRATION: calibration.json
+      GNLL_SERVER: vllm            # what serves the models (vllm, llama.cpp, gnll, generic)
+    litellm_settings:
+      callbacks: gnll.integrations.litellm.proxy_handler
+
+**SDK.** ``litellm.callbacks = [UncertaintyHandler(on_uncertainty=...)]`` observes every
+``litellm.completion`` made with ``logprobs=True`` (LiteLLM runs success callbacks after the call
+returns, so they cannot change the response); :func:`score_response` scores a response directly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from gnll.integrations.core import AnswerScorer, Scored, decoding_of, headers_for, make_policy
+from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.uncertainty import Uncertainty
+
+__all__ = ["UncertaintyHandler", "proxy_handler", "score_response"]
+
+_CLIENT_LOGPROBS = "gnll_client_logprobs"  # in the request's metadata: what the client asked for
+
+
+def _plain(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (dict, list, str, int, float, bool)):
+        return obj
+    dump = getattr(obj, "model_dump", None)
+    return dump() if dump is not None else dict(obj)
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def score_response(
+    response: Any, scorer: AnswerScorer, *, decoding: str = "greedy", stop: Any = None
+) -> list[Scored]:
+    """Score every choice of a LiteLLM ``ModelResponse`` (or an OpenAI chat body as a dict)."""
+    out = []
+    for i, choice in enumerate(_get(response, "choices") or []):
+        message = _get(choice, "message")
+        extra = _get(choice, "provider_specific_fields") or {}
+        kwargs: dict[str, Any] = {}
+        if isinstance(extra, dict) and "stop_reason" in extra:
+            kwargs["stop_reason"] = extra["stop_reason"]
+        out.append(
+            scorer.score(
+                _get(message, "content") if message is not None else _get(choice, "text"),
+                _plain(_get(choice, "logprobs")),
+                finish_reason=_get(choice, "finish_reason"),
+                decoding=decoding,
+                stop=stop,
+                where=f"choice {i}",
+                **kwargs,
+            )
+        )
+    return out
+
+
+class UncertaintyHandler(CustomLogger):
+    """The ``uncertainty`` object on LiteLLM's answers (proxy hooks and SDK logger; see the module).
+
+    Parameters are those of :func:`gnll.integrations.langchain.with_uncertainty`; without any, they
+    are read from the environment when first needed (``GNLL_POLICY``, ``GNLL_THRESHOLD``,
+    ``GNLL_CALIBRATION``, ``GNLL_MIN_P_CORRECT``, ``GNLL_REFUSAL``, ``GNLL_SERVER``), so that the
+    proxy's ``config.yaml`` configures :data:`proxy_handler`. ``on_uncertainty(record, kwargs)``
+    receives every SDK answer's record; ``records`` keeps the last 1000.
+    """
+
+    def __init__(
+        self,
+        *,
+        policy: AbstentionPolicy | str | None = None,
+        calibration: str | Path | None = None,
+        threshold: float | None = None,
+        min_p_correct: float | None = None,
+        refusal: str | None = None,
+        server: str | None = None,
+        top_logprobs: int = 1,
+        on_uncertainty: Callable[[Uncertainty, dict[str, Any]], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._options = dict(
+            policy=policy,
+            calibration=calibration,
+            threshold=threshold,
+            min_p_correct=min_p_correct,
+            refusal=refusal,
+            server=server,
+        )
+        self.top_logprobs = max(1, int(top_logprobs))
+        self.on_uncertainty = on_uncertainty
+        self.records: list[Uncertainty] = []
+        self._scorer: AnswerScorer | None = None
+
+    @property
+    def scorer(self) -> AnswerScorer:
+        if self._scorer is None:
+            o, env = self._options, os.environ.get
+            threshold = o["threshold"] if o["threshold"] is not None else env("GNLL_THRESHOLD")
+            min_p = (
+                o["min_p_correct"] if o["min_p_correct"] is not None else env("GNLL_MIN_P_CORRECT")
+            )
+            self._scorer = AnswerScorer(
+                policy=make_policy(
+                    o["policy"] or env("GNLL_POLICY") or "annotate",
+                    calibration=o["calibration"] or env("GNLL_CALIBRATION") or None,
+                    threshold=None if threshold in (None, "") else float(threshold),
+                    min_p_correct=None if min_p in (None, "") else float(min_p),
+                    refusal=o["refusal"] or env("GNLL_REFUSAL") or None,
+                ),
+                server=o["server"] or env("GNLL_SERVER") or "generic",
+            )
+        return self._scorer
+
+    # ------------------------------------------------------------------ proxy hooks
+    async def async_pre_call_hook(
+        self, user_api_key_dict: Any, cache: Any, data: dict, call_type: Any
+    ) -> dict:
+        """Ask for log-probs (remembering whether the client did) and greedy decoding."""
+        if "messages" not in data:  # embeddings, images, ...: nothing to score
+            return data
+        if self.scorer.policy.mode == "refuse" and data.get("temperature"):
+            from fastapi import HTTPException
+
+            raise HTTPException(
+                status_code=400,
+                detail="the refuse policy decides on the greedy answer: send temperature 0 or none",
+            )
+        metadata = data.setdefault("metadata", {})
+        metadata[_CLIENT_LOGPROBS] = bool(data.get("logprobs"))
+        data["logprobs"] = True
+        data["top_logprobs"] = max(int(data.get("top_logprobs") or 0), self.top_logprobs)
+        data.setdefault("temperature", 0.0)
+        return data
+
+    def _decoding(self, data: dict) -> str:
+        return decoding_of(data.get("temperature"))
+
+    async def async_post_call_success_hook(
+        self, data: dict, user_api_key_dict: Any, response: Any
+    ) -> Any:
+        """Put ``uncertainty`` on every choice; under ``refuse`` replace a refused answer."""
+        if not _get(response, "choices"):
+            return response
+        scored = score_response(
+            response, self.scorer, decoding=self._decoding(data), stop=data.get("stop")
+        )
+        keep = (data.get("metadata") or {}).get(_CLIENT_LOGPROBS, True)
+        for choice, s in zip(response.choices, scored, strict=True):
+            choice.uncertainty = s.uncertainty.to_json()
+            if s.refused:
+                choice.message.content = s.text
+            if s.refused or not keep:
+                choice.logprobs = None
+        return response
+
+    async def async_post_call_response_headers_hook(
+        self,
+        data: dict,
+        user_api_key_dict: Any,
+        response: Any,
+        request_headers: dict[str, str] | None = None,
+        litellm_call_info: dict[str, object] | None = None,
+    ) -> dict[str, str] | None:
+        """``X-Uncertainty-*`` headers of a whole response (a stream's come in its last chunk)."""
+        choices = _get(response, "choices")
+        if not choices or any(_get(c, "uncertainty") is None for c in choices):
+            return None
+        return headers_for([Uncertainty.model_validate(_get(c, "uncertainty")) for c in choices])
+
+    async def async_post_call_streaming_iterator_hook(
+        self, user_api_key_dict: Any, response: Any, request_data: dict
+    ) -> AsyncGenerator[Any, None]:
+        """Relay the stream, then one chunk per choice with its ``uncertainty``."""
+        if "messages" not in request_data:
+            async for chunk in response:
+                yield chunk
+            return
+        hold = self.scorer.policy.mode == "refuse"
+        keep = (request_data.get("metadata") or {}).get(_CLIENT_LOGPROBS, True)
+        texts: dict[int, list[str]] = {}
+        logprobs: dict[int, list[Any]] = {}
+        finish: dict[int, Any] = {}
+        held, last = [], None
+        async for chunk in response:
+            last = chunk
+            for choice in _get(chunk, "choices") or []:
+                i = _get(choice, "index", 0) or 0
+                delta = _get(choice, "delta")
+                texts.setdefault(i, []).append(_get(delta, "content") or "")
+                lp = _plain(_get(choice, "logprobs"))
+                if isinstance(lp, dict):
+                    logprobs.setdefault(i, []).extend(lp.get("content") or [])
+                if _get(choice, "finish_reason") is not None:
+                    finish[i] = _get(choice, "finish_reason")
+                    choice.finish_reason = None  # the choice finishes in our last chunk
+                if not keep:
+                    choice.logprobs = None
+            if hold:
+                held.append(chunk)
+            else:
+                yield chunk
+        if last is None:
+            return
+        closing = []
+        for i in sorted(texts):
+            s = self.scorer.score(
+                "".join(texts[i]),
+                {"content": logprobs.get(i, [])},
+                finish_reason=finish.get(i),
+                decoding=self._decoding(request_data),
+                stop=request_data.get("stop"),
+                where=f"choice {i}",
+            )
+            closing.append((i, s))
+        if hold and not any(s.refused for _, s in closing):
+            for chunk in held:
+                yield chunk
+        from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices
+
+        for i, s in closing:
+            content = s.text if s.refused else None
+            choice = StreamingChoices(
+                index=i, delta=Delta(content=content, role="assistant"), finish_reason=finish.get(i)
+            )
+            choice.uncertainty = s.uncertainty.to_json()
+            yield ModelResponseStream(
+                id=_get(last, "id"),
+                created=_get(last, "created"),
+                model=_get(last, "model"),
+                choices=[choice],
+            )
+
+    # ------------------------------------------------------------------ SDK logger
+    def _observe(self, kwargs: dict[str, Any], response: Any) -> None:
+        params = kwargs.get("optional_params") or {}
+        if not params.get("logprobs") and not kwargs.get("logprobs"):
+            return
+        for s in score_response(
+            response,
+            self.scorer,
+            decoding=decoding_of(params.get("temperature")),
+            stop=params.get("stop"),
+        ):
+            self.records = [*self.records[-999:], s.uncertainty]
+            if self.on_uncertainty is not None:
+                self.on_uncertainty(s.uncertainty, kwargs)
+
+    def log_success_event(self, kwargs, response_obj, start_time, end_time):  # noqa: ANN001
+        self._observe(kwargs, response_obj)
+
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):  # noqa: ANN001
+        self._observe(kwargs, response_obj)
+
+
+#: The handler a proxy's ``config.yaml`` names (``callbacks: gnll.integrations.litellm.proxy_handler``),
+#: configured by the ``GNLL_*`` environment variables.
+proxy_handler = UncertaintyHandler()
