@@ -303,11 +303,8 @@ class Calibrator:
         model: str | None = None,
         prompt_fingerprint: str | None = None,
         prompt_format: str | None = None,
-<<<<<<< HEAD
-        scored: str | None = None,
-=======
         prompt_description: str | None = None,
->>>>>>> main
+        scored: str | None = None,
     ) -> list[str]:
         """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
         refuse (:class:`CalibrationFormatError`) answers to another prompt format, or split

@@ -213,66 +213,11 @@ def serve(
     from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app, check_escalation
     from gnll.serving.server import configure_logging, listen, serve_forever
 
-<<<<<<< HEAD
-    try:
-        if upstream and prompt_format != "chat":
-            raise ValueError(
-                "--prompt-format instruction needs an in-process --model: an --upstream server "
-                "renders chat requests itself"
-            )
+    with _option_errors():
         if reasoning is not None:
             from gnll.backends.reasoning import reasoning_format
 
             reasoning_format(reasoning)  # a typo fails here, before anything loads
-        extra = {"refusal": refusal} if refusal else {}
-        if calibration is not None:
-            if calibration != "auto" and not Path(calibration).is_file():
-                raise ValueError(f"--calibration {calibration} does not exist")
-            if threshold is not None:
-                raise ValueError("give --calibration or --threshold, not both")
-            pol = AbstentionPolicy.from_calibration(
-                calibration,
-                model=None if upstream else model,
-                mode=policy,
-                min_p_correct=min_p_correct,
-                rule=rule,
-                **extra,
-            )
-        else:
-            if min_p_correct is not None:
-                raise ValueError(
-                    "--min_p_correct needs --calibration (use --threshold on G-NLL without one)"
-                )
-            pol = AbstentionPolicy(mode=policy, threshold=threshold, **extra)
-        if (pol.mode == "escalate") != (escalate_to is not None):
-            raise ValueError("--policy escalate and --escalate-to URL go together")
-        if escalate_to is not None and upstream:
-            raise ValueError("--escalate-to needs a local --model, not --upstream")
-        if escalate_to is not None and not escalate_to.startswith(("http://", "https://")):
-            raise ValueError(
-                f"--escalate-to must be an http(s) URL ending in /v1, got {escalate_to!r}"
-            )
-        if pol.mode != "annotate" and not pol.active:
-            raise ValueError(f"--policy {pol.mode} needs --calibration FILE or --threshold G_NLL")
-        useless = pol.refuses_everything() if pol.mode == "refuse" else None
-        if useless:
-            raise ValueError(
-                f"--policy refuse would refuse every answer: {useless.strip()}; choose another "
-                "--rule, --min_p_correct or --threshold"
-            )
-        tracing, traced_to = None, None
-        if otel:
-            from gnll.serving.tracing import Emitter, configure_provider
-
-            try:
-                traced_to = configure_provider()
-                tracing = Emitter()
-            except ModuleNotFoundError as exc:
-                raise ImportError(
-                    f"--otel needs OpenTelemetry ({exc.name} is missing): pip install 'gnll[otel]'"
-                ) from None
-=======
-    with _option_errors():
         pol = _policy(
             policy,
             calibration,
@@ -287,7 +232,6 @@ def serve(
             prompt_format=prompt_format,
         )
         tracing, traced_to = _tracing() if otel else (None, None)
->>>>>>> main
         settings = ServeSettings(
             api_key=api_key,
             max_request_bytes=max_request_bytes,
@@ -304,7 +248,9 @@ def serve(
         )
         check_escalation(settings, escalate_to, in_process=upstream is None)
         if upstream:
-            application = build_proxy_app(upstream, settings, api_key=upstream_api_key)
+            application = build_proxy_app(
+                upstream, settings, api_key=upstream_api_key, reasoning=reasoning
+            )
     try:
         sock = listen(host, port)  # before loading anything: a busy port fails at once
     except OSError as exc:
@@ -312,15 +258,6 @@ def serve(
         raise typer.Exit(1) from None
     configure_logging()
     if upstream:
-<<<<<<< HEAD
-        from gnll.serving.proxy import ProxyService
-
-        service = ProxyService(
-            upstream, api_key=upstream_api_key, timeout=upstream_timeout, reasoning=reasoning
-        )
-        application = create_app(service, settings)
-=======
->>>>>>> main
         what = f"proxy to {upstream}"
     else:
         from gnll import load_model

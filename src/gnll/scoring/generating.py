@@ -12,13 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-<<<<<<< HEAD
-from gnll.backends.base import Model
-from gnll.scoring.asking import ask, reasoning_columns
-=======
 from gnll.backends.base import ContextOverflow, Model
-from gnll.scoring.asking import ask
->>>>>>> main
+from gnll.scoring.asking import ask, reasoning_columns
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
 

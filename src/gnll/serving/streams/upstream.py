@@ -78,15 +78,11 @@ class StreamedChoice:
                 "top_logprobs": self.top_logprobs,
             }
         out: dict[str, Any] = {"logprobs": logprobs, "finish_reason": self.finish_reason}
-<<<<<<< HEAD
-        out.update({"message": {"content": text}} if self.chat else {"text": text})
-        if any(self.reasoning):
-            out["message"]["reasoning"] = "".join(self.reasoning)
-=======
         out.update(
             {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         )
->>>>>>> main
+        if any(self.reasoning):
+            out["message"]["reasoning"] = "".join(self.reasoning)
         if self.token_ids:
             out["token_ids"] = self.token_ids
         if self.has_stop_reason:
