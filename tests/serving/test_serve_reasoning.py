@@ -133,7 +133,8 @@ def test_early_refusal_counts_the_answer_not_the_trace():
 
     up = StandIn(responder("vllm_chat_stream.sse"))
     policy = AbstentionPolicy(mode="refuse", threshold=1.0)
-    srv = ServerThread(create_app(ProxyService(up.url, timeout=30), ServeSettings(policy=policy)))
+    settings = ServeSettings(policy=policy, early=True)  # the proxy decides early when asked
+    srv = ServerThread(create_app(ProxyService(up.url, timeout=30), settings))
     with up, srv:
         r = client(srv).chat.completions.create(model="r1", messages=MSG)
     u = r.choices[0].uncertainty
