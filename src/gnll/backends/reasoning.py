@@ -566,10 +566,13 @@ def split_choice(
                 content = content[where[1] :]
                 break
         else:
-            raise ReasoningError(
-                "the response's text ends inside the reasoning (its end-of-reasoning marker is "
-                "only among the tokens past the text): there is no answer to score"
-            )
+            # Either the text is the answer alone (a framework dropped the trace's text but
+            # kept its log-probs) or it ended inside the trace.
+            if _aligned_text(pieces[split.answer_start :], content) is None:
+                raise ReasoningError(
+                    "the response's text ends inside the reasoning (its end-of-reasoning marker "
+                    "is only among the tokens past the text): there is no answer to score"
+                )
     answer_text = _aligned_text(pieces[split.answer_start :], content)
     if answer_text is None:
         raise ReasoningError(
