@@ -54,10 +54,10 @@ def grouped(stats: pstats.Stats) -> tuple[dict[str, float], float]:
 
 
 def profile_setting(config: Any, v: int, t: int, start: int, count: int) -> dict[str, Any]:
-    from gnll.simulation.study import _leaf_pool, simulate_distributions
+    from gnll.simulation.study import leaf_pool, simulate_distributions
 
     tp = time.perf_counter()
-    _leaf_pool(config, v, t)  # built once per setting in a real run; timed separately
+    leaf_pool(config, v, t)  # built once per setting in a real run; timed separately
     pool_s = time.perf_counter() - tp
     prof = cProfile.Profile()
     prof.enable()
@@ -75,7 +75,7 @@ def main() -> None:
     common.setup_threads(args.threads)
     info = common.machine()
     from gnll.simulation import StudyConfig
-    from gnll.simulation.study import _LEAF_POOLS
+    from gnll.simulation.study import clear_leaf_pools
 
     out: dict[str, Any] = {}
     if not args.skip_full:
@@ -98,7 +98,7 @@ def main() -> None:
         config = StudyConfig(vocab_sizes=(100,), lengths=(4,), workers=1)
     with_theory = profile_setting(config, 100, 4, 0, min(d, max(1, config.theory_distributions)))
     without = profile_setting(config, 100, 4, config.theory_distributions, d)
-    _LEAF_POOLS.clear()
+    clear_leaf_pools()
     n_theory = min(config.theory_distributions, config.distributions)
     n_rest = config.distributions - n_theory
     per_with = {k: v / with_theory["count"] for k, v in with_theory["groups_s"].items()}

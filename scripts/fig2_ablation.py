@@ -1,7 +1,7 @@
 """The paper's Fig. 2 ablation: AUROC of single-sequence NLL estimators vs. number of candidates.
 
     python scripts/fig2_ablation.py [--model smollm2-135m-instruct] [--task triviaqa_short] \
-        [--limit 100] [--baseline_run RUN_DIR] [--out docs/img/fig2_ablation.png]
+        [--limit 100] [--baseline_run RUN_DIR] [--out runs/fig2/ablation.png]
     python scripts/fig2_ablation.py --average a.json,b.json --out docs/img/fig2_mean.png
     python scripts/fig2_ablation.py --result a.json --baseline_run RUN_DIR --out a.png
 
@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--baseline_run", default=None, help="a gnll eval run dir for PE ... D-SE")
     ap.add_argument("--average", default=None, help="comma list of result .json files to average")
     ap.add_argument("--result", default=None, help="an earlier result .json to add baselines to")
-    ap.add_argument("--out", default="docs/img/fig2_ablation.png")
+    ap.add_argument("--out", default="runs/fig2/ablation.png")
     args = ap.parse_args()
     if args.average:
         runs = [json.loads(Path(f).read_text()) for f in args.average.split(",") if f]

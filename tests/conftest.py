@@ -72,28 +72,20 @@ CHATML = (
 )
 
 
+#: The tiny models' tokenizer, committed so that token-level inputs do not move when code changes.
+TINY_TOKENIZER = Path(__file__).parent / "fixtures" / "tiny_tokenizer.json"
+
+
 @functools.cache
 def tiny_tokenizer() -> Any:
-    """A byte-level BPE tokenizer of 4096 tokens (any text encodes and decodes back), trained in
-    about a second on gnll's own source, whose docstrings and prompt templates are English enough
-    that prompts take about as many tokens as with SmolLM2's 49152, with SmolLM2's special tokens
-    and a ChatML chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE tokenizer of 4096 tokens (any text encodes and decodes back), with
+    SmolLM2's special tokens and a ChatML chat template. Its vocabulary (``TINY_TOKENIZER``) was
+    trained once on gnll's source, whose docstrings and prompt templates are English enough that
+    prompts take about as many tokens as with SmolLM2's 49152 (tests/fixtures/README.md)."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    import gnll
-
-    texts = [p.read_text() for p in sorted(Path(gnll.__file__).parent.rglob("*.py"))]
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=4096,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    bpe.train_from_iterator(texts, trainer)
+    bpe = Tokenizer.from_file(str(TINY_TOKENIZER))
     tok = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<|im_start|>",
@@ -185,6 +177,7 @@ def ray_cluster():
     import ray  # the test extra installs it: a missing Ray fails here, it is not skipped
 
     here = Path(__file__).parent
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "RAY_ENABLE_UV_RUN_RUNTIME_ENV")}
     paths = [str(here.parent / "src"), str(here), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -200,3 +193,8 @@ def ray_cluster():
         yield ray
     finally:
         ray.shutdown()
+        for key, value in saved.items():  # the rest of the session sees its own environment
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

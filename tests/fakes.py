@@ -74,6 +74,8 @@ def _u(*parts) -> float:
 class FakeModel(Model):
     """Answers 'What is k plus one?' with n{k+1} (or a wrong number); confident when right."""
 
+    capabilities = Capabilities()  # beams, scoring, terminator, tempered log-probs
+
     def __init__(self, name="fake-lm", fail_after: int | None = None, delay: float = 0.0):
         self.name = name
         self.calls: Counter = Counter()

@@ -36,6 +36,8 @@ SCRIPT = {"unsure": UNSURE}
 class ScriptedModel(Model):
     """Answers from :data:`SCRIPT`; records every ``generate`` call's batch size."""
 
+    capabilities = Capabilities()  # beams, scoring, terminator, tempered log-probs
+
     name = "scripted"
 
     def __init__(self, delay: float = 0.0) -> None:

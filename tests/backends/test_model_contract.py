@@ -60,7 +60,18 @@ def test_a_model_declares_capabilities_and_renders_chat_through_render_prompt():
         def render_prompt(self, prompt):
             return str(prompt)
 
-    assert Bare().capabilities == Capabilities()  # declared on the contract, not looked up
+    # declared on the contract, not looked up; a backend that declares nothing claims nothing
+    # beyond generation
+    caps = Bare().capabilities
+    assert caps == Capabilities(
+        beams=False, scoring=False, terminator=False, sampling_logprobs=False
+    )
+    assert caps.missing(["beams", "scoring", "terminator", "sampling_logprobs"]) == [
+        "beams",
+        "scoring",
+        "terminator",
+        "sampling_logprobs",
+    ]
     turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
     # without a template: the contents joined by blank lines; with one: the model's own renderer
     assert Bare().render_chat(turns) == "Be brief.\n\nHi?"
@@ -105,9 +116,14 @@ def test_identity_comes_from_the_registered_backend():
         BACKENDS.pop("contract-plain", None)
 
 
-@pytest.mark.parametrize("package", ["serving", "cli", "evaluation", "scoring"])
+@pytest.mark.parametrize(
+    "package", ["serving", "cli", "evaluation", "scoring", "distributed", "semantic", "calibration"]
+)
 def test_callers_do_not_reach_around_the_contract(package):
-    reach = re.compile(r'getattr\([^,]*model, "|inspect\.signature\([^)]*\.generate\)')
+    # getattr/hasattr probes of a model, a private attribute of one, or its generate's signature
+    reach = re.compile(
+        r'(getattr|hasattr)\([^,]*model, "|\bmodel\._[a-z]|inspect\.signature\([^)]*\.generate\)'
+    )
     hits = [
         f"{path.relative_to(SRC)}:{i}"
         for path in (SRC / package).rglob("*.py")

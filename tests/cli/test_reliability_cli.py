@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from gnll.backends.base import Generation, Model
+from gnll.backends.base import Capabilities, Generation, Model
 from gnll.cli._errors import safe_text
 from gnll.cli.main import app
 
@@ -15,6 +15,8 @@ runner = CliRunner()
 
 class EchoModel(Model):
     """Answers with a fixed text (which may be hostile)."""
+
+    capabilities = Capabilities()  # beams, scoring, terminator, tempered log-probs
 
     name = "echo"
 

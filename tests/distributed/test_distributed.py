@@ -347,3 +347,37 @@ def test_score_cli_engine_ray_writes_the_span_and_greedy_columns_of_the_local_en
     got = [json.loads(x) for x in (tmp_path / "ray.jsonl").read_text().splitlines()]
     assert len(got) == 8 and all(len(r["spans"]) == 2 and "g_nll" in r for r in got)
     assert (tmp_path / "ray.jsonl").read_bytes() == (tmp_path / "local.jsonl").read_bytes()
+
+
+def test_more_replicas_than_the_cluster_holds_fail_at_once_in_one_line(ray_cluster):
+    """The session's cluster has 2 CPUs: 4 one-CPU replicas are refused in seconds, not after a
+    silent 10-minute wait for the two Ray can never place."""
+    from gnll.distributed.cluster import RayUnavailable, start_replicas
+
+    t0 = time.monotonic()
+    with pytest.raises(RayUnavailable) as err:
+        start_replicas(object, Cluster("auto", replicas=4))
+    assert time.monotonic() - t0 < 30
+    assert str(err.value).startswith("4 replicas x 1 CPU need 4 CPUs; the cluster has 2")
+
+
+def test_eval_on_ray_loads_a_separate_judge_on_the_replicas_not_on_the_driver(
+    ray_cluster, tiny_llama, tmp_path, monkeypatch
+):
+    from gnll.distributed.evaluation import RayEvaluator
+
+    data = make_data_dir(tmp_path / "data")
+    model, judge = tiny_llama(), tiny_llama(max_position_embeddings=256)  # two checkpoints
+    options = dict(judge=str(judge), correctness=["judge", "f1"], measures=["g-nll"], limit=6)
+    Evaluator(eval_config(data, model, tmp_path / "local", **options)).run()
+
+    def no_loading(name, **kwargs):
+        raise AssertionError(f"the driver loaded {name}")
+
+    monkeypatch.setattr("gnll.backends.load_model", no_loading)
+    cfg = eval_config(data, model, tmp_path / "ray", **options)
+    RayEvaluator(cfg, cluster=Cluster("auto", replicas=2)).run()
+    for name in ("results.json", "samples.jsonl"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
+    components = json.loads((tmp_path / "ray" / "components.json").read_text())
+    assert components["judge"]["name"] == str(judge)

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import json
 import tempfile
-from pathlib import Path
 
 import pytest
-from fakes import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg
 
 import gnll
 from gnll.evaluation import Evaluation, evaluate
 from gnll.evaluation.results.tables import render_table
 from gnll.evaluation.run.runner import Evaluator
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
-
 
 OPTIONS = dict(beams=3, samples=4, chunk_size=8, heldout_size=16, clusterer="exact", n_boot=50)
 

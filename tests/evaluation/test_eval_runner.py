@@ -15,14 +15,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fakes import FakeJudge, FakeModel, cfg, kill_when_eval_starts, make_data_dir
+from fakes import FakeJudge, FakeModel, cfg, kill_when_eval_starts
 
 from gnll.evaluation.run.runner import EvalConfig, Evaluator, FingerprintMismatchError
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 def test_full_run_outputs(data_dir, tmp_path):

@@ -79,3 +79,40 @@ def test_ablation_draws_the_baselines_of_an_eval_run_and_averages_runs(tmp_path)
     assert math.isclose(mean["auroc_se"]["beam search"]["1"], math.sqrt(2 * se * se) / 2)
     png = plot_ablation(mean, tmp_path / "mean.png")
     assert png.stat().st_size > 5_000
+
+
+def test_baselines_added_afterwards_equal_those_given_up_front(tmp_path):
+    """An ablation made side by side with its baseline run gets the same lines afterwards
+    (``scripts/fig2_ablation.py --result``): it records each question's id and correctness."""
+    from gnll.evaluation.figures.ablation import BASELINES, add_baselines
+
+    td = get_task("triviaqa_short").load(data_dir=make_data_dir(tmp_path / "data"))
+    kw = dict(limit=20, widths=(1,), temperatures=(1.0,), samples=2)
+    plain = run_ablation(FakeModel(), td, **kw)
+    assert len(plain["ids"]) == len(plain["correct"]) == 20 and "baselines" not in plain
+    scores = {i: {m: (k * 7 % 11) / 11 + j for j, m in enumerate(BASELINES)}
+              for k, i in enumerate(plain["ids"])}  # fmt: skip
+    upfront = run_ablation(FakeModel(), td, baselines=scores, **kw)
+    later = add_baselines(json.loads(json.dumps(plain)), scores)
+    assert later["baselines"] == upfront["baselines"]
+    assert later["baselines_se"] == upfront["baselines_se"]
+
+
+def test_committed_fig2_is_both_embedded_models_with_baselines_averaged():
+    """docs/img/fig2_mean.json (the figure in docs/evaluation.md) is the mean of the two embedded
+    models' committed results, each with the paper's baseline lines."""
+    from pathlib import Path
+
+    from gnll.evaluation.figures.ablation import BASELINES, average_ablations
+
+    img = Path(__file__).resolve().parents[2] / "docs" / "img"
+    runs = [json.loads((img / f"fig2_{m}.json").read_text()) for m in ("smollm2", "gemma")]
+    assert [r["model"] for r in runs] == ["smollm2-135m-instruct", "gemma-3-270m"]
+    for r in runs:
+        assert set(r["baselines"]) == set(BASELINES)
+        assert set(r["auroc"]) >= {"greedy", "beam search", "sampling T=1"}
+    mean = json.loads((img / "fig2_mean.json").read_text())
+    assert mean["auroc"] == average_ablations(runs)["auroc"]
+    assert mean["baselines"] == average_ablations(runs)["baselines"]
+    assert [r["model"] for r in mean["runs"]] == [r["model"] for r in runs]
+    assert (img / "fig2_mean.png").stat().st_size > 5_000

@@ -6,16 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from fakes import FakeJudge, FakeModel, cfg, make_data_dir
+from fakes import FakeJudge, FakeModel, cfg
 
 from gnll.evaluation.results.correctness import f1_rule_disagreements, f1_verdict
 from gnll.evaluation.results.metrics import averaged_paired_test, paired_bootstrap_test
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 # ------------------------------------------------------------------------------------ F1 rule

@@ -6,16 +6,11 @@ import json
 from dataclasses import replace
 
 import pytest
-from fakes import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg
 
 from gnll import measures as M
 from gnll.evaluation.run.runner import Evaluator
 from gnll.evaluation.run.temperature import choose_temperatures
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 class TemperedFake(FakeModel):

@@ -4,14 +4,9 @@ metric, several judges, the clusterer in the table header, the presets' splits."
 from __future__ import annotations
 
 import pytest
-from fakes import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg
 
 from gnll.evaluation.run.runner import Evaluator
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 # ----------------------------------------------------------------- 28.6: temperature per dataset
@@ -239,8 +234,9 @@ def test_overall_significance_spans_the_same_rows_as_the_average():
 
 
 # ----------------------------------------------------------------- 28.3: several judges
-class FakeJudge(FakeModel):
-    """Says yes when the proposed answer is among the expected ones; ``contrary`` flips every
+class RecordingJudge(FakeModel):
+    """A judge that records its prompts (unlike :class:`fakes.FakeJudge`) and says yes when the
+    proposed answer is among the expected ones; ``contrary`` flips every
     third verdict (a second judge that disagrees sometimes)."""
 
     def __init__(self, name: str, contrary: bool = False):
@@ -274,7 +270,7 @@ def test_two_judges_each_get_their_own_rows_labelled_by_judge(data_dir, tmp_path
 
     from gnll.evaluation.results.tables import render_table
 
-    a, b = FakeJudge("judge-a"), FakeJudge("judge-b", contrary=True)
+    a, b = RecordingJudge("judge-a"), RecordingJudge("judge-b", contrary=True)
     c = cfg(
         data_dir,
         tmp_path / "r",

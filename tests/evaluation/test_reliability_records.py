@@ -6,17 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-from fakes import FakeJudge, FakeModel, cfg, make_data_dir
+from fakes import FakeJudge, FakeModel, cfg
 
 from gnll.backends.identity import is_secret, model_identity, outcome_args, redact
 from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
 
 SECRETS = ("sk-live-1e3", "hf_SeCrEt", "pa55word")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 def _all_bytes(root: Path) -> bytes:

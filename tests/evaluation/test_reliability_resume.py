@@ -12,14 +12,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fakes import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg
 
 from gnll.evaluation.run.runner import Evaluator
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 def _tear(run: Path, stage: str, keep: int) -> int:

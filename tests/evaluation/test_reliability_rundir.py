@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fakes import FakeModel, cfg, make_data_dir
+from fakes import FakeModel, cfg
 
 from gnll.evaluation.run.rundir import ForeignFilesError, RunDirectoryBusyError, RunLock
 from gnll.evaluation.run.runner import Evaluator, FingerprintMismatchError
@@ -19,11 +19,6 @@ from gnll.evaluation.run.store import EarlierRunError
 
 TESTS = str(Path(__file__).resolve().parents[1])  # tests/, where fakes.py lives
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    return make_data_dir(tmp_path_factory.mktemp("data"))
 
 
 SLOW_RUN = textwrap.dedent(

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import gnll
 from gnll import measures as M
-from gnll.backends.base import Generation, GenerationConfig, Model
+from gnll.backends.base import Capabilities, Generation, GenerationConfig, Model
 from gnll.calibration import Calibrator
 from gnll.evaluation.data.prompts import ask_prompt
 from gnll.scoring.asking import AskOptionError, AskResult, ask
@@ -22,6 +22,8 @@ SAMPLE_TEXTS = ["Paris", "Lyon", "Paris", "Nice"]
 
 class ScriptedModel(Model):
     """Greedy 'Paris'; beams and samples from fixed lists; counts the calls per strategy."""
+
+    capabilities = Capabilities()  # beams, scoring, terminator, tempered log-probs
 
     name = "scripted"
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gnll.backends import Generation, GenerationConfig, Model
+from gnll.backends.base import Capabilities
 from gnll.semantic import (
     LLMEntailmentClusterer,
     entailment_prompt,
@@ -23,6 +24,8 @@ PAIR = re.compile(r"Possible Answer 1: (.*)\nPossible Answer 2: (.*)\n")
 
 class ScriptedModel(Model):
     """A fake language model: replies come from ``script(answer1, answer2)``; records every call."""
+
+    capabilities = Capabilities()  # beams, scoring, terminator, tempered log-probs
 
     name = "scripted"
 

@@ -115,7 +115,9 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
         pytest.approx(_expected_rgb(math.exp(lp)), abs=2) for lp in u["token_logprobs"]
     ]
     assert float(page.locator("#p-correct").inner_text()) == pytest.approx(u["p_correct"], abs=5e-4)
-    assert "smollm2-135m-instruct.json (shipped)" in page.locator("#calibration").inner_text()
+    # The calibration is named once, in the rule line (not again on the cards).
+    assert "smollm2-135m-instruct.json (shipped)" in page.locator("#rule").inner_text()
+    assert page.locator("body").inner_text().count("smollm2-135m-instruct.json (shipped)") == 1
     decision = page.locator("#decision").inner_text()
     assert decision == ("abstain" if u["abstain"] else "answer")
 
@@ -137,6 +139,8 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     from gnll.evaluation.results.correctness import f1_verdict
 
     answer = page.locator("#answer").inner_text().strip()
+    # This server asks every chat message as gnll ask does: the page says so, and sent it bare.
+    assert "zero-shot instruction" in page.locator("#asked").inner_text()
     gold = page.evaluate("state.examples[1].answers")
     right = f1_verdict(answer, gold).correct
     assert page.locator("#verdict").inner_text().startswith("✓ right" if right else "✗ wrong")

@@ -177,3 +177,16 @@ def test_cascade_smollm_to_gemma_escalates_the_same_questions_early(smollm, gemm
             assert local_on["g_nll"] <= local_off["g_nll"]
         else:
             assert on["text"] == off["text"] and "early" not in u_on
+
+
+def test_serve_early_on_a_policy_that_cannot_decide_early_is_one_line():
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    args = ["serve", "--model", "smollm2-135m-instruct", "--policy", "flag", "--threshold", "1"]
+    result = CliRunner().invoke(app, [*args, "--early"])
+    assert result.exit_code == 2
+    out = result.output.strip()
+    assert out.startswith("gnll serve: --early:") and "--policy refuse or escalate" in out
+    assert "\n" not in out and "Traceback" not in out

@@ -120,11 +120,11 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
 def read_json(path: str | os.PathLike[str]) -> Any:
     """The JSON in ``path``; a damaged or cut-short file is a ``ValueError`` that names it.
 
-    >>> p = Path(tempfile.mkdtemp()) / "results.json"
+    >>> p = Path(tempfile.mkdtemp()) / "data.json"
     >>> _ = p.write_text('{"a": [1, 2')
     >>> read_json(p)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
-    ValueError: .../results.json is not valid JSON (Expecting ',' delimiter, line 1 column 12): ...
+    ValueError: .../data.json is not valid JSON (Expecting ',' delimiter, line 1 column 12): ...
     """
     text = Path(path).read_text(encoding="utf-8")
     try:

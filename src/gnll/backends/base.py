@@ -19,6 +19,13 @@ FinishReason = Literal["stop", "eos", "length"]
 #: next few-shot block.
 DEFAULT_STOP: tuple[str, ...] = ("\n", "Question:", "Context:")
 
+#: What gnll promises about batching: a prompt's generated tokens do not depend on the batch it runs
+#: in (its size, padding, a shared prefix prefilled once, the decoding loop or ``generate``), and
+#: its token log-probs agree within this absolute tolerance. They are not bit-identical: fp32 sums
+#: in another order (a row scored alone vs in a batch) moved one token's log-prob by 1.9e-5 on
+#: SmolLM2. A run that repeats the same batches (a resumed chunk, Ray against local) is exact.
+BATCH_INVARIANCE_ATOL = 1e-4
+
 
 class ChatPrompt(str):
     """A prompt's plain text that also carries its chat turns.
@@ -398,11 +405,15 @@ class Model(ABC):
         Short name used in results and tables.
     capabilities:
         What the backend computes (:class:`Capabilities`); callers check it before any work.
-        ``capabilities.streaming`` says the model is also a :class:`StreamingModel`.
+        ``capabilities.streaming`` says the model is also a :class:`StreamingModel`. A backend
+        that declares nothing claims nothing beyond greedy and sampled generation: beams,
+        scoring, terminator and tempered log-probs are claimed, not assumed.
     """
 
     name: str
-    capabilities: Capabilities = Capabilities()
+    capabilities: Capabilities = Capabilities(
+        beams=False, scoring=False, terminator=False, sampling_logprobs=False
+    )
 
     @abstractmethod
     def generate(

@@ -60,6 +60,10 @@ class Backend:
         ``identity(name, model_args) -> dict``: what identifies the model without loading it
         (what a run's resume fingerprint records; see :mod:`gnll.backends.identity`). ``None``:
         the backend's and the model's names.
+    tokenizer_side:
+        ``tokenizer_side(model, **kwargs)``: how the backend renders, tokenises and ends answers,
+        for an engine that runs the weights itself (see :func:`gnll.backends.tokenizer_side`).
+        ``None``: the backend has none to lend.
     """
 
     name: str
@@ -67,6 +71,7 @@ class Backend:
     requires: dict[str, str]
     targets: tuple[Callable[..., Any], ...]
     identity: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
+    tokenizer_side: Callable[..., Any] | None = None
 
 
 #: Registered backends by name.
@@ -82,6 +87,7 @@ def register_backend(
     requires: dict[str, str] | None = None,
     targets: Sequence[Callable[..., Any]] = (),
     identity: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
+    tokenizer_side: Callable[..., Any] | None = None,
 ) -> Callable[[Factory], Factory]:
     """Register ``factory`` as backend ``name`` (a decorator); see :class:`Backend`.
 
@@ -97,7 +103,9 @@ def register_backend(
         old = BACKENDS.get(name)
         if old is not None and old.factory is not factory:
             raise ValueError(f"backend {name!r} is already registered (by {old.factory!r})")
-        BACKENDS[name] = Backend(name, factory, dict(requires or {}), (factory, *targets), identity)
+        BACKENDS[name] = Backend(
+            name, factory, dict(requires or {}), (factory, *targets), identity, tokenizer_side
+        )
         return factory
 
     return decorate

@@ -51,6 +51,8 @@ import numpy as np
 from scipy.stats import binom
 
 from gnll._util import jsonable, read_json
+from gnll._util.runfiles import SAMPLES, RunDir, iter_samples, samples_path
+from gnll._util.validation import check_scores_labels
 from gnll.calibration.data import run_prompt_templates, templates_fingerprint
 from gnll.calibration.fitting import CalibrationFormatError, CalibrationMismatchWarning
 from gnll.calibration.thresholds import clopper_pearson_lower
@@ -61,7 +63,6 @@ __all__ = [
     "CascadeThreshold",
     "accuracy_at_rate",
     "cascade_curve",
-    "cascade_plot",
     "cascade_threshold",
     "guarantee_violation_rate",
     "load_cascade",
@@ -280,25 +281,23 @@ class CascadeThreshold:
 
 
 def _read(path: Path, measure: str, correctness: str | None) -> tuple[dict, str | None]:
-    samples = path if path.is_file() else path / "samples.jsonl"
+    samples = samples_path(path)
     if not samples.exists():
-        raise FileNotFoundError(f"{path}: no samples.jsonl (is this a finished `gnll eval` run?)")
+        raise FileNotFoundError(f"{path}: no {SAMPLES} (is this a finished `gnll eval` run?)")
     rows: dict[tuple[str, str], tuple[float, float]] = {}
-    with samples.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            r = json.loads(line)
-            where = f"{samples}:{lineno}"
-            if measure not in r.get("measures", {}):
-                raise ValueError(f"{where}: measure {measure!r} not in this run")
-            corr = r.get("correctness", {})
-            metric = correctness or next(iter(corr), None)
-            if metric not in corr:
-                raise ValueError(f"{where}: correctness {metric!r} missing")
-            score, ok = r["measures"][measure], corr[metric].get("correct")
-            if ok is None or score is None or not math.isfinite(float(score)):
-                continue
-            rows[(str(r.get("task")), str(r.get("id")))] = (float(score), float(bool(ok)))
-    run_json = (samples.parent) / "run.json"
+    for lineno, r in iter_samples(samples):
+        where = f"{samples}:{lineno}"
+        if measure not in r.get("measures", {}):
+            raise ValueError(f"{where}: measure {measure!r} not in this run")
+        corr = r.get("correctness", {})
+        metric = correctness or next(iter(corr), None)
+        if metric not in corr:
+            raise ValueError(f"{where}: correctness {metric!r} missing")
+        score, ok = r["measures"][measure], corr[metric].get("correct")
+        if ok is None or score is None or not math.isfinite(float(score)):
+            continue
+        rows[(str(r.get("task")), str(r.get("id")))] = (float(score), float(bool(ok)))
+    run_json = RunDir(samples.parent).run_json
     model = read_json(run_json)["config"].get("model") if run_json.exists() else None
     return rows, model
 
@@ -334,13 +333,10 @@ def load_cascade(
 
 
 def _arrays(scores: Any, small: Any, large: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    s = np.asarray(scores, dtype=np.float64)
-    a = np.asarray(small, dtype=np.float64)
-    b = np.asarray(large, dtype=np.float64)
-    if s.ndim != 1 or s.shape != a.shape or s.shape != b.shape or not len(s):
-        raise ValueError("scores and both label arrays must be 1-D, non-empty and of equal length")
-    if not np.all(np.isfinite(s)):
-        raise ValueError("scores contain NaN or inf; drop those rows first")
+    """The scores and both models' labels, checked as every (scores, labels) pair is."""
+    names = ("scores", "small-model labels")
+    s, a = check_scores_labels(scores, small, names=names, binary=False, nonempty=True)
+    _, b = check_scores_labels(scores, large, names=(names[0], "large-model labels"), binary=False)
     return s, a, b
 
 
@@ -456,34 +452,3 @@ def guarantee_violation_rate(
         "draws": draws,
         "n_cal": n_cal,
     }
-
-
-def cascade_plot(
-    data: CascadeData, path: str | Path, *, fitted: CascadeThreshold | None = None
-) -> Path:
-    """PNG: cascade accuracy against escalation rate, gated by the score and at random."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    curve = cascade_curve(data.scores, data.small, data.large)
-    rates = np.linspace(0, 1, 101)
-    rand = [random_accuracy_at_rate(data.small, data.large, r) for r in rates]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.step(curve["escalation_rate"], curve["accuracy"], where="post", label="gated by the score")
-    ax.plot(rates, rand, "--", color="grey", label="random escalation (expected)")
-    if fitted is not None:
-        ax.axhline(fitted.target, color="tab:red", lw=0.8, label=f"target {fitted.target:g}")
-        ax.plot([fitted.escalation_rate], [fitted.accuracy], "o", color="tab:red")
-    ax.set_xlabel("escalation rate (fraction of questions sent to the large model)")
-    ax.set_ylabel("cascade accuracy")
-    ax.set_title(
-        f"{data.small_model or 'small'} -> {data.large_model or 'large'} (n={len(data.keys)})"
-    )
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gnll._util import read_json
-from gnll._util.runfiles import SAMPLES, iter_samples, samples_path
+from gnll._util.runfiles import SAMPLES, RunDir, iter_samples, samples_path
 from gnll._util.tabular import file_format
 
 __all__ = ["LabelledScores", "load_labelled", "prompt_fingerprint"]
@@ -114,7 +114,7 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
         "correctness": sorted(metrics),
         "scored": sorted(scored),
     }
-    run_json = run_dir / "run.json"
+    run_json = RunDir(run_dir).run_json
     if run_json.exists():
         info["model"] = read_json(run_json)["config"].get("model")
     info["prompt_templates"] = run_prompt_templates(run_dir, tasks)
@@ -142,7 +142,7 @@ def templates_fingerprint(templates: dict[str, str]) -> tuple[str | None, str | 
         if len(templates) > 1
         else prompt_fingerprint(next(iter(templates.values())))
     )
-    return fp, "prompts of gnll eval task(s) " + ", ".join(sorted(templates))
+    return fp, _describe_eval_prompts(templates)
 
 
 def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
@@ -188,6 +188,15 @@ def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
     return scores, labels, info, dropped
 
 
+def _describe_eval_prompts(templates: dict[str, str]) -> str:
+    """``gnll eval's 5-shot triviaqa_short prompts``: what a calibration fitted on runs was fitted on
+    (the examples in a task's prompt each start with "Question:"; the asked question is one more)."""
+    shots = {t: templates[t].count("Question:") - 1 for t in sorted(templates)}
+    if len(set(shots.values())) == 1:
+        return f"gnll eval's {next(iter(shots.values()))}-shot {', '.join(shots)} prompts"
+    return "gnll eval's prompts of " + ", ".join(f"{t} ({k}-shot)" for t, k in shots.items())
+
+
 def load_labelled(
     paths: list[str | Path], *, measure: str = "g-nll", correctness: str | None = None
 ) -> LabelledScores:
@@ -203,7 +212,7 @@ def load_labelled(
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
-        if p.is_dir() or p.name == "samples.jsonl":
+        if p.is_dir() or p.name == SAMPLES:
             s, y, info, d = _read_run(p, measure, correctness)
             templates.update(info.pop("prompt_templates"))
             formats.add("instruction")  # gnll eval's task prompts

@@ -7,9 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from gnll.calibration.cascade import (
+    CascadeData,
+    CascadeThreshold,
+    cascade_curve,
+    random_accuracy_at_rate,
+)
 from gnll.calibration.metrics import calibration_bins
 
-__all__ = ["reliability_diagram"]
+__all__ = ["cascade_plot", "reliability_diagram"]
 
 
 def reliability_diagram(
@@ -72,6 +78,37 @@ def reliability_diagram(
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def cascade_plot(
+    data: CascadeData, path: str | Path, *, fitted: CascadeThreshold | None = None
+) -> Path:
+    """PNG: cascade accuracy against escalation rate, gated by the score and at random."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = cascade_curve(data.scores, data.small, data.large)
+    rates = np.linspace(0, 1, 101)
+    rand = [random_accuracy_at_rate(data.small, data.large, r) for r in rates]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step(curve["escalation_rate"], curve["accuracy"], where="post", label="gated by the score")
+    ax.plot(rates, rand, "--", color="grey", label="random escalation (expected)")
+    if fitted is not None:
+        ax.axhline(fitted.target, color="tab:red", lw=0.8, label=f"target {fitted.target:g}")
+        ax.plot([fitted.escalation_rate], [fitted.accuracy], "o", color="tab:red")
+    ax.set_xlabel("escalation rate (fraction of questions sent to the large model)")
+    ax.set_ylabel("cascade accuracy")
+    ax.set_title(
+        f"{data.small_model or 'small'} -> {data.large_model or 'large'} (n={len(data.keys)})"
+    )
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -28,6 +28,7 @@ __all__ = [
     "OutputFileOption",
     "OverwriteRowsOption",
     "ProgressOption",
+    "PromptFormatOption",
     "ResumeRowsOption",
     "SamplesOption",
     "SeedOption",
@@ -115,3 +116,13 @@ MaxNewTokensOption = Annotated[
     int | None, typer.Option("--max_new_tokens", help="Default 50 (100 with --long).")
 ]
 SeedOption = Annotated[int, typer.Option("--seed", help="Seed of the sampled answers.")]
+PromptFormatOption = Annotated[
+    str,
+    typer.Option(
+        "--prompt_format",
+        "--prompt-format",
+        help="instruction: the question inside gnll's answer-briefly instruction; chat: the "
+        "question alone as a chat message (as an OpenAI chat request sends it); text: the "
+        "question as the exact text, no template.",
+    ),
+]

@@ -17,16 +17,36 @@ __all__ = [
 
 # The options both commands take, declared once so their spelling and help stay the same.
 EngineOption = Annotated[
-    str, typer.Option("--engine", help="local (this process) or ray (replicas on a Ray cluster).")
+    str,
+    typer.Option(
+        "--engine",
+        rich_help_panel="Engine",
+        help="local (this process) or ray (replicas on a Ray cluster).",
+    ),
 ]
 AddressOption = Annotated[
-    str, typer.Option("--address", help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.")
+    str,
+    typer.Option(
+        "--address",
+        rich_help_panel="Engine",
+        help="Ray cluster: auto, HOST:PORT, ray://HOST:PORT, local.",
+    ),
 ]
-ReplicasOption = Annotated[int, typer.Option("--replicas", help="Ray: model replicas.")]
+ReplicasOption = Annotated[
+    int, typer.Option("--replicas", rich_help_panel="Engine", help="Ray: model replicas.")
+]
 CpusOption = Annotated[
-    float, typer.Option("--cpus-per-replica", help="Ray: CPUs (torch threads) per replica.")
+    float,
+    typer.Option(
+        "--cpus-per-replica",
+        rich_help_panel="Engine",
+        help="Ray: CPUs (torch threads) per replica.",
+    ),
 ]
-GpusOption = Annotated[float, typer.Option("--gpus-per-replica", help="Ray: GPUs per replica.")]
+GpusOption = Annotated[
+    float,
+    typer.Option("--gpus-per-replica", rich_help_panel="Engine", help="Ray: GPUs per replica."),
+]
 
 
 def cluster_of(address: str, replicas: int, cpus: float, gpus: float) -> Any:

@@ -15,6 +15,7 @@ from gnll.cli._options import (
     ClustererOption,
     MaxNewTokensOption,
     MeasuresOption,
+    PromptFormatOption,
     SamplesOption,
     SeedOption,
     TemperatureOption,
@@ -31,16 +32,7 @@ def ask(
         typer.Option("--model_args", "--model-args", help="key=value,... for load_model"),
     ] = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for a one-sentence answer.")] = False,
-    prompt_format: Annotated[
-        str,
-        typer.Option(
-            "--prompt-format",
-            "--prompt_format",
-            help="instruction: the question inside gnll's answer-briefly instruction; chat: the "
-            "question alone as a chat message (as an OpenAI chat request sends it); text: the "
-            "question as the exact text, no template.",
-        ),
-    ] = "instruction",
+    prompt_format: PromptFormatOption = "instruction",
     measures: MeasuresOption = "g-nll",
     samples: SamplesOption = 10,
     temperature: TemperatureOption = 1.0,

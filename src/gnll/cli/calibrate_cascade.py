@@ -37,11 +37,11 @@ def calibrate_cascade(
 
     from gnll.calibration.cascade import (
         accuracy_at_rate,
-        cascade_plot,
         cascade_threshold,
         load_cascade,
         random_accuracy_at_rate,
     )
+    from gnll.calibration.plot import cascade_plot
 
     console = Console(stderr=True)
 

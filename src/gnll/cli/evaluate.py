@@ -3,12 +3,13 @@
 Example
 -------
 ``gnll eval --model smollm2-135m-instruct --tasks triviaqa_short,svamp_short --limit 200
---output_path runs/demo`` writes ``samples.jsonl``, ``results.json``, ``table.md`` and ``plots/`` to
+--output runs/demo`` writes ``samples.jsonl``, ``results.json``, ``table.md`` and ``plots/`` to
 ``runs/demo``; ``--measures g-nll`` skips beams, samples and clustering entirely.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -30,36 +31,54 @@ _CLI_TO_FIELD = {"bootstrap": "n_boot"}
 def evaluate(
     ctx: typer.Context,
     model: Annotated[
-        str, typer.Option("--model", help="Model: embedded name, Hugging Face id or local path.")
+        str,
+        typer.Option(
+            "--model",
+            rich_help_panel="Model and tasks",
+            help="Model: embedded name, Hugging Face id or local path.",
+        ),
     ] = ("smollm2-135m-instruct"),
     tasks: Annotated[
         str,
         typer.Option(
             "--tasks",
+            rich_help_panel="Model and tasks",
             help="Comma-separated tasks: triviaqa_short, triviaqa_long, svamp_short, svamp_long, "
             "nq_open_short, nq_open_long; or all / short / long.",
         ),
     ] = "triviaqa_short,svamp_short,nq_open_short",
     output_path: Annotated[
-        Path, typer.Option("--output_path", "--output-path", help="Run directory (created).")
+        Path,
+        typer.Option(
+            "--output_path",
+            "--output-path",
+            rich_help_panel="Model and tasks",
+            help="Run directory (created).",
+        ),
     ] = Path("runs/eval"),
     model_args: Annotated[
         str | None,
         typer.Option(
             "--model_args",
             "--model-args",
+            rich_help_panel="Model and tasks",
             help="key=value,... for the model loader (device, dtype, ...).",
         ),
     ] = None,
     limit: Annotated[
         int | None,
-        typer.Option("--limit", help="Evaluate the first N questions of each evaluation pool."),
+        typer.Option(
+            "--limit",
+            rich_help_panel="Model and tasks",
+            help="Evaluate the first N questions of each evaluation pool.",
+        ),
     ] = None,
     data_dir: Annotated[
         str | None,
         typer.Option(
             "--data_dir",
             "--data-dir",
+            rich_help_panel="Data",
             help="Folder with the full datasets (default: $GNLL_DATA_DIR; without either, the "
             "sample shipped with gnll).",
         ),
@@ -67,7 +86,10 @@ def evaluate(
     data_path: Annotated[
         str | None,
         typer.Option(
-            "--data_path", "--data-path", help="A single dataset file in its original format."
+            "--data_path",
+            "--data-path",
+            rich_help_panel="Data",
+            help="A single dataset file in its original format.",
         ),
     ] = None,
     data_source: Annotated[
@@ -75,6 +97,7 @@ def evaluate(
         typer.Option(
             "--data_source",
             "--data-source",
+            rich_help_panel="Data",
             help="'embedded' (the sample shipped with gnll: a few hundred questions per dataset), "
             "'local' (the full files: --data_dir, --data_path or $GNLL_DATA_DIR), 'hub' (Hugging "
             "Face datasets, needs network), 'reference' (the hub with Farquhar et al.'s TriviaQA "
@@ -86,6 +109,7 @@ def evaluate(
         typer.Option(
             "--split_path",
             "--split-path",
+            rich_help_panel="Data",
             help="File of evaluation-pool ids, one per line (e.g. a test split); the few-shot "
             "and held-out pools come from the other questions.",
         ),
@@ -95,6 +119,7 @@ def evaluate(
         typer.Option(
             "--pool_path",
             "--pool-path",
+            rich_help_panel="Data",
             help="A second file of the dataset's format (e.g. NQ-Open train) for the few-shot and "
             "held-out pools; the whole data file is then evaluated.",
         ),
@@ -103,6 +128,7 @@ def evaluate(
         str | None,
         typer.Option(
             "--correctness",
+            rich_help_panel="Correctness",
             help="Comma-separated correctness metrics from f1, contains, judge; the first "
             "one picks the sampling temperature. Default: short tasks f1 (+judge), long tasks "
             "contains (judge first when --judge is given).",
@@ -112,6 +138,7 @@ def evaluate(
         str | None,
         typer.Option(
             "--judge",
+            rich_help_panel="Correctness",
             help="Judge model(s), comma-separated: each is a correctness metric of its own "
             "(judge, judge2, ...) with rows labelled by judge.",
         ),
@@ -121,20 +148,32 @@ def evaluate(
         typer.Option(
             "--judge_args",
             "--judge-args",
+            rich_help_panel="Correctness",
             help="key=value,... for the judge loader; with several judges, one set for all or "
             "one per judge separated by ';' (e.g. two vLLM servers).",
         ),
     ] = None,
     beams: Annotated[
-        int, typer.Option("--beams", help="Beam width K for BS-MSP (0 disables).")
+        int,
+        typer.Option(
+            "--beams",
+            rich_help_panel="Measures and sampling",
+            help="Beam width K for BS-MSP (0 disables).",
+        ),
     ] = 5,
     samples: Annotated[
-        int, typer.Option("--samples", help="Samples N for PE/SE/... (0 disables).")
+        int,
+        typer.Option(
+            "--samples",
+            rich_help_panel="Measures and sampling",
+            help="Samples N for PE/SE/... (0 disables).",
+        ),
     ] = 10,
     temperature: Annotated[
         float | None,
         typer.Option(
             "--temperature",
+            rich_help_panel="Measures and sampling",
             help="Fix the sampling temperature (default: chosen from 0.5/1.0/1.5 on held-out).",
         ),
     ] = None,
@@ -142,6 +181,7 @@ def evaluate(
         str,
         typer.Option(
             "--measures",
+            rich_help_panel="Measures and sampling",
             help="Comma-separated measures (g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, "
             "d-se, mcp) or all.",
         ),
@@ -151,6 +191,7 @@ def evaluate(
         typer.Option(
             "--batch_size",
             "--batch-size",
+            rich_help_panel="Run",
             help="Sequences per forward pass (backend default if unset).",
         ),
     ] = None,
@@ -159,19 +200,23 @@ def evaluate(
         typer.Option(
             "--chunk_size",
             "--chunk-size",
+            rich_help_panel="Run",
             help="Questions per generate call and per cache flush (smaller: finer-grained resume).",
         ),
     ] = 256,
     seed: Annotated[
         int,
         typer.Option(
-            "--seed", help="Seed of the data split, few-shot draw, sampling and bootstrap."
+            "--seed",
+            rich_help_panel="Run",
+            help="Seed of the data split, few-shot draw, sampling and bootstrap.",
         ),
     ] = 0,
     resume: Annotated[
         bool,
         typer.Option(
             "--resume",
+            rich_help_panel="Run",
             help="Continue the run in --output, reusing its caches.",
         ),
     ] = False,
@@ -179,6 +224,7 @@ def evaluate(
         bool,
         typer.Option(
             "--overwrite",
+            rich_help_panel="Run",
             help="Delete an earlier run in --output and start over (without it, or --resume, "
             "an earlier run there is an error).",
         ),
@@ -187,6 +233,7 @@ def evaluate(
         str,
         typer.Option(
             "--clusterer",
+            rich_help_panel="Measures and sampling",
             help="Semantic clusterer: auto (nli if available offline, else embedding), nli, "
             "embedding, exact, llm.",
         ),
@@ -196,6 +243,7 @@ def evaluate(
         typer.Option(
             "--clusterer_args",
             "--clusterer-args",
+            rich_help_panel="Measures and sampling",
             help="key=value,... for the clusterer (model, threshold, ...).",
         ),
     ] = None,
@@ -204,6 +252,7 @@ def evaluate(
         typer.Option(
             "--semantic_relation",
             "--semantic-relation",
+            rich_help_panel="Measures and sampling",
             help="Entailment relation for nli/llm clustering: strict or loose.",
         ),
     ] = None,
@@ -212,6 +261,7 @@ def evaluate(
         typer.Option(
             "--heldout_size",
             "--heldout-size",
+            rich_help_panel="Measures and sampling",
             help="Held-out questions for temperature selection (default: min(100, limit)).",
         ),
     ] = None,
@@ -220,18 +270,24 @@ def evaluate(
         typer.Option(
             "--fewshot_as_multiturn",
             "--fewshot-as-multiturn",
+            rich_help_panel="Data",
             help="Chat models: few-shot examples as user/assistant turns instead of one user turn.",
         ),
     ] = False,
     bootstrap: Annotated[
         int,
-        typer.Option("--bootstrap", help="Bootstrap resamples for SEs and the significance test."),
+        typer.Option(
+            "--bootstrap",
+            rich_help_panel="Run",
+            help="Bootstrap resamples for SEs and the significance test.",
+        ),
     ] = 1000,
     f1_rule: Annotated[
         str,
         typer.Option(
             "--f1_rule",
             "--f1-rule",
+            rich_help_panel="Correctness",
             help="F1 correctness: gt (F1 > 0.5, the paper's) or ge (>= 0.5, the reference code's).",
         ),
     ] = "gt",
@@ -240,6 +296,7 @@ def evaluate(
         typer.Option(
             "--temperature_selection",
             "--temperature-selection",
+            rich_help_panel="Measures and sampling",
             help="per-measure (each sampling measure its best held-out temperature, the paper's "
             "protocol) or shared (one per task, best mean AUROC of the paper's baselines).",
         ),
@@ -249,6 +306,7 @@ def evaluate(
         typer.Option(
             "--temperature_scope",
             "--temperature-scope",
+            rich_help_panel="Measures and sampling",
             help="task (each task its own choice) or dataset (the short and long tasks of a "
             "dataset share one, on their pooled held-out AUROCs, as the paper; the presets' default).",
         ),
@@ -258,6 +316,7 @@ def evaluate(
         typer.Option(
             "--sample_logprobs",
             "--sample-logprobs",
+            rich_help_panel="Measures and sampling",
             help="Log-probs of sampled answers for PE/SE/...: model (temperature 1) or sampling "
             "(the tempered distribution they were drawn from, as the reference code).",
         ),
@@ -267,6 +326,7 @@ def evaluate(
         typer.Option(
             "--empty_answer",
             "--empty-answer",
+            rich_help_panel="Measures and sampling",
             help="Likelihood of an empty answer: terminator (its stop token's log-prob, as the "
             "reference code) or zero (log-likelihood 0).",
         ),
@@ -275,23 +335,30 @@ def evaluate(
         str,
         typer.Option(
             "--reference",
+            rich_help_panel="Correctness",
             help="The answer judged and scored by G-NLL: greedy (Table 1) or beam (the most "
             "likely of --beams K beams, the paper's Table 5).",
         ),
     ] = "greedy",
-    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Write PNG figures.")] = True,
+    plots: Annotated[
+        bool, typer.Option("--plots/--no-plots", rich_help_panel="Run", help="Write PNG figures.")
+    ] = True,
     progress: Annotated[
-        bool, typer.Option("--progress/--no-progress", help="Show progress bars.")
+        bool,
+        typer.Option("--progress/--no-progress", rich_help_panel="Run", help="Show progress bars."),
     ] = True,
     preset: Annotated[
         str | None,
         typer.Option(
             "--preset",
+            rich_help_panel="Model and tasks",
             help="Run a paper grid (paper-table1, paper-table1-short, paper-table5, paper-llama-8b): one run per "
             "model under --output, merged table.md; options given here override the preset.",
         ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log more.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", rich_help_panel="Run", help="Log more.")
+    ] = False,
     engine: EngineOption = "local",
     address: AddressOption = "auto",
     replicas: ReplicasOption = 1,
@@ -303,11 +370,9 @@ def evaluate(
     from rich.logging import RichHandler
     from rich.text import Text
 
-    from gnll import measures as M
     from gnll.cli._errors import safe_text
-    from gnll.evaluation.data.tasks import parse_task_list
     from gnll.evaluation.results.tables import render_table
-    from gnll.evaluation.run.runner import EvalConfig, Evaluator
+    from gnll.evaluation.run.runner import Evaluator
 
     console = Console(stderr=True)
     logging.basicConfig(
@@ -316,46 +381,7 @@ def evaluate(
         handlers=[RichHandler(console=console, show_path=False)],
     )
     try:
-        task_names = [t.name for t in parse_task_list(tasks)]
-        ms = M.validate(measures)
-        cfg = EvalConfig(
-            model=model,
-            tasks=task_names,
-            output_path=output_path,
-            model_args=model_kwargs(model_args),
-            limit=limit,
-            data_dir=data_dir,
-            data_path=data_path,
-            data_source=data_source,
-            split_path=split_path,
-            pool_path=pool_path,
-            correctness=parse_csv(correctness),
-            judge=judge,
-            judge_args=_judge_kwargs(judge_args),
-            beams=beams,
-            samples=samples,
-            temperature=temperature,
-            measures=ms,
-            batch_size=batch_size,
-            chunk_size=chunk_size,
-            seed=seed,
-            resume=resume,
-            overwrite=overwrite,
-            clusterer=clusterer,
-            clusterer_args=clusterer_kwargs(clusterer, clusterer_args),
-            semantic_relation=semantic_relation,
-            heldout_size=heldout_size,
-            fewshot_as_multiturn=fewshot_as_multiturn,
-            n_boot=bootstrap,
-            f1_rule=f1_rule,
-            temperature_selection=temperature_selection,
-            temperature_scope=temperature_scope,
-            sample_logprobs=sample_logprobs,
-            empty_answer=empty_answer,
-            reference=reference,
-            plots=plots,
-            progress=progress,
-        )
+        cfg = _config(ctx.params)
     except (KeyError, ValueError) as exc:
         raise typer.BadParameter(str(exc).strip("'\"")) from exc
 
@@ -372,7 +398,7 @@ def evaluate(
         from gnll.distributed.evaluation import RayEvaluator
 
         cluster = cluster_of(address, replicas, cpus_per_replica, gpus_per_replica)
-        evaluator: Evaluator = RayEvaluator(cfg, cluster=cluster)  # the same outputs as local
+        evaluator: Evaluator | RayEvaluator = RayEvaluator(cfg, cluster=cluster)  # local's outputs
     else:
         evaluator = Evaluator(cfg)
     results = evaluator.run()  # errors: one line from the CLI's error boundary (--debug: traceback)
@@ -387,6 +413,27 @@ def evaluate(
     )
     if verbose:
         console.print({k: round(v, 2) for k, v in evaluator.timer.seconds.items()})
+
+
+def _config(params: dict[str, Any]) -> Any:
+    """The :class:`EvalConfig` of the command's options (each named as its field, but for
+    ``_CLI_TO_FIELD``; the ones given as text parsed here). ``EvalConfig`` checks the values."""
+    from gnll import measures as M
+    from gnll.evaluation.data.tasks import parse_task_list
+    from gnll.evaluation.run.config import EvalConfig
+
+    names = {f.name for f in dataclasses.fields(EvalConfig)}
+    fields = {_CLI_TO_FIELD.get(k, k): v for k, v in params.items()}
+    fields = {k: v for k, v in fields.items() if k in names}
+    fields.update(
+        tasks=[t.name for t in parse_task_list(params["tasks"])],
+        measures=M.validate(params["measures"]),
+        model_args=model_kwargs(params["model_args"]),
+        correctness=parse_csv(params["correctness"]),
+        judge_args=_judge_kwargs(params["judge_args"]),
+        clusterer_args=clusterer_kwargs(params["clusterer"], params["clusterer_args"]),
+    )
+    return EvalConfig(**fields)
 
 
 def _judge_kwargs(spec: str | None) -> dict[str, Any] | list[dict[str, Any]]:

@@ -36,6 +36,7 @@ from gnll.cli._options import (
     OutputFileOption,
     OverwriteRowsOption,
     ProgressOption,
+    PromptFormatOption,
     ResumeRowsOption,
     SamplesOption,
     SeedOption,
@@ -58,6 +59,7 @@ def generate(
     input_format: FormatOption = None,
     errors: ErrorsOption = None,
     long: Annotated[bool, typer.Option("--long", help="Ask for one-sentence answers.")] = False,
+    prompt_format: PromptFormatOption = "instruction",
     measures: MeasuresOption = "g-nll",
     samples: SamplesOption = 10,
     temperature: TemperatureOption = 1.0,
@@ -78,6 +80,7 @@ def generate(
 
     from gnll import load_model
     from gnll import measures as M
+    from gnll.backends.prompting import check_format
     from gnll.cli._args import clusterer_kwargs, model_kwargs
     from gnll.cli.ask import _calibration
     from gnll.cli.score import check_files
@@ -100,12 +103,16 @@ def generate(
         fail(f"--{exc.option} {exc.reason}", exc)
     except ValueError as exc:
         fail(f"--measures: {exc}", exc)
+    try:
+        fmt = check_format(prompt_format)
+    except ValueError as exc:
+        fail(f"--prompt_format: {exc}", exc)
     in_fmt, out_fmt, errors = check_files(
         fail, input, output, input_format, errors, resume, overwrite
     )
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
-    cal = _calibration(calibration, lm.name, long, wanted, "instruction") if calibration else None
+    cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
     clusterer_obj: object = clusterer
     if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
         from gnll.semantic import load_clusterer
@@ -134,6 +141,7 @@ def generate(
         seed=seed,
         calibration=cal,
         logprobs=logprobs,
+        prompt_format=fmt,
     )
     summary = run_generate_job(lm, job, opts)
     rate = summary.scored / summary.seconds if summary.seconds else 0.0

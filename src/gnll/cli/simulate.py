@@ -2,7 +2,7 @@
 
 Example
 -------
-``gnll simulate --quick --output_path /tmp/sim`` writes ``/tmp/sim/results.json`` and the PNG
+``gnll simulate --quick --output /tmp/sim`` writes ``/tmp/sim/results.json`` and the PNG
 figures in a few seconds; without ``--quick`` it runs the paper's full study (2,000 distributions
 per setting).
 """
@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gnll._util.runfiles import RESULTS
 from gnll.cli._args import parse_list
 
 __all__ = ["simulate"]
@@ -123,8 +124,7 @@ def _print_summary(results: dict[str, Any], output_path: Path, files: list[Path]
         f"{cl2['lower_temperature_larger_width90_all_settings']}"
     )
     console.print(
-        f"wrote {output_path / 'results.json'} and {len(files)} figures "
-        f"in {results['wall_time_s']:.1f} s"
+        f"wrote {output_path / RESULTS} and {len(files)} figures in {results['wall_time_s']:.1f} s"
     )
 
 

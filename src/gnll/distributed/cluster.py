@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Cluster", "RayUnavailable", "require_ray"]
+__all__ = ["Cluster", "RayUnavailable", "check_resources", "placeable", "require_ray"]
 
 
 class RayUnavailable(ValueError):
@@ -99,7 +99,7 @@ class Cluster:
         if self.replicas < 1:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.cpus_per_replica <= 0 or self.gpus_per_replica < 0:
-            raise ValueError("--cpus-per-replica must be > 0 and --gpus-per-replica >= 0")
+            raise ValueError("--cpus_per_replica must be > 0 and --gpus_per_replica >= 0")
 
     @property
     def threads(self) -> int:
@@ -116,6 +116,61 @@ class Cluster:
         }
 
 
+def placeable(cluster: Cluster, nodes: list[dict[str, float]]) -> int:
+    """How many replicas of ``cluster``'s size the ``nodes`` (each node's total resources, as
+    ``ray.nodes()`` reports them) can hold at once: a replica runs on one node."""
+    need = {"CPU": cluster.cpus_per_replica, "GPU": cluster.gpus_per_replica}
+    fits = 0
+    for node in nodes:
+        per_node = [node.get(res, 0.0) / n for res, n in need.items() if n > 0]
+        fits += int(min(per_node) + 1e-9) if per_node else cluster.replicas
+    return fits
+
+
+def check_resources(cluster: Cluster, nodes: list[dict[str, float]]) -> None:
+    """Refuse, in one line naming the resource, replicas the cluster can never place all at once
+    (Ray would otherwise wait for them in silence).
+
+    >>> check_resources(Cluster(replicas=4), [{"CPU": 2.0}])
+    Traceback (most recent call last):
+    ...
+    gnll.distributed.cluster.RayUnavailable: 4 replicas x 1 CPU need 4 CPUs; the cluster has 2 (room for 2 replicas): lower --replicas or --cpus_per_replica, or add nodes
+    """
+    fits = placeable(cluster, nodes)
+    if fits >= cluster.replicas:
+        return
+    room = f"room for {fits} replica{'s' if fits != 1 else ''}"
+    wanted = [
+        (res, per, option)
+        for res, per, option in (
+            ("CPU", cluster.cpus_per_replica, "--cpus_per_replica"),
+            ("GPU", cluster.gpus_per_replica, "--gpus_per_replica"),
+        )
+        if per > 0
+    ]
+    for res, per, option in wanted:
+        biggest = max((node.get(res, 0.0) for node in nodes), default=0.0)
+        if biggest < per:
+            raise RayUnavailable(
+                f"a replica needs {per:g} {res}{'s' if per != 1 else ''} and no node of the "
+                f"cluster has that many (the largest has {biggest:g}): lower {option} or add a "
+                "larger node"
+            )
+    for res, per, option in wanted:
+        have = sum(node.get(res, 0.0) for node in nodes)
+        total = cluster.replicas * per
+        if have < total:
+            raise RayUnavailable(
+                f"{cluster.replicas} replicas x {per:g} {res} need {total:g} {res}s; the cluster "
+                f"has {have:g} ({room}): lower --replicas or {option}, or add nodes"
+            )
+    res, per, option = wanted[0]
+    raise RayUnavailable(
+        f"{cluster.replicas} replicas x {per:g} {res} do not fit on the cluster's nodes ({room}; a "
+        f"replica runs on one node): lower --replicas or {option}, or add nodes"
+    )
+
+
 def start_replicas(actor_class: Any, cluster: Cluster, *args: Any, timeout: float = 600.0) -> list:
     """Start ``cluster.replicas`` actors of ``actor_class`` and wait until each has loaded its model.
 
@@ -123,14 +178,7 @@ def start_replicas(actor_class: Any, cluster: Cluster, *args: Any, timeout: floa
     one line, before any row is read.
     """
     ray = connect(cluster.address)
-    need = {"CPU": cluster.cpus_per_replica, "GPU": cluster.gpus_per_replica}
-    have = ray.cluster_resources()
-    for res, n in need.items():
-        if n and have.get(res, 0) < n:
-            raise RayUnavailable(
-                f"a replica needs {n:g} {res}(s) but the cluster has {have.get(res, 0):g}: lower "
-                f"--{res.lower()}s-per-replica or add nodes"
-            )
+    check_resources(cluster, [n["Resources"] for n in ray.nodes() if n.get("Alive")])
     remote = ray.remote(actor_class).options(**cluster.actor_options())
     actors = [remote.remote(*args) for _ in range(cluster.replicas)]
     t0 = time.monotonic()
@@ -150,7 +198,7 @@ def start_replicas(actor_class: Any, cluster: Cluster, *args: Any, timeout: floa
             ray.kill(a)
         raise RayUnavailable(
             f"{len(pending)} of {len(actors)} replicas did not start within "
-            f"{time.monotonic() - t0:.0f} s: the cluster lacks free resources for them "
-            "(check `ray status`; lower --replicas or the resources per replica)"
+            f"{time.monotonic() - t0:.0f} s: the cluster has room for them, but other work holds "
+            "its resources (check `ray status`; lower --replicas or the resources per replica)"
         )
     return actors

@@ -11,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gnll.backends.base import GenerationErrors, Model
+from gnll.backends.base import Model
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ChunkResult, ScoreJob, score_chunk
+
+if TYPE_CHECKING:
+    from gnll.evaluation.run.stages import Work
 
 __all__ = ["EvalReplica", "ScoreReplica", "load", "set_threads"]
 
@@ -58,10 +61,11 @@ class ScoreReplica:
 
 
 class EvalReplica:
-    """A ``gnll eval`` replica: the model, judge and clusterer of the run, loaded as locally.
+    """A ``gnll eval`` replica: the run's model, judges and clusterer, loaded as locally.
 
-    It holds its own :class:`~gnll.evaluation.run.runner.Evaluator` of the same configuration (writing
-    only to a scratch directory) and answers the driver's calls with its components.
+    It holds an :class:`~gnll.evaluation.run.runner.Evaluator` of the same configuration (writing
+    only to a scratch directory) as the components a stage's
+    :class:`~gnll.evaluation.run.stages.Work` computes with.
     """
 
     def __init__(self, config: Any, threads: int) -> None:
@@ -69,37 +73,21 @@ class EvalReplica:
 
         set_threads(threads)
         scratch = tempfile.mkdtemp(prefix="gnll-replica-")
-        self.ev = Evaluator(dataclasses.replace(config, output_path=scratch, progress=False))
-        self.ev.model  # noqa: B018  (load now: a model that cannot load fails at start-up)
+        self.components = Evaluator(
+            dataclasses.replace(config, output_path=scratch, progress=False)
+        )
+        self.components.model  # noqa: B018  (load now: a model that cannot load fails at start-up)
 
     def ready(self) -> dict[str, Any]:
-        return self.describe("model")
+        return {"name": self.components.model.name}
 
-    def describe(self, role: str) -> dict[str, Any]:
-        obj = getattr(self.ev, role)
-        return {
-            "name": getattr(obj, "name", role),
-            "capabilities": getattr(obj, "capabilities", None),
-            "info": obj.info() if hasattr(obj, "info") else {},
-        }
-
-    def call(self, what: str, role: str, *args: Any) -> tuple[str, Any, Any]:
-        """``("ok", result, rendered)``, ``("partial", GenerationErrors, rendered)`` or
-        ``("raise", exception, None)``: an error of the work itself goes back to the driver as a
-        value, so it is raised there as the local run would raise it."""
+    def run(self, work: Work) -> tuple[str, Any]:
+        """``("ok", StageResult)`` or ``("raise", exception)``: an error of the work itself goes
+        back to the driver as a value, so it is raised there as the local run would raise it."""
         try:
-            if what == "cluster_many":
-                return "ok", self.ev.clusterer.cluster_many(*args), None
-            model = self.ev.model if role == "model" else self.ev.judge
-            prompts, config, batch_size = args
-            rendered = [model.render_prompt(p) for p in prompts]
-            try:
-                gens = model.generate(prompts, config, batch_size=batch_size)
-            except GenerationErrors as e:
-                return "partial", (e.results, e.errors), rendered
-            return "ok", gens, rendered
+            return "ok", work.run(self.components)
         except Exception as e:  # noqa: BLE001  (re-raised by the driver)
-            return "raise", portable(e), None
+            return "raise", portable(e)
 
 
 def portable(e: Exception) -> Exception:

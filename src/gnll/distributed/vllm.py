@@ -29,9 +29,10 @@ from __future__ import annotations
 from typing import Any
 
 from gnll import measures as M
-from gnll.backends.base import DEFAULT_STOP, GenerationConfig, ScoredAnswer, chat_messages
+from gnll.backends.base import GenerationConfig, ScoredAnswer
 from gnll.scoring.api import check_scored, join_answer
 from gnll.scoring.rows import Item, to_item
+from gnll.scoring.stream import DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["VllmGreedy", "VllmScoring"]
 
@@ -55,67 +56,45 @@ def _user_fields(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Templates:
-    """The tokenizer side of gnll's HF backend: chat template, special tokens, EOS ids."""
+    """gnll's side of a vLLM stage: the HF backend's tokenizer side of the model vLLM serves."""
 
     def __init__(
         self, tokenizer: Any, *, chat_template: bool, eos_ids: set[int], long: bool
     ) -> None:
-        self.tokenizer, self.chat_template, self.eos_ids = tokenizer, chat_template, set(eos_ids)
-        self.long = long
+        from gnll.backends import tokenizer_side
 
-    @classmethod
-    def _load(cls, source: str, chat_template: bool | None, **kw: Any) -> Any:
-        from transformers import AutoTokenizer
-        from transformers import GenerationConfig as HFGenerationConfig
-
-        from gnll.backends.hf.loading import use_chat_template
-
-        tok = AutoTokenizer.from_pretrained(source)
-        eos = {tok.eos_token_id}
-        try:
-            gen_eos = HFGenerationConfig.from_pretrained(source).eos_token_id
-        except OSError:
-            gen_eos = None
-        eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
-        use = use_chat_template(chat_template, source, tok)
-        return cls(tok, chat_template=use, eos_ids={i for i in eos if i is not None}, **kw)
+        self.side = tokenizer_side(tokenizer, chat_template=chat_template, eos_ids=eos_ids)
+        self.eos_ids, self.long = self.side.eos_ids, long
 
     @classmethod
     def from_pretrained(cls, source: str, *, chat_template: bool | None = None, **kw: Any) -> Any:
         """Read the tokenizer (and EOS ids) of ``source``, the model vLLM serves; no weights."""
-        return cls._load(source, chat_template, **kw)
+        from gnll.backends import tokenizer_side
+
+        side = tokenizer_side(source, chat_template=chat_template)
+        return cls(side.tokenizer, chat_template=side.chat_template, eos_ids=side.eos_ids, **kw)
 
     @classmethod
     def from_model(cls, model: Any, **kw: Any) -> Any:
         """The tokenizer side of a loaded gnll HF model (tests; a CPU check of a GPU run)."""
-        return cls(model.tokenizer, chat_template=model.chat_template, eos_ids=model._eos_ids, **kw)
+        from gnll.backends import tokenizer_side
 
-    def render(self, prompt: str) -> str:
-        if not self.chat_template:
-            return prompt
-        return self.tokenizer.apply_chat_template(
-            chat_messages(prompt), add_generation_prompt=True, tokenize=False
-        )
+        side = tokenizer_side(model)
+        return cls(side.tokenizer, chat_template=side.chat_template, eos_ids=side.eos_ids, **kw)
 
     def item(self, row: dict[str, Any], raw_prompt: bool) -> Item | str:
-        def render_messages(messages: list[dict[str, Any]]) -> str:
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-
         return to_item(
             0,
             row,
             long=self.long,
-            render_messages=render_messages if self.chat_template else None,
+            render_messages=self.side.render_chat if self.side.chat_template else None,
             raw_prompt=raw_prompt,
         )
 
     def _placeholder(self, row: dict[str, Any], error: str) -> dict[str, Any]:
         # vLLM needs a prompt on every row; a bad row sends one token and keeps its error
-        tok = self.tokenizer.bos_token_id or self.tokenizer.eos_token_id or 0
-        return {**row, "tokenized_prompt": [tok], "sampling_params": {"max_tokens": 1},
-                "gnll_error": error}  # fmt: skip
+        return {**row, "tokenized_prompt": [self.side.placeholder_id],
+                "sampling_params": {"max_tokens": 1}, "gnll_error": error}  # fmt: skip
 
 
 class VllmScoring(_Templates):
@@ -135,36 +114,29 @@ class VllmScoring(_Templates):
         raw_prompt: bool = False,
         verbatim: bool = False,
     ) -> None:
-        from gnll.backends.hf.scoring import answer_end_ids
-        from gnll.backends.hf.stopping import StopRules
-
         super().__init__(tokenizer, chat_template=chat_template, eos_ids=eos_ids, long=long)
         self.raw_prompt, self.verbatim = raw_prompt, verbatim
-        self.end_ids = answer_end_ids(tokenizer, StopRules(tokenizer, DEFAULT_STOP, self.eos_ids))
+        self.end_ids = self.side.end_ids
 
     def preprocess(self, row: dict[str, Any]) -> dict[str, Any]:
         """The request: prompt + answer as token ids, ``prompt_logprobs=1``, ``max_tokens=1``."""
-        from gnll.backends.hf.scoring import tokenize_answers
-
         item = self.item(row, self.raw_prompt)
         if isinstance(item, str):
             return self._placeholder(row, item)
-        text = item.prompt if item.raw_prompt else self.render(item.prompt)
+        text = item.prompt if item.raw_prompt else self.side.render(item.prompt)
         answer = item.answer if self.verbatim else join_answer(text, item.answer)
-        prompt_ids, answer_ids, merged = tokenize_answers(
-            self.tokenizer, [text], [answer], add_special_tokens=not self.chat_template
-        )
+        prompt_ids, answer_ids, merged = self.side.encode_answer(text, answer)
         return {
             **row,
-            "tokenized_prompt": prompt_ids[0] + answer_ids[0],
+            "tokenized_prompt": prompt_ids + answer_ids,
             "sampling_params": {
                 "max_tokens": 1,
                 "temperature": 0.0,
                 "prompt_logprobs": 1,
                 "logprobs": 1,
             },  # fmt: skip
-            "gnll_answer_start": len(prompt_ids[0]),
-            "gnll_boundary_merged": merged[0],
+            "gnll_answer_start": len(prompt_ids),
+            "gnll_boundary_merged": merged,
         }
 
     def postprocess(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +180,7 @@ class VllmScoring(_Templates):
         item = ScoredAnswer(
             text=str(row.get("answer", "")),
             token_ids=ids[start:],
-            tokens=[self.tokenizer.decode([i]) for i in ids[start:]],
+            tokens=[self.side.decode([i]) for i in ids[start:]],
             token_logprobs=values,
             is_greedy=greedy,
             greedy_stops=None if nxt is None or not len(nxt) else int(nxt[0]) in self.end_ids,
@@ -231,7 +203,7 @@ class VllmGreedy(_Templates):
     ) -> None:
         super().__init__(tokenizer, chat_template=chat_template, eos_ids=eos_ids, long=long)
         self.config = GenerationConfig.greedy(
-            max_new_tokens=max_new_tokens or (100 if long else 50)
+            max_new_tokens=max_new_tokens or DEFAULT_MAX_NEW_TOKENS[long]
         )
 
     def preprocess(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -239,11 +211,10 @@ class VllmGreedy(_Templates):
         item = self.item({"answer": "-", **row}, raw_prompt=False)
         if isinstance(item, str):
             return self._placeholder(row, item)
-        text = item.prompt if item.raw_prompt else self.render(item.prompt)
-        ids = self.tokenizer(text, add_special_tokens=not self.chat_template)["input_ids"]
+        text = item.prompt if item.raw_prompt else self.side.render(item.prompt)
         return {
             **row,
-            "tokenized_prompt": list(ids),
+            "tokenized_prompt": self.side.encode(text),
             "sampling_params": {
                 "max_tokens": self.config.max_new_tokens,
                 "temperature": 0.0,
@@ -290,7 +261,7 @@ class VllmGreedy(_Templates):
             e = _entry(p, i)
             if e is None:
                 raise ValueError(f"no log-prob for generated token {i}")
-            tokens.append(e.get("decoded_token") or self.tokenizer.decode([i]))
+            tokens.append(e.get("decoded_token") or self.side.decode([i]))
             values.append(float(e["logprob"]))
         text = str(row.get("generated_text") or "")
         tail = "".join(tokens)[len(text) :] if "".join(tokens).startswith(text) else ""

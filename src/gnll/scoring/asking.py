@@ -20,6 +20,7 @@ from gnll.uncertainty import span_columns
 
 if TYPE_CHECKING:
     from gnll.calibration import Calibrator
+    from gnll.semantic import Clusterer
 
 __all__ = ["AskOptionError", "AskResult", "ask", "ask_calibration", "check_ask_options"]
 
@@ -232,7 +233,7 @@ def ask(
     samples: int = 10,
     temperature: float = 1.0,
     beams: int = 5,
-    clusterer: Any = "auto",
+    clusterer: str | Clusterer = "auto",
     clusterer_args: Mapping[str, Any] | None = None,
     max_new_tokens: int | None = None,
     seed: int = 0,

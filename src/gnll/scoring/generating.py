@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnll.backends.base import ContextOverflow, Model
 from gnll.scoring.asking import ask, reasoning_columns
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
+
+if TYPE_CHECKING:
+    from gnll.semantic import Clusterer
 
 __all__ = ["AskOptions", "answer_chunk", "run_generate_job"]
 
@@ -29,12 +32,14 @@ class AskOptions:
     samples: int = 10
     temperature: float = 1.0
     beams: int = 5
-    clusterer: Any = "auto"
+    clusterer: str | Clusterer = "auto"
     clusterer_args: Mapping[str, Any] = field(default_factory=dict)
     max_new_tokens: int | None = None
     seed: int = 0
     calibration: Any = None
     logprobs: bool = False
+    #: How each question is sent (:mod:`gnll.backends.prompting`), as ``gnll ask --prompt_format``.
+    prompt_format: str = "instruction"
 
 
 def _question(row: dict[str, Any]) -> str | None:
@@ -52,10 +57,15 @@ def _question_error(row: dict[str, Any]) -> str:
     return "field 'question' is empty"
 
 
-def _output_row(line: int, row: dict[str, Any], result: Any, opts: AskOptions) -> dict[str, Any]:
+def _output_row(
+    line: int, row: dict[str, Any], result: Any, opts: AskOptions, model_name: str
+) -> dict[str, Any]:
     out = dict(row)
     out["input_line"] = line
     out["answer"] = result.answer
+    # which model answered, and under which prompt format: gnll calibrate records both
+    out["model"] = model_name
+    out["prompt_format"] = result.prompt_format
     out.update({name.replace("-", "_"): value for name, value in result.measures.items()})
     out["num_tokens"] = len(result.greedy.tokens)
     out["finish_reason"] = result.greedy.finish_reason
@@ -94,6 +104,7 @@ def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 
                 max_new_tokens=opts.max_new_tokens,
                 seed=opts.seed,
                 calibration=opts.calibration,
+                prompt_format=opts.prompt_format,
             )
         except ERRORS as exc:
             if isinstance(exc, ContextOverflow):  # this row's question, not "prompt 0"
@@ -102,7 +113,7 @@ def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 
                 text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             res.errors.append((line, f"cannot answer: {text}", row))
             continue
-        res.rows.append(_output_row(line, row, result, opts))
+        res.rows.append(_output_row(line, row, result, opts, model.name))
     return res
 
 

@@ -119,7 +119,7 @@ def check_columns(path: str, fmt: str, required: tuple[tuple[str, ...], ...]) ->
 
     >>> import pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.csv"
-    >>> _ = p.write_text("id,question\n1,Who?\n")
+    >>> _ = p.write_text("id,question\\n1,Who?\\n")
     >>> check_columns(str(p), "csv", SCORE_COLUMNS)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ValueError: .../a.csv has no 'answer' column (its columns: id, question), which every row needs

@@ -121,10 +121,9 @@ class LLMEntailmentClusterer(PairwiseClusterer):
         return labels
 
     def info(self) -> dict[str, Any]:
-        model_info = self.model.info() if hasattr(self.model, "info") else {}
         return {
             **super().info(),
-            "model": getattr(self.model, "name", None) or model_info.get("name"),
+            "model": self.model.name or self.model.info().get("name"),
             "prompt": "farquhar2024-entailment",
             "max_new_tokens": self.config.max_new_tokens,
         }

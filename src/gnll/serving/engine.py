@@ -476,7 +476,10 @@ class BatchingEngine:
                 if entry.watches is not None:
                     gens = entry.decided(i, gens)
                 entry.outputs[i], entry.left = gens, entry.left - 1
-                entry.tops[i] = decoder.top_logprobs.pop((jid, i), None)
+                tops = decoder.top_logprobs.pop((jid, i), None)
+                if tops is not None:  # one list per answer token (a decided answer is cut)
+                    tops = [alts[: len(g.token_ids)] for alts, g in zip(tops, gens, strict=True)]
+                entry.tops[i] = tops
                 if entry.left == 0:
                     if entry.job.top_k:
                         entry.job.tops = entry.tops

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gnll._util import jsonable
+from gnll._util.runfiles import RESULTS
 from gnll.simulation.distributions import (
     LeafPool,
     PrefixTreeDistribution,
@@ -60,7 +61,9 @@ from gnll.simulation.theory import (
 
 __all__ = [
     "StudyConfig",
+    "clear_leaf_pools",
     "estimator_name",
+    "leaf_pool",
     "run_study",
     "setting_key",
     "simulate_distributions",
@@ -233,7 +236,8 @@ def _rng(seed: int, *key: int) -> np.random.Generator:
 _LEAF_POOLS: dict[tuple[int, int, int, int], LeafPool] = {}
 
 
-def _leaf_pool(config: StudyConfig, vocab_size: int, length: int) -> LeafPool | None:
+def leaf_pool(config: StudyConfig, vocab_size: int, length: int) -> LeafPool | None:
+    """The setting's shared leaf pool (built on first use and kept), or ``None`` without one."""
     if not config.uses_pool(vocab_size, length):
         return None
     key = (config.seed, vocab_size, length, config.leaf_pool_size)
@@ -243,9 +247,14 @@ def _leaf_pool(config: StudyConfig, vocab_size: int, length: int) -> LeafPool | 
     return _LEAF_POOLS[key]
 
 
+def clear_leaf_pools() -> None:
+    """Drop the cached leaf pools (after a setting: each is large)."""
+    _LEAF_POOLS.clear()
+
+
 def _tree(config: StudyConfig, vocab_size: int, length: int, index: int) -> PrefixTreeDistribution:
     rng = _rng(config.seed, _STREAM_TREE, vocab_size, length, index)
-    pool = _leaf_pool(config, vocab_size, length)
+    pool = leaf_pool(config, vocab_size, length)
     # Unpooled trees with >= 10**7 stored floats keep their levels in float32 (memory); reads are
     # float64, and exact values and estimators read the same stored numbers.
     dtype = np.float32 if pool is None and vocab_size**length >= 10**7 else np.float64
@@ -506,7 +515,7 @@ def run_study(
     for v, t in config.settings():
         key = setting_key(v, t)
         ts = time.perf_counter()
-        pool = _leaf_pool(config, v, t)
+        pool = leaf_pool(config, v, t)
         if pool is not None:  # warm the pooled per-row caches before forking workers
             tree0 = _tree(config, v, t, 0)
             exact_values(tree0)
@@ -543,7 +552,7 @@ def run_study(
             **res,
             "seconds": time.perf_counter() - ts,
         }
-        _LEAF_POOLS.clear()
+        clear_leaf_pools()
     results: dict[str, Any] = {
         "format_version": 1,
         "config": config.to_dict(),
@@ -564,6 +573,6 @@ def write_results(results: dict[str, Any], output_path: str | Path) -> Path:
     """Write ``results.json`` into directory ``output_path`` (created if needed); return it."""
     out = Path(output_path)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "results.json"
+    path = out / RESULTS
     path.write_text(json.dumps(jsonable(results, nan="none"), indent=1, allow_nan=False))
     return path

@@ -48,6 +48,7 @@ from gnll.backends.hf.planning import (
     pack_batches,
     prefill_groups,
 )
+from gnll.backends.hf.tokenizer_side import tokenizer_side
 from gnll.backends.identity import local_identity
 from gnll.backends.registry import register_backend
 
@@ -64,7 +65,12 @@ __all__ = [
 ]
 
 
-@register_backend("hf", targets=(HFModel.from_pretrained, HFModel), identity=local_identity)
+@register_backend(
+    "hf",
+    targets=(HFModel.from_pretrained, HFModel),
+    identity=local_identity,
+    tokenizer_side=tokenizer_side,
+)
 def load_hf(name: str, *, progress: bool = True, **model_args: Any) -> HFModel:
     """An embedded model (converted and cached on first use), a hub id or a local checkpoint."""
     from gnll.backends.embedded import EMBEDDED_MODELS, embedded_model_dir, loading_status

@@ -243,6 +243,11 @@ class HFModel(Model):
         """The text of ``token_ids`` (the tokenizer's ``decode``)."""
         return self.tokenizer.decode(token_ids)
 
+    @property
+    def eos_ids(self) -> set[int]:
+        """The token ids that end a generation (the tokenizer's EOS and the generation config's)."""
+        return set(self._eos_ids)
+
     @cached_property
     def _eos_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}

@@ -177,9 +177,7 @@ def _embedded_example(dataset: str, row: Row) -> Example:
     if not isinstance(record, dict):
         raise DataError(f"{row.where}: field 'record' must be an object")
     ex = _EXAMPLE_OF[dataset](Row(row.where, record))
-    return replace(
-        ex, id=id_field(row, "id"), extra={**ex.extra, "pool": pool, "pool_rank": rank}
-    )
+    return replace(ex, id=id_field(row, "id"), extra={**ex.extra, "pool": pool, "pool_rank": rank})
 
 
 def _load_embedded(dataset: str, spec: DatasetSpec) -> tuple[list[Example], dict[str, Any]]:

@@ -22,7 +22,8 @@ runs (models) into one figure, as the paper's Fig. 2 averages its models.
 Example
 -------
 ``python scripts/fig2_ablation.py --model smollm2-135m-instruct --limit 100`` writes
-``docs/img/fig2_ablation.png`` and its ``.json``.
+``runs/fig2/ablation.png`` and its ``.json``; docs/evaluation.md has the commands of the committed
+figure (both embedded models, baselines, averaged).
 """
 
 from __future__ import annotations

@@ -39,8 +39,11 @@ def next_token_distributions(
     import torch
 
     from gnll.backends.base import GenerationConfig
+    from gnll.backends.hf import HFModel
 
-    if not hasattr(model, "model") or not hasattr(model, "encode"):
+    # The figure needs the whole next-token distribution, which only the hf backend's forward
+    # pass gives: it takes an HFModel (and uses its declared attributes), not any Model.
+    if not isinstance(model, HFModel):
         raise TypeError("next-token distributions need an hf-backend model (transformers weights)")
     gens = model.generate(list(prompts), GenerationConfig.greedy(max_new_tokens=max_new_tokens))
     out = []

@@ -15,12 +15,13 @@ from __future__ import annotations
 import platform
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
 from gnll._util import jsonable, read_json
-from gnll._util.runfiles import iter_samples
+from gnll._util.runfiles import RunDir, iter_samples
 from gnll.evaluation.results.correctness import agreement, f1_rule_disagreements, judge_index
 from gnll.evaluation.results.groups import (
     PAPER_AVERAGE_ROWS,
@@ -32,6 +33,7 @@ from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measu
 
 __all__ = [
     "SCHEMA",
+    "ReportOptions",
     "averaged_significance",
     "build_results",
     "load_results",
@@ -92,7 +94,7 @@ def _strata(
 def read_strata(run_dir: str | Path) -> dict[tuple[str, str], tuple[list[float], dict]] | None:
     """The per-question data of a finished run (from its ``samples.jsonl``), or ``None`` if absent."""
     run_dir = Path(run_dir)
-    samples = run_dir / "samples.jsonl"
+    samples = RunDir(run_dir).samples
     if not samples.exists():
         return None
     res = load_results(run_dir)
@@ -138,10 +140,38 @@ def averaged_significance(
     return out
 
 
+@dataclass(frozen=True)
+class ReportOptions:
+    """What :func:`build_results` needs of a run's configuration (the results wing does not import
+    the run wing: the runner builds this from its ``EvalConfig``).
+
+    Attributes
+    ----------
+    model:
+        The evaluated model's name.
+    config:
+        The configuration as recorded in results (``EvalConfig.public()``).
+    n_boot, seed:
+        Bootstrap resamples and seed of the standard errors and significance tests.
+    f1_rule:
+        The F1 correctness rule (``gt`` or ``ge``).
+    """
+
+    model: str
+    config: dict[str, Any]
+    n_boot: int
+    seed: int
+    f1_rule: str = "gt"
+
+
 def build_results(
-    samples_path: str | Path, config: Any, task_meta: dict[str, Any], components: dict[str, Any]
+    samples_path: str | Path,
+    options: ReportOptions,
+    task_meta: dict[str, Any],
+    components: dict[str, Any],
 ) -> dict[str, Any]:
     """Compute ``results.json`` from ``samples.jsonl`` (read once, keeping scores per question)."""
+    config = options
     rows = read_rows(samples_path)
     strata = _strata(rows, task_meta)
     tasks_out: dict[str, Any] = {}
@@ -171,7 +201,7 @@ def build_results(
         extra: dict[str, Any] = {}
         if "f1" in meta["correctness"]:
             extra["f1_rule"] = {
-                "rule": getattr(config, "f1_rule", "gt"),
+                "rule": config.f1_rule,
                 "disagreements": f1_rule_disagreements([r["verdicts"]["f1"] for r in trs]),
                 "n": len(trs),
             }
@@ -183,7 +213,7 @@ def build_results(
     results = {
         "schema": SCHEMA,
         "model": config.model,
-        "config": config.public(),
+        "config": config.config,
         "components": components,
         "versions": versions(),
         "tasks": tasks_out,
@@ -196,10 +226,10 @@ def load_results(path: str | Path) -> dict[str, Any]:
     """Read ``results.json`` from a run directory (or the file itself)."""
     p = Path(path)
     if p.is_dir():
-        p = p / "results.json"
+        p = RunDir(p).results
     if not p.exists():
         raise FileNotFoundError(
-            f"{p} not found: is {path} the --output_path of a finished `gnll eval` run?"
+            f"{p} not found: is {path} the --output of a finished `gnll eval` run?"
         )
     data = read_json(p)
     if data.get("schema") != SCHEMA:

@@ -1,8 +1,8 @@
 """Paper presets: the model grids, judge and settings of the paper's tables, by name.
 
-``gnll eval --preset paper-table1 --output_path runs/paper`` runs the paper's Table 1 grid (six
+``gnll eval --preset paper-table1 --output runs/paper`` runs the paper's Table 1 grid (six
 models x six tasks, F1 and LLM-as-a-judge correctness) on a GPU machine, one run directory per model
-under ``--output_path``, then writes the merged ``table.md`` there. Any option given on the command
+under ``--output``, then writes the merged ``table.md`` there. Any option given on the command
 line overrides the preset's value: ``--model`` (comma-separated) replaces the model list, ``--judge``
 the judge, ``--limit`` caps every task, ``--model_args backend=openai,base_url=...`` points at a vLLM
 server.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnll._util.runfiles import RunDir
 from gnll.semantic.nli import REFERENCE_NLI_MODEL
 
 __all__ = [
@@ -193,6 +194,6 @@ def run_preset(configs: Sequence[Any], output_path: str | Path) -> str:
     strata = [read_strata(cfg.output_path) for cfg in configs]
     labels = [Path(cfg.output_path).name for cfg in configs]
     text = render_table(results, averaged_significance(results, strata), run_labels=labels)
-    out = Path(output_path) / "table.md"
+    out = RunDir(output_path).table
     out.write_text(text, encoding="utf-8")
     return str(out)

@@ -30,6 +30,8 @@ from pathlib import Path, PurePosixPath
 
 from filelock import FileLock, Timeout
 
+from gnll._util.runfiles import RunDir
+
 __all__ = [
     "ForeignFilesError",
     "RunDirectoryBusyError",
@@ -43,18 +45,7 @@ OWNER_NAME = ".gnll.owner"
 
 #: Paths (relative to the run directory, ``/``-separated) of every file an evaluation writes.
 #: Temporary files of the atomic writer (``.<name>.<random>.tmp``) count as gnll's too.
-OWN_FILES = (
-    "run.json",
-    "components.json",
-    "samples.jsonl",
-    "results.json",
-    "table.md",
-    "timings.json",
-    "tasks/*/fingerprint.json",
-    "tasks/*/*.json",
-    "tasks/*/cache/*.jsonl",
-    "plots/*.png",
-)
+OWN_FILES = RunDir.own_files()
 
 
 class RunDirectoryBusyError(RuntimeError):
@@ -79,7 +70,7 @@ class RunLock:
         except Timeout:
             raise RunDirectoryBusyError(
                 f"{self.out} is in use by another gnll run ({self._owner()}); wait for it to "
-                "finish, or give this run another --output_path"
+                "finish, or give this run another --output"
             ) from None
         owner = f"pid {os.getpid()} on {socket.gethostname()}, started {time.strftime('%H:%M:%S')}"
         (self.out / OWNER_NAME).write_text(owner + "\n", encoding="utf-8")
@@ -106,9 +97,9 @@ class RunLock:
 def written_by_gnll(rel: str) -> bool:
     """Whether the file at ``rel`` (relative to a run directory) is one gnll writes.
 
-    >>> [written_by_gnll(p) for p in ("results.json", "tasks/x/cache/greedy-ab.jsonl",
+    >>> [written_by_gnll(p) for p in ("table.md", "tasks/x/cache/greedy-ab.jsonl",
     ...                                "plots/roc.png", "plots/notes.txt", "tasks/x/my.csv",
-    ...                                ".results.json.k3j_x.tmp", ".notes.abc.tmp")]
+    ...                                ".table.md.k3j_x.tmp", ".notes.abc.tmp")]
     [True, True, True, False, False, True, False]
     """
     path = PurePosixPath(rel)
@@ -143,7 +134,7 @@ def clear_previous_run(out: str | Path, entries: tuple[str, ...]) -> list[str]:
         )
         raise ForeignFilesError(
             f"{out} holds files gnll did not write ({shown}); nothing was deleted. Move them "
-            "away, continue the earlier run with --resume, or choose another --output_path"
+            "away, continue the earlier run with --resume, or choose another --output"
         )
     for entry in present:
         p = out / entry

@@ -2,9 +2,11 @@
 
 :class:`Evaluator` runs an :class:`~gnll.evaluation.run.config.EvalConfig`. Work is done in chunks of
 questions (one ``Model.generate`` call per chunk and stage, so the backend can batch and
-length-sort many prompts); each stage (:mod:`~gnll.evaluation.run.stages`) appends its output to its own
-flushed JSONL cache as soon as a chunk finishes, so an interrupted run continues with
-``resume=True`` and recomputes nothing that reached the disk. Each task's fingerprint (model,
+length-sort many prompts). A stage (:mod:`~gnll.evaluation.run.stages`) describes a chunk's work
+(:class:`~gnll.evaluation.run.stages.Work`); a chunk mapper computes it (``map_works``: here, one
+after another, by default; on Ray replicas with :mod:`gnll.distributed.evaluation`) and the stage
+appends the records to its own flushed JSONL cache as soon as a chunk's arrive, so an interrupted
+run continues with ``resume=True`` and recomputes nothing that reached the disk. Each task's fingerprint (model,
 prompt, data, split; :mod:`~gnll.evaluation.run.store`) is checked on resume and a mismatch stops the
 run with a message instead of mixing runs.
 
@@ -12,12 +14,7 @@ The sampling temperature is chosen on the held-out pool (:mod:`~gnll.evaluation.
 the end, ``samples.jsonl`` is assembled from the caches in one streaming pass
 (:mod:`~gnll.evaluation.run.assemble`), and results, tables and plots are computed from it.
 
-Example
--------
->>> cfg = EvalConfig(model="smollm2-135m-instruct", tasks=["svamp_short"], output_path="runs/x",
-...                  measures=["g-nll"], limit=20)
->>> cfg.needs_samples, cfg.needs_beams
-(False, False)
+(The configuration's example is in :mod:`~gnll.evaluation.run.config`.)
 """
 
 from __future__ import annotations
@@ -25,24 +22,25 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
 from gnll._util import jsonable, progress_enabled
+from gnll._util.runfiles import RunDir
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.identity import model_identity
 from gnll.evaluation.data.tasks import get_task
-from gnll.evaluation.results.correctness import judge_metric
 from gnll.evaluation.results.portable import without_local_paths
 from gnll.evaluation.run.assemble import assemble_record
 from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.run.config import TEMPERATURES, EvalConfig
 from gnll.evaluation.run.progress import SplitProgress, stage_weights
 from gnll.evaluation.run.rundir import RunLock
-from gnll.evaluation.run.stages import Chunk, TaskStages
+from gnll.evaluation.run.stages import Chunk, PromptsFailed, Stage, StageResult, TaskStages, Work
 from gnll.evaluation.run.store import (
     FingerprintMismatchError,
     TaskRun,
@@ -56,6 +54,9 @@ from gnll.evaluation.run.temperature import (
     heldout_size,
 )
 
+if TYPE_CHECKING:
+    from gnll.semantic import Clusterer
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -63,8 +64,13 @@ __all__ = [
     "EvalConfig",
     "Evaluator",
     "FingerprintMismatchError",
+    "WorkMapper",
     "run_evaluation",
 ]
+
+#: Computes the works of a stage (one per chunk) and yields their results in the same order: the
+#: local engine is ``map`` in this process; :mod:`gnll.distributed.evaluation` maps on replicas.
+WorkMapper = Callable[[Sequence[Work]], Iterable[StageResult]]
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,11 @@ class Evaluator:
 
     ``model``, ``judge`` and ``clusterer`` may be passed in (already loaded, or fakes in tests);
     otherwise they are loaded on first use, so a run whose every stage is cached loads nothing.
+
+    ``map_works`` computes the works of a stage, one per chunk, in order (default: one after
+    another in this process, with this evaluator's components); ``chunks_per_wave`` is how many
+    chunks go through a stage together (``None``: a whole split, for a mapper that computes them
+    in parallel). Either way the caches, ``samples.jsonl`` and ``results.json`` are the same.
     """
 
     def __init__(
@@ -100,10 +111,13 @@ class Evaluator:
         *,
         model: Model | None = None,
         judge: Model | Sequence[Model] | None = None,
-        clusterer: Any = None,
+        clusterer: Clusterer | None = None,
+        map_works: WorkMapper | None = None,
+        chunks_per_wave: int | None = 1,
     ) -> None:
         self.config = config
         self.out = Path(config.output_path)
+        self.files = RunDir(self.out)
         self._model = model
         if model is not None:
             self._check_capabilities(model)
@@ -117,17 +131,20 @@ class Evaluator:
         self.timer = _Timer()
         self._noted: set[str] = set()
         self._progress: SplitProgress | None = None
+        #: Whether the stages' work is computed in this process (no mapper given).
+        self.computes_here = map_works is None
+        self.map_works: WorkMapper = map_works or partial(map, self.compute)
+        self.chunks_per_wave = chunks_per_wave
 
     # ------------------------------------------------------------------ lazily loaded components
     @property
     def model(self) -> Model:
         if self._model is None:
             self._model = self._load_model()
-        self._note_component("model", self._model)
         return self._model
 
     def _load_model(self) -> Model:
-        """The evaluated model, loaded and checked (the Ray engine's is a handle on replicas)."""
+        """The evaluated model, loaded and checked."""
         from gnll.backends import load_model
 
         logger.info("loading model %s", self.config.model)
@@ -161,11 +178,10 @@ class Evaluator:
                 args = cfg.judge_args_for(index)
                 self._judges[index] = load_model(name, progress=cfg.progress, **args)
                 self.timer.add("load_judge", time.perf_counter() - t)
-        self._note_component(judge_metric(index), self._judges[index])
         return self._judges[index]
 
     @property
-    def clusterer(self) -> Any:
+    def clusterer(self) -> Clusterer:
         if self._clusterer is None:
             from gnll.semantic import AUTO_NAMES, load_clusterer, takes_option
 
@@ -185,22 +201,21 @@ class Evaluator:
                     relation = None
             self._clusterer = load_clusterer(name, relation=relation, **self.config.clusterer_args)
             self.timer.add("load_clusterer", time.perf_counter() - t)
-        self._note_component("clusterer", self._clusterer)
         return self._clusterer
 
-    def _note_component(self, kind: str, obj: Any) -> None:
-        """Persist ``obj.info()`` the first time a component is used (survives interruptions)."""
-        if kind in self._noted or not hasattr(obj, "info"):
+    def _note_component(self, kind: str, info: dict[str, Any]) -> None:
+        """Persist a component's ``info()`` the first time it is used (survives interruptions)."""
+        if kind in self._noted:
             return
         self._noted.add(kind)
-        path = self.out / "components.json"
-        info = json.loads(path.read_text()) if path.exists() else {}
-        info[kind] = jsonable(obj.info(), nan="keep")
-        write_json_atomic(path, info)
+        path = self.files.components
+        known = json.loads(path.read_text()) if path.exists() else {}
+        known[kind] = jsonable(info, nan="keep")
+        write_json_atomic(path, known)
 
     def _resolve_clusterer_name(self) -> str:
         if self._clusterer is not None:
-            info = self._clusterer.info() if hasattr(self._clusterer, "info") else {}
+            info = self._clusterer.info()
             return str(info.get("clusterer", info.get("name", type(self._clusterer).__name__)))
         name = self.config.clusterer
         if self.config.needs_clusters:
@@ -235,6 +250,10 @@ class Evaluator:
             self._identity = model_identity(self.config.model, self.config.model_args)
         return self._identity
 
+    def compute(self, work: Work) -> StageResult:
+        """``work`` computed with this evaluator's components (the local chunk mapper's step)."""
+        return work.run(self)
+
     # ------------------------------------------------------------------ running a split
     def _run_split(
         self,
@@ -254,6 +273,16 @@ class Evaluator:
         cfg = self.config
         examples = stages.run.data.split(split, n)
         cs = cfg.chunk_size
+        chunks = [
+            Chunk(
+                stages.run,
+                split,
+                start // cs,
+                examples[start : start + cs],
+                [(split, start + i) for i in range(len(examples[start : start + cs]))],
+            )
+            for start in range(0, len(examples), cs)
+        ]
         bar = tqdm(
             total=len(examples),
             desc=f"{stages.run.name} [{what or split}]",
@@ -266,23 +295,38 @@ class Evaluator:
         )
         # The bar moves as the backend finishes prompts (SplitProgress), not once per chunk.
         progress = self._progress = SplitProgress(bar, stage_weights(cfg.beams, cfg.samples))
-        labels = stages.plan(temperatures, metrics, beams=beams)
+        steps = stages.steps(temperatures, metrics, beams=beams)
+        wave = self.chunks_per_wave or max(1, len(chunks))
         try:
-            for start in range(0, len(examples), cs):
-                part = examples[start : start + cs]
-                chunk = Chunk(
-                    stages.run,
-                    split,
-                    start // cs,
-                    part,
-                    [(split, start + i) for i in range(len(part))],
-                )
-                progress.start_chunk(len(part), labels)
-                stages.run_chunk(chunk, temperatures, metrics, beams=beams, status=progress.stage)
+            for w in range(0, len(chunks), wave):
+                part = chunks[w : w + wave]
+                progress.start_chunk(sum(len(c.keys) for c in part), [lb for lb, _ in steps])
+                for label, stage in steps:
+                    progress.stage(label)
+                    self._fill(stage, part)
                 progress.end_chunk()
         finally:
             self._progress = None
             bar.close()
+
+    def _fill(self, stage: Stage, chunks: list[Chunk]) -> None:
+        """Compute and append ``stage``'s missing records of ``chunks`` (one work per chunk)."""
+        todo = [(c, t, stage.batch(c, t)) for c in chunks if (t := stage.todo(c))]
+        if todo:
+            t0 = time.perf_counter()
+            works = [stage.work(c, batch) for c, _, batch in todo]
+            failed: list[PromptsFailed] = []
+            for (chunk, missing, batch), res in zip(todo, self.map_works(works), strict=True):
+                self._note_component(res.component, res.info)
+                try:
+                    stage.append(chunk, missing, batch, res)
+                except PromptsFailed as e:  # the other chunks' records are saved first
+                    failed.append(e)
+            self.timer.add(stage.label, time.perf_counter() - t0)
+            if failed:
+                raise failed[0]
+        for chunk in chunks:
+            stage.check(chunk)
 
     # ------------------------------------------------------------------ temperature selection
     def _select_temperature(
@@ -425,7 +469,7 @@ class Evaluator:
         ]
         for td in datas:
             td.fewshot_as_multiturn = cfg.fewshot_as_multiturn
-        if self._model is None and not (cfg.resume and self.out.exists()):
+        if self._model is None and self.computes_here and not (cfg.resume and self.out.exists()):
             # A new run computes everything, so it needs the model: loaded before the run
             # directory exists, a mistyped --model leaves nothing behind. (A resumed run loads it
             # only if something is left to compute.)
@@ -439,7 +483,7 @@ class Evaluator:
             ]
             # Only now, with every fingerprint checked, may run.json describe this directory.
             write_json_atomic(
-                self.out / "run.json", {"config": cfg.public(), "output_path": str(self.out)}
+                self.files.run_json, {"config": cfg.public(), "output_path": str(self.out)}
             )
             return self._run_tasks(runs, t0)
 
@@ -452,7 +496,7 @@ class Evaluator:
         built = [
             (
                 run,
-                TaskStages(run, self, cfg, self._clusterer_name),
+                TaskStages(run, cfg, self._clusterer_name),
                 cfg.correctness_for(run.data.task),
             )
             for run in runs
@@ -490,7 +534,7 @@ class Evaluator:
 
         # Assemble samples.jsonl in one streaming pass over the caches.
         t = time.perf_counter()
-        samples_path = self.out / "samples.jsonl"
+        samples_path = self.files.samples
         # fsynced before the rename and the directory after it (atomic_file)
         with atomic_file(samples_path) as fh:
             for p in plan:
@@ -504,19 +548,26 @@ class Evaluator:
         t = time.perf_counter()
         info = self._component_info()
         # results.json is the file people share: no paths of this machine in it
-        results = without_local_paths(report.build_results(samples_path, cfg, task_meta, info))
-        write_json_atomic(self.out / "results.json", results)
-        write_text_atomic(self.out / "table.md", tables.render_table([results]))
+        options = report.ReportOptions(
+            model=cfg.model,
+            config=cfg.public(),
+            n_boot=cfg.n_boot,
+            seed=cfg.seed,
+            f1_rule=cfg.f1_rule,
+        )
+        results = without_local_paths(report.build_results(samples_path, options, task_meta, info))
+        write_json_atomic(self.files.results, results)
+        write_text_atomic(self.files.table, tables.render_table([results]))
         self.timer.add("metrics", time.perf_counter() - t)
         if cfg.plots:
             from gnll.evaluation.results import plots
 
             t = time.perf_counter()
-            plots.make_plots(samples_path, results, self.out / "plots")
+            plots.make_plots(samples_path, results, self.files.plots)
             self.timer.add("plots", time.perf_counter() - t)
         self.timer.add("total", time.perf_counter() - t0)
         write_json_atomic(
-            self.out / "timings.json",
+            self.files.timings,
             {
                 "seconds": self.timer.seconds,
                 "calls": self.timer.calls,
@@ -527,7 +578,7 @@ class Evaluator:
 
     def _component_info(self) -> dict[str, Any]:
         """Model / judge / clusterer descriptions (``components.json``, written on first use)."""
-        path = self.out / "components.json"
+        path = self.files.components
         info: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
         info.setdefault("model", {"name": self.config.model})
         for metric, name in zip(self.config.judge_metrics, self.config.judges, strict=True):

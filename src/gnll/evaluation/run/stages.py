@@ -1,10 +1,13 @@
 """The stages of a task: greedy answer, judge verdict, beams, samples and their semantic clusters.
 
 Each stage is an object with a typed cache header (what produced its results; the cache file is
-named by its hash) and a ``compute`` method that produces the records of the questions of a chunk
-that its cache does not hold yet. :meth:`Stage.fill` runs it and appends the new records, so an
-interrupted run recomputes nothing that reached the disk. Stored generations come back as
-:class:`~gnll.backends.base.Generation` objects.
+named by its hash) and two halves. :meth:`Stage.work` describes, on the driver, the computation of
+the records of a chunk's questions that its cache does not hold yet: a picklable :class:`Work`
+(prompts, generation configuration, which component) whose :meth:`Work.run` computes the records
+wherever the components are (this process, or a Ray replica). :meth:`Stage.append` then appends
+them to the cache on the driver, so an interrupted run recomputes nothing that reached the disk.
+Which engine runs the work is the runner's chunk mapper, not the stage's concern. Stored
+generations come back as :class:`~gnll.backends.base.Generation` objects.
 
 Sampling is seeded per (task, split, temperature) and, in the backend, per (prompt, sample), so a
 resumed run reproduces an uninterrupted one whatever was cut off and however it is re-chunked.
@@ -13,11 +16,10 @@ resumed run reproduces an uninterrupted one whatever was cut off and however it 
 from __future__ import annotations
 
 import json
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll._util.seeds import derive_seed, stable_hash
 from gnll.backends.base import Generation, GenerationConfig, GenerationErrors, Model
@@ -29,18 +31,25 @@ from gnll.evaluation.run.cache import JsonlCache
 from gnll.evaluation.run.config import EvalConfig
 from gnll.evaluation.run.store import TaskRun
 
+if TYPE_CHECKING:
+    from gnll.semantic import Clusterer
+
 __all__ = [
     "JUDGE_CONFIG",
     "BeamStage",
-    "PromptsFailed",
     "Chunk",
     "ClusterStage",
+    "ClusterWork",
     "Components",
+    "GenerateWork",
     "GreedyStage",
     "JudgeStage",
+    "PromptsFailed",
     "SampleStage",
     "Stage",
+    "StageResult",
     "TaskStages",
+    "Work",
 ]
 
 JUDGE_CONFIG = GenerationConfig.greedy(max_new_tokens=8, stop=("\n",))
@@ -49,8 +58,9 @@ Key = tuple[str, int]
 
 
 class Components(Protocol):
-    """What stages compute with (the :class:`~gnll.evaluation.run.runner.Evaluator` provides it;
-    components are loaded on first use, so a run whose every stage is cached loads nothing)."""
+    """What a stage's work computes with (the :class:`~gnll.evaluation.run.runner.Evaluator`
+    provides it, in the driver or in a replica; components are loaded on first use, so a run whose
+    every stage is cached loads nothing)."""
 
     @property
     def model(self) -> Model: ...
@@ -60,13 +70,99 @@ class Components(Protocol):
         ...
 
     @property
-    def clusterer(self) -> Any: ...
+    def clusterer(self) -> Clusterer: ...
 
     def generate(
         self, model: Model, prompts: list[str], config: GenerationConfig
     ) -> list[list[Generation]]: ...
 
-    def timed(self, label: str, seconds: float) -> None: ...
+
+@dataclass
+class StageResult:
+    """The records a :class:`Work` computed, and what it computed them with."""
+
+    records: list[dict[str, Any]]
+    #: Questions that failed (position in the work -> message); they have no record.
+    errors: dict[int, str]
+    #: The component used (``model``, ``judge``, ``judge2``, ..., ``clusterer``) and its ``info()``.
+    component: str
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Work(ABC):
+    """The computation of some questions' cache records: built on the driver, run anywhere."""
+
+    #: Each question's record head (its key and id): ``{"k": [...], "id": ...}``.
+    heads: list[dict[str, Any]]
+
+    @abstractmethod
+    def run(self, comps: Components) -> StageResult:
+        """The records, computed with ``comps`` (one model or clusterer call)."""
+
+
+@dataclass(frozen=True)
+class GenerateWork(Work):
+    """One ``generate`` call over the questions' prompts; each record holds the generations."""
+
+    prompts: list[str]
+    config: GenerationConfig
+    #: ``None``: the evaluated model; ``i``: the ``i``-th judge.
+    judge: int | None = None
+
+    def run(self, comps: Components) -> StageResult:
+        model = comps.model if self.judge is None else comps.judge_model(self.judge)
+        errors: dict[int, str] = {}
+        try:
+            gens: list[list[Generation] | None] = list(
+                comps.generate(model, self.prompts, self.config)
+            )
+        except GenerationErrors as exc:
+            gens, errors = list(exc.results), dict(exc.errors)
+        records = [
+            {**head, **self.data(model, prompt, g)}
+            for head, prompt, g in zip(self.heads, self.prompts, gens, strict=True)
+            if g is not None
+        ]
+        kind = "model" if self.judge is None else judge_metric(self.judge)
+        return StageResult(records, errors, kind, model.info())
+
+    def data(self, model: Model, prompt: str, gens: list[Generation]) -> dict[str, Any]:
+        """What a question's record holds besides its head."""
+        return {"gens": [g.to_dict() for g in gens]}
+
+
+@dataclass(frozen=True)
+class GreedyWork(GenerateWork):
+    """The greedy answer and the prompt exactly as the model saw it."""
+
+    def data(self, model: Model, prompt: str, gens: list[Generation]) -> dict[str, Any]:
+        return {"prompt": model.render_prompt(prompt), "gen": gens[0].to_dict()}
+
+
+@dataclass(frozen=True)
+class JudgeWork(GenerateWork):
+    """The judge's reply and the verdict read from it."""
+
+    def data(self, model: Model, prompt: str, gens: list[Generation]) -> dict[str, Any]:
+        return {"reply": gens[0].text, "verdict": judge_verdict(gens[0].text).detail}
+
+
+@dataclass(frozen=True)
+class ClusterWork(Work):
+    """One ``cluster_many`` call over the questions' sampled answers."""
+
+    questions: list[str]
+    answers: list[list[str]]
+
+    def run(self, comps: Components) -> StageResult:
+        clusterer = comps.clusterer
+        ids = clusterer.cluster_many(self.questions, self.answers)
+        records = [
+            {**head, "cluster_ids": [int(c) for c in cid]}
+            for head, cid in zip(self.heads, ids, strict=True)
+        ]
+        return StageResult(records, {}, "clusterer", clusterer.info())
 
 
 @dataclass
@@ -102,75 +198,68 @@ class PromptsFailed(ValueError):
 
 
 class Stage(ABC):
-    """One cached step of the pipeline."""
+    """One cached step of the pipeline: :meth:`work` (driver) -> :meth:`Work.run` (anywhere) ->
+    :meth:`append` (driver)."""
 
     #: Timer and progress label.
     label: str
 
-    def __init__(self, run: TaskRun, comps: Components, file: str, header: dict[str, Any]):
-        self.run, self.comps, self.header = run, comps, header
+    def __init__(self, run: TaskRun, file: str, header: dict[str, Any]):
+        self.run, self.header = run, header
         self.cache: JsonlCache = run.cache(file, header)
 
+    def todo(self, chunk: Chunk) -> list[int]:
+        """The questions of ``chunk`` (indices) its cache does not hold yet."""
+        return [i for i, k in enumerate(chunk.keys) if not self.cache.has(k)]
+
+    def batch(self, chunk: Chunk, todo: list[int]) -> list[int]:
+        """The questions to compute for ``todo``. A chunk partly on disk because a kill tore its
+        append is computed whole again, in one call as the uninterrupted run did, so that even
+        batch-dependent float rounding is the same (only the missing records are appended: the
+        resumed run is byte-identical). A chunk partly on disk from whole appends (an earlier run
+        with a smaller ``--limit``, or another ``--chunk_size``) keeps them: only its missing
+        questions are computed."""
+        torn = len(todo) < len(chunk.keys) and self.cache.may_be_torn(chunk.keys)
+        return list(range(len(chunk.keys))) if torn else todo
+
     @abstractmethod
-    def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
-        """Cache records of the questions ``todo`` (indices into ``chunk``)."""
+    def work(self, chunk: Chunk, batch: list[int]) -> Work:
+        """The computation of the records of questions ``batch`` (indices into ``chunk``)."""
 
-    def fill(self, chunk: Chunk) -> list[dict[str, Any]]:
-        """Records of every question of ``chunk``; missing ones are computed and appended."""
-        todo = [i for i, k in enumerate(chunk.keys) if not self.cache.has(k)]
-        if todo:
-            t = time.perf_counter()
-            self._failed: dict[int, str] = {}
-            # A chunk partly on disk because a kill tore its append: recompute all of it, in one
-            # call as the uninterrupted run did, so that even batch-dependent float rounding is
-            # the same, and append only the missing records: the resumed run is byte-identical.
-            # A chunk partly on disk from whole appends (an earlier run with a smaller --limit,
-            # or another --chunk_size) keeps them: only its missing questions are computed.
-            # (Questions that failed are simply absent from the records; see _generate.)
-            torn = len(todo) < len(chunk.keys) and self.cache.may_be_torn(chunk.keys)
-            batch = list(range(len(chunk.keys))) if torn else todo
-            missing = {tuple(chunk.keys[i]) for i in todo}
-            records = self.compute(chunk, batch)
-            self.cache.append([r for r in records if (r["k"][0], int(r["k"][1])) in missing])
-            self._failed = {i: msg for i, msg in self._failed.items() if i in set(todo)}
-            self.comps.timed(self.label, time.perf_counter() - t)
-            if self._failed:
-                self._report_failures(chunk)
-        return self.cache.get_many(chunk.keys)
+    def append(self, chunk: Chunk, todo: list[int], batch: list[int], result: StageResult) -> None:
+        """Append ``result``'s records of the questions ``todo``; failures (absent from the
+        records) are listed in ``failures.jsonl`` and raised as :class:`PromptsFailed` after the
+        others are saved."""
+        missing = {tuple(chunk.keys[i]) for i in todo}
+        self.cache.append([r for r in result.records if (r["k"][0], int(r["k"][1])) in missing])
+        failed = {batch[j]: msg for j, msg in result.errors.items() if batch[j] in set(todo)}
+        if failed:
+            raise self._report_failures(chunk, failed)
 
-    def _generate(
-        self, model: Model, todo: list[int], prompts: list[str], config: GenerationConfig
-    ) -> list[tuple[int, list[Generation]]]:
-        """``(question, generations)`` of the prompts that did not fail; failures are noted."""
-        try:
-            gens: list[list[Generation] | None] = list(self.comps.generate(model, prompts, config))
-        except GenerationErrors as exc:
-            gens = exc.results
-            self._failed.update({todo[j]: msg for j, msg in exc.errors.items()})
-        return [(i, g) for i, g in zip(todo, gens, strict=True) if g is not None]
+    def check(self, chunk: Chunk) -> None:
+        """Check the chunk's stored records against the data (after it is filled)."""
+        return None  # most stages store nothing to check against the data
 
-    def _report_failures(self, chunk: Chunk) -> None:
+    def _report_failures(self, chunk: Chunk, failed: dict[int, str]) -> PromptsFailed:
         path = self.cache.path.parent / "failures.jsonl"
         with path.open("a", encoding="utf-8") as fh:
-            for i, msg in sorted(self._failed.items()):
+            for i, msg in sorted(failed.items()):
                 fh.write(json.dumps({**chunk.record(i, stage=self.label), "error": msg}) + "\n")
-        first = min(self._failed)
-        raise PromptsFailed(
-            f"{len(self._failed)} question(s) failed at the {self.label} stage of "
-            f"{self.run.name} (first: id {chunk.examples[first].id}: {self._failed[first]}); "
+        first = min(failed)
+        return PromptsFailed(
+            f"{len(failed)} question(s) failed at the {self.label} stage of "
+            f"{self.run.name} (first: id {chunk.examples[first].id}: {failed[first]}); "
             f"the others are saved, the failures listed in {path}: fix the cause and rerun "
             "with --resume to retry them"
         )
 
-    def _generate_all(
-        self, chunk: Chunk, todo: list[int], config: GenerationConfig
-    ) -> list[dict[str, Any]]:
-        done = self._generate(self.comps.model, todo, [chunk.prompts[i] for i in todo], config)
-        return [chunk.record(i, gens=[g.to_dict() for g in gs]) for i, gs in done]
-
     def generations(self, key: Key) -> list[Generation]:
         """The stored generations of question ``key``."""
         return [Generation.from_dict(g) for g in self.cache.get(key)["gens"]]
+
+
+def _heads(chunk: Chunk, batch: list[int]) -> list[dict[str, Any]]:
+    return [chunk.record(i) for i in batch]
 
 
 class GreedyStage(Stage):
@@ -178,7 +267,7 @@ class GreedyStage(Stage):
 
     label = "greedy"
 
-    def __init__(self, run: TaskRun, comps: Components):
+    def __init__(self, run: TaskRun):
         self.config = GenerationConfig.greedy(
             max_new_tokens=run.data.task.max_new_tokens, seed=None
         )
@@ -187,24 +276,18 @@ class GreedyStage(Stage):
             "stage": "greedy",
             "generation": self.config.to_dict(),
         }
-        super().__init__(run, comps, "greedy", header)
+        super().__init__(run, "greedy", header)
 
-    def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
-        model = self.comps.model
-        done = self._generate(model, todo, [chunk.prompts[i] for i in todo], self.config)
-        return [
-            chunk.record(i, prompt=model.render_prompt(chunk.prompts[i]), gen=g[0].to_dict())
-            for i, g in done
-        ]
+    def work(self, chunk: Chunk, batch: list[int]) -> Work:
+        prompts = [chunk.prompts[i] for i in batch]
+        return GreedyWork(_heads(chunk, batch), prompts, self.config)
 
-    def fill(self, chunk: Chunk) -> list[dict[str, Any]]:
-        records = super().fill(chunk)
-        for ex, r in zip(chunk.examples, records, strict=True):
+    def check(self, chunk: Chunk) -> None:
+        for ex, r in zip(chunk.examples, self.cache.get_many(chunk.keys), strict=True):
             if r["id"] != ex.id:
                 raise RuntimeError(
                     f"cache {self.cache.path} is out of step with the data (id {r['id']})"
                 )
-        return records
 
     def answer(self, key: Key) -> Generation:
         return Generation.from_dict(self.cache.get(key)["gen"])
@@ -219,9 +302,7 @@ class JudgeStage(Stage):
 
     label = "judge"
 
-    def __init__(
-        self, run: TaskRun, comps: Components, greedy: Any, cfg: EvalConfig, index: int = 0
-    ):
+    def __init__(self, run: TaskRun, greedy: Any, cfg: EvalConfig, index: int = 0):
         # ``greedy``: the stage whose ``answer(key)`` is judged (the top beam for --reference beam)
         self.greedy, self.index = greedy, index
         self.metric = judge_metric(index)
@@ -240,9 +321,9 @@ class JudgeStage(Stage):
                 judge_prompt("Q?", ["A", "B"], "P") + judge_prompt("Q?", ["A"], "P")
             ),
         }
-        super().__init__(run, comps, self.metric, header)
+        super().__init__(run, self.metric, header)
 
-    def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
+    def work(self, chunk: Chunk, batch: list[int]) -> Work:
         task = self.run.data.task
         prompts = [
             judge_prompt(
@@ -250,13 +331,9 @@ class JudgeStage(Stage):
                 chunk.examples[i].answers,
                 self.greedy.answer(chunk.keys[i]).text,
             )
-            for i in todo
+            for i in batch
         ]
-        replies = self._generate(self.comps.judge_model(self.index), todo, prompts, JUDGE_CONFIG)
-        return [
-            chunk.record(i, reply=r[0].text, verdict=judge_verdict(r[0].text).detail)
-            for i, r in replies
-        ]
+        return JudgeWork(_heads(chunk, batch), prompts, JUDGE_CONFIG, judge=self.index)
 
     def reply(self, key: Key) -> str:
         return self.cache.get(key)["reply"]
@@ -267,7 +344,7 @@ class BeamStage(Stage):
 
     label = "beams"
 
-    def __init__(self, run: TaskRun, comps: Components, beams: int):
+    def __init__(self, run: TaskRun, beams: int):
         self.config = GenerationConfig.beam(
             beams, max_new_tokens=run.data.task.max_new_tokens, seed=None
         )
@@ -276,16 +353,16 @@ class BeamStage(Stage):
             "stage": "beams",
             "generation": self.config.to_dict(),
         }
-        super().__init__(run, comps, "beams", header)
+        super().__init__(run, "beams", header)
 
-    def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
-        return self._generate_all(chunk, todo, self.config)
+    def work(self, chunk: Chunk, batch: list[int]) -> Work:
+        return GenerateWork(_heads(chunk, batch), [chunk.prompts[i] for i in batch], self.config)
 
 
 class SampleStage(Stage):
     """N sampled answers at one temperature (PE, SE, ... and their clusters)."""
 
-    def __init__(self, run: TaskRun, comps: Components, cfg: EvalConfig, temperature: float):
+    def __init__(self, run: TaskRun, cfg: EvalConfig, temperature: float):
         self.temperature, self.seed = temperature, cfg.seed
         self.label = f"samples_t{temperature:g}"
         self.config = GenerationConfig.sample(
@@ -299,13 +376,14 @@ class SampleStage(Stage):
             "stage": "samples",
             "generation": self.config.to_dict(),
         }
-        super().__init__(run, comps, f"samples-t{temperature:g}", header)
+        super().__init__(run, f"samples-t{temperature:g}", header)
 
-    def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
+    def work(self, chunk: Chunk, batch: list[int]) -> Work:
         # Not the chunk: the backend seeds each (prompt, sample) from its identity, so a torn
         # chunk, another --chunk_size or another batch size on resume draws the same samples.
         seed = derive_seed(self.seed, self.run.name, chunk.split, self.temperature)
-        return self._generate_all(chunk, todo, self.config.replace(seed=seed))
+        config = self.config.replace(seed=seed)
+        return GenerateWork(_heads(chunk, batch), [chunk.prompts[i] for i in batch], config)
 
 
 class ClusterStage(Stage):
@@ -316,7 +394,6 @@ class ClusterStage(Stage):
     def __init__(
         self,
         run: TaskRun,
-        comps: Components,
         samples: SampleStage,
         cfg: EvalConfig,
         clusterer_name: str,
@@ -329,17 +406,13 @@ class ClusterStage(Stage):
             "clusterer_args": outcome_args(cfg.clusterer_args),
             "relation": cfg.semantic_relation,
         }
-        super().__init__(run, comps, f"clusters-t{samples.temperature:g}", header)
+        super().__init__(run, f"clusters-t{samples.temperature:g}", header)
 
-    def compute(self, chunk: Chunk, todo: list[int]) -> list[dict[str, Any]]:
+    def work(self, chunk: Chunk, batch: list[int]) -> Work:
         task = self.run.data.task
-        questions = [task.judge_question(chunk.examples[i]) for i in todo]
-        answers = [[g.text for g in self.samples.generations(chunk.keys[i])] for i in todo]
-        ids = self.comps.clusterer.cluster_many(questions, answers)
-        return [
-            chunk.record(i, cluster_ids=[int(c) for c in cid])
-            for i, cid in zip(todo, ids, strict=True)
-        ]
+        questions = [task.judge_question(chunk.examples[i]) for i in batch]
+        answers = [[g.text for g in self.samples.generations(chunk.keys[i])] for i in batch]
+        return ClusterWork(_heads(chunk, batch), questions, answers)
 
     def cluster_ids(self, key: Key) -> list[int]:
         return list(self.cache.get(key)["cluster_ids"])
@@ -361,24 +434,21 @@ class TopBeam:
 class TaskStages:
     """Every stage of one task, built once: which ones exist follows from the configuration."""
 
-    def __init__(
-        self, run: TaskRun, comps: Components, cfg: EvalConfig, clusterer_name: str
-    ) -> None:
-        self.run, self.comps, self.cfg, self.clusterer_name = run, comps, cfg, clusterer_name
-        self.greedy = GreedyStage(run, comps)
-        self.beams = BeamStage(run, comps, cfg.beams) if cfg.needs_beams else None
+    def __init__(self, run: TaskRun, cfg: EvalConfig, clusterer_name: str) -> None:
+        self.run, self.cfg, self.clusterer_name = run, cfg, clusterer_name
+        self.greedy = GreedyStage(run)
+        self.beams = BeamStage(run, cfg.beams) if cfg.needs_beams else None
         self.reference: Any = self.greedy if cfg.reference == "greedy" else TopBeam(self.beams)
         #: one stage per judge of ``--judge A,B``, by correctness metric (``judge``, ``judge2``, ...)
         self.judges = {
-            m: JudgeStage(run, comps, self.reference, cfg, i)
-            for i, m in enumerate(cfg.judge_metrics)
+            m: JudgeStage(run, self.reference, cfg, i) for i, m in enumerate(cfg.judge_metrics)
         }
         self._samples: dict[float, SampleStage] = {}
         self._clusters: dict[float, ClusterStage] = {}
 
     def samples(self, temperature: float) -> SampleStage:
         if temperature not in self._samples:
-            self._samples[temperature] = SampleStage(self.run, self.comps, self.cfg, temperature)
+            self._samples[temperature] = SampleStage(self.run, self.cfg, temperature)
         return self._samples[temperature]
 
     def clusters(self, temperature: float) -> ClusterStage | None:
@@ -387,50 +457,24 @@ class TaskStages:
             return None
         if temperature not in self._clusters:
             self._clusters[temperature] = ClusterStage(
-                self.run, self.comps, self.samples(temperature), self.cfg, self.clusterer_name
+                self.run, self.samples(temperature), self.cfg, self.clusterer_name
             )
         return self._clusters[temperature]
 
-    def plan(
+    def steps(
         self, temperatures: Sequence[float], metrics: Sequence[str], *, beams: bool
-    ) -> list[str]:
-        """The labels :meth:`run_chunk` will report, in order (for progress shares)."""
-        labels = ["greedy"]
-        labels += [st.label for m, st in self.judges.items() if m in metrics]
-        if beams and self.beams is not None:
-            labels.append("beams")
+    ) -> list[tuple[str, Stage]]:
+        """The stages a chunk needs, in pipeline order, each with its progress label."""
+        steps: list[tuple[str, Stage]] = [("greedy", self.greedy)]
+        reference_beams = self.cfg.reference == "beam" and self.beams is not None
+        if reference_beams:
+            steps.append(("beams", self.beams))  # the reference answer, before it is judged
+        steps += [(st.label, st) for m, st in self.judges.items() if m in metrics]
+        if beams and self.beams is not None and not reference_beams:
+            steps.append(("beams", self.beams))
         for temp in temperatures:
-            labels.append(f"samples T={temp:g}")
-            if self.cfg.needs_clusters:
-                labels.append(f"clusters T={temp:g}")
-        return labels
-
-    def run_chunk(
-        self,
-        chunk: Chunk,
-        temperatures: Sequence[float],
-        metrics: Sequence[str],
-        *,
-        beams: bool,
-        status: Callable[[str], None] = lambda label: None,
-    ) -> None:
-        """Fill every stage this chunk needs, in pipeline order."""
-        status("greedy")
-        self.greedy.fill(chunk)
-        if self.cfg.reference == "beam" and self.beams is not None:
-            status("beams")  # the reference answer, before it is judged
-            self.beams.fill(chunk)
-        for metric, judge in self.judges.items():
-            if metric in metrics:
-                status(judge.label)
-                judge.fill(chunk)
-        if beams and self.beams is not None:
-            status("beams")
-            self.beams.fill(chunk)
-        for temp in temperatures:
-            status(f"samples T={temp:g}")
-            self.samples(temp).fill(chunk)
+            steps.append((f"samples T={temp:g}", self.samples(temp)))
             clusters = self.clusters(temp)
             if clusters is not None:
-                status(f"clusters T={temp:g}")
-                clusters.fill(chunk)
+                steps.append((f"clusters T={temp:g}", clusters))
+        return steps

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll._util import jsonable, read_json
+from gnll._util.runfiles import RunDir
 from gnll._util.seeds import stable_hash
 from gnll.backends.identity import describe_diff, fill_unknown, outcome_args
 from gnll.evaluation.data.tasks import TaskData
@@ -35,16 +36,7 @@ __all__ = [
 # with log-likelihood 0, so it is refused instead of resumed.
 CACHE_VERSION = 4
 #: Files and folders an evaluation writes into its output directory (and clears when starting over).
-OUTPUT_ENTRIES = (
-    "run.json",
-    "components.json",
-    "tasks",
-    "samples.jsonl",
-    "results.json",
-    "table.md",
-    "plots",
-    "timings.json",
-)
+OUTPUT_ENTRIES = RunDir.ENTRIES
 
 
 class FingerprintMismatchError(RuntimeError):
@@ -59,7 +51,7 @@ def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> N
     """Create ``out``; with ``overwrite``, remove what an earlier run wrote there (and say so).
 
     An earlier run (finished or not: its caches may hold hours of work) is never deleted without
-    ``overwrite``: a mistyped ``--output_path`` must not cost a day. Only files gnll writes are
+    ``overwrite``: a mistyped ``--output`` must not cost a day. Only files gnll writes are
     removed; anything else makes it refuse before deleting anything
     (:func:`~gnll.evaluation.run.rundir.clear_previous_run`). The caller holds the directory's lock.
     """
@@ -68,10 +60,10 @@ def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> N
         return
     present = [e for e in OUTPUT_ENTRIES if (out / e).exists() or (out / e).is_symlink()]
     if present and not overwrite:
-        what = "a finished run" if (out / "results.json").exists() else "an unfinished run"
+        what = "a finished run" if RunDir(out).results.exists() else "an unfinished run"
         raise EarlierRunError(
             f"{out} holds {what} ({', '.join(present)}); nothing was deleted. Pass --resume to "
-            "continue it, --overwrite to delete it and start over, or choose another --output_path"
+            "continue it, --overwrite to delete it and start over, or choose another --output"
         )
     removed = clear_previous_run(out, OUTPUT_ENTRIES)
     if removed:
@@ -136,7 +128,7 @@ class TaskRun:
                 "configuration:\n"
                 + "\n".join(diffs)
                 + "\nThe cached generations do not belong to this run. Use a new "
-                f"--output_path, or pass --overwrite instead of --resume to delete {out}'s "
+                f"--output, or pass --overwrite instead of --resume to delete {out}'s "
                 "earlier run and start over."
             )
         # Same run; a hub commit unknown before the first download is not a change, but once

@@ -1,0 +1,161 @@
+"""DSPy: the G-NLL of one output field's value, on the ``Prediction`` (``pip install "gnll[dspy]"``).
+
+DSPy's log-probs (``dspy.LM(..., logprobs=True)``) cover the adapter's whole output: the field
+markers (``[[ ## answer ## ]]`` of the ``ChatAdapter``) or the JSON keys and punctuation (the
+``JSONAdapter``) as well as the values. :class:`FieldConfidence` runs a ``dspy.Predict`` with
+log-probs and greedy decoding and scores only the tokens of one output field's value, with
+:func:`gnll.spans.span_nlls` (the value's character range in the completion; a token straddling its
+edge counts where most of its characters are): ``prediction.g_nll`` is that field's NLL, and
+``prediction.uncertainty`` says the rest (``num_tokens``, ``p_correct`` and ``abstain`` from the
+policy, the whole completion's ``completion_nll``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from gnll.integrations.core import AnswerScorer, make_policy
+from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.spans import Segment, json_segments, span_nlls
+
+__all__ = ["FieldConfidence", "field_segment"]
+
+_MARKER = re.compile(r"\[\[ ## (\w+) ## \]\]")
+
+
+def _plain(obj: Any) -> Any:
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    dump = getattr(obj, "model_dump", None)
+    if dump is not None:
+        return dump()
+    try:
+        return {k: _plain(v) for k, v in dict(obj).items()}
+    except (TypeError, ValueError):
+        return {k: _plain(v) for k, v in vars(obj).items() if not k.startswith("_")}
+
+
+def field_segment(completion: str, field: str) -> Segment:
+    """Where ``field``'s value sits in an adapter's completion: after its ``[[ ## field ## ]]``
+    marker up to the next marker (white space trimmed), or the JSON value at ``$.field``.
+
+    >>> text = "[[ ## answer ## ]]\\nParis\\n\\n[[ ## completed ## ]]"
+    >>> s = field_segment(text, "answer"); text[s.start:s.end]
+    'Paris'
+    >>> s = field_segment('{"answer": "Paris"}', "answer"); '{"answer": "Paris"}'[s.start:s.end]
+    'Paris'
+    """
+    markers = list(_MARKER.finditer(completion))
+    for n, m in enumerate(markers):
+        if m.group(1) != field:
+            continue
+        end = markers[n + 1].start() if n + 1 < len(markers) else len(completion)
+        start = m.end()
+        while start < end and completion[start].isspace():
+            start += 1
+        while end > start and completion[end - 1].isspace():
+            end -= 1
+        return Segment(start, end, field)
+    try:
+        for seg in json_segments(completion):
+            if seg.path == f"$.{field}":
+                return seg
+    except ValueError:
+        pass
+    raise ValueError(
+        f"the completion has no {field!r} field (neither a `[[ ## {field} ## ]]` marker nor a "
+        f"JSON key): {completion[:120]!r}"
+    )
+
+
+class FieldConfidence(dspy.Module):
+    """``dspy.Predict(signature)`` whose ``Prediction`` carries the G-NLL of one output field.
+
+    Parameters
+    ----------
+    signature:
+        A DSPy signature (``"question -> answer"``) or class.
+    field:
+        The output field to score (default: the signature's last output field).
+    policy, calibration, threshold, server:
+        As :func:`gnll.integrations.langchain.with_uncertainty`; the policy decides on the field's
+        NLL (``refuse`` replaces the field's value by the refusal).
+
+    Examples
+    --------
+    With ``dspy.configure(lm=dspy.LM("openai/MODEL", api_base=URL, api_key="x"))``::
+
+        qa = FieldConfidence("question -> answer")
+        p = qa(question="What is the capital of France?")
+        p.answer, p.g_nll, p.uncertainty["p_correct"]
+    """
+
+    def __init__(
+        self,
+        signature: Any,
+        field: str | None = None,
+        *,
+        policy: AbstentionPolicy | str = "annotate",
+        calibration: str | Path | None = None,
+        threshold: float | None = None,
+        server: str = "generic",
+        top_logprobs: int = 1,
+    ) -> None:
+        super().__init__()
+        self.predict = dspy.Predict(signature)
+        outputs = list(self.predict.signature.output_fields)
+        self.field = field or outputs[-1]
+        if self.field not in outputs:
+            raise ValueError(f"{self.field!r} is not an output field of {outputs}")
+        self.scorer = AnswerScorer(
+            policy=make_policy(policy, calibration=calibration, threshold=threshold),
+            server=server,
+            prompt_format=None,  # the adapter's prompt is no gnll format
+        )
+        self.lm_kwargs = {
+            "logprobs": True,
+            "top_logprobs": max(1, top_logprobs),
+            "temperature": 0.0,
+        }
+
+    def forward(self, **kwargs: Any) -> dspy.Prediction:
+        config = {**self.lm_kwargs, **kwargs.pop("config", {})}
+        pred = self.predict(config=config, **kwargs)
+        logprobs = _plain(getattr(pred, "logprobs", None) or pred.get("logprobs"))
+        if not logprobs:
+            raise ValueError(
+                "the LM returned no log-probs: use a dspy.LM on a server that returns them "
+                "(`gnll doctor URL`)"
+            )
+        entries = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
+        completion = "".join(str(e.get("token", "")) for e in entries)
+        whole = self.scorer.score(completion, {"content": entries}, where="the DSPy completion")
+        # the answer tokens (terminator split off as gnll serve does) and their log-probs
+        tokens = [str(e.get("token", "")) for e in entries][: whole.uncertainty.num_tokens]
+        lps = [float(e["logprob"]) for e in entries][: whole.uncertainty.num_tokens]
+        seg = field_segment(completion, self.field)
+        span = span_nlls(tokens, lps, completion, [seg]).spans[0]
+        p_correct, abstain = self.scorer.policy.decide(span.nll, None)
+        pred.g_nll = span.nll
+        pred.uncertainty = {
+            "field": self.field,
+            "g_nll": span.nll,
+            "num_tokens": span.num_tokens,
+            "straddling": span.straddling,
+            "p_correct": p_correct,
+            "abstain": abstain,
+            "completion_nll": whole.uncertainty.g_nll,
+            "completion_tokens": whole.uncertainty.num_tokens,
+        }
+        if abstain and self.scorer.policy.mode == "refuse":
+            pred[self.field] = self.scorer.policy.refusal
+            pred.uncertainty["refused"] = True
+        return pred
