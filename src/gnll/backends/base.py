@@ -13,7 +13,9 @@ import numpy as np
 from gnll.backends.reasoning import ReasoningSplit
 
 Strategy = Literal["greedy", "beam", "sample"]
-FinishReason = Literal["stop", "eos", "length"]
+#: ``"decided"``: ``gnll serve`` stopped the answer at an exact early decision (its policy refuses or
+#: escalates it whatever follows), so its text is the part released by then.
+FinishReason = Literal["stop", "eos", "length", "decided"]
 
 #: Stop sequences of the paper's QA protocol: an answer ends at a newline or where the model starts the
 #: next few-shot block.
@@ -211,7 +213,8 @@ class Generation:
         unwarped logits at the chosen token, computed in float32 or better. With
         ``include_terminator=True`` the terminator's log-probs are appended.
     finish_reason:
-        ``"stop"`` (a stop sequence), ``"eos"`` (end-of-sequence token) or ``"length"`` (max_new_tokens).
+        ``"stop"`` (a stop sequence), ``"eos"`` (end-of-sequence token), ``"length"`` (max_new_tokens)
+        or ``"decided"`` (``gnll serve`` stopped it at an exact early decision).
     stop_sequence:
         Which stop sequence ended the answer, if any.
     terminator_token_ids, terminator_logprobs:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -42,13 +42,16 @@ from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
-from gnll.serving.responses import Answer, Reply
+from gnll.serving.responses import Answer, Reply, last_piece
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
 from gnll.serving.uncertainty import annotate
 from gnll.uncertainty import Uncertainty
+
+if TYPE_CHECKING:
+    from gnll.serving.metrics import Metrics
 
 #: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
 #: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
@@ -108,7 +111,7 @@ class ProxyService:
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
 
-    def attach(self, metrics: Any) -> None:
+    def attach(self, metrics: Metrics) -> None:
         """Nothing to report: the upstream batches on its own."""
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
@@ -190,7 +193,9 @@ class ProxyService:
         return list((await self._call("GET", "/models")).get("data") or [])
 
     # ------------------------------------------------------------------ upstream calls
-    async def _send(self, method: str, path: str, body: Any = None, *, stream: bool = False):
+    async def _send(
+        self, method: str, path: str, body: Any = None, *, stream: bool = False
+    ) -> httpx.Response:
         assert self.client is not None, "the proxy is not started"
         url = self.upstream + path
         try:
@@ -323,10 +328,10 @@ class ProxyService:
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
         if req.stream:  # a replay: the answer is known before its first piece is sent
-            stream = stream_chunks(
+            replayed = stream_chunks(
                 _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
             )
-            return Reply(body=data, records=records, stream=stream, prompt=prompt)
+            return Reply(body=data, records=records, stream=replayed, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
 
     async def _early_call(
@@ -424,11 +429,11 @@ class ProxyService:
                 "tokens_saved": config.max_new_tokens - rule.generated,
             },
         )
-        choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        choice.update(
+        whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
+        whole.update(
             {"message": {"role": "assistant", "content": text}} if req.is_chat else {"text": text}
         )
-        return {**base, "choices": [choice]}, answer
+        return {**base, "choices": [whole]}, answer
 
     def _answer(
         self,
@@ -540,7 +545,7 @@ class ProxyService:
                 "finish_reason": finish,
                 "uncertainty": rec.to_json(),
             }
-            c.update({"delta": {}} if chat else {"text": ""})
+            c.update(last_piece(chat))
             yield R.sse({**base, "choices": [c]})
         if usage is not None and req.include_usage:
             yield R.sse(usage)
@@ -552,7 +557,7 @@ def choice_answer(
     config: GenerationConfig,
     *,
     eos_logprob: bool,
-    decoding: str = "greedy",
+    decoding: Literal["greedy", "sampled"] = "greedy",
     where: str = "choice 0",
     reasoning: str | None = None,
     labels: list[Any] | None = None,
@@ -645,7 +650,13 @@ def _upstream_message(text: str) -> str:
 
 
 def _decorate(
-    choice: dict, rec: Uncertainty, text: str, finish: Any, *, chat: bool, keep_logprobs: bool
+    choice: dict[str, Any],
+    rec: Uncertainty,
+    text: str,
+    finish: Any,
+    *,
+    chat: bool,
+    keep_logprobs: bool,
 ) -> None:
     choice["uncertainty"] = rec.to_json()
     choice["finish_reason"] = finish
@@ -658,7 +669,7 @@ def _decorate(
         choice["logprobs"] = None
 
 
-def _as_own_body(data: dict, chat: bool) -> dict:
+def _as_own_body(data: dict[str, Any], chat: bool) -> dict[str, Any]:
     """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
     import time
 

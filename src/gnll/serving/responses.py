@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from gnll.uncertainty import Uncertainty
@@ -26,7 +26,7 @@ class Answer:
     finish_reason: str | None
     tokens: list[str]
     token_logprobs: list[float]
-    decoding: str = "greedy"
+    decoding: Literal["greedy", "sampled"] = "greedy"
     top_logprobs: list[dict[str, float]] | None = None
     completion_tokens: int | None = None
     #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
@@ -55,7 +55,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def error_body(message: str, type_: str, *, param: str | None = None, code: Any = None) -> dict:
+def error_body(
+    message: str, type_: str, *, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
     """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``).
 
     ``code`` is a string or null, as OpenAI types it: a strictly typed client (``Option<String>``)
@@ -187,6 +189,11 @@ def chat_body(
     }
 
 
-def sse(data: Any) -> str:
+def last_piece(chat: bool) -> dict[str, Any]:
+    """The empty content of a choice's last stream chunk (the one with its finish reason)."""
+    return {"delta": {}} if chat else {"text": ""}
+
+
+def sse(data: dict[str, Any] | str) -> str:
     """One server-sent event line (``[DONE]`` is sent verbatim, as OpenAI does)."""
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"

@@ -20,9 +20,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnll.serving.observers import Answered
+
+if TYPE_CHECKING:
+    from opentelemetry._logs import LoggerProvider
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["EVENT_NAME", "Emitter", "configure_provider"]
@@ -47,7 +50,7 @@ class Emitter:
         ``None``: the global one (:func:`configure_provider`).
     """
 
-    def __init__(self, logger_provider: Any = None) -> None:
+    def __init__(self, logger_provider: LoggerProvider | None = None) -> None:
         from opentelemetry import _logs
 
         provider = logger_provider or _logs.get_logger_provider()

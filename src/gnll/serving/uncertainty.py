@@ -156,11 +156,8 @@ class AbstentionPolicy:
             raise ValueError(f"{spec} calibrates {measure!r}; gnll serve needs a G-NLL calibration")
         policy = cls(calibrator=calibrator, **kwargs)
         if policy.source == "none":
-            name = (
-                f"{shipped_calibration(model or '').name} (shipped)"
-                if str(spec) == "auto"
-                else Path(spec).name
-            )
+            shipped = shipped_calibration(model or "") if str(spec) == "auto" else None
+            name = f"{shipped.name} (shipped)" if shipped is not None else Path(spec).name
             policy.source = name + _rule_text(policy)
         return policy
 
@@ -338,7 +335,7 @@ def _best_p_correct(calibrator: Any) -> float:
 
 
 def _fitted_g_nll(policy: AbstentionPolicy) -> float | None:
-    if policy.rule is None:
+    if policy.rule is None or policy.calibrator is None:
         return None
     value = policy.calibrator.thresholds_[policy.rule].threshold
     return float(value) if math.isfinite(value) else None
@@ -347,7 +344,7 @@ def _fitted_g_nll(policy: AbstentionPolicy) -> float | None:
 def _rule_text(policy: AbstentionPolicy) -> str:
     if policy.min_p_correct is not None:
         return f" (abstain when p_correct < {policy.min_p_correct:g})"
-    if policy.rule is None:
+    if policy.rule is None or policy.calibrator is None:
         return " (no abstention threshold fitted)"
     t = policy.calibrator.thresholds_[policy.rule]
     what = "accuracy among answered" if t.kind == "accuracy" else "fraction answered"
