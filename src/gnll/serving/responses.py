@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from gnll.backends.reasoning import ReasoningSplit
     from gnll.uncertainty import Uncertainty
 
 
@@ -34,7 +35,7 @@ class Answer:
     measured_logprobs: list[float] | None = None
     #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
     #: the fields above are the answer's.
-    reasoning: Any = None
+    reasoning: ReasoningSplit | None = None
     #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
     #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
     early: dict[str, Any] | None = None

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from gnll._util.validation import ParameterError
+from gnll.backends.reasoning import ReasoningSplit
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
 from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
@@ -371,7 +372,7 @@ def uncertainty_record(
     source: str = "model",
     measured_logprobs: Sequence[float] | None = None,
     prompt_format: str | None = None,
-    reasoning: Any = None,
+    reasoning: ReasoningSplit | None = None,
 ) -> Uncertainty:
     """The ``uncertainty`` record of one answer (see the module docstring for the fields).
 
@@ -418,7 +419,7 @@ def uncertainty_record(
     )
 
 
-def reasoning_fields(split: Any) -> dict[str, Any]:
+def reasoning_fields(split: ReasoningSplit) -> dict[str, Any]:
     """The fields a reasoning model's answer adds to its record (:class:`ReasoningSplit`).
 
     ``scored``: which tokens G-NLL sums (``"answer"``: the answer after the end-of-reasoning
