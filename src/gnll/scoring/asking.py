@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
+from gnll._util.validation import ParameterError
 from gnll.backends.base import Generation, GenerationConfig, Model
-from gnll.backends.prompting import PromptFormat, check_format, instruction_prompt, prompt_for
+from gnll.backends.prompting import (
+    DEFAULT_MAX_NEW_TOKENS,
+    PromptFormat,
+    check_format,
+    instruction_prompt,
+    prompt_for,
+)
 from gnll.spans import SPAN_KINDS, SpanKind
 from gnll.uncertainty import span_columns
 
@@ -25,11 +32,12 @@ if TYPE_CHECKING:
 __all__ = ["AskOptionError", "AskResult", "ask", "ask_calibration", "check_ask_options"]
 
 
-class AskOptionError(ValueError):
-    """An option of :func:`ask` that cannot work; ``option`` names it, ``reason`` says why."""
+class AskOptionError(ParameterError):
+    """An option of :func:`ask` that cannot work; ``option`` names it, ``reason`` says why (a
+    :class:`~gnll._util.validation.ParameterError`, as ``ScoreJob``'s)."""
 
     def __init__(self, option: str, reason: str) -> None:
-        super().__init__(f"{option} {reason}")
+        super().__init__(option, reason)
         self.option = option
         self.reason = reason
 
@@ -314,7 +322,7 @@ def ask(
     calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)
     prompt, raw = prompt_for(question, fmt, long=long)
     how = {"raw_prompt": True} if raw else {}  # models that render every prompt verbatim
-    cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
+    cap = max_new_tokens if max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS[long]
     [[greedy]] = model.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap), **how)
 
     needs = M.requirements(wanted)

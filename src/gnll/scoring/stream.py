@@ -19,6 +19,7 @@ from typing import Any
 from gnll import measures as M
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model, ScoredAnswer
+from gnll.backends.prompting import DEFAULT_MAX_NEW_TOKENS
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
@@ -31,6 +32,7 @@ from gnll.scoring.rows import (
     iter_rows,
     to_item,
 )
+from gnll.spans import SPAN_KINDS
 from gnll.uncertainty import span_columns
 
 logger = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ class ScoreJob:
     logprobs: bool = False
     with_greedy: bool = False
     spans: str | None = None  # "sentence" or "json": add each answer's span NLLs (gnll.spans)
-    #: Cap of ``with_greedy`` answers; ``None``: :data:`DEFAULT_MAX_NEW_TOKENS` (100 with ``long``).
+    #: Cap of ``with_greedy`` answers; ``None``: :data:`~gnll.backends.prompting.DEFAULT_MAX_NEW_TOKENS` (100 with ``long``).
     max_new_tokens: int | None = None
     calibrator: Any = None
     resume: bool = False
@@ -129,13 +131,6 @@ class ScoreJob:
                 raise ValueError(why)
         render = self.render_messages or (model.render_chat if model.capabilities.chat else None)
         return dataclasses.replace(self, render_messages=render)
-
-
-#: The span kinds of ``ScoreJob.spans`` (:func:`gnll.spans.span_nlls`).
-SPAN_KINDS = ("sentence", "json")
-
-#: ``max_new_tokens`` of ``with_greedy`` answers when not given, by ``long``.
-DEFAULT_MAX_NEW_TOKENS = {False: 50, True: 100}
 
 
 def score_calibration(calibration: Any, *, model: str | None = None) -> Any:
