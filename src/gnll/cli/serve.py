@@ -181,6 +181,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    reasoning: Annotated[
+        str | None,
+        typer.Option(
+            "--reasoning",
+            help="The model reasons before it answers: think, harmony or marker:TEXT. G-NLL is "
+            "the answer's, given the trace (in-process: greedy trace, then answer; --upstream: "
+            "for a server without a reasoning parser; one with a parser is recognised anyway).",
+        ),
+    ] = None,
     log_prompts: Annotated[
         bool,
         typer.Option(
@@ -205,6 +214,10 @@ def serve(
     from gnll.serving.server import configure_logging, listen, serve_forever
 
     with _option_errors():
+        if reasoning is not None:
+            from gnll.backends.reasoning import reasoning_format
+
+            reasoning_format(reasoning)  # a typo fails here, before anything loads
         pol = _policy(
             policy,
             calibration,
@@ -235,7 +248,9 @@ def serve(
         )
         check_escalation(settings, escalate_to, in_process=upstream is None)
         if upstream:
-            application = build_proxy_app(upstream, settings, api_key=upstream_api_key)
+            application = build_proxy_app(
+                upstream, settings, api_key=upstream_api_key, reasoning=reasoning
+            )
     try:
         sock = listen(host, port)  # before loading anything: a busy port fails at once
     except OSError as exc:
@@ -248,7 +263,18 @@ def serve(
         from gnll import load_model
         from gnll.cli._args import model_kwargs
 
-        lm = load_model(model, **model_kwargs(model_args, model=model))
+        kwargs = model_kwargs(model_args, model=model)
+        if reasoning is not None:
+            kwargs["reasoning"] = reasoning
+        if pol.calibrator is not None and kwargs.get("reasoning"):
+            from gnll.calibration import scored_mismatch
+
+            # refused before the model loads: its answers are scored after the marker
+            why = scored_mismatch(pol.calibrator, "answer")
+            if why is not None:
+                typer.echo(f"gnll serve: {why}", err=True)
+                raise typer.Exit(2)
+        lm = load_model(model, **kwargs)
         application = build_inprocess_app(
             lm,
             settings,

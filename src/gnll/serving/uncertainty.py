@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from gnll._util.validation import ParameterError
+from gnll.backends.reasoning import ReasoningSplit
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
 from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
@@ -241,14 +242,15 @@ class AbstentionPolicy:
         return self.calibrator is not None or self.threshold is not None
 
     def decide(
-        self, g_nll: float, prompt_format: str | None = None
+        self, g_nll: float, prompt_format: str | None = None, scored: str | None = None
     ) -> tuple[float | None, bool | None]:
         """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured, or
-        when the calibration was fitted on another prompt format than the answer's)."""
+        when the calibration was fitted on another prompt format than the answer's, or on answers
+        split otherwise: ``scored`` is ``"answer"`` for a reasoning model's, ``"output"`` else)."""
         if self.calibrator is not None:
             from gnll.calibration import calibration_applies
 
-            if not calibration_applies(self.calibrator, prompt_format):
+            if not calibration_applies(self.calibrator, prompt_format, scored):
                 return None, None
             p = float(self.calibrator.predict_proba([g_nll])[0])
             if self.min_p_correct is not None:
@@ -372,8 +374,12 @@ def uncertainty_record(
     source: str = "model",
     measured_logprobs: Sequence[float] | np.ndarray | None = None,
     prompt_format: str | None = None,
+    reasoning: ReasoningSplit | None = None,
 ) -> Uncertainty:
     """The ``uncertainty`` record of one answer (see the module docstring for the fields).
+
+    ``reasoning``: a reasoning model's :class:`~gnll.backends.reasoning.ReasoningSplit` (the
+    answer's log-probs are the answer's only; the record then says so, :func:`reasoning_fields`).
 
     ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`).
 
@@ -395,7 +401,8 @@ def uncertainty_record(
         )
     nll, ln = _g_nll(lps), _ln_g_nll(lps)
     greedy = decoding == "greedy"
-    p_correct, abstain = policy.decide(nll, prompt_format) if greedy else (None, None)
+    scored = "answer" if reasoning is not None else "output"
+    p_correct, abstain = policy.decide(nll, prompt_format, scored) if greedy else (None, None)
     return Uncertainty(
         decoding=decoding,
         g_nll=nll if greedy else None,
@@ -410,7 +417,35 @@ def uncertainty_record(
         top_logprobs=(
             [dict(t) for t in top_logprobs] if include_tokens and top_logprobs is not None else None
         ),
+        # a reasoning model: G-NLL is the answer's, given prompt + trace
+        **(reasoning_fields(reasoning) if reasoning is not None else {}),
     )
+
+
+def reasoning_fields(split: ReasoningSplit) -> dict[str, Any]:
+    """The fields a reasoning model's answer adds to its record (:class:`ReasoningSplit`).
+
+    ``scored``: which tokens G-NLL sums (``"answer"``: the answer after the end-of-reasoning
+    marker, conditioned on prompt + trace); ``trace_nll`` / ``trace_tokens``: the trace's (a
+    trace measure, not the answer's uncertainty); ``answer_tokens``: the tokens after the marker
+    (the terminator included); ``split_at``: the first answer token's index among all generated
+    tokens; ``trace_confidence``: DeepConf's confidences of the trace (lowest group, tail,
+    bottom 10%: :mod:`gnll.measures.trace`), which rank traces for voting and say nothing on
+    the answer's correctness by themselves.
+    """
+    r = split.record()
+    return {
+        "scored": "answer",
+        "trace_nll": r["trace_nll"],
+        "trace_tokens": r["trace_tokens"],
+        "marker_tokens": r["marker_tokens"],
+        "answer_tokens": r["answer_tokens"],
+        "split_at": r["split_at"],
+        "reasoning_format": r["format"],
+        "reasoning_source": r["source"],
+        "trace_confidence": split.trace_confidence(),
+        **({"notes": r["notes"]} if r.get("notes") else {}),
+    }
 
 
 def headers_for(records: Sequence[Uncertainty]) -> dict[str, str]:
@@ -490,6 +525,7 @@ def annotate(
             source=source,
             prompt_format=prompt_format,
             measured_logprobs=measured,
+            reasoning=a.reasoning,
         )
         if a.early is not None:
             rec = add_early(rec, a.early)
