@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -358,7 +358,8 @@ def _policy(
                 "cannot be given with calibration or threshold (it is the threshold)",
                 others=("calibration", "threshold"),
             )
-        return AbstentionPolicy.from_cascade(
+        return _warned(
+            AbstentionPolicy.from_cascade,
             cascade,
             mode=mode or "escalate",
             model=None if proxy else model_name,
@@ -424,10 +425,9 @@ def _proxy_auto(model: str) -> str:
 def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **kwargs):
     """The policy of ``--calibration``; a file fitted on another model or prompt template is one
     warning line at start-up (the way ``gnll ask`` warns), before the server takes requests."""
-    import warnings
 
     from gnll.backends.prompting import instruction_prompt
-    from gnll.calibration import CalibrationMismatchWarning, prompt_fingerprint
+    from gnll.calibration import prompt_fingerprint
     from gnll.scoring.asking import ASK_PROMPTS
     from gnll.serving import AbstentionPolicy
 
@@ -437,9 +437,19 @@ def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **k
             "prompt_fingerprint": prompt_fingerprint(instruction_prompt("{question}")),
             "prompt_description": ASK_PROMPTS,
         }
+    return _warned(AbstentionPolicy.from_calibration, spec, model=model, **template, **kwargs)
+
+
+def _warned(make: Callable[..., AbstentionPolicy], *args: Any, **kwargs: Any) -> AbstentionPolicy:
+    """``make(...)``, a file fitted on another model or prompt template said in one warning line
+    at start-up (the way ``gnll ask`` warns), before the server takes requests."""
+    import warnings
+
+    from gnll.calibration import CalibrationMismatchWarning
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CalibrationMismatchWarning)
-        policy = AbstentionPolicy.from_calibration(spec, model=model, **template, **kwargs)
+        policy = make(*args, **kwargs)
     for w in caught:
         typer.echo(f"gnll serve: warning: {w.message}", err=True)
     return policy
