@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from gnll._util.validation import ParameterError
 from gnll.backends.reasoning import ReasoningSplit
 from gnll.measures import g_nll as _g_nll
@@ -362,7 +364,7 @@ def _rule_text(policy: AbstentionPolicy) -> str:
 
 
 def uncertainty_record(
-    token_logprobs: Sequence[float],
+    token_logprobs: Sequence[float] | np.ndarray,
     *,
     decoding: Literal["greedy", "sampled"],
     policy: AbstentionPolicy,
@@ -370,7 +372,7 @@ def uncertainty_record(
     top_logprobs: Sequence[dict[str, float]] | None = None,
     include_tokens: bool = False,
     source: str = "model",
-    measured_logprobs: Sequence[float] | None = None,
+    measured_logprobs: Sequence[float] | np.ndarray | None = None,
     prompt_format: str | None = None,
     reasoning: ReasoningSplit | None = None,
 ) -> Uncertainty:
@@ -384,14 +386,15 @@ def uncertainty_record(
     ``measured_logprobs`` (``Generation.measured_logprobs``) is what G-NLL is computed from when it
     differs from the answer's ``token_logprobs``: for an empty answer, its stop token's log-prob.
     An answer with no log-prob at all has no G-NLL: a :class:`LogprobError`, never "0, certain".
+    Log-probs are checked once (:class:`~gnll.measures.logprobs.ValidLogprobs`: checked ones are
+    taken as they are, and measured log-probs equal to the answer's are not checked again).
     """
-    answer_lps = check_logprobs(token_logprobs, where=source, tokens=tokens).tolist()
-    lps = (
-        answer_lps
-        if measured_logprobs is None
-        else check_logprobs(measured_logprobs, where=source).tolist()
-    )
-    if not lps:
+    answer_lps = check_logprobs(token_logprobs, where=source, tokens=tokens)
+    same = measured_logprobs is None or measured_logprobs is token_logprobs
+    if not same and len(measured_logprobs or ()) == len(answer_lps):
+        same = list(measured_logprobs or ()) == list(token_logprobs)  # a non-empty answer's
+    lps = answer_lps if same else check_logprobs(measured_logprobs or [], where=source)
+    if not lps.size:
         raise LogprobError(
             f"{source} gave an empty answer without the log-prob of the token that ended it: "
             "its G-NLL is undefined (an empty answer is scored by its stop token's log-prob)"
@@ -410,7 +413,7 @@ def uncertainty_record(
         abstain=abstain,
         prompt_format=prompt_format,
         tokens=list(tokens) if include_tokens and tokens is not None else None,
-        token_logprobs=answer_lps if include_tokens else None,
+        token_logprobs=answer_lps.tolist() if include_tokens else None,
         top_logprobs=(
             [dict(t) for t in top_logprobs] if include_tokens and top_logprobs is not None else None
         ),
@@ -507,8 +510,13 @@ def annotate(
 
     records, texts, finishes = [], [], []
     for a in answers:
+        # checked here once, for the record, its G-NLL and its spans alike
+        lps = check_logprobs(a.token_logprobs, where=source, tokens=a.tokens)
+        measured: list[float] | np.ndarray | None = a.measured_logprobs
+        if measured is not None and list(measured) == list(a.token_logprobs):
+            measured = lps  # a non-empty answer's: the same values
         rec = uncertainty_record(
-            a.token_logprobs,
+            lps,
             decoding=a.decoding,
             policy=policy,
             tokens=a.tokens,
@@ -516,16 +524,14 @@ def annotate(
             include_tokens=include_tokens,
             source=source,
             prompt_format=prompt_format,
-            measured_logprobs=a.measured_logprobs,
+            measured_logprobs=measured,
             reasoning=a.reasoning,
         )
         if a.early is not None:
             rec = add_early(rec, a.early)
         text, finish, rec = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
-        rec = rec.with_spans(
-            None if rec.refused else answer_spans(a.text, a.tokens, a.token_logprobs)
-        )
+        rec = rec.with_spans(None if rec.refused else answer_spans(a.text, a.tokens, lps))
         records.append(rec)
         texts.append(text)
         finishes.append(finish)
