@@ -98,6 +98,7 @@ fi
 
 python -m ruff check src tests bench
 python -c "from importlinter.cli import lint_imports_command as c; c()"  # lint-imports: pyproject layers
+python -m mypy  # strict on gnll.serving ([tool.mypy] in pyproject.toml)
 
 status=0
 run_tier fast -m "$FAST_TIER" "$@" || status=$?

@@ -32,10 +32,30 @@ def require(module: str):
     return pytest.importorskip(module, reason=f"{module}: pip install -e '.[integrations]'")
 
 
-def vllm_app() -> FastAPI:
+def vllm_chat_answer(tokens: list[str], logprobs: list[float], eos: float) -> dict:
+    """A vLLM chat answer in the recorded shape (chat_stop.json) that ends at EOS: vLLM reports
+    the EOS token's log-prob (its text empty) and ``stop_reason: null``."""
+    answer = json.loads((VLLM / "chat_stop.json").read_text())
+    choice = answer["choices"][0]
+    entries = [
+        {
+            "token": t,
+            "logprob": lp,
+            "bytes": list(t.encode()),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())}],
+        }
+        for t, lp in [*zip(tokens, logprobs, strict=True), ("", eos)]
+    ]
+    choice["message"]["content"] = "".join(tokens)
+    choice["logprobs"]["content"] = entries
+    choice.update(finish_reason="stop", stop_reason=None, token_ids=list(range(len(entries))))
+    return answer
+
+
+def vllm_app(answer: dict | None = None) -> FastAPI:
     """The recorded vLLM server: ``/v1/models`` and ``/v1/chat/completions`` (``stream`` too)."""
     models = json.loads((VLLM / "models.json").read_text())
-    answer = json.loads((VLLM / "chat_stop.json").read_text())
+    answer = answer or json.loads((VLLM / "chat_stop.json").read_text())
     app = FastAPI()
     app.state.requests = []
 
@@ -79,9 +99,9 @@ def _stream(data: dict):
 
 
 @contextlib.contextmanager
-def vllm_and_proxy(**settings):
+def vllm_and_proxy(answer: dict | None = None, **settings):
     """The recorded vLLM server, and `gnll serve --upstream` in front of it."""
-    app = vllm_app()
+    app = vllm_app(answer)
     with ServerThread(app) as vllm:
         service = ProxyService(vllm.url + "/v1", server="vllm", timeout=30)
         with ServerThread(create_app(service, ServeSettings(**settings))) as proxy:

@@ -75,6 +75,10 @@ def test_quickstart_marks_a_runnable_block_for_every_job():
         "gnll calibrate",
         "--calibration",
         "gnll eval",
+        "gnll.integrations.langchain",
+        "gnll.integrations.dspy",
+        "gnll.integrations.llamaindex",
+        "litellm --config",
     ):
         assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
     assert any(b.lang == "python" and b.file is None for b in blocks)

@@ -132,12 +132,20 @@ def test_empty_answers_get_their_stop_tokens_log_prob(data_dir, tmp_path):
 
 
 class ReversedBeams(FakeModel):
-    """Beam search whose best beam is not the greedy answer."""
+    """Beam search whose best beam is not the greedy answer: the beams reversed, the new first one
+    made the most likely (the reference is ranked by log-likelihood, not taken from the order)."""
 
     def generate(self, prompts, config=None, **kw):
+        from dataclasses import replace
+
         out = super().generate(prompts, config, **kw)
         if config is not None and config.strategy == "beam":
             out = [list(reversed(gens)) for gens in out]
+            out = [
+                [replace(gens[0], token_logprobs=[x / 100 for x in gens[0].token_logprobs])]
+                + gens[1:]
+                for gens in out
+            ]
         return out
 
 

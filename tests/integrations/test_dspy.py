@@ -7,7 +7,7 @@ known log-probs, so the field's score can be checked against gnll.spans by hand.
 from __future__ import annotations
 
 import pytest
-from integration_helpers import require
+from integration_helpers import require, vllm_and_proxy, vllm_chat_answer
 
 from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, build_inprocess_app
@@ -101,3 +101,72 @@ def test_refuse_replaces_the_field():
         )
     assert pred.answer == "I am not confident enough to answer this."
     assert pred.uncertainty["refused"] is True
+
+
+@pytest.mark.model
+def test_embedded_model_field_score_matches_the_servers_tokens(smollm):
+    """The embedded model through the real `dspy.LM` (two demonstrations teach it the format): the
+    whole completion's NLL is the server's `uncertainty.g_nll` for those messages, and the field's
+    score is the span NLL of the value in the server's own tokens."""
+    import openai
+
+    from gnll.integrations.dspy import field_segment
+
+    with ServerThread(build_inprocess_app(smollm, ServeSettings(), max_wait_ms=1)) as srv:
+        model = dspy.LM(
+            "openai/smollm2-135m-instruct",
+            api_base=srv.url + "/v1",
+            api_key="x",
+            max_tokens=60,
+            cache=False,
+        )
+        with dspy.context(lm=model, adapter=dspy.ChatAdapter()):
+            qa = FieldConfidence("question -> answer", server="gnll")
+            qa.predict.demos = [
+                dspy.Example(question="What is the capital of Italy?", answer="Rome"),
+                dspy.Example(question="What is the capital of Spain?", answer="Madrid"),
+            ]
+            pred = qa(question="What is the capital of France?")
+        messages = model.history[-1]["messages"]
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        ref = client.chat.completions.create(
+            model="smollm2-135m-instruct",
+            messages=messages,
+            max_tokens=60,
+            logprobs=True,
+        ).choices[0]
+    u = ref.uncertainty
+    assert abs(pred.uncertainty["completion_nll"] - u["g_nll"]) <= 1e-6
+    text = "".join(u["tokens"])
+    span = span_nlls(u["tokens"], u["token_logprobs"], text, [field_segment(text, "answer")])
+    assert abs(pred.g_nll - span.spans[0].nll) <= 1e-6
+    assert pred.g_nll < u["g_nll"]  # the markers' tokens are not in it
+    assert pred.answer and pred.answer in ref.message.content
+
+
+def test_recorded_vllm_answer_with_markers_and_eos():
+    """A vLLM-shaped answer in the ChatAdapter's format, ending at EOS (whose log-prob vLLM
+    reports): the whole completion's NLL is `gnll serve --upstream`'s g_nll (EOS not in it), the
+    field's is its value's tokens only."""
+    tokens, lps = CHAT
+    answer = vllm_chat_answer(tokens, lps, eos=-0.4)
+    with vllm_and_proxy(answer) as (vllm, proxy, _):
+        import openai
+
+        ref = (
+            openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+            .chat.completions.create(
+                model="served-model", messages=[{"role": "user", "content": "q"}]
+            )
+            .choices[0]
+            .uncertainty
+        )
+        model = dspy.LM(
+            "hosted_vllm/served-model", api_base=vllm.url + "/v1", api_key="x", cache=False
+        )
+        with dspy.context(lm=model, adapter=dspy.ChatAdapter()):
+            pred = FieldConfidence("question -> answer", server="vllm")(question="q")
+    assert pred.answer == "Paris"
+    assert abs(pred.uncertainty["completion_nll"] - ref["g_nll"]) <= 1e-6
+    assert ref["num_tokens"] == len(tokens)  # the EOS token is not the answer's
+    assert abs(pred.g_nll - -(lps[6] + lps[7])) <= 1e-9

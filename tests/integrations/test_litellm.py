@@ -42,13 +42,18 @@ def direct(srv, question, max_tokens=24):
     return r.choices[0]
 
 
-def write_config(tmp: Path, upstream: str, **env: str) -> Path:
+def write_config(tmp: Path, upstream: str, vllm: str, **env: str) -> Path:
     lines = [
         "model_list:",
         "  - model_name: smollm",
         "    litellm_params:",
         "      model: openai/smollm2-135m-instruct",
         f"      api_base: {upstream}/v1",
+        "      api_key: unused",
+        "  - model_name: recorded-vllm",
+        "    litellm_params:",
+        "      model: hosted_vllm/served-model",
+        f"      api_base: {vllm}/v1",
         "      api_key: unused",
         "environment_variables:",
         *[f'  {k}: "{v}"' for k, v in env.items()],
@@ -104,58 +109,93 @@ def test_proxy_adds_uncertainty_headers_and_refuses(served, tmp_path):
     easy, hard = direct(served, EASY), direct(served, HARD)
     assert easy.uncertainty["g_nll"] < hard.uncertainty["g_nll"]
     threshold = (easy.uncertainty["g_nll"] + hard.uncertainty["g_nll"]) / 2
-    config = write_config(
-        tmp_path,
-        served.url,
-        GNLL_POLICY="refuse",
-        GNLL_THRESHOLD=f"{threshold}",
-        GNLL_SERVER="gnll",
+    with vllm_and_proxy() as (vllm, reference, _):
+        ref = (
+            openai.OpenAI(base_url=reference.url + "/v1", api_key="x", max_retries=0)
+            .chat.completions.create(
+                model="served-model", messages=[{"role": "user", "content": QUESTION}]
+            )
+            .choices[0]
+            .uncertainty
+        )
+        config = write_config(
+            tmp_path,
+            served.url,
+            vllm.url,
+            GNLL_POLICY="refuse",
+            GNLL_THRESHOLD=f"{threshold}",
+            GNLL_SERVER="gnll",
+        )
+        with LiteLLMProxy(config, tmp_path / "litellm.log") as proxy:
+            check_recorded_vllm(proxy, ref)
+            check_proxy(proxy, easy, hard)
+
+
+def check_recorded_vllm(proxy, ref):
+    """The recorded vLLM answer through the LiteLLM proxy: what `gnll serve --upstream` says."""
+    client = proxy.client()
+    ask = [{"role": "user", "content": QUESTION}]
+    r = client.chat.completions.create(model="recorded-vllm", messages=ask)
+    assert r.choices[0].message.content.strip() == "Paris"
+    assert abs(r.choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6
+    assert r.choices[0].uncertainty["num_tokens"] == ref["num_tokens"] == 1
+    chunks = list(client.chat.completions.create(model="recorded-vllm", messages=ask, stream=True))
+    last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
+    assert len(last) == 1 and abs(last[0].choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6
+
+
+def check_proxy(proxy, easy, hard):
+    """gnll serve on the embedded model through the LiteLLM proxy under a refuse policy."""
+    client = proxy.client()
+    raw = client.chat.completions.with_raw_response.create(
+        model="smollm", messages=[{"role": "user", "content": EASY}], max_tokens=24
     )
-    with LiteLLMProxy(config, tmp_path / "litellm.log") as proxy:
-        client = proxy.client()
-        raw = client.chat.completions.with_raw_response.create(
-            model="smollm", messages=[{"role": "user", "content": EASY}], max_tokens=24
-        )
-        r = raw.parse()
-        u = r.choices[0].uncertainty
-        assert r.choices[0].message.content == easy.message.content
-        assert abs(u["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
-        assert u["num_tokens"] == easy.uncertainty["num_tokens"] and u["abstain"] is False
-        assert r.choices[0].logprobs is None  # the handler asked for them, the client did not
-        assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"], rel=1e-5)
-        assert raw.headers["x-uncertainty-abstain"] == "false"
+    r = raw.parse()
+    u = r.choices[0].uncertainty
+    assert r.choices[0].message.content == easy.message.content
+    assert abs(u["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
+    assert u["num_tokens"] == easy.uncertainty["num_tokens"] and u["abstain"] is False
+    assert r.choices[0].logprobs is None  # the handler asked for them, the client did not
+    assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"], rel=1e-5)
+    assert raw.headers["x-uncertainty-abstain"] == "false"
 
-        refused = client.chat.completions.create(
-            model="smollm", messages=[{"role": "user", "content": HARD}], max_tokens=24
-        ).choices[0]
-        assert refused.message.content == "I am not confident enough to answer this."
-        assert refused.uncertainty["refused"] is True and refused.uncertainty["abstain"] is True
-        assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6
-        assert "spans" in refused.uncertainty and refused.uncertainty["spans"] is None
+    refused = client.chat.completions.create(
+        model="smollm", messages=[{"role": "user", "content": HARD}], max_tokens=24
+    ).choices[0]
+    assert refused.message.content == "I am not confident enough to answer this."
+    assert refused.uncertainty["refused"] is True and refused.uncertainty["abstain"] is True
+    assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6
+    assert "spans" in refused.uncertainty and refused.uncertainty["spans"] is None
 
-        # streams: the refuse policy holds the answer back; the uncertainty comes last
-        chunks = list(
-            client.chat.completions.create(
-                model="smollm",
-                messages=[{"role": "user", "content": EASY}],
-                max_tokens=24,
-                stream=True,
-            )
+    # a temperature is no way around the refuse policy's decision on the greedy answer
+    with pytest.raises(openai.BadRequestError, match="greedy answer"):
+        client.chat.completions.create(
+            model="smollm", messages=[{"role": "user", "content": HARD}], temperature=0.7
         )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
-        assert text == easy.message.content and len(last) == 1
-        assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
-        chunks = list(
-            client.chat.completions.create(
-                model="smollm",
-                messages=[{"role": "user", "content": HARD}],
-                max_tokens=24,
-                stream=True,
-            )
+
+    # streams: the refuse policy holds the answer back; the uncertainty comes last
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm",
+            messages=[{"role": "user", "content": EASY}],
+            max_tokens=24,
+            stream=True,
         )
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text == "I am not confident enough to answer this."
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
+    assert text == easy.message.content and len(last) == 1
+    assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
+    chunks = list(
+        client.chat.completions.create(
+            model="smollm",
+            messages=[{"role": "user", "content": HARD}],
+            max_tokens=24,
+            stream=True,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "I am not confident enough to answer this."
 
 
 def test_sdk_logger_and_recorded_vllm_answer():

@@ -32,6 +32,7 @@ from typing import Literal, get_args
 from gnll.backends.base import ChatPrompt
 
 __all__ = [
+    "DEFAULT_MAX_NEW_TOKENS",
     "BRIEF_LONG",
     "BRIEF_SHORT",
     "PROMPT_FORMATS",
@@ -48,6 +49,9 @@ PROMPT_FORMATS: tuple[str, ...] = get_args(PromptFormat)
 #: The instruction lines of the paper's short- and long-answer prompts.
 BRIEF_SHORT = "Answer the following question as briefly as possible."
 BRIEF_LONG = "Answer the following question in a single brief but complete sentence."
+#: The greedy answer's token cap when none is given, by ``long`` (a sentence needs more than a
+#: few words): ``gnll ask``, ``gnll score --with-greedy``, ``gnll generate`` and the vLLM greedy stage.
+DEFAULT_MAX_NEW_TOKENS = {False: 50, True: 100}
 
 
 def check_format(value: str) -> PromptFormat:

@@ -30,9 +30,9 @@ from typing import Any
 
 from gnll import measures as M
 from gnll.backends.base import GenerationConfig, ScoredAnswer
+from gnll.backends.prompting import DEFAULT_MAX_NEW_TOKENS
 from gnll.scoring.api import check_scored, join_answer
 from gnll.scoring.rows import Item, to_item
-from gnll.scoring.stream import DEFAULT_MAX_NEW_TOKENS
 
 __all__ = ["VllmGreedy", "VllmScoring"]
 

@@ -13,22 +13,31 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnll import measures as M
+from gnll._util.validation import ParameterError
 from gnll.backends.base import Generation, GenerationConfig, Model
-from gnll.backends.prompting import PromptFormat, check_format, instruction_prompt, prompt_for
+from gnll.backends.prompting import (
+    DEFAULT_MAX_NEW_TOKENS,
+    PromptFormat,
+    check_format,
+    instruction_prompt,
+    prompt_for,
+)
 from gnll.spans import SPAN_KINDS, SpanKind
 from gnll.uncertainty import span_columns
 
 if TYPE_CHECKING:
     from gnll.calibration import Calibrator
+    from gnll.semantic import Clusterer
 
 __all__ = ["AskOptionError", "AskResult", "ask", "ask_calibration", "check_ask_options"]
 
 
-class AskOptionError(ValueError):
-    """An option of :func:`ask` that cannot work; ``option`` names it, ``reason`` says why."""
+class AskOptionError(ParameterError):
+    """An option of :func:`ask` that cannot work; ``option`` names it, ``reason`` says why (a
+    :class:`~gnll._util.validation.ParameterError`, as ``ScoreJob``'s)."""
 
     def __init__(self, option: str, reason: str) -> None:
-        super().__init__(f"{option} {reason}")
+        super().__init__(option, reason)
         self.option = option
         self.reason = reason
 
@@ -108,7 +117,24 @@ class AskResult:
             record["cluster_ids"] = list(self.cluster_ids)
         if self.spans is not None:
             record.update(self.spans)
+        record.update(reasoning_columns(self.greedy))
         return record
+
+
+def reasoning_columns(gen: Generation) -> dict[str, object]:
+    """What a reasoning model's answer adds to ``gnll ask --json`` and ``gnll generate`` rows:
+    ``scored: "answer"`` (its measures are the answer's, given the trace), the ``trace`` and its
+    ``trace_nll`` / ``trace_tokens``. Empty for a model that does not reason."""
+    split = gen.reasoning
+    if split is None:
+        return {}
+    r = split.record()
+    return {
+        "scored": "answer",
+        "trace": split.trace_text,
+        "trace_nll": r["trace_nll"],
+        "trace_tokens": r["trace_tokens"],
+    }
 
 
 def check_ask_options(
@@ -215,7 +241,7 @@ def ask(
     samples: int = 10,
     temperature: float = 1.0,
     beams: int = 5,
-    clusterer: Any = "auto",
+    clusterer: str | Clusterer = "auto",
     clusterer_args: Mapping[str, Any] | None = None,
     max_new_tokens: int | None = None,
     seed: int = 0,
@@ -289,10 +315,14 @@ def ask(
         calibration = ask_calibration(calibration, model=model.name, long=long, prompt_format=fmt)
     elif calibration is not None:
         calibration.check(prompt_format=fmt)
+    if calibration is not None:  # a reasoning model's G-NLL is its answer's: another number
+        from gnll.backends.reasoning_model import ReasoningModel
+
+        calibration.check(scored="answer" if isinstance(model, ReasoningModel) else "output")
     calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)
     prompt, raw = prompt_for(question, fmt, long=long)
     how = {"raw_prompt": True} if raw else {}  # models that render every prompt verbatim
-    cap = max_new_tokens if max_new_tokens is not None else (100 if long else 50)
+    cap = max_new_tokens if max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS[long]
     [[greedy]] = model.generate([prompt], GenerationConfig.greedy(max_new_tokens=cap), **how)
 
     needs = M.requirements(wanted)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnll.backends.base import ContextOverflow, Model
-from gnll.scoring.asking import ask
+from gnll.scoring.asking import ask, reasoning_columns
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
+
+if TYPE_CHECKING:
+    from gnll.semantic import Clusterer
 
 __all__ = ["AskOptions", "answer_chunk", "run_generate_job"]
 
@@ -29,7 +32,7 @@ class AskOptions:
     samples: int = 10
     temperature: float = 1.0
     beams: int = 5
-    clusterer: Any = "auto"
+    clusterer: str | Clusterer = "auto"
     clusterer_args: Mapping[str, Any] = field(default_factory=dict)
     max_new_tokens: int | None = None
     seed: int = 0
@@ -67,6 +70,7 @@ def _output_row(
     out["num_tokens"] = len(result.greedy.tokens)
     out["finish_reason"] = result.greedy.finish_reason
     out.update(result.calibrated())
+    out.update(reasoning_columns(result.greedy))
     if opts.logprobs:
         out["tokens"] = list(result.greedy.tokens)
         out["token_logprobs"] = [float(x) for x in result.greedy.token_logprobs]

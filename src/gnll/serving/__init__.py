@@ -4,9 +4,13 @@ Layers: this package sits beside ``gnll.cli`` on top of the library (measures, b
 evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and their
 ``GenerationConfig``), ``service`` (the interface of the two modes), ``inprocess`` and ``proxy``
 (the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
-replayed and proxied streams), ``uncertainty`` (the ``uncertainty`` object and the abstention
-policy), ``responses`` (OpenAI bodies), ``errors``, ``metrics`` (Prometheus), ``app`` (routes, auth,
-limits, access log), ``webui`` (the page at ``/``), ``server`` (uvicorn).
+replayed and proxied streams), ``uncertainty`` (the abstention policy and the annotation that
+builds each answer's :class:`gnll.uncertainty.Uncertainty` record), ``cascade`` (``--policy
+escalate``), ``responses`` (OpenAI bodies), ``errors``, ``observers`` (who hears of every answered
+request: ``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes,
+auth, limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The option rules of a server
+live here too (:class:`ServeSettings`, :class:`AbstentionPolicy`, :func:`check_escalation`), so
+``gnll serve`` only parses and prints.
 """
 
 from __future__ import annotations
@@ -111,9 +115,12 @@ def build_proxy_app(
     *,
     api_key: str | None = None,
     server: str = "auto",
+    reasoning: str | None = None,
 ) -> FastAPI:
     """The app of proxy mode: requests go to the OpenAI-compatible server at ``upstream`` (its
     ``/v1`` URL) and its answers come back with their uncertainty (:mod:`gnll.serving.proxy`).
+    ``reasoning``: the upstream model's reasoning format when its server runs no reasoning
+    parser (one with a parser is recognised anyway).
 
     Raises :class:`~gnll._util.validation.ParameterError` for what an upstream cannot do:
     ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself) and escalation.
@@ -129,6 +136,10 @@ def build_proxy_app(
         )
     check_escalation(settings, None, in_process=False)
     service = ProxyService(
-        upstream, api_key=api_key, timeout=settings.upstream_timeout, server=server
+        upstream,
+        api_key=api_key,
+        timeout=settings.upstream_timeout,
+        server=server,
+        reasoning=reasoning,
     )
     return create_app(service, settings)

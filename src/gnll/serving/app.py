@@ -17,7 +17,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -159,7 +159,7 @@ def create_app(
             observer.answered(event)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await service.start()
         try:
             yield
@@ -200,7 +200,9 @@ def create_app(
         access_log.info(json.dumps(entry, ensure_ascii=False))
 
     @app.middleware("http")
-    async def access(request: Request, call_next):
+    async def access(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         started = time.perf_counter()
         request.state.log = {}
         request.state.started = started
@@ -243,7 +245,9 @@ def create_app(
         where = ".".join(str(p) for p in err.get("loc", ()))
         return _error(400, f"invalid request: {where}: {err.get('msg')}", "invalid_request_error")
 
-    async def serve(request: Request, model_cls: type) -> Response:
+    async def serve(
+        request: Request, model_cls: type[CompletionRequest] | type[ChatCompletionRequest]
+    ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
         try:
             check_free_text(raw)

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll.measures import LogprobError
 from gnll.serving.errors import HTTPError
-from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
@@ -31,6 +30,9 @@ from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.uncertainty import AbstentionPolicy
 from gnll.uncertainty import LocalAnswer, Uncertainty
+
+if TYPE_CHECKING:
+    from gnll.serving.metrics import Metrics
 
 __all__ = ["CascadeService", "Upstream"]
 

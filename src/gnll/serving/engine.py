@@ -45,7 +45,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -62,20 +62,20 @@ class _Job:
     prompts: list[str]
     config: GenerationConfig
     raw: bool
-    key: tuple
+    key: tuple[GenerationConfig, bool | None, str | None]
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    future: asyncio.Future[list[list[Generation]]]
     enqueued: float = field(default_factory=time.perf_counter)
     #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob), ...])`` per decoding step,
     #: then ``("done", generations)`` or ``("error", exception)``.
-    events: asyncio.Queue | None = None
+    events: asyncio.Queue[tuple[str, Any]] | None = None
     #: Set (from the event loop) when nobody waits for the answer any more: the client of a stream
     #: went away. The worker drops the job from the queue or its rows from the decoding loop.
     cancelled: bool = False
     #: Alternatives per answer token to report (``top_logprobs``); filled into :attr:`tops` per
     #: prompt and sequence before the job resolves.
     top_k: int = 0
-    tops: list[list[list[dict[str, float]]]] | None = None
+    tops: list[list[list[dict[str, float]]] | None] | None = None
     #: Exact early decisions (greedy jobs under refuse/escalate): a new
     #: :class:`~gnll.measures.early.EarlyDecision` per answer; a row stops once its rule decides.
     early: Callable[[], EarlyDecision] | None = None
@@ -290,7 +290,7 @@ class BatchingEngine:
 
     def stream(
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
-    ) -> AsyncIterator[tuple[str, Any]]:
+    ) -> AsyncGenerator[tuple[str, Any], None]:
         """Like :meth:`submit`, as events while decoding runs (called from the event loop).
 
         Yields ``("tokens", [(prompt, j, token_id, raw log-prob), ...])`` once per decoding step
@@ -315,7 +315,11 @@ class BatchingEngine:
         # rows change the padding, which moves logits in the last digits and can flip a sampled
         # token), so such jobs get a key of their own.
         alone = config.strategy == "sample" and config.seed is not None
-        key = (config, raw, secrets.token_hex(4) if alone else None)
+        key: tuple[GenerationConfig, bool | None, str | None] = (
+            config,
+            raw,
+            secrets.token_hex(4) if alone else None,
+        )
         if self._continuous:
             # One decoding loop takes prompts of any length limit, stop strings and rendering.
             key = (config.replace(max_new_tokens=1, stop=()), None, key[2])
@@ -357,7 +361,9 @@ class BatchingEngine:
             if not self._queue:
                 return [] if not self._stopping else None
             key = self._queue[0].key
-            batch, rest, size = [], deque(), 0
+            batch: list[_Job] = []
+            rest: deque[_Job] = deque()
+            size = 0
             for job in self._queue:
                 if job.key == key and (
                     not batch or size + len(job.prompts) <= self.max_batch_prompts
@@ -430,7 +436,7 @@ class BatchingEngine:
                     ]
                     watches.append(rows)
 
-                    def watch(j: int, token: int, lp: float, rows=rows) -> bool:
+                    def watch(j: int, token: int, lp: float, rows: list[EarlyStop] = rows) -> bool:
                         return rows[j](token, lp)
 
                 decoder.add(
@@ -457,6 +463,7 @@ class BatchingEngine:
                     per_job.setdefault(jid, []).append((i, j, token, lp))
             for jid, items in per_job.items():
                 job = open_jobs[jid].job
+                assert job.events is not None  # only streaming jobs got items
                 job.loop.call_soon_threadsafe(job.events.put_nowait, ("tokens", items))
 
         for job in batch:
@@ -466,8 +473,8 @@ class BatchingEngine:
                 finished = decoder.step()
             except Exception as exc:  # delivered to every request in the loop; the worker lives on
                 log.exception("decoding failed with %d requests in flight", len(open_jobs))
-                for entry in open_jobs.values():
-                    entry.job.reject(exc)
+                for failed in open_jobs.values():
+                    failed.job.reject(exc)
                 break
             for (jid, i), gens in finished:
                 entry = open_jobs.get(jid)
@@ -528,7 +535,9 @@ class BatchingEngine:
             start += len(job.prompts)
             job.resolve(part)
 
-    def _generate(self, prompts: list[str], config: GenerationConfig, raw: bool) -> list:
+    def _generate(
+        self, prompts: list[str], config: GenerationConfig, raw: bool
+    ) -> list[list[Generation]]:
         if config.strategy == "sample" and config.seed is None:
             config = config.replace(seed=secrets.randbelow(2**31))
         if raw and self.model.capabilities.chat:  # a model without a template renders verbatim
@@ -549,9 +558,10 @@ def _settle(job: _Job, value: Any, exc: BaseException | None) -> None:
         job.events.put_nowait(("error", exc) if exc is not None else ("done", value))
 
 
-async def _events(job: _Job) -> AsyncIterator[tuple[str, Any]]:
+async def _events(job: _Job) -> AsyncGenerator[tuple[str, Any], None]:
     try:
         while True:
+            assert job.events is not None, "a streaming job has its event queue"
             kind, value = await job.events.get()
             if kind == "error":
                 raise value

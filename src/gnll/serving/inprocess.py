@@ -19,8 +19,8 @@ ask`` asks it. Every answer's ``uncertainty`` says which format its prompt had.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
 from gnll.measures.early import EarlyDecision
@@ -39,7 +39,7 @@ __all__ = ["InProcessService", "chat_prompt", "to_answer"]
 
 def to_answer(
     gen: Generation,
-    decoding: str,
+    decoding: Literal["greedy", "sampled"],
     top_logprobs: list[dict[str, float]] | None = None,
     early: dict[str, Any] | None = None,
 ) -> Answer:
@@ -59,6 +59,7 @@ def to_answer(
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
         measured_logprobs=gen.measured_logprobs,
         early=early,
+        reasoning=gen.reasoning,
     )
 
 
@@ -202,7 +203,9 @@ class InProcessService:
         )
         records: list[Uncertainty] = []
 
-        def finish(outs: list[list[Generation]]) -> tuple:
+        def finish(
+            outs: list[list[Generation]],
+        ) -> tuple[list[Answer], list[Uncertainty], list[str | None], dict[str, int]]:
             answers = self._answers(outs, config)
             recs, _, finishes = annotate(
                 answers,
@@ -247,15 +250,20 @@ class InProcessService:
     def _answers(
         outs: list[list[Generation]],
         config: GenerationConfig,
-        tops: list | None = None,
-        decisions: list | None = None,
+        tops: Sequence[list[list[dict[str, float]]] | None] | None = None,
+        decisions: Sequence[list[dict[str, Any] | None] | None] | None = None,
     ) -> list[Answer]:
-        decoding = "greedy" if config.strategy == "greedy" else "sampled"
+        decoding: Literal["greedy", "sampled"] = (
+            "greedy" if config.strategy == "greedy" else "sampled"
+        )
         tops = tops or [None] * len(outs)
         decisions = decisions or [None] * len(outs)
         return [
             to_answer(
-                g, decoding, (alts or [None] * len(gens))[j], (early or [None] * len(gens))[j]
+                g,
+                decoding,
+                None if alts is None else alts[j],
+                None if early is None else early[j],
             )
             for gens, alts, early in zip(outs, tops, decisions, strict=True)
             for j, g in enumerate(gens)

@@ -12,9 +12,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from gnll.backends.reasoning import ReasoningSplit
     from gnll.uncertainty import Uncertainty
 
 
@@ -26,12 +27,15 @@ class Answer:
     finish_reason: str | None
     tokens: list[str]
     token_logprobs: list[float]
-    decoding: str = "greedy"
+    decoding: Literal["greedy", "sampled"] = "greedy"
     top_logprobs: list[dict[str, float]] | None = None
     completion_tokens: int | None = None
     #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
     #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
     measured_logprobs: list[float] | None = None
+    #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
+    #: the fields above are the answer's.
+    reasoning: ReasoningSplit | None = None
     #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
     #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
     early: dict[str, Any] | None = None
@@ -52,7 +56,9 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def error_body(message: str, type_: str, *, param: str | None = None, code: Any = None) -> dict:
+def error_body(
+    message: str, type_: str, *, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
     """The OpenAI error envelope (the ``openai`` client raises it as ``APIStatusError.message``).
 
     ``code`` is a string or null, as OpenAI types it: a strictly typed client (``Option<String>``)
@@ -159,10 +165,16 @@ def chat_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.refused else None
+        message = {"role": "assistant", "content": text, "refusal": None}
+        trace = getattr(a.reasoning, "trace_text", None)
+        if trace is not None and not rec.refused:
+            # A reasoning model's trace, where vLLM's reasoning parsers put it (a refused
+            # answer's trace is withheld with it).
+            message["reasoning"] = trace
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": lp,
                 "finish_reason": finish,
                 "uncertainty": rec.to_json(),
@@ -178,6 +190,11 @@ def chat_body(
     }
 
 
-def sse(data: Any) -> str:
+def last_piece(chat: bool) -> dict[str, Any]:
+    """The empty content of a choice's last stream chunk (the one with its finish reason)."""
+    return {"delta": {}} if chat else {"text": ""}
+
+
+def sse(data: dict[str, Any] | str) -> str:
     """One server-sent event line (``[DONE]`` is sent verbatim, as OpenAI does)."""
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import sys
 import threading
@@ -17,7 +18,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago on ``host``."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return int(s.getsockname()[1])
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -40,7 +41,7 @@ def uvicorn_config(
         port=port,
         access_log=False,
         log_level=kwargs.pop("log_level", "warning"),
-        timeout_graceful_shutdown=graceful_timeout,
+        timeout_graceful_shutdown=math.ceil(graceful_timeout),
         lifespan="on",
         **kwargs,
     )

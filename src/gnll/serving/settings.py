@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gnll._util.validation import ParameterError
+from gnll.serving.observers import Observer
 from gnll.serving.uncertainty import AbstentionPolicy
 
 
@@ -48,7 +48,8 @@ class ServeSettings:
         the policy does not allow it); ``False``: off. :attr:`decides_early` is the outcome.
     tracing:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
-        answer's scores; ``None`` (the default) emits nothing and imports nothing.
+        answer's scores; ``None`` (the default) emits nothing and imports nothing. It is one of the
+        observers the app notifies (:mod:`gnll.serving.observers`).
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -61,7 +62,7 @@ class ServeSettings:
     upstream_timeout: float = 120.0
     body_timeout: float = 30.0
     prompt_format: str = "chat"
-    tracing: Any = None
+    tracing: Observer | None = None
     early: bool | None = None
 
     def __post_init__(self) -> None:

@@ -63,8 +63,10 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
         rule = "numeric match" if verdict.detail == "numeric" else f"F1 > {F1_THRESHOLD:g}"
         return {"correct": verdict.correct, "score": verdict.score, "rule": rule}
 
-    @app.get("/ui/api/examples")
-    async def examples(task: str = Query("triviaqa_short"), limit: int = Query(25, ge=1, le=200)):
+    @app.get("/ui/api/examples", response_model=None)
+    async def examples(
+        task: str = Query("triviaqa_short"), limit: int = Query(25, ge=1, le=200)
+    ) -> dict[str, Any] | JSONResponse:
         if task not in UI_TASKS:
             message = f"unknown task {task!r}; choose from {list(UI_TASKS)}"
             return JSONResponse(error_body(message, "invalid_request_error", param="task"), 400)

@@ -76,6 +76,12 @@ class RunLock:
         (self.out / OWNER_NAME).write_text(owner + "\n", encoding="utf-8")
         return self
 
+    def check_free(self) -> None:
+        """Raise :class:`RunDirectoryBusyError` if another run holds the directory; creates nothing
+        where no run ever was (a check before the model loads)."""
+        if (self.out / LOCK_NAME).exists():
+            self.acquire().release()
+
     def release(self) -> None:
         if self._lock.is_locked:
             (self.out / OWNER_NAME).unlink(missing_ok=True)

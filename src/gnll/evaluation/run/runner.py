@@ -44,6 +44,7 @@ from gnll.evaluation.run.stages import Chunk, PromptsFailed, Stage, StageResult,
 from gnll.evaluation.run.store import (
     FingerprintMismatchError,
     TaskRun,
+    check_earlier_run,
     fingerprint,
     prepare_output_dir,
 )
@@ -472,7 +473,10 @@ class Evaluator:
         if self._model is None and self.computes_here and not (cfg.resume and self.out.exists()):
             # A new run computes everything, so it needs the model: loaded before the run
             # directory exists, a mistyped --model leaves nothing behind. (A resumed run loads it
-            # only if something is left to compute.)
+            # only if something is left to compute.) What refuses the directory is checked first,
+            # so a refused command costs no model load.
+            RunLock(self.out).check_free()
+            check_earlier_run(self.out, resume=cfg.resume, overwrite=cfg.overwrite)
             self._model = self._load_model()
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gnll._util.runfiles import iter_samples
 from gnll.backends.base import Model
@@ -17,6 +17,9 @@ from gnll.evaluation.data.tasks import parse_task_list
 from gnll.evaluation.results.tables import render_table
 from gnll.evaluation.run.config import EvalConfig
 from gnll.evaluation.run.runner import Evaluator
+
+if TYPE_CHECKING:
+    from gnll.semantic import Clusterer
 
 __all__ = ["Evaluation", "evaluate"]
 
@@ -48,7 +51,7 @@ def evaluate(
     *,
     limit: int | None = None,
     judge: Model | str | None = None,
-    clusterer: Any = "auto",
+    clusterer: str | Clusterer = "auto",
     **options: Any,
 ) -> Evaluation:
     """Run the paper's evaluation protocol and return the results, with no run directory.

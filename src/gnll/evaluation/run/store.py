@@ -47,6 +47,20 @@ class EarlierRunError(RuntimeError):
     """The output directory holds an earlier run and neither resuming nor overwriting was asked."""
 
 
+def check_earlier_run(out: Path, *, resume: bool, overwrite: bool = False) -> None:
+    """Refuse an earlier run in ``out`` unless told to ``resume`` or ``overwrite`` it; reads only,
+    so it can run before the model loads (a refused command costs no load)."""
+    if resume or not out.is_dir():
+        return
+    present = [e for e in OUTPUT_ENTRIES if (out / e).exists() or (out / e).is_symlink()]
+    if present and not overwrite:
+        what = "a finished run" if RunDir(out).results.exists() else "an unfinished run"
+        raise EarlierRunError(
+            f"{out} holds {what} ({', '.join(present)}); nothing was deleted. Pass --resume to "
+            "continue it, --overwrite to delete it and start over, or choose another --output"
+        )
+
+
 def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> None:
     """Create ``out``; with ``overwrite``, remove what an earlier run wrote there (and say so).
 
@@ -56,15 +70,9 @@ def prepare_output_dir(out: Path, *, resume: bool, overwrite: bool = False) -> N
     (:func:`~gnll.evaluation.run.rundir.clear_previous_run`). The caller holds the directory's lock.
     """
     out.mkdir(parents=True, exist_ok=True)
+    check_earlier_run(out, resume=resume, overwrite=overwrite)
     if resume:
         return
-    present = [e for e in OUTPUT_ENTRIES if (out / e).exists() or (out / e).is_symlink()]
-    if present and not overwrite:
-        what = "a finished run" if RunDir(out).results.exists() else "an unfinished run"
-        raise EarlierRunError(
-            f"{out} holds {what} ({', '.join(present)}); nothing was deleted. Pass --resume to "
-            "continue it, --overwrite to delete it and start over, or choose another --output"
-        )
     removed = clear_previous_run(out, OUTPUT_ENTRIES)
     if removed:
         logger.warning(

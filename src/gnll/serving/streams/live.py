@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 from gnll.backends.base import StreamingModel
 from gnll.serving import responses as R
-from gnll.serving.responses import Answer
+from gnll.serving.responses import Answer, last_piece
 from gnll.uncertainty import Uncertainty
 
 log = logging.getLogger("gnll.serve")
@@ -204,13 +204,13 @@ class LiveStream:
         out = []
         for c, (answer, rec, finish) in enumerate(zip(answers, records, finishes, strict=True)):
             out += [self._piece(c, p) for p in self.held[c].finish(answer)]
-            last = {
+            last: dict[str, Any] = {
                 "index": c,
                 "logprobs": None,
                 "finish_reason": finish,
                 "uncertainty": rec.to_json(),
             }
-            last.update({"delta": {}} if self.chat else {"text": ""})
+            last.update(last_piece(self.chat))
             out.append(self._chunk(last))
         if self.include_usage:
             out.append(R.sse({**self.base, "choices": [], "usage": usage}))
@@ -239,9 +239,11 @@ class LiveStream:
 
 async def relay(
     live: LiveStream,
-    events: AsyncIterator[tuple[str, Any]],
+    events: AsyncGenerator[tuple[str, Any], None],
     first: tuple[str, Any],
-    finish: Callable[[Any], tuple[list[Answer], list[Uncertainty], list, dict[str, int]]],
+    finish: Callable[
+        [Any], tuple[list[Answer], list[Uncertainty], list[str | None], dict[str, int]]
+    ],
 ) -> AsyncIterator[str]:
     """Server-sent events of a streamed request: chunks as tokens arrive, then the closing ones.
 

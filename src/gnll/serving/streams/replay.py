@@ -12,17 +12,18 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gnll.serving.responses import Answer, new_id, sse
+from gnll.serving.responses import Answer, last_piece, new_id, sse
 
 
-def _pieces(answer: Answer, text: str) -> list[tuple[str, int | None]]:
+def _pieces(answer: Answer, text: str) -> Sequence[tuple[str, int | None]]:
     """The text cut at token boundaries (with each piece's token index) when the tokens spell it."""
     joined = "".join(answer.tokens)
     if answer.tokens and joined == text:
         return [(tok, t) for t, tok in enumerate(answer.tokens)]
     lead = len(joined) - len(joined.lstrip())
     if answer.tokens and joined.strip() == text:
-        pieces, pos = [], 0
+        pieces: list[tuple[str, int | None]] = []
+        pos = 0
         for t, tok in enumerate(answer.tokens):
             start, end = max(pos, lead), min(pos + len(tok), lead + len(text))
             pos += len(tok)
@@ -81,13 +82,13 @@ def stream_chunks(
             c = {"index": i, "logprobs": piece_lp, "finish_reason": None}
             c.update({"delta": delta} if chat else {"text": piece})
             yield sse({**base, "choices": [c]})
-        last = {
+        last: dict[str, Any] = {
             "index": i,
             "logprobs": None,
             "finish_reason": choice["finish_reason"],
             "uncertainty": choice["uncertainty"],
         }
-        last.update({"delta": {}} if chat else {"text": ""})
+        last.update(last_piece(chat))
         yield sse({**base, "choices": [last]})
     if include_usage:
         yield sse({**base, "choices": [], "usage": body.get("usage")})
