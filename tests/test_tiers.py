@@ -214,3 +214,16 @@ def test_transformers_imported_during_a_test_is_guarded_too(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     assert result.parseoutcomes() == {"failed": 1}
     assert "not marked @pytest.mark.model" in result.stdout.str()
+
+
+def test_an_unmarked_test_that_imports_a_framework_fails():
+    """What the import guard does when this (unmarked) test is the first to import a framework of
+    gnll.integrations; the fast tier never collects their tests (tests/integrations/conftest.py)."""
+    import types
+
+    import tiers
+
+    assert tiers.GUARDED_MODULES["dspy"] is tiers._guard_framework
+    with pytest.raises(tiers.TierViolation, match=r"imports the framework 'dspy'.*integration"):
+        tiers._guard_framework(types.ModuleType("dspy"))
+    tiers._now().violations.clear()  # the guard's own check, not this test's cost

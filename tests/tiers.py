@@ -8,7 +8,8 @@ model      loads real model weights in the test process (the embedded models, Mi
 server     starts a server process (llama.cpp's server, ``gnll serve``)
 browser    drives a headless browser (Chromium through Playwright)
 e2e        runs gnll or Python in a subprocess (CLI runs, bench scripts, kill -9 and resume)
-integr...  drives a framework (LangChain, LiteLLM, DSPy, LlamaIndex): ``integration``
+integr...  imports a framework of gnll.integrations (LangChain, LiteLLM, DSPy, LlamaIndex);
+           the marker is ``integration``
 =========  ==================================================================================
 
 The fast tier is every test without one of these markers (``-m "not (model or server or browser
@@ -144,9 +145,21 @@ def _guard_embedded(module: Any) -> None:
     module.embedded_model_dir = embedded_model_dir
 
 
+def _guard_framework(module: Any) -> None:
+    """A framework of gnll.integrations (an optional extra) imported by a test without the
+    ``integration`` marker: the fast tier stays free of them."""
+    marker = _needs("integration")
+    if marker:
+        _violation(f"imports the framework {module.__name__!r}", marker)
+
+
 GUARDED_MODULES: dict[str, Callable[[Any], None]] = {
     "transformers.modeling_utils": _guard_from_pretrained,
     "gnll.backends.embedded": _guard_embedded,
+    "langchain_core": _guard_framework,
+    "litellm": _guard_framework,
+    "dspy": _guard_framework,
+    "llama_index.core": _guard_framework,
 }
 
 

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from gnll.measures.logprobs import check_logprobs
 
 __all__ = [
@@ -298,7 +300,7 @@ def token_positions(tokens: Sequence[str], text: str) -> list[list[int]]:
 
 def span_nlls(
     tokens: Sequence[str],
-    token_logprobs: Sequence[float],
+    token_logprobs: Sequence[float] | np.ndarray,
     text: str,
     kind: SpanKind | Sequence[Segment] = "sentence",
 ) -> SpanReport:

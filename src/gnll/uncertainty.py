@@ -41,6 +41,7 @@ __all__ = [
     "SPAN_FIELDS",
     "LocalAnswer",
     "SpanOut",
+    "TraceConfidence",
     "Uncertainty",
     "span_columns",
     "span_fields",
@@ -67,6 +68,16 @@ _OPTIONAL = (
     "tokens_saved",
     "g_nll_is_lower_bound",
     "withheld",
+    "scored",
+    "trace_nll",
+    "trace_tokens",
+    "marker_tokens",
+    "answer_tokens",
+    "split_at",
+    "reasoning_format",
+    "reasoning_source",
+    "trace_confidence",
+    "notes",
 )
 
 
@@ -138,6 +149,25 @@ def span_columns(
     }
 
 
+class TraceConfidence(BaseModel):
+    """DeepConf's confidences of a reasoning model's trace (:mod:`gnll.measures.trace`): how
+    peaked the model's distributions were while it reasoned, to rank traces for voting; not the
+    answer's uncertainty (its G-NLL is).
+
+    ``lowest_group``: the least confident ``window`` of trace tokens; ``tail``: the last
+    ``window``; ``bottom_10pct``: the mean of the lowest 10% of windows; ``k``: alternatives per
+    position averaged (1: the chosen token only).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    lowest_group: float | None
+    tail: float | None
+    bottom_10pct: float | None
+    window: int
+    k: int
+
+
 class Uncertainty(BaseModel):
     """The uncertainty of one answer.
 
@@ -173,6 +203,15 @@ class Uncertainty(BaseModel):
         the refusal/escalation became certain, the tokens generated and those not generated
         (against ``max_tokens``), and that ``g_nll``/``p_correct``/``num_tokens`` describe that
         prefix (G-NLL a lower bound of the whole answer's); the rest was never generated.
+    scored, trace_nll, trace_tokens, marker_tokens, answer_tokens, split_at, reasoning_format,
+    reasoning_source, trace_confidence, notes:
+        For a reasoning model (:mod:`gnll.backends.reasoning`): ``scored`` is ``"answer"`` (G-NLL
+        and every other number above are the answer's, conditioned on prompt + trace);
+        the trace's NLL and tokens, the end-of-reasoning marker's tokens, the tokens after it
+        (terminator included), the first answer token's index among all generated tokens, the
+        format (``think``, ``harmony``, ``marker``), how the split was found (``marker``,
+        ``token_ids``, ``stream``, ``answer-only``, ``generated``), the trace's DeepConf
+        confidences (:class:`TraceConfidence`) and notes on the split.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -203,6 +242,16 @@ class Uncertainty(BaseModel):
     tokens_saved: int | None = None
     g_nll_is_lower_bound: bool | None = None
     withheld: str | None = None
+    scored: Literal["answer"] | None = None
+    trace_nll: float | None = None
+    trace_tokens: int | None = None
+    marker_tokens: int | None = None
+    answer_tokens: int | None = None
+    split_at: int | None = None
+    reasoning_format: str | None = None
+    reasoning_source: str | None = None
+    trace_confidence: TraceConfidence | None = None
+    notes: list[str] | None = None
 
     @model_serializer(mode="wrap")
     def _present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -123,22 +123,24 @@ def test_recorded_vllm_answer_matches_gnll_serve_upstream():
         assert sent["temperature"] == 0
 
 
-def test_reasoning_trace_in_the_log_probs_is_refused_clearly():
-    """LangChain keeps a reasoning trace's log-probs but not its text: no silent wrong number."""
+def test_reasoning_trace_in_the_log_probs_is_split_at_its_marker_or_refused_clearly():
+    """LangChain keeps a reasoning trace's log-probs but not its text: with the end-of-reasoning
+    marker among them the answer is what follows it; without one, no silent wrong number."""
     from langchain_core.messages import AIMessage
 
     llm = with_uncertainty(chat("http://127.0.0.1:9"), server="vllm")
-    message = AIMessage(
-        content="Paris",
-        response_metadata={
-            "finish_reason": "stop",
-            "logprobs": {
-                "content": [
-                    {"token": t, "logprob": -0.5}
-                    for t in ["Let", " me", " think", ".", "</think>", "Paris"]
-                ]
+
+    def message(tokens):
+        return AIMessage(
+            content="Paris",
+            response_metadata={
+                "finish_reason": "stop",
+                "logprobs": {"content": [{"token": t, "logprob": -0.5} for t in tokens]},
             },
-        },
-    )
+        )
+
+    u = llm.score(message(["Let", " me", " think", ".", "</think>", "Paris"])).uncertainty.to_json()
+    assert u["g_nll"] == pytest.approx(0.5) and u["scored"] == "answer"
+    assert (u["trace_tokens"], u["marker_tokens"], u["trace_nll"]) == (4, 1, pytest.approx(2.0))
     with pytest.raises(ReasoningTokensError, match="reasoning model's trace"):
-        llm.score(message)
+        llm.score(message(["Let", " me", " think", ".", "Paris"]))

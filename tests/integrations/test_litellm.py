@@ -167,6 +167,12 @@ def check_proxy(proxy, easy, hard):
     assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6
     assert "spans" in refused.uncertainty and refused.uncertainty["spans"] is None
 
+    # a temperature is no way around the refuse policy's decision on the greedy answer
+    with pytest.raises(openai.BadRequestError, match="greedy answer"):
+        client.chat.completions.create(
+            model="smollm", messages=[{"role": "user", "content": HARD}], temperature=0.7
+        )
+
     # streams: the refuse policy holds the answer back; the uncertainty comes last
     chunks = list(
         client.chat.completions.create(

@@ -197,6 +197,8 @@ def test_serve_takes_cascade_json_and_refuses_it_for_chat_prompts(tmp_path, monk
     assert res.exit_code == 2
     assert "fitted on answers to 'instruction' prompts" in res.output
     assert "--prompt-format 'instruction'" in res.output and "--cascade-any-format" in res.output
+    # another small model than the file's: one warning line at start-up, then the refusal
+    assert "gnll serve: warning:" in res.output and "small model 'scripted'" in res.output
     res = runner.invoke(app, ["serve", "--cascade", path, "--threshold", "2"])
     assert res.exit_code == 2 and "--cascade cannot be given with --calibration or --threshold" in (
         res.output

@@ -102,3 +102,22 @@ def test_off_by_default_imports_nothing():
     here = pathlib.Path(__file__).resolve().parents[1]  # tests/, where serve_helpers is
     res = subprocess.run([sys.executable, "-c", code], cwd=here, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+def test_a_reasoning_models_event_says_the_score_is_the_answers(exporter):
+    exp, provider = exporter
+    record = Uncertainty(
+        decoding="greedy",
+        g_nll=0.15,
+        nll=0.15,
+        num_tokens=2,
+        scored="answer",
+        trace_nll=3.81,
+        trace_tokens=8,
+    )
+    plain = Uncertainty(decoding="greedy", g_nll=0.2, nll=0.2, num_tokens=1)
+    assert Emitter(provider).emit([record, plain], "chatcmpl-1") == 2
+    got = events(exp)
+    assert got[0]["gnll.scored"] == "answer" and got[0]["gnll.trace_nll"] == pytest.approx(3.81)
+    assert got[0]["gnll.trace_tokens"] == 8 and got[0]["gen_ai.evaluation.score.value"] == 0.15
+    assert not any(k.startswith("gnll.") for k in got[1])

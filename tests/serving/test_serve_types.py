@@ -90,3 +90,31 @@ def test_mypy_is_pinned_and_configured_strict_for_serving():
     assert re.search(r'module = \["gnll\.serving", "gnll\.serving\.\*"', pyproject)
     assert re.search(r"^mypy==", (ROOT / "constraints.txt").read_text(), re.M)
     assert "python -m mypy" in (ROOT / "scripts" / "test.sh").read_text()
+
+
+def test_an_answers_logprobs_are_validated_once(monkeypatch):
+    """One served answer: its record, G-NLL, LN-G-NLL and spans read one checked value
+    (:class:`gnll.measures.logprobs.ValidLogprobs`); the check itself runs once."""
+    import gnll.measures.logprobs as L
+    from gnll.serving.responses import Answer
+    from gnll.serving.uncertainty import AbstentionPolicy, annotate
+
+    calls = []
+    check = L._validate
+
+    def counted(values, where, tokens):
+        calls.append(where)
+        return check(values, where, tokens)
+
+    monkeypatch.setattr(L, "_validate", counted)
+    tokens, lps = ["Paris", " is", " big", ".", " Or", " Lyon", "?"], [-0.1] * 6 + [5e-6]
+    answer = Answer("Paris is big. Or Lyon?", "stop", tokens, lps, measured_logprobs=list(lps))
+    [record], _, _ = annotate([answer], AbstentionPolicy(threshold=1.0), include_tokens=True)
+    assert calls == ["model"]
+    assert record.least_certain_span == "1" and record.token_logprobs[-1] == 0.0
+    assert record.g_nll == pytest.approx(0.6) and record.abstain is False
+    # an empty answer's G-NLL is its stop token's: a second sequence, checked once too
+    calls.clear()
+    empty = Answer("", "stop", [], [], measured_logprobs=[-2.5])
+    [record], _, _ = annotate([empty], AbstentionPolicy(), include_tokens=False)
+    assert calls == ["model", "model"] and record.g_nll == pytest.approx(2.5)

@@ -10,6 +10,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from gnll.backends.reasoning import ReasoningSplit
+
 Strategy = Literal["greedy", "beam", "sample"]
 #: ``"decided"``: ``gnll serve`` stopped the answer at an exact early decision (its policy refuses or
 #: escalates it whatever follows), so its text is the part released by then.
@@ -222,6 +224,11 @@ class Generation:
         (temperature-scaled); for an empty answer, of its first terminator token (the empty-answer
         rule of :attr:`measured_logprobs` under that distribution). ``None`` for greedy and beam
         outputs.
+    reasoning:
+        For a reasoning model (:mod:`gnll.backends.reasoning`): where its output split into trace,
+        end-of-reasoning marker and answer, with the trace's log-probs. Every other field is the
+        answer's, so every measure sees the answer's tokens only (G-NLL of the answer conditioned
+        on prompt + trace). ``None`` for an output without reasoning.
     """
 
     text: str
@@ -233,6 +240,7 @@ class Generation:
     terminator_token_ids: list[int] = field(default_factory=list)
     terminator_logprobs: list[float] = field(default_factory=list)
     sampling_logprobs: list[float] | None = None
+    reasoning: ReasoningSplit | None = None
 
     @property
     def measured_logprobs(self) -> list[float]:
@@ -279,10 +287,18 @@ class Generation:
         return len(self.token_ids)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.reasoning is None:
+            del d["reasoning"]  # an output without reasoning stays byte-identical
+        else:
+            d["reasoning"] = self.reasoning.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Generation:
+        data = dict(data)
+        if data.get("reasoning") is not None:
+            data["reasoning"] = ReasoningSplit.from_dict(data["reasoning"])
         return cls(**data)
 
 

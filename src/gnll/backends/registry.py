@@ -127,7 +127,13 @@ def get_backend(name: str) -> Backend:
 
 
 def load_model(
-    name: str = DEFAULT_MODEL, *, backend: str = "hf", progress: bool = True, **model_args: Any
+    name: str = DEFAULT_MODEL,
+    *,
+    backend: str = "hf",
+    progress: bool = True,
+    reasoning: str | None = None,
+    trace_budget: int | None = None,
+    **model_args: Any,
 ) -> Model:
     """Load a model by name.
 
@@ -146,7 +152,12 @@ def load_model(
         ``device`` (auto/cpu/cuda), ``dtype`` (auto/float32/bfloat16/float16), ``revision``,
         ``trust_remote_code``, ``gguf_file``, and :class:`~gnll.backends.hf.HFModel`'s
         ``chat_template`` (bool; default: on for instruction-tuned models), ``batch_size``,
-        ``max_batch_tokens``, ``decoder`` (auto/loop/generate).
+        ``max_batch_tokens``, ``decoder`` (auto/loop/generate). For any backend, ``reasoning``
+        (``think``, ``harmony`` or ``marker:TEXT``) says the model reasons before it answers: an
+        in-process model decodes a greedy trace (at most ``trace_budget`` tokens) and then the
+        answer (:class:`~gnll.backends.reasoning_model.ReasoningModel`); a server's responses
+        are split at the marker (servers with a reasoning parser are recognised without it).
+        Either way every measure sees the answer's tokens only.
 
     Returns
     -------
@@ -159,11 +170,28 @@ def load_model(
     >>> "Paris" in answer.text, answer.finish_reason in ("stop", "eos", "length")
     (True, True)
     """
-    check_model(name, backend=backend, **model_args)
-    return get_backend(backend).factory(name, progress=progress, **model_args)
+    check_model(name, backend=backend, reasoning=reasoning, trace_budget=trace_budget, **model_args)
+    factory = get_backend(backend).factory
+    if reasoning is None:
+        return factory(name, progress=progress, **model_args)
+    if backend == "openai":  # the server decodes the trace; its responses are split
+        return factory(name, progress=progress, reasoning=reasoning, **model_args)
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    model = factory(name, progress=progress, **model_args)
+    return ReasoningModel(
+        model, reasoning, trace_budget=256 if trace_budget is None else trace_budget
+    )
 
 
-def check_model(name: str = DEFAULT_MODEL, *, backend: str = "hf", **model_args: Any) -> None:
+def check_model(
+    name: str = DEFAULT_MODEL,
+    *,
+    backend: str = "hf",
+    reasoning: str | None = None,
+    trace_budget: int | None = None,
+    **model_args: Any,
+) -> None:
     """Refuse, in about a second and without loading anything, a model :func:`load_model` cannot
     load: an unknown backend, a backend's missing argument, an hf model that is neither embedded,
     a local path, in the hub cache nor on the hub
@@ -186,3 +214,11 @@ def check_model(name: str = DEFAULT_MODEL, *, backend: str = "hf", **model_args:
     if missing:
         needs = " ".join(f"{k}={spec.requires[k]}" for k in missing)
         raise ValueError(f"backend={backend!r} needs {needs}")
+    if trace_budget is not None and reasoning is None:
+        raise ValueError("trace_budget needs reasoning=think|harmony|marker:TEXT")
+    if reasoning is not None:
+        from gnll.backends.reasoning import reasoning_format
+
+        reasoning_format(reasoning)  # a typo fails before anything loads
+        if backend == "openai" and trace_budget is not None:
+            raise ValueError("trace_budget is for in-process models: a server decodes the trace")

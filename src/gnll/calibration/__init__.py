@@ -29,6 +29,7 @@ from gnll.calibration.fitting import (
     CalibrationMismatchWarning,
     Calibrator,
     calibration_applies,
+    scored_mismatch,
 )
 from gnll.calibration.thresholds import Threshold, accuracy_threshold, coverage_threshold
 
@@ -41,6 +42,7 @@ __all__ = [
     "accuracy_threshold",
     "calibrate_files",
     "calibration_applies",
+    "scored_mismatch",
     "coverage_threshold",
     "load_calibration",
     "load_labelled",
@@ -113,6 +115,11 @@ def calibrate_files(
                 f"the data's answers come from {data.prompt_format!r} prompts, not "
                 f"{prompt_format!r}; drop --prompt-format or fix it"
             )
+    if data.scored is None:
+        raise ValueError(
+            "the data mixes a reasoning model's answers (scored after the end-of-reasoning "
+            "marker) with whole outputs: one calibration cannot map both; fit them apart"
+        )
     if len(data.scores) == 0:
         raise ValueError(
             f"no labelled rows with a finite {measure!r} in {', '.join(map(str, paths))}"
@@ -124,6 +131,8 @@ def calibrate_files(
         "prompt_fingerprint": data.prompt_fingerprint,
         "prompt_format": prompt_format or data.prompt_format,
         "prompt_description": data.prompt_description,
+        # which tokens its G-NLL covers: "answer" (after a reasoning model's marker) or "output"
+        "scored": data.scored,
         "data": {
             "n": int(len(data.scores)),
             "n_correct": int(data.labels.sum()),

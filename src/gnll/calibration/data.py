@@ -58,6 +58,9 @@ class LabelledScores:
     prompt_format: str | None = None
     prompt_description: str | None = None
     dropped: int = 0
+    #: Which tokens the scores cover: ``"answer"`` (a reasoning model's answer after its
+    #: end-of-reasoning marker, the trace as context), ``"output"`` (no reasoning), ``None``: mixed.
+    scored: str | None = "output"
 
 
 def _label(value: Any, where: str) -> float:
@@ -84,8 +87,10 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
     if not samples.exists():
         raise FileNotFoundError(f"{path}: no {SAMPLES} (is this a finished `gnll eval` run?)")
     scores, labels, tasks, metrics, dropped = [], [], {}, set(), 0
+    scored: set[str] = set()
     for lineno, r in iter_samples(samples):
         where = f"{samples}:{lineno}"
+        scored.add("answer" if (r.get("greedy") or {}).get("reasoning") else "output")
         if measure not in r.get("measures", {}):
             have = ", ".join(r.get("measures", {})) or "none"
             raise ValueError(f"{where}: measure {measure!r} not in this run (it has: {have})")
@@ -107,6 +112,7 @@ def _read_run(path: Path, measure: str, correctness: str | None) -> tuple[list, 
         "kind": "gnll eval run",
         "tasks": tasks,
         "correctness": sorted(metrics),
+        "scored": sorted(scored),
     }
     run_json = RunDir(run_dir).run_json
     if run_json.exists():
@@ -172,6 +178,13 @@ def _read_table(path: Path, measure: str) -> tuple[list, list, dict, int]:
         info["model"] = str(df["model"].iloc[0])
     if "prompt_format" in df.columns:  # gnll ask --json and gnll score write it
         info["prompt_formats"] = sorted(map(str, df["prompt_format"].dropna().unique()))
+    # gnll score and serve say "scored": "answer" for a reasoning model's answers
+    has = "scored" in df.columns
+    info["scored"] = (
+        sorted({"answer" if v == "answer" else "output" for v in df["scored"]})
+        if has
+        else ["output"]
+    )
     return scores, labels, info, dropped
 
 
@@ -195,6 +208,7 @@ def load_labelled(
     all_y: list[float] = []
     sources, models, templates, dropped = [], set(), {}, 0
     formats: set[str | None] = set()
+    scored: set[str] = set()
     for p in map(Path, paths):
         if not p.exists():
             raise FileNotFoundError(f"{p} does not exist")
@@ -206,6 +220,7 @@ def load_labelled(
             s, y, info, d = _read_table(p, measure)
             found = info.get("prompt_formats") or [None]
             formats.update(found)
+        scored.update(info.get("scored") or ["output"])
         info["n"] = len(s)
         info["n_correct"] = int(sum(y))
         info["dropped"] = d
@@ -225,4 +240,5 @@ def load_labelled(
         prompt_format=formats.pop() if len(formats) == 1 else None,
         prompt_description=description,
         dropped=dropped,
+        scored=scored.pop() if len(scored) == 1 else None,
     )

@@ -47,6 +47,7 @@ __all__ = [
     "CalibrationMismatchWarning",
     "Calibrator",
     "calibration_applies",
+    "scored_mismatch",
 ]
 
 FORMAT = "gnll-calibration/1"
@@ -79,11 +80,34 @@ def _read_prompt_format(meta: dict[str, Any]) -> None:
     )
 
 
-def calibration_applies(calibrator: Calibrator, prompt_format: str | None) -> bool:
+def calibration_applies(
+    calibrator: Calibrator, prompt_format: str | None, scored: str | None = None
+) -> bool:
     """Whether ``calibrator`` may give P(correct) for answers to ``prompt_format`` prompts (yes
-    when either format is unknown)."""
+    when either format is unknown) whose G-NLL covers ``scored`` tokens: ``"answer"`` (a
+    reasoning model's answer after its end-of-reasoning marker) or ``"output"`` (no reasoning;
+    what a file that does not say was fitted on). ``scored=None``: not checked."""
     fitted = calibrator.meta.get("prompt_format")
+    fitted_scored = calibrator.meta.get("scored") or "output"
+    if scored is not None and scored != fitted_scored:
+        return False
     return fitted is None or prompt_format is None or fitted == prompt_format
+
+
+def scored_mismatch(calibrator: Calibrator, scored: str | None) -> str | None:
+    """Why ``calibrator`` cannot map G-NLLs that cover ``scored`` tokens (``None``: it can)."""
+    fitted = calibrator.meta.get("scored") or "output"
+    if scored is None or scored == fitted:
+        return None
+    what = {
+        "answer": "a reasoning model's answers (after the end-of-reasoning marker)",
+        "output": "whole outputs (no reasoning split)",
+    }
+    return (
+        f"{calibrator.meta.get('path', 'the calibration')} was fitted on the G-NLL of "
+        f"{what.get(fitted, fitted)}, not of {what.get(scored, scored)}: its P(correct) would "
+        "not apply; fit a calibration on answers split the same way"
+    )
 
 
 def _fit_map(method: str, s: np.ndarray, y: np.ndarray) -> dict[str, Any]:
@@ -280,15 +304,20 @@ class Calibrator:
         prompt_fingerprint: str | None = None,
         prompt_format: str | None = None,
         prompt_description: str | None = None,
+        scored: str | None = None,
     ) -> list[str]:
         """Warn (:class:`CalibrationMismatchWarning`) when used on another model or prompt template;
-        refuse (:class:`CalibrationFormatError`) answers to another prompt format.
+        refuse (:class:`CalibrationFormatError`) answers to another prompt format, or split
+        otherwise (``scored``: a reasoning model's answer, or whole outputs).
 
         ``prompt_description`` says in words which prompts the answers come from (the warning
         names both templates so, never by their fingerprints).
 
         Returns the mismatch messages (empty when everything matches or is unknown).
         """
+        why = scored_mismatch(self, scored)
+        if why is not None:
+            raise CalibrationFormatError(why)
         if not calibration_applies(self, prompt_format):
             where = self.meta.get("path", "the calibration")
             raise CalibrationFormatError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -181,6 +181,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    reasoning: Annotated[
+        str | None,
+        typer.Option(
+            "--reasoning",
+            help="The model reasons before it answers: think, harmony or marker:TEXT. G-NLL is "
+            "the answer's, given the trace (in-process: greedy trace, then answer; --upstream: "
+            "for a server without a reasoning parser; one with a parser is recognised anyway).",
+        ),
+    ] = None,
     log_prompts: Annotated[
         bool,
         typer.Option(
@@ -205,6 +214,10 @@ def serve(
     from gnll.serving.server import configure_logging, listen, serve_forever
 
     with _option_errors():
+        if reasoning is not None:
+            from gnll.backends.reasoning import reasoning_format
+
+            reasoning_format(reasoning)  # a typo fails here, before anything loads
         pol = _policy(
             policy,
             calibration,
@@ -235,7 +248,9 @@ def serve(
         )
         check_escalation(settings, escalate_to, in_process=upstream is None)
         if upstream:
-            application = build_proxy_app(upstream, settings, api_key=upstream_api_key)
+            application = build_proxy_app(
+                upstream, settings, api_key=upstream_api_key, reasoning=reasoning
+            )
     try:
         sock = listen(host, port)  # before loading anything: a busy port fails at once
     except OSError as exc:
@@ -248,7 +263,18 @@ def serve(
         from gnll import load_model
         from gnll.cli._args import model_kwargs
 
-        lm = load_model(model, **model_kwargs(model_args, model=model))
+        kwargs = model_kwargs(model_args, model=model)
+        if reasoning is not None:
+            kwargs["reasoning"] = reasoning
+        if pol.calibrator is not None and kwargs.get("reasoning"):
+            from gnll.calibration import scored_mismatch
+
+            # refused before the model loads: its answers are scored after the marker
+            why = scored_mismatch(pol.calibrator, "answer")
+            if why is not None:
+                typer.echo(f"gnll serve: {why}", err=True)
+                raise typer.Exit(2)
+        lm = load_model(model, **kwargs)
         application = build_inprocess_app(
             lm,
             settings,
@@ -332,7 +358,8 @@ def _policy(
                 "cannot be given with calibration or threshold (it is the threshold)",
                 others=("calibration", "threshold"),
             )
-        return AbstentionPolicy.from_cascade(
+        return _warned(
+            AbstentionPolicy.from_cascade,
             cascade,
             mode=mode or "escalate",
             model=None if proxy else model_name,
@@ -398,10 +425,9 @@ def _proxy_auto(model: str) -> str:
 def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **kwargs):
     """The policy of ``--calibration``; a file fitted on another model or prompt template is one
     warning line at start-up (the way ``gnll ask`` warns), before the server takes requests."""
-    import warnings
 
     from gnll.backends.prompting import instruction_prompt
-    from gnll.calibration import CalibrationMismatchWarning, prompt_fingerprint
+    from gnll.calibration import prompt_fingerprint
     from gnll.scoring.asking import ASK_PROMPTS
     from gnll.serving import AbstentionPolicy
 
@@ -411,9 +437,19 @@ def _calibrated_policy(spec: str, *, model: str | None, asks_like_ask: bool, **k
             "prompt_fingerprint": prompt_fingerprint(instruction_prompt("{question}")),
             "prompt_description": ASK_PROMPTS,
         }
+    return _warned(AbstentionPolicy.from_calibration, spec, model=model, **template, **kwargs)
+
+
+def _warned(make: Callable[..., AbstentionPolicy], *args: Any, **kwargs: Any) -> AbstentionPolicy:
+    """``make(...)``, a file fitted on another model or prompt template said in one warning line
+    at start-up (the way ``gnll ask`` warns), before the server takes requests."""
+    import warnings
+
+    from gnll.calibration import CalibrationMismatchWarning
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CalibrationMismatchWarning)
-        policy = AbstentionPolicy.from_calibration(spec, model=model, **template, **kwargs)
+        policy = make(*args, **kwargs)
     for w in caught:
         typer.echo(f"gnll serve: warning: {w.message}", err=True)
     return policy

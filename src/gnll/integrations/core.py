@@ -166,7 +166,15 @@ class AnswerScorer:
             )
         lp = {"content": list(logprobs)} if isinstance(logprobs, Sequence) else dict(logprobs)
         text = "" if text is None else str(text)
-        _check_no_trace(text, lp, where)
+        reasoning = None
+        try:
+            _check_no_trace(text, lp, where)
+        except ReasoningTokensError:
+            # The framework dropped the trace's text but the log-probs still hold its
+            # end-of-reasoning marker: the answer is what follows it.
+            reasoning = _marker_format(lp)
+            if reasoning is None:
+                raise
         choice: dict[str, Any] = {
             "message": {"role": "assistant", "content": text},
             "logprobs": lp,
@@ -181,6 +189,7 @@ class AnswerScorer:
             eos_logprob=PROFILES[self.server].eos_logprob,
             decoding=decoding,
             where=where,
+            reasoning=reasoning,
         )
         records, texts, finishes = annotate(
             [answer],
@@ -190,6 +199,23 @@ class AnswerScorer:
             prompt_format=self.prompt_format,
         )
         return Scored(records[0], texts[0], finishes[0])
+
+
+def _marker_format(logprobs: dict[str, Any]) -> str | None:
+    """The reasoning format whose end-of-reasoning marker is among the tokens (``None``: none)."""
+    from gnll.backends.reasoning import FORMATS, ReasoningError, split_tokens
+
+    entries = logprobs.get("content")
+    if not isinstance(entries, list):
+        return None
+    tokens = [str(e.get("token", "")) for e in entries if isinstance(e, Mapping)]
+    for name, fmt in FORMATS.items():
+        try:
+            split_tokens(tokens, fmt)
+        except ReasoningError:
+            continue
+        return name
+    return None
 
 
 def _check_no_trace(text: str, logprobs: dict[str, Any], where: str) -> None:

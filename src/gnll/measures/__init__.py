@@ -3,6 +3,8 @@
 - :mod:`~gnll.measures.functions` -- the measures as pure functions (G-NLL, PE, SE, ...);
 - :mod:`~gnll.measures.logprobs` -- :func:`check_logprobs`, what a valid token log-prob is (one rule
   for every layer);
+- :mod:`~gnll.measures.trace` -- DeepConf's trace confidences for reasoning models (trace
+  quality for voting, not the answer's uncertainty);
 - :mod:`~gnll.measures.registry` -- :class:`Measure` specs, the paper's column :data:`ORDER`, and
   the one :func:`compute` that ``gnll ask``, ``gnll eval``, scoring and serving share.
 
@@ -18,9 +20,10 @@ Example
 """
 
 # Each module lists its public names once, in its own __all__; this package re-exports all of them.
-from gnll.measures import functions, logprobs, registry
+from gnll.measures import functions, logprobs, registry, trace
 from gnll.measures.functions import *  # noqa: F403
 from gnll.measures.logprobs import *  # noqa: F403
 from gnll.measures.registry import *  # noqa: F403
+from gnll.measures.trace import *  # noqa: F403
 
-__all__ = [*functions.__all__, *logprobs.__all__, *registry.__all__]
+__all__ = [*functions.__all__, *logprobs.__all__, *registry.__all__, *trace.__all__]

@@ -22,7 +22,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["LOGPROB_TOLERANCE", "SENTINEL_LOGPROB", "LogprobError", "check_logprobs"]
+__all__ = [
+    "LOGPROB_TOLERANCE",
+    "SENTINEL_LOGPROB",
+    "LogprobError",
+    "ValidLogprobs",
+    "check_logprobs",
+]
 
 #: Log-probs up to this far above 0 are round-off (log-softmax of a near-certain token, a server's
 #: printed digits) and count as 0; anything larger is a bug upstream (probabilities or logits).
@@ -48,13 +54,38 @@ def _token(i: int, tokens: Sequence[str] | None) -> str:
     return f"token {i} {tokens[i]!r}" if tokens is not None and i < len(tokens) else f"token {i}"
 
 
+class ValidLogprobs(np.ndarray):
+    """Token log-probs that passed :func:`check_logprobs`: read-only float64, round-off clamped to 0.
+
+    The value type says "already checked", so an answer's log-probs are validated once however many
+    layers read them (its G-NLL, its spans, its ``uncertainty`` record): :func:`check_logprobs`
+    returns one as it is. Slices stay valid; arithmetic on them gives plain arrays (a sum or a
+    scaled copy is no longer a sequence of checked log-probs).
+
+    >>> v = check_logprobs([-0.5, 5e-6])
+    >>> isinstance(v, ValidLogprobs), check_logprobs(v) is v, type(v * 2).__name__
+    (True, True, 'ndarray')
+    """
+
+    def __array_wrap__(
+        self, array: np.ndarray, context: Any = None, return_scalar: bool = False
+    ) -> Any:
+        result = super().__array_wrap__(array, context, return_scalar)
+        if not isinstance(result, np.ndarray):
+            return result
+        plain = result.view(np.ndarray)
+        return plain[()] if return_scalar and plain.ndim == 0 else plain
+
+
 def check_logprobs(
     values: Sequence[Any] | np.ndarray,
     *,
     where: str = "token_logprobs",
     tokens: Sequence[str] | None = None,
-) -> np.ndarray:
+) -> ValidLogprobs:
     """Validate one sequence of token log-probs; return it as float64, round-off clamped to 0.
+
+    Values that were checked already (a :class:`ValidLogprobs`) are returned as they are.
 
     Parameters
     ----------
@@ -73,6 +104,14 @@ def check_logprobs(
     TypeError, ValueError
         For a string or anything that is not a flat sequence of numbers.
     """
+    if isinstance(values, ValidLogprobs):
+        return values
+    return _validate(values, where, tokens)
+
+
+def _validate(
+    values: Sequence[Any] | np.ndarray, where: str, tokens: Sequence[str] | None
+) -> ValidLogprobs:
     if isinstance(values, str | bytes):
         raise TypeError(f"{where} must be a sequence of floats, got a string")
     try:
@@ -108,4 +147,6 @@ def check_logprobs(
             "pass log-probabilities (<= 0), not probabilities or logits",
             "positive",
         )
-    return np.minimum(arr, 0.0)
+    valid = np.minimum(arr, 0.0).view(ValidLogprobs)
+    valid.flags.writeable = False
+    return valid

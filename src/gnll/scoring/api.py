@@ -71,6 +71,7 @@ def score(
     verbatim: bool = False,
     batch_size: int | None = None,
     progress: bool = False,
+    traces: Sequence[str | None] | None = None,
 ) -> list[ScoredAnswer]:
     """Score each ``answers[i]`` as the continuation of ``prompts[i]`` (teacher forcing, no sampling).
 
@@ -96,6 +97,11 @@ def score(
         The answers to score; each must be a non-empty string. As ``gnll ask`` prints them (stripped):
         a space is put back in front where the prompt ends without white space
         (:func:`join_answer`), unless ``verbatim=True``.
+
+    traces:
+        For a reasoning model (``load_model(..., reasoning="think")``): each answer's trace,
+        teacher-forced as context before it (``None`` for a row: the model's own greedy trace).
+        The answer alone is scored, conditioned on prompt + trace.
 
     Returns
     -------
@@ -123,13 +129,30 @@ def score(
     rendered = [prompt_for(p, prompt_format, long=long) for p in prompts]
     raw = rendered[0][1]  # one format, so one raw flag for all
     texts = [p for p, _ in rendered]
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    reasoning = isinstance(model, ReasoningModel)
+    if traces is not None:
+        if len(traces) != len(answers):
+            raise ValueError(f"{len(traces)} traces but {len(answers)} answers")
+        if not reasoning and any(t is not None for t in traces):
+            raise ScoringError(
+                "a 'trace' needs a reasoning model, whose template says where a trace goes: "
+                "load it with reasoning=think (or harmony, marker:TEXT; --model_args reasoning=think)"
+            )
     joined = list(answers)
     if not verbatim:
         joined = [
-            join_answer(p if raw else model.render_prompt(p), a)
+            join_answer(
+                model.context(p, "", raw_prompt=raw)
+                if reasoning
+                else (p if raw else model.render_prompt(p)),
+                a,
+            )
             for p, a in zip(texts, answers, strict=True)
         ]
-    out = model.score(texts, joined, raw_prompt=raw, batch_size=batch_size, progress=progress)
+    kw = {"traces": traces} if reasoning else {}
+    out = model.score(texts, joined, raw_prompt=raw, batch_size=batch_size, progress=progress, **kw)
     if len(out) != len(answers):
         raise ScoringError(f"the backend returned {len(out)} scores for {len(answers)} answers")
     return [replace(check_scored(item, a), text=a) for item, a in zip(out, answers, strict=True)]

@@ -117,7 +117,24 @@ class AskResult:
             record["cluster_ids"] = list(self.cluster_ids)
         if self.spans is not None:
             record.update(self.spans)
+        record.update(reasoning_columns(self.greedy))
         return record
+
+
+def reasoning_columns(gen: Generation) -> dict[str, object]:
+    """What a reasoning model's answer adds to ``gnll ask --json`` and ``gnll generate`` rows:
+    ``scored: "answer"`` (its measures are the answer's, given the trace), the ``trace`` and its
+    ``trace_nll`` / ``trace_tokens``. Empty for a model that does not reason."""
+    split = gen.reasoning
+    if split is None:
+        return {}
+    r = split.record()
+    return {
+        "scored": "answer",
+        "trace": split.trace_text,
+        "trace_nll": r["trace_nll"],
+        "trace_tokens": r["trace_tokens"],
+    }
 
 
 def check_ask_options(
@@ -298,6 +315,10 @@ def ask(
         calibration = ask_calibration(calibration, model=model.name, long=long, prompt_format=fmt)
     elif calibration is not None:
         calibration.check(prompt_format=fmt)
+    if calibration is not None:  # a reasoning model's G-NLL is its answer's: another number
+        from gnll.backends.reasoning_model import ReasoningModel
+
+        calibration.check(scored="answer" if isinstance(model, ReasoningModel) else "output")
     calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)
     prompt, raw = prompt_for(question, fmt, long=long)
     how = {"raw_prompt": True} if raw else {}  # models that render every prompt verbatim

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gnll.backends.base import ContextOverflow, Model
-from gnll.scoring.asking import ask
+from gnll.scoring.asking import ask, reasoning_columns
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
 
@@ -70,6 +70,7 @@ def _output_row(
     out["num_tokens"] = len(result.greedy.tokens)
     out["finish_reason"] = result.greedy.finish_reason
     out.update(result.calibrated())
+    out.update(reasoning_columns(result.greedy))
     if opts.logprobs:
         out["tokens"] = list(result.greedy.tokens)
         out["token_logprobs"] = [float(x) for x in result.greedy.token_logprobs]

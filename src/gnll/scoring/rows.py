@@ -24,6 +24,8 @@ PROMPT_FIELDS = ("messages", "prompt", "question")
 #: What every ``gnll score`` row needs: an answer, and something it answers.
 SCORE_COLUMNS = (("answer",), ("question", "prompt", "messages"))
 LABEL_FIELDS = ("correct", "label")
+#: A reasoning model's trace, scored as context before the answer.
+TRACE_FIELDS = ("trace", "reasoning")
 
 Row = tuple[int, dict[str, Any] | None, str | None]
 
@@ -161,6 +163,9 @@ class Item:
     answer: str
     raw_prompt: bool
     prompt_format: str = "chat"
+    #: A reasoning model's trace (the row's ``trace`` or ``reasoning`` field): context the answer
+    #: is scored after, not part of it.
+    trace: str | None = None
 
 
 def to_item(
@@ -183,6 +188,26 @@ def to_item(
         return f"field 'answer' must be a string, got {type(answer).__name__}"
     if not answer.strip():
         return "field 'answer' is empty"
+    trace_field = next((f for f in TRACE_FIELDS if row.get(f) not in (None, "")), None)
+    if trace_field is not None and not isinstance(row[trace_field], str):
+        return f"field {trace_field!r} must be a string, got {type(row[trace_field]).__name__}"
+    item = _to_item(
+        line, row, answer, long=long, render_messages=render_messages, raw_prompt=raw_prompt
+    )
+    if isinstance(item, Item) and trace_field is not None:
+        item.trace = row[trace_field]
+    return item
+
+
+def _to_item(
+    line: int,
+    row: dict[str, Any],
+    answer: str,
+    *,
+    long: bool,
+    render_messages: Callable[[list[dict[str, Any]]], str] | None,
+    raw_prompt: bool,
+) -> Item | str:
     field = next((f for f in PROMPT_FIELDS if row.get(f) not in (None, "")), None)
     if field is None:
         return "missing field: one of 'question', 'prompt' or 'messages'"

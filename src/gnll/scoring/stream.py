@@ -122,6 +122,13 @@ class ScoreJob:
             raise ValueError(
                 f"{model.name} cannot score given answers: its backend cannot teacher-force"
             )
+        if self.calibrator is not None:
+            from gnll.calibration import scored_mismatch
+
+            # a reasoning model's answers are scored after the marker: another G-NLL
+            why = scored_mismatch(self.calibrator, "answer" if is_reasoning(model) else "output")
+            if why is not None:
+                raise ValueError(why)
         render = self.render_messages or (model.render_chat if model.capabilities.chat else None)
         return dataclasses.replace(self, render_messages=render)
 
@@ -192,7 +199,10 @@ def _score_items(
             continue
         prompts = [items[i].prompt for i in idx]
         answers = [items[i].answer for i in idx]
+        traces = [items[i].trace for i in idx]
         kw = {"raw_prompt": raw, "verbatim": verbatim}
+        if any(t is not None for t in traces):
+            kw["traces"] = traces
         try:
             res: list[ScoredAnswer | str] = list(
                 score(model, prompts, answers, batch_size=batch_size, **kw)
@@ -202,14 +212,22 @@ def _score_items(
                 res = [_message(e)]
             else:
                 res = []
-                for p, a in zip(prompts, answers, strict=True):
+                for p, a, t in zip(prompts, answers, traces, strict=True):
+                    one = {**kw, "traces": [t]} if "traces" in kw else kw
                     try:
-                        res.append(score(model, [p], [a], batch_size=1, **kw)[0])
+                        res.append(score(model, [p], [a], batch_size=1, **one)[0])
                     except ERRORS as e1:
                         res.append(_message(e1))
         for i, r in zip(idx, res, strict=True):
             out[i] = r
     return out
+
+
+def is_reasoning(model: Model) -> bool:
+    """A model that reasons before it answers (``--model_args reasoning=think``)."""
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    return isinstance(model, ReasoningModel)
 
 
 def _message(e: Exception) -> str:
@@ -230,7 +248,9 @@ def _greedy(model: Model, items: list[Item], max_new_tokens: int) -> list[Any]:
     return out
 
 
-def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict[str, Any]:
+def _output_row(
+    item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any, reasoning: bool = False
+) -> dict[str, Any]:
     row = dict(item.row)
     row.update(
         input_line=item.line,
@@ -242,6 +262,8 @@ def _output_row(item: Item, s: ScoredAnswer, job: ScoreJob, greedy: Any) -> dict
         greedy_stops=s.greedy_stops,
         boundary_merged=s.boundary_merged,
     )
+    if reasoning:  # a reasoning model: the trace (given, or its own greedy one) is context
+        row["scored"] = "answer"
     if job.logprobs:
         row["tokens"] = list(s.tokens)
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
@@ -307,7 +329,9 @@ def score_chunk(model: Model, job: ScoreJob, chunk: list[Row], start: int = 0) -
         ):
             fmt = item.prompt_format
             res.uncalibrated[fmt] = res.uncalibrated.get(fmt, 0) + 1
-        res.rows.append(_output_row(item, s, job, greedy[k] if greedy else None))
+        res.rows.append(
+            _output_row(item, s, job, greedy[k] if greedy else None, is_reasoning(model))
+        )
     return res
 
 

@@ -111,9 +111,12 @@ def build_proxy_app(
     *,
     api_key: str | None = None,
     server: str = "auto",
+    reasoning: str | None = None,
 ) -> FastAPI:
     """The app of proxy mode: requests go to the OpenAI-compatible server at ``upstream`` (its
     ``/v1`` URL) and its answers come back with their uncertainty (:mod:`gnll.serving.proxy`).
+    ``reasoning``: the upstream model's reasoning format when its server runs no reasoning
+    parser (one with a parser is recognised anyway).
 
     Raises :class:`~gnll._util.validation.ParameterError` for what an upstream cannot do:
     ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself) and escalation.
@@ -129,6 +132,10 @@ def build_proxy_app(
         )
     check_escalation(settings, None, in_process=False)
     service = ProxyService(
-        upstream, api_key=api_key, timeout=settings.upstream_timeout, server=server
+        upstream,
+        api_key=api_key,
+        timeout=settings.upstream_timeout,
+        server=server,
+        reasoning=reasoning,
     )
     return create_app(service, settings)

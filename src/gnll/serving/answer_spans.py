@@ -11,19 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
+from gnll.measures.logprobs import check_logprobs
 from gnll.spans import SpanReport, span_nlls
 
 __all__ = ["answer_spans"]
 
 
 def answer_spans(
-    text: str, tokens: Sequence[str] | None, logprobs: Sequence[float]
+    text: str, tokens: Sequence[str] | None, logprobs: Sequence[float] | np.ndarray
 ) -> SpanReport | None:
     """The answer's JSON field spans if it holds JSON, else its sentences (``None`` without tokens
     that line up with the log-probs)."""
     if not tokens or len(tokens) != len(logprobs):
         return None
-    lps = [float(x) for x in logprobs]
+    lps = check_logprobs(logprobs, where="answer", tokens=tokens)  # as it is when checked already
     try:
         return span_nlls(list(tokens), lps, text, "json")
     except ValueError:

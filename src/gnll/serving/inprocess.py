@@ -59,6 +59,7 @@ def to_answer(
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
         measured_logprobs=gen.measured_logprobs,
         early=early,
+        reasoning=gen.reasoning,
     )
 
 

@@ -38,6 +38,7 @@ from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
+from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
@@ -88,6 +89,7 @@ class ProxyService:
         api_key: str | None = None,
         timeout: float = 120.0,
         server: str = "auto",
+        reasoning: str | None = None,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ParameterError(
@@ -97,6 +99,9 @@ class ProxyService:
         self._api_key = api_key
         self.timeout = float(timeout)
         self.server = server
+        #: The upstream model's reasoning format (``think``, ``harmony``, ``marker:TEXT``) when
+        #: its server runs no reasoning parser; with one, reasoning is recognised on its own.
+        self.reasoning = reasoning
         self.profile: ServerProfile | None = None if server == "auto" else PROFILES[server]
         self.client: httpx.AsyncClient | None = None
         self.model_name: str | None = None
@@ -360,6 +365,7 @@ class ProxyService:
         usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
+        seen = 0  # tokens received, trace included
         try:
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
@@ -379,9 +385,16 @@ class ProxyService:
                 last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
+                    pairs = _chunk_tokens(choice)
+                    first, seen = seen, seen + len(pairs)
                     if choice.get("finish_reason"):
                         continue  # the end: the decision is the whole answer's
-                    for tok, lp in _chunk_tokens(choice):
+                    # A reasoning model's trace and end-of-reasoning marker are context, not
+                    # answer: the running G-NLL starts at the answer's first token.
+                    start = acc.labeller.answer_start if acc.labeller.reasoning else 0
+                    for j, (tok, lp) in enumerate(pairs):
+                        if start is None or first + j < start:
+                            continue
                         tokens.append(tok)
                         lps.append(lp)
                         rule.skip()
@@ -429,6 +442,7 @@ class ProxyService:
         profile: ServerProfile,
         config: GenerationConfig,
         i: int,
+        labels: list[Any] | None = None,
     ) -> Answer:
         try:
             return choice_answer(
@@ -437,6 +451,8 @@ class ProxyService:
                 eos_logprob=profile.eos_logprob,
                 decoding="greedy" if req.greedy else "sampled",
                 where=f"choice {i}",
+                reasoning=self.reasoning,
+                labels=labels,
             )
         except LogprobError as exc:
             raise LogprobError(f"upstream {self.upstream}: {exc}") from None
@@ -506,7 +522,10 @@ class ProxyService:
             yield R.sse(R.error_body(message, "invalid_request_error", param="n"))
             return
         try:
-            answers = [self._answer(acc[i].choice(), req, profile, config, i) for i in sorted(acc)]
+            answers = [
+                self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
+                for i in sorted(acc)
+            ]
             records, _, finishes = annotate(
                 answers,
                 settings.policy,
@@ -540,19 +559,40 @@ def choice_answer(
     eos_logprob: bool,
     decoding: Literal["greedy", "sampled"] = "greedy",
     where: str = "choice 0",
+    reasoning: str | None = None,
+    labels: list[Any] | None = None,
 ) -> Answer:
     """The :class:`Answer` of one OpenAI-shaped choice (any of the three log-prob shapes): its text
     and its answer tokens' log-probs, the terminator split off by the server backend's parser.
 
     The proxy and the framework integrations (:mod:`gnll.integrations`) read choices with it, so a
     response scored by either gets the same numbers. A choice without usable log-probs is a
-    :class:`LogprobError`.
+    :class:`LogprobError`. A reasoning model's choice (``message.reasoning``, or any choice when
+    ``reasoning`` names the format of a server without a reasoning parser) is scored on its
+    answer only (:mod:`gnll.backends.reasoning`; ``labels``: a stream's per-token labels); one
+    whose log-probs cannot be aligned with its answer is a :class:`LogprobError` too.
     """
     try:
-        gen = to_generation(read_choice(choice), config, eos_logprob=eos_logprob, where=where)
+        raw = read_choice(choice, reasoning=reasoning, labels=labels)
+        if raw.reasoning is not None and not raw.reasoning.marker_reported and labels:
+            raise ServerError(
+                "the stream carried no token for the end-of-reasoning marker (llama.cpp sends "
+                "no chunk for a token that adds no text), so which tokens lie between trace "
+                "and answer is unknown and the answer's G-NLL cannot be aligned; ask with "
+                '"stream": false'
+            )
+        gen = to_generation(raw, config, eos_logprob=eos_logprob, where=where)
     except ServerError as exc:
         raise LogprobError(str(exc)) from None
     text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
+    if gen.reasoning is not None and text and text != raw.text:
+        # No reasoning parser upstream (``reasoning`` named the format): split the text as one
+        # would, the trace into ``reasoning`` beside the answer.
+        trace = text[: len(text) - len(raw.text.lstrip())]
+        span = reasoning_format(reasoning or "think").find(trace)
+        holder = choice["message"] if isinstance(choice.get("message"), dict) else choice
+        holder["reasoning"] = trace[: span[0]] if span else trace
+        text = raw.text.lstrip()
     return Answer(
         text=text or "",
         finish_reason=choice.get("finish_reason"),
@@ -560,6 +600,7 @@ def choice_answer(
         token_logprobs=gen.token_logprobs,
         decoding=decoding,
         measured_logprobs=gen.measured_logprobs,
+        reasoning=gen.reasoning,
     )
 
 

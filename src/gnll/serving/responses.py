@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from gnll.backends.reasoning import ReasoningSplit
     from gnll.uncertainty import Uncertainty
 
 
@@ -32,6 +33,9 @@ class Answer:
     #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
     #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
     measured_logprobs: list[float] | None = None
+    #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
+    #: the fields above are the answer's.
+    reasoning: ReasoningSplit | None = None
     #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
     #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
     early: dict[str, Any] | None = None
@@ -161,10 +165,16 @@ def chat_body(
     choices = []
     for i, (a, text, finish, rec) in enumerate(zip(answers, texts, finishes, records, strict=True)):
         lp = chat_logprobs(a, top_logprobs) if logprobs and not rec.refused else None
+        message = {"role": "assistant", "content": text, "refusal": None}
+        trace = getattr(a.reasoning, "trace_text", None)
+        if trace is not None and not rec.refused:
+            # A reasoning model's trace, where vLLM's reasoning parsers put it (a refused
+            # answer's trace is withheld with it).
+            message["reasoning"] = trace
         choices.append(
             {
                 "index": i,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": lp,
                 "finish_reason": finish,
                 "uncertainty": rec.to_json(),

@@ -6,7 +6,9 @@ semantic conventions' event for an evaluation of a response) with ``gen_ai.evalu
 second one with ``gen_ai.evaluation.name = "p_correct"``. ``gen_ai.evaluation.score.label`` is the
 decision: ``answer``, ``abstain`` or ``escalate`` (absent without a policy); ``gen_ai.response.id``
 is the response's ``id``, so a tracing backend (Langfuse, Phoenix, any OTLP collector) attaches the
-scores to the generation. Events go through the OpenTelemetry Logs API in the current context: inside
+scores to the generation. A reasoning model's events say that the score is the answer's
+(``gnll.scored = "answer"``) and carry the trace's NLL and tokens (``gnll.trace_nll``,
+``gnll.trace_tokens``) when known. Events go through the OpenTelemetry Logs API in the current context: inside
 an instrumented request they carry its trace and span ids.
 
 Off by default; this module and OpenTelemetry are imported only when it is on (``pip install
@@ -74,6 +76,11 @@ class Emitter:
                     attributes["gen_ai.response.id"] = response_id
                 if record.answered_by:
                     attributes["gen_ai.response.model"] = record.answered_by
+                if record.scored is not None:  # a reasoning model: the answer's, given the trace
+                    attributes["gnll.scored"] = record.scored
+                    for key in ("trace_nll", "trace_tokens"):
+                        if getattr(record, key) is not None:
+                            attributes[f"gnll.{key}"] = getattr(record, key)
                 early = record.early_decision
                 if early is not None:  # decided before the (local) answer's end
                     attributes["gnll.early_decision.token"] = early.decided_at_token

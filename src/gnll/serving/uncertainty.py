@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from gnll._util.validation import ParameterError
+from gnll.backends.reasoning import ReasoningSplit
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
 from gnll.measures.early import EarlyDecision, EarlyDecisionError, check_nonincreasing
@@ -239,14 +242,15 @@ class AbstentionPolicy:
         return self.calibrator is not None or self.threshold is not None
 
     def decide(
-        self, g_nll: float, prompt_format: str | None = None
+        self, g_nll: float, prompt_format: str | None = None, scored: str | None = None
     ) -> tuple[float | None, bool | None]:
         """``(p_correct, abstain)`` for a greedy answer's G-NLL (``None`` when not configured, or
-        when the calibration was fitted on another prompt format than the answer's)."""
+        when the calibration was fitted on another prompt format than the answer's, or on answers
+        split otherwise: ``scored`` is ``"answer"`` for a reasoning model's, ``"output"`` else)."""
         if self.calibrator is not None:
             from gnll.calibration import calibration_applies
 
-            if not calibration_applies(self.calibrator, prompt_format):
+            if not calibration_applies(self.calibrator, prompt_format, scored):
                 return None, None
             p = float(self.calibrator.predict_proba([g_nll])[0])
             if self.min_p_correct is not None:
@@ -360,7 +364,7 @@ def _rule_text(policy: AbstentionPolicy) -> str:
 
 
 def uncertainty_record(
-    token_logprobs: Sequence[float],
+    token_logprobs: Sequence[float] | np.ndarray,
     *,
     decoding: Literal["greedy", "sampled"],
     policy: AbstentionPolicy,
@@ -368,31 +372,37 @@ def uncertainty_record(
     top_logprobs: Sequence[dict[str, float]] | None = None,
     include_tokens: bool = False,
     source: str = "model",
-    measured_logprobs: Sequence[float] | None = None,
+    measured_logprobs: Sequence[float] | np.ndarray | None = None,
     prompt_format: str | None = None,
+    reasoning: ReasoningSplit | None = None,
 ) -> Uncertainty:
     """The ``uncertainty`` record of one answer (see the module docstring for the fields).
+
+    ``reasoning``: a reasoning model's :class:`~gnll.backends.reasoning.ReasoningSplit` (the
+    answer's log-probs are the answer's only; the record then says so, :func:`reasoning_fields`).
 
     ``prompt_format``: how the request's prompt was rendered (:mod:`gnll.backends.prompting`).
 
     ``measured_logprobs`` (``Generation.measured_logprobs``) is what G-NLL is computed from when it
     differs from the answer's ``token_logprobs``: for an empty answer, its stop token's log-prob.
     An answer with no log-prob at all has no G-NLL: a :class:`LogprobError`, never "0, certain".
+    Log-probs are checked once (:class:`~gnll.measures.logprobs.ValidLogprobs`: checked ones are
+    taken as they are, and measured log-probs equal to the answer's are not checked again).
     """
-    answer_lps = check_logprobs(token_logprobs, where=source, tokens=tokens).tolist()
-    lps = (
-        answer_lps
-        if measured_logprobs is None
-        else check_logprobs(measured_logprobs, where=source).tolist()
-    )
-    if not lps:
+    answer_lps = check_logprobs(token_logprobs, where=source, tokens=tokens)
+    same = measured_logprobs is None or measured_logprobs is token_logprobs
+    if not same and len(measured_logprobs or ()) == len(answer_lps):
+        same = list(measured_logprobs or ()) == list(token_logprobs)  # a non-empty answer's
+    lps = answer_lps if same else check_logprobs(measured_logprobs or [], where=source)
+    if not lps.size:
         raise LogprobError(
             f"{source} gave an empty answer without the log-prob of the token that ended it: "
             "its G-NLL is undefined (an empty answer is scored by its stop token's log-prob)"
         )
     nll, ln = _g_nll(lps), _ln_g_nll(lps)
     greedy = decoding == "greedy"
-    p_correct, abstain = policy.decide(nll, prompt_format) if greedy else (None, None)
+    scored = "answer" if reasoning is not None else "output"
+    p_correct, abstain = policy.decide(nll, prompt_format, scored) if greedy else (None, None)
     return Uncertainty(
         decoding=decoding,
         g_nll=nll if greedy else None,
@@ -403,11 +413,39 @@ def uncertainty_record(
         abstain=abstain,
         prompt_format=prompt_format,
         tokens=list(tokens) if include_tokens and tokens is not None else None,
-        token_logprobs=answer_lps if include_tokens else None,
+        token_logprobs=answer_lps.tolist() if include_tokens else None,
         top_logprobs=(
             [dict(t) for t in top_logprobs] if include_tokens and top_logprobs is not None else None
         ),
+        # a reasoning model: G-NLL is the answer's, given prompt + trace
+        **(reasoning_fields(reasoning) if reasoning is not None else {}),
     )
+
+
+def reasoning_fields(split: ReasoningSplit) -> dict[str, Any]:
+    """The fields a reasoning model's answer adds to its record (:class:`ReasoningSplit`).
+
+    ``scored``: which tokens G-NLL sums (``"answer"``: the answer after the end-of-reasoning
+    marker, conditioned on prompt + trace); ``trace_nll`` / ``trace_tokens``: the trace's (a
+    trace measure, not the answer's uncertainty); ``answer_tokens``: the tokens after the marker
+    (the terminator included); ``split_at``: the first answer token's index among all generated
+    tokens; ``trace_confidence``: DeepConf's confidences of the trace (lowest group, tail,
+    bottom 10%: :mod:`gnll.measures.trace`), which rank traces for voting and say nothing on
+    the answer's correctness by themselves.
+    """
+    r = split.record()
+    return {
+        "scored": "answer",
+        "trace_nll": r["trace_nll"],
+        "trace_tokens": r["trace_tokens"],
+        "marker_tokens": r["marker_tokens"],
+        "answer_tokens": r["answer_tokens"],
+        "split_at": r["split_at"],
+        "reasoning_format": r["format"],
+        "reasoning_source": r["source"],
+        "trace_confidence": split.trace_confidence(),
+        **({"notes": r["notes"]} if r.get("notes") else {}),
+    }
 
 
 def headers_for(records: Sequence[Uncertainty]) -> dict[str, str]:
@@ -472,8 +510,13 @@ def annotate(
 
     records, texts, finishes = [], [], []
     for a in answers:
+        # checked here once, for the record, its G-NLL and its spans alike
+        lps = check_logprobs(a.token_logprobs, where=source, tokens=a.tokens)
+        measured: list[float] | np.ndarray | None = a.measured_logprobs
+        if measured is not None and list(measured) == list(a.token_logprobs):
+            measured = lps  # a non-empty answer's: the same values
         rec = uncertainty_record(
-            a.token_logprobs,
+            lps,
             decoding=a.decoding,
             policy=policy,
             tokens=a.tokens,
@@ -481,15 +524,14 @@ def annotate(
             include_tokens=include_tokens,
             source=source,
             prompt_format=prompt_format,
-            measured_logprobs=a.measured_logprobs,
+            measured_logprobs=measured,
+            reasoning=a.reasoning,
         )
         if a.early is not None:
             rec = add_early(rec, a.early)
         text, finish, rec = apply_policy(policy, a.text, a.finish_reason, rec)
         # a refused answer gets no spans: they would reveal its text
-        rec = rec.with_spans(
-            None if rec.refused else answer_spans(a.text, a.tokens, a.token_logprobs)
-        )
+        rec = rec.with_spans(None if rec.refused else answer_spans(a.text, a.tokens, lps))
         records.append(rec)
         texts.append(text)
         finishes.append(finish)

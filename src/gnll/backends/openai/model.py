@@ -63,6 +63,9 @@ class OpenAICompatModel(Model):
         timeouts, 408/429/5xx with exponential backoff starting at ``backoff`` seconds (or the
         server's ``Retry-After``). A rejected request (other 4xx) is not retried, an invalid or
         truncated JSON body once.
+    reasoning:
+        ``think``, ``harmony`` or ``marker:TEXT``: the model reasons and the server runs no
+        reasoning parser, so its text holds the trace; the answer after the marker is scored.
     fail_after:
         Stop the stage with one clear error once this many attempts in a row failed the same way
         within 30 s (a server answering 500 to everything), instead of retrying prompt after prompt.
@@ -92,12 +95,16 @@ class OpenAICompatModel(Model):
         max_retries: int = 3,
         backoff: float = 0.5,
         fail_after: int = 4,
+        reasoning: str | None = None,
     ) -> None:
         if endpoint not in ("auto", "completions", "chat"):
             raise ValueError(f"endpoint must be auto, completions or chat, got {endpoint!r}")
         if int(concurrency) < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.name = model
+        #: The served model's reasoning format when the server runs no reasoning parser
+        #: (:mod:`gnll.backends.reasoning`); with a parser, reasoning is recognised on its own.
+        self.reasoning = reasoning
         self.concurrency = int(concurrency)
         self.endpoint_choice = endpoint
         if isinstance(chat, str):  # --model_args values arrive as strings
@@ -322,7 +329,7 @@ class OpenAICompatModel(Model):
             got = len(choices) if isinstance(choices, list) else "no"
             raise ServerError(f"server returned {got} choices for n={n}")
         choices = sorted(choices, key=lambda c: c.get("index", 0) if isinstance(c, dict) else 0)
-        return [read_choice(c) for c in choices]
+        return [read_choice(c, reasoning=self.reasoning) for c in choices]
 
     def _tokenize_prompt(self, prompt: str) -> list[int]:
         """vLLM ``/tokenize`` of the chat-formatted prompt (cached: greedy and samples share it)."""

@@ -21,6 +21,13 @@ from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
+from gnll.backends.reasoning import (
+    Label,
+    ReasoningError,
+    ReasoningFormat,
+    ReasoningSplit,
+    split_choice,
+)
 from gnll.measures.logprobs import LogprobError
 from gnll.measures.logprobs import check_logprobs as _check_logprobs
 
@@ -39,10 +46,23 @@ class RawTokens:
     finish_reason: str | None
     stop_reason: Any
     has_stop_reason: bool
+    #: A reasoning model's trace/marker/answer split; the fields above are then the answer's.
+    reasoning: ReasoningSplit | None = None
 
 
-def read_choice(choice: dict[str, Any]) -> RawTokens:
+def read_choice(
+    choice: dict[str, Any],
+    *,
+    reasoning: ReasoningFormat | str | None = None,
+    marker_ids: list[int] | None = None,
+    labels: list[Label | None] | None = None,
+) -> RawTokens:
     """Normalise one ``choices[i]`` entry of any of the three shapes.
+
+    A reasoning model's choice (``message.reasoning`` / ``reasoning_content``, or any choice when
+    ``reasoning`` names the model's format) is split first (:func:`gnll.backends.reasoning.split_choice`):
+    the tokens read are the answer's, the split rides along in :attr:`RawTokens.reasoning`. A
+    reasoning response whose log-probs cannot be aligned with its answer is a :class:`ServerError`.
 
     Examples
     --------
@@ -54,6 +74,10 @@ def read_choice(choice: dict[str, Any]) -> RawTokens:
     """
     if not isinstance(choice, dict):
         raise ServerError(f"a choice must be a JSON object, got {type(choice).__name__}")
+    try:
+        choice, split = split_choice(choice, reasoning, marker_ids=marker_ids, labels=labels)
+    except ReasoningError as exc:
+        raise ServerError(str(exc)) from None
     message = choice.get("message")
     text = message.get("content") if isinstance(message, dict) else choice.get("text")
     lp = choice.get("logprobs")
@@ -116,6 +140,7 @@ def read_choice(choice: dict[str, Any]) -> RawTokens:
         finish_reason=choice.get("finish_reason"),
         stop_reason=choice.get("stop_reason"),
         has_stop_reason="stop_reason" in choice,
+        reasoning=split,
     )
 
 
@@ -270,4 +295,5 @@ def to_generation(
         terminator_token_ids=ids[term],
         terminator_logprobs=term_lp,
         sampling_logprobs=None,
+        reasoning=raw.reasoning,
     )

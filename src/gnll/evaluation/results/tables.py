@@ -154,6 +154,17 @@ def _notes(results_list: Sequence[dict[str, Any]]) -> list[str]:
                 count = tres.get(f"{metric}_unparseable")
                 if count is not None:
                     unparseable.append(f"{task}: {count} ({metric_label(metric, res)})")
+    reasoning = [
+        (res.get("model"), (res.get("components") or {}).get("model", {}).get("reasoning"))
+        for res in results_list
+    ]
+    for model, r in dict((m, r) for m, r in reasoning if isinstance(r, dict)).items():
+        out.append(
+            f"**Reasoning model {model}** (`{r.get('format')}`, greedy trace of at most "
+            f"{r.get('trace_budget')} tokens): every measure scores the answer after the "
+            "end-of-reasoning marker, conditioned on prompt + trace; the trace is context, not "
+            "scored (its NLL is in each generation's `reasoning`)."
+        )
     if any(res.get("config", {}).get("reference") == "beam" for res in results_list):
         out.append(
             "**Reference answer: the most likely of the K beams** (the paper's Table 5): "

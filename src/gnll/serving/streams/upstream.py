@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gnll.backends.reasoning import ReasoningStream, reasoning_text
+
 
 class StreamedChoice:
     """The pieces of one choice of a server-sent-event stream, in arrival order.
@@ -30,10 +32,16 @@ class StreamedChoice:
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
         self.has_stop_reason = False
+        self.reasoning: list[str] = []
+        #: Each token labelled trace / marker / answer by the delta it came with.
+        self.labeller = ReasoningStream()
 
     def add(self, choice: dict[str, Any]) -> None:
+        self.labeller.add(choice)
         if self.chat:
-            self.text.append((choice.get("delta") or {}).get("content") or "")
+            delta = choice.get("delta") or {}
+            self.text.append(delta.get("content") or "")
+            self.reasoning.append(reasoning_text(delta) or "")
         else:
             self.text.append(choice.get("text") or "")
         lp = choice.get("logprobs")
@@ -53,6 +61,11 @@ class StreamedChoice:
             if choice["stop_reason"] is not None:
                 self.stop_reason = choice["stop_reason"]
 
+    @property
+    def labels(self) -> list[Any] | None:
+        """Per-token trace/marker/answer labels when the stream carried reasoning, else ``None``."""
+        return self.labeller.labels if self.labeller.reasoning else None
+
     def choice(self) -> dict[str, Any]:
         """A non-streaming ``choices[i]`` with everything the stream said."""
         text = "".join(self.text)
@@ -68,6 +81,8 @@ class StreamedChoice:
         out.update(
             {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
         )
+        if any(self.reasoning):
+            out["message"]["reasoning"] = "".join(self.reasoning)
         if self.token_ids:
             out["token_ids"] = self.token_ids
         if self.has_stop_reason:
