@@ -183,7 +183,8 @@ def evaluate(
             "--measures",
             rich_help_panel="Measures and sampling",
             help="Comma-separated measures (g-nll, ln-g-nll, bs-msp, pe, ln-pe, se, ln-se, "
-            "d-se, mcp) or all.",
+            "d-se, mcp) or all; the variant g-nll+eos (LM-Polygraph's MSP: G-NLL with the "
+            "terminator) only by name.",
         ),
     ] = "all",
     batch_size: Annotated[

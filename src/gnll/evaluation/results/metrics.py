@@ -18,6 +18,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -309,6 +310,33 @@ def prediction_rejection_area(
     return float(np.sum((kept / np.arange(n - r + 1, n + 1))[::-1]) / r)
 
 
+def _random_prr(q: np.ndarray, max_rejection: float, n_random: int, seed: int) -> float:
+    """Mean PRR of ``n_random`` random rankings: :func:`prediction_rejection_area` of each
+    shuffled ``arange(n)`` (one ``RandomState(seed)`` stream shuffling in place, as LM-Polygraph),
+    computed for all rankings at once and once per quality vector (``results.json`` records it
+    for every measure of a task)."""
+    return _random_prr_of(q.tobytes(), max_rejection, n_random, seed)
+
+
+@functools.lru_cache(maxsize=64)
+def _random_prr_of(q_bytes: bytes, max_rejection: float, n_random: int, seed: int) -> float:
+    q = np.frombuffer(q_bytes, dtype=np.float64)
+    n = len(q)
+    r = int(max_rejection * n)
+    if n == 0 or r == 0:
+        raise ValueError(f"PRR needs answers to reject (n={n}, max_rejection={max_rejection})")
+    rng = np.random.RandomState(seed)
+    order = np.arange(n)
+    perms = np.empty((n_random, n), dtype=order.dtype)
+    for i in range(n_random):
+        rng.shuffle(order)
+        perms[i] = order
+    qn = _minmax(q)
+    kept = np.cumsum(qn[np.argsort(perms, axis=1)], axis=1)[:, -r:]
+    areas = np.sum((kept / np.arange(n - r + 1, n + 1))[:, ::-1], axis=1) / r
+    return float(np.mean(areas))
+
+
 def prr_metrics(
     uncertainty: Sequence[float],
     quality: Sequence[float],
@@ -339,13 +367,7 @@ def prr_metrics(
     for name, max_rejection in (("prr", 1.0), ("prr_0.5", 0.5)):
         value = prediction_rejection_area(ue, q, max_rejection)
         oracle = prediction_rejection_area(-q, q, max_rejection)
-        rng = np.random.RandomState(seed)
-        order = np.arange(len(q))
-        randoms = []
-        for _ in range(n_random):
-            rng.shuffle(order)
-            randoms.append(prediction_rejection_area(order, q, max_rejection))
-        random = float(np.mean(randoms))
+        random = _random_prr(q, max_rejection, n_random, seed)
         out[name] = value
         out[f"{name}_normalized"] = (
             (value - random) / (oracle - random) if oracle != random else value

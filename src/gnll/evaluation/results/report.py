@@ -1,8 +1,10 @@
 """Results of a run (``results.json``), computed from its ``samples.jsonl``.
 
 ``results.json`` holds, per task and correctness metric, the number of questions, the accuracy of the
-greedy answers, and per measure its AUROC with bootstrap standard error, ARA@80, AURAC and the mean
-number of generated tokens it needs per question; the paired bootstrap test of G-NLL against the best
+greedy answers, and per measure its AUROC with bootstrap standard error, ARA@80, AURAC, the mean
+number of generated tokens it needs per question and LM-Polygraph's PRR numbers (``prr``,
+``prr_0.5`` and their ``_normalized`` forms, :func:`~gnll.evaluation.results.metrics.prr_metrics`
+with correctness as the quality); the paired bootstrap test of G-NLL against the best
 sampling-based measure; the sampling temperature and how it was chosen; agreement between correctness
 metrics; and the full configuration with seeds and library versions. It is deterministic: run it twice
 (or resume an interrupted run) and the file is byte-identical.
@@ -29,9 +31,10 @@ from gnll.evaluation.results.groups import (
     defined,
     overall_keys,
 )
-from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures
+from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures, prr_metrics
 
 __all__ = [
+    "PRR_KEYS",
     "SCHEMA",
     "ReportOptions",
     "averaged_significance",
@@ -80,7 +83,7 @@ def _strata(
     out = {}
     for task, meta in task_meta.items():
         trs = rows.get(task, [])
-        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
+        names = [m for m in M.WITH_VARIANTS if trs and all(m in row["measures"] for row in trs)]
         for metric in meta["correctness"]:
             keep = [row for row in trs if row["correct"].get(metric) is not None]
             correct = [float(row["correct"][metric]) for row in keep]
@@ -140,6 +143,18 @@ def averaged_significance(
     return out
 
 
+#: LM-Polygraph's PRR numbers as ``results.json`` names them (``None`` below two decided questions).
+PRR_KEYS = ("prr", "prr_normalized", "prr_0.5", "prr_0.5_normalized")
+
+
+def _prr(uncertainty: Sequence[float], correct: Sequence[float]) -> dict[str, float | None]:
+    """LM-Polygraph's PRR metrics of one measure, correctness (0/1) as the quality."""
+    if len(correct) < 2:  # nothing to reject at half the questions
+        return dict.fromkeys(PRR_KEYS)
+    values = prr_metrics(uncertainty, correct)
+    return {k: values[k] for k in PRR_KEYS}
+
+
 @dataclass(frozen=True)
 class ReportOptions:
     """What :func:`build_results` needs of a run's configuration (the results wing does not import
@@ -178,7 +193,7 @@ def build_results(
     for task, meta in task_meta.items():
         trs = rows.get(task, [])
         metrics_out: dict[str, Any] = {}
-        names = [m for m in M.ORDER if trs and all(m in row["measures"] for row in trs)]
+        names = [m for m in M.WITH_VARIANTS if trs and all(m in row["measures"] for row in trs)]
         mean_tokens = {}
         for m in names:
             src = M.get(m).source
@@ -189,6 +204,7 @@ def build_results(
             res["n_undecided"] = len(trs) - len(correct)
             for m in names:
                 res["measures"][m]["mean_tokens"] = mean_tokens[m]
+                res["measures"][m].update(_prr(scores[m], correct))
             metrics_out[metric] = res
         agreements = {}
         judged = [m for m in meta["correctness"] if judge_index(m) is not None]

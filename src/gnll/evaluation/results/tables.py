@@ -51,13 +51,28 @@ def _fmt(x: float | None) -> str:
     return s[1:] if s.startswith("0.") else ("-" + s[2:] if s.startswith("-0.") else s)
 
 
+def _columns(results_list: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The measure columns: :data:`gnll.measures.ORDER`, then each variant some run computed."""
+    have = {
+        m
+        for res in results_list
+        for tres in res["tasks"].values()
+        for mres in (tres.get("metrics") or {}).values()
+        for m in mres.get("measures") or {}
+    }
+    return M.ORDER + tuple(m for m in M.VARIANTS if m in have)
+
+
 def _row_cells(
-    values: dict[str, float | None], ses: dict[str, float | None] | None, star: bool
+    values: dict[str, float | None],
+    ses: dict[str, float | None] | None,
+    star: bool,
+    columns: Sequence[str] = M.ORDER,
 ) -> list[str]:
     present = {m: v for m, v in values.items() if v is not None}
     best = max((round(v, 3) for v in present.values()), default=None)
     cells = []
-    for m in M.ORDER:
+    for m in columns:
         v = values.get(m)
         if v is None:
             cells.append("–")
@@ -73,8 +88,8 @@ def _row_cells(
     return cells
 
 
-def _header(first: Sequence[str]) -> list[str]:
-    head = list(first) + [M.get(m).label for m in M.ORDER]
+def _header(first: Sequence[str], columns: Sequence[str] = M.ORDER) -> list[str]:
+    head = list(first) + [M.get(m).label for m in columns]
     return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
 
 
@@ -200,7 +215,8 @@ def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
         "and LN-SE-RB the plug-in form -Σ_c p(c) log p(c) of Farquhar et al.'s code."
     )
     out += ["", SMALL_ROWS, ""]
-    out += _header(["Model", "Task", "Metric", "n", "Acc."])
+    columns = _columns(results_list)
+    out += _header(["Model", "Task", "Metric", "n", "Acc."], columns)
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m]["auroc"] for m in ms}
@@ -208,7 +224,7 @@ def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
         ses = {m: ms[m]["auroc_se"] for m in ms} if enough else None
         star = enough and bool(mres.get("significance", {}).get("significant"))
         cells = _task_cells(res, task, metric, mres)
-        out.append("| " + " | ".join(cells + _row_cells(values, ses, star)) + " |")
+        out.append("| " + " | ".join(cells + _row_cells(values, ses, star, columns)) + " |")
     return out
 
 
@@ -261,7 +277,8 @@ def _auroc_averaged(
         + SMALL_ROWS
     )
     out.append("")
-    out += _header(["Model", "Gen.", "Metric", "#tasks"])
+    columns = _columns(results_list)
+    out += _header(["Model", "Gen.", "Metric", "#tasks"], columns)
     all_vals: dict[str, list[float]] = defaultdict(list)
     all_ses: dict[str, list[float]] = defaultdict(list)
     in_overall = overall_keys(groups, rows)
@@ -275,7 +292,7 @@ def _auroc_averaged(
         if counted:
             overall_enough = overall_enough and enough
         vals, ses = {}, {}
-        for m in M.ORDER:
+        for m in columns:
             a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
             s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
             if a and len(a) == len(lst):
@@ -288,7 +305,7 @@ def _auroc_averaged(
                         all_ses[m] += s
         n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
         star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
-        cells = _row_cells(vals, ses if enough else None, star and enough)
+        cells = _row_cells(vals, ses if enough else None, star and enough, columns)
         out.append("| " + " | ".join([model, mode, label, n_txt] + cells) + " |")
     if len(in_overall) > 1:
         if duplicates(results_list):
@@ -298,10 +315,14 @@ def _auroc_averaged(
             tested_rows = significance.get("overall_rows", PAPER_AVERAGE_ROWS["auroc_averaged"])
             tested = overall_keys(groups, tested_rows) == in_overall
             if tested:
-                out += _overall_average(in_overall, all_vals, all_ses, significance, overall_enough)
+                out += _overall_average(
+                    in_overall, all_vals, all_ses, significance, overall_enough, columns
+                )
             else:
                 sig = {k: v for k, v in significance.items() if k != "overall"}
-                out += _overall_average(in_overall, all_vals, all_ses, sig, overall_enough)[:1]
+                out += _overall_average(
+                    in_overall, all_vals, all_ses, sig, overall_enough, columns
+                )[:1]
                 out += ["", f"(Overall average not tested: its test spans {tested_rows}.)"]
     return out
 
@@ -312,6 +333,7 @@ def _overall_average(
     all_ses: dict[str, list[float]],
     significance: dict[str, Any],
     enough: bool = True,
+    columns: Sequence[str] = M.ORDER,
 ) -> list[str]:
     n_rows = max((len(v) for v in all_vals.values()), default=0)
     vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
@@ -321,7 +343,7 @@ def _overall_average(
     star = enough and bool((significance.get("overall") or {}).get("significant"))
     metrics = " / ".join(dict.fromkeys(k[3] for k in in_overall))
     cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(
-        vals, ses if enough else None, star
+        vals, ses if enough else None, star, columns
     )
     out = ["| " + " | ".join(cells) + " |"]
     if "overall" not in significance:
@@ -332,12 +354,13 @@ def _overall_average(
 def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note: str) -> list[str]:
     """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric."""
     out = ["", f"## {title}", "", note, ""]
-    out += _header(["Model", "Task", "Metric", "n", "Acc."])
+    columns = _columns(results_list)
+    out += _header(["Model", "Task", "Metric", "n", "Acc."], columns)
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m][key] for m in ms}
         cells = _task_cells(res, task, metric, mres)
-        out.append("| " + " | ".join(cells + _row_cells(values, None, False)) + " |")
+        out.append("| " + " | ".join(cells + _row_cells(values, None, False, columns)) + " |")
     return out
 
 
@@ -367,7 +390,8 @@ def _ara80_averaged(
         "averages its 30 rows (F1, LLM and LLM-Instruct), unlike its AUROC tables."
     )
     out.append("")
-    out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."])
+    columns = _columns(results_list)
+    out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."], columns)
     in_overall = overall_keys(groups, rows)
     every: dict[str, list[float]] = defaultdict(list)
     every_acc: list[float] = []
@@ -376,7 +400,7 @@ def _ara80_averaged(
         _run, model, mode, label = key
         lst = [mres for _t, _m, mres in rows if mres.get("n")]
         vals = {}
-        for m in M.ORDER:
+        for m in columns:
             a = [x["measures"][m]["ara80"] for x in lst if m in x["measures"]]
             if a and len(a) == len(lst) and all(v is not None for v in a):
                 vals[m] = sum(a) / len(a)
@@ -387,7 +411,7 @@ def _ara80_averaged(
             every_acc += acc
             n_cells += len(lst)
         cells = [model, mode, label, str(len(lst)), _fmt(sum(acc) / len(acc) if acc else None)]
-        out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
+        out.append("| " + " | ".join(cells + _row_cells(vals, None, False, columns)) + " |")
     if len(in_overall) > 1 and duplicates(results_list):
         out += ["", "(No overall average: some runs hold the same model and task.)"]
     elif len(in_overall) > 1:
@@ -395,7 +419,7 @@ def _ara80_averaged(
         acc_txt = _fmt(sum(every_acc) / len(every_acc) if every_acc else None)
         labels = " / ".join(dict.fromkeys(k[3] for k in in_overall))
         cells = ["**Average**", "", labels, str(n_cells), acc_txt]
-        out.append("| " + " | ".join(cells + _row_cells(vals, None, False)) + " |")
+        out.append("| " + " | ".join(cells + _row_cells(vals, None, False, columns)) + " |")
     return out
 
 

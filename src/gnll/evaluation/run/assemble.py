@@ -140,8 +140,14 @@ def assemble_record(
         return [measure_logprobs(g, sampling=sampling, empty=cfg.empty_answer) for g in gens]
 
     active = list(cfg.active_measures)
-    base = M.Evidence.of(measure_logprobs(reference, empty=cfg.empty_answer), lps(beam_gens))
-    values = M.compute(M.computable(active, base.available), base.greedy, base.beams)
+    measured = measure_logprobs(reference, empty=cfg.empty_answer)
+    # g-nll+eos adds the terminator's log-probs that `measured` does not already count
+    base = M.Evidence.of(
+        measured, lps(beam_gens), terminator=M.terminator_logprobs(reference, measured)
+    )
+    values = M.compute(
+        M.computable(active, base.available), base.greedy, base.beams, terminator=base.terminator
+    )
     sampled = [m for m in active if M.get(m).uses_samples]
     if temperature is not None and cfg.needs_samples and sampled:
         per = (

@@ -157,7 +157,7 @@ class EvalConfig:
     @property
     def generated(self) -> M.Needs:
         """The evidence this run generates (``--beams 0`` / ``--samples 0`` switch parts off)."""
-        have = M.Needs.GREEDY
+        have = M.Needs.GREEDY | M.Needs.TERMINATOR  # every greedy answer records its terminator
         if self.needs_beams:
             have |= M.Needs.BEAMS
         if self.needs_samples:
