@@ -16,7 +16,6 @@ from fakes import FakeModel, cfg
 from gnll import measures as M
 from gnll.backends.base import Generation
 from gnll.evaluation.results.metrics import prr_metrics
-from gnll.evaluation.results.report import PRR_KEYS
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
 
@@ -39,6 +38,10 @@ class TerminatedModel(FakeModel):
             elif k % 7 == 0:
                 g.text, g.token_ids, g.tokens, g.token_logprobs = "", [], [], []
         return out
+
+
+#: The names results.json gives LM-Polygraph's PRR numbers (as docs/evaluation.md lists them).
+PRR_KEYS = ("prr", "prr_normalized", "prr_0.5", "prr_0.5_normalized")
 
 
 def _expected_eos(greedy: dict) -> float:
@@ -119,8 +122,10 @@ def test_results_record_prr_metrics(data_dir, tmp_path):
 
 
 def test_prr_undefined_below_two_questions():
+    from gnll.evaluation.results.report import PRR_KEYS as RECORDED
     from gnll.evaluation.results.report import _prr
 
+    assert RECORDED == PRR_KEYS
     assert _prr([0.3], [1.0]) == dict.fromkeys(PRR_KEYS)
     assert not any(math.isnan(v) for v in _prr([0.3, 0.1], [1.0, 0.0]).values())
 
