@@ -16,7 +16,6 @@ from fakes import FakeModel, cfg
 from gnll import measures as M
 from gnll.backends.base import Generation
 from gnll.evaluation.results.metrics import prr_metrics
-from gnll.evaluation.results.report import PRR_KEYS
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
 
@@ -39,6 +38,10 @@ class TerminatedModel(FakeModel):
             elif k % 7 == 0:
                 g.text, g.token_ids, g.tokens, g.token_logprobs = "", [], [], []
         return out
+
+
+#: The names results.json gives LM-Polygraph's PRR numbers (as docs/evaluation.md lists them).
+PRR_KEYS = ("prr", "prr_normalized", "prr_0.5", "prr_0.5_normalized")
 
 
 def _expected_eos(greedy: dict) -> float:
@@ -119,8 +122,10 @@ def test_results_record_prr_metrics(data_dir, tmp_path):
 
 
 def test_prr_undefined_below_two_questions():
+    from gnll.evaluation.results.report import PRR_KEYS as RECORDED
     from gnll.evaluation.results.report import _prr
 
+    assert RECORDED == PRR_KEYS
     assert _prr([0.3], [1.0]) == dict.fromkeys(PRR_KEYS)
     assert not any(math.isnan(v) for v in _prr([0.3, 0.1], [1.0, 0.0]).values())
 
@@ -146,3 +151,27 @@ def test_ask_reports_g_nll_eos():
 
     result = ask(OneAnswer(), "What is the capital of France?", measures=["g-nll", "g-nll+eos"])
     assert result.measures == {"g-nll": 0.75, "g-nll+eos": 0.875}
+
+
+def test_prr_table_section_is_optional(data_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    run = tmp_path / "run"
+    config = cfg(data_dir, run, measures=["g-nll", "ln-g-nll"], beams=0, samples=0)
+    res = Evaluator(config, model=TerminatedModel()).run()
+    assert "PRR" not in (run / "table.md").read_text()  # the default table is unchanged
+    plain = CliRunner().invoke(app, ["table", str(run)])
+    out = CliRunner().invoke(app, ["table", str(run), "--prr"])
+    assert plain.exit_code == 0 and out.exit_code == 0, out.output
+    assert "PRR" not in plain.output
+    head, section = out.output.split("## Normalised PRR", 1)
+    assert head.rstrip("\n") == plain.output.rstrip("\n")  # the section is added at the end
+    for task, tres in res["tasks"].items():
+        mres = tres["metrics"]["f1"]  # the F1 row (each task's only metric here)
+        assert list(tres["metrics"]) == ["f1"]
+        row = section.split(f"| {task} | F1 |", 1)[1].split("\n")[0]
+        shown = [c.strip().strip("*") for c in row.split("|") if c.strip() not in ("", "–")][2:]
+        want = [f"{mres['measures'][m]['prr_normalized']:.3f}" for m in ("g-nll", "ln-g-nll")]
+        assert [x.lstrip("0") for x in shown] == [w.lstrip("0") for w in want]

@@ -33,11 +33,15 @@ def table(
             "for AUROC (Tables 1, 5), f1+judges for ARA@80 (Table 3).",
         ),
     ] = None,
+    prr: Annotated[
+        bool,
+        typer.Option("--prr", help="Add LM-Polygraph's normalised PRR per task and measure."),
+    ] = False,
 ) -> None:
     """Print (or write) the paper-style tables of one or more runs (rows: model/task/metric)."""
     from gnll.evaluation.results.groups import PAPER_AVERAGE_ROWS, check_average_rows
     from gnll.evaluation.results.report import averaged_significance, load_results, read_strata
-    from gnll.evaluation.results.tables import render_table
+    from gnll.evaluation.results.tables import DEFAULT_SECTIONS, render_table
 
     try:
         check_average_rows(average_rows)
@@ -64,7 +68,10 @@ def table(
     labels = [Path(d).name or str(d) for d in run_dirs]
     tested = average_rows or PAPER_AVERAGE_ROWS["auroc_averaged"]
     significance = averaged_significance(results, strata, average_rows=tested)
-    text = render_table(results, significance, run_labels=labels, average_rows=average_rows)
+    sections = [*DEFAULT_SECTIONS, "prr"] if prr else None
+    text = render_table(
+        results, significance, sections=sections, run_labels=labels, average_rows=average_rows
+    )
     if output is None:
         typer.echo(text, nl=False)
     else:

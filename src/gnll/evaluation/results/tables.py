@@ -37,7 +37,7 @@ SMALL_ROWS = (
     "the bootstrap standard error collapses and the test is not meaningful."
 )
 
-__all__ = ["render_table"]
+__all__ = ["DEFAULT_SECTIONS", "SECTIONS", "render_table"]
 
 
 def _undefined(value: Any) -> bool:
@@ -358,7 +358,7 @@ def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note
     out += _header(["Model", "Task", "Metric", "n", "Acc."], columns)
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
-        values = {m: ms[m][key] for m in ms}
+        values = {m: ms[m].get(key) for m in ms}  # runs recorded before PRR lack it
         cells = _task_cells(res, task, metric, mres)
         out.append("| " + " | ".join(cells + _row_cells(values, None, False, columns)) + " |")
     return out
@@ -427,6 +427,16 @@ def _aurac(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
     """Area under the accuracy-vs-retained-fraction curve per task."""
     note = "Area under the accuracy-vs-retained-fraction curve."
     return _per_task(results_list, "aurac", "AURAC (↑)", note)
+
+
+def _prr(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
+    """LM-Polygraph's normalised PRR per task (an optional section: not in the default table)."""
+    note = (
+        "LM-Polygraph's prediction-rejection ratio with correctness as the quality, normalised: "
+        "(PRR − random) / (oracle − random), 1 for the oracle ranking, 0 for a random one "
+        "(`results.json` also has `prr`, `prr_0.5` and `prr_0.5_normalized`)."
+    )
+    return _per_task(results_list, "prr_normalized", "Normalised PRR (↑, LM-Polygraph's)", note)
 
 
 def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str:
@@ -515,7 +525,11 @@ SECTIONS: dict[str, Section] = {
     "aurac": _aurac,
     "temperature": _temperatures,
     "agreement": _agreement,
+    "prr": _prr,
 }
+
+#: The sections :func:`render_table` renders by default (``table.md``): all but the optional ``prr``.
+DEFAULT_SECTIONS: tuple[str, ...] = tuple(n for n in SECTIONS if n != "prr")
 
 
 def render_table(
@@ -537,8 +551,9 @@ def render_table(
         it the averaged rows use each run's own tests (``results["averages"]``) and an overall
         average over several runs carries no star.
     sections
-        Names from :data:`SECTIONS` to render, in table order (default: all of them). ``gnll eval``
-        prints ``("notes", "auroc")``.
+        Names from :data:`SECTIONS` to render, in table order (default: :data:`DEFAULT_SECTIONS`,
+        all but ``"prr"``, LM-Polygraph's normalised PRR, which ``gnll table --prr`` adds).
+        ``gnll eval`` prints ``("notes", "auroc")``.
     run_labels
         One name per run (``gnll table``: the run directories). Two runs holding the same model and
         task are refused without them (an average would count one dataset twice); with them, those
@@ -555,7 +570,7 @@ def render_table(
     str
         The Markdown text, ending with a newline.
     """
-    names = list(SECTIONS) if sections is None else list(sections)
+    names = list(DEFAULT_SECTIONS) if sections is None else list(sections)
     check_average_rows(average_rows)
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
