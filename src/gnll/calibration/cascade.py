@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binom
 
-from gnll._util import jsonable, read_json
+from gnll._util import atomic_write, jsonable, read_json
 from gnll._util.runfiles import SAMPLES, RunDir, iter_samples, samples_path
 from gnll._util.validation import check_scores_labels
 from gnll.calibration.data import run_prompt_templates, templates_fingerprint
@@ -219,15 +219,9 @@ class CascadeThreshold:
 
     def save(self, path: str | Path) -> Path:
         """Write ``cascade.json`` (JSON; written to a temporary file first, then moved)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(
-            json.dumps(jsonable(self.to_file(), nan="none"), indent=2, ensure_ascii=False) + "\n",
-            encoding="utf-8",
+        return atomic_write(
+            path, json.dumps(jsonable(self.to_file(), nan="none"), indent=2, ensure_ascii=False) + "\n"
         )
-        tmp.replace(path)
-        return path
 
     @classmethod
     def from_file(cls, d: dict[str, Any]) -> CascadeThreshold:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from gnll._util import jsonable
+from gnll._util import atomic_write, jsonable
 from gnll._util.validation import check_scores_labels
 from gnll.backends.prompting import PROMPT_FORMATS
 from gnll.calibration.metrics import log_loss, probability_metrics
@@ -422,15 +422,9 @@ class Calibrator:
 
     def save(self, path: str | Path) -> Path:
         """Write the calibration file (JSON; no pickles, so it is safe to share and read)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(
-            json.dumps(jsonable(self.to_dict(), nan="none"), indent=2, ensure_ascii=False) + "\n",
-            encoding="utf-8",
+        return atomic_write(
+            path, json.dumps(jsonable(self.to_dict(), nan="none"), indent=2, ensure_ascii=False) + "\n"
         )
-        tmp.replace(path)
-        return path
 
     @classmethod
     def load(
