@@ -327,6 +327,7 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
                 assert u["escalated"] is w["escalated"] is (answered_by == "large")
                 assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6)
                 assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"])
+                assert raw.headers["x-answered-by"] == answered_by
                 if u["escalated"]:
                     assert u["g_nll"] == pytest.approx(0.75)  # the large answer's own G-NLL
                     local = u["local"]
@@ -350,6 +351,22 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
                 assert lu["answered_by"] == answered_by
                 assert lu["g_nll"] == pytest.approx(u["g_nll"], abs=1e-6)
                 assert last[0].choices[0].finish_reason == "stop"
+
+            # a sampled answer has no G-NLL to escalate on: it streams live and stays local
+            chunks = list(
+                client.chat.completions.create(
+                    model="small",
+                    messages=[{"role": "user", "content": "unsure"}],
+                    temperature=0.7,
+                    stream=True,
+                )
+            )
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
+            assert streamed == "Maybe Lyon" and len(last) == 1
+            lu = last[0].choices[0].uncertainty
+            assert lu["answered_by"] == "small" and lu["escalated"] is False
+            assert lu["decoding"] == "sampled" and lu.get("g_nll") is None
 
             # the large model down: the local answer, with why it was not escalated (as gnll serve)
             large.__exit__(None, None, None)

@@ -295,7 +295,10 @@ class UncertaintyHandler(CustomLogger):
             async for chunk in response:
                 yield chunk
             return
-        hold = self.scorer.policy.mode in ("refuse", "escalate")
+        mode = self.scorer.policy.mode
+        # a sampled answer has no G-NLL to escalate on (as in gnll serve): it streams live
+        greedy = self._decoding(request_data) == "greedy"
+        hold = mode == "refuse" or (mode == "escalate" and greedy)
         keep = (request_data.get("metadata") or {}).get(_CLIENT_LOGPROBS, True)
         texts: dict[int, list[str]] = {}
         logprobs: dict[int, list[Any]] = {}
@@ -333,10 +336,10 @@ class UncertaintyHandler(CustomLogger):
             )
             closing.append((i, s))
         replaced: dict[int, str] = {}  # choice -> the text that replaces the held answer
-        if self.scorer.policy.mode == "escalate":
+        if mode == "escalate":
             local_model = request_data.get("model") or ""
             scored = [s for _, s in closing]
-            if not any(s.uncertainty.abstain for s in scored):
+            if not hold or not any(s.uncertainty.abstain for s in scored):
                 scored = self._kept(scored, local_model)
             else:
                 local = [("".join(texts[i]), s) for i, s in closing]
