@@ -152,6 +152,13 @@ def test_ask_reports_g_nll_eos():
     result = ask(OneAnswer(), "What is the capital of France?", measures=["g-nll", "g-nll+eos"])
     assert result.measures == {"g-nll": 0.75, "g-nll+eos": 0.875}
 
+    # gnll generate --measures g-nll,g-nll+eos: one column per measure, "-" written "_"
+    from gnll.scoring.generating import AskOptions, answer_chunk
+
+    opts = AskOptions(measures=["g-nll", "g-nll+eos"])
+    [row] = answer_chunk(OneAnswer(), opts, [(1, {"question": "Capital of France?"}, None)]).rows
+    assert (row["g_nll"], row["g_nll+eos"]) == (0.75, 0.875)
+
 
 def test_prr_table_section_is_optional(data_dir, tmp_path):
     from typer.testing import CliRunner

@@ -214,7 +214,9 @@ def test_refuse_policy_buffers_the_stream(smollm, threshold):
     assert first_at == counter.steps - start  # nothing before the whole answer was decoded
     if threshold == 0.0:
         assert full.message.content == DEFAULT_REFUSAL
-        assert final.finish_reason == "length" and uncertainty(final)["refused"] is True
+        # Refused at its first token by an exact early decision (on by default): it ended there.
+        assert final.finish_reason == "stop" and uncertainty(final)["refused"] is True
+        assert uncertainty(final)["early"] is True and uncertainty(final)["decided_at_token"] <= 1
     else:
         assert final.finish_reason == "length" and "refused" not in uncertainty(final)
 
