@@ -29,7 +29,7 @@ def test_threshold_policies_decide_early_under_refuse_and_escalate():
 
 @pytest.mark.parametrize("mode", ["annotate", "flag"])
 def test_policies_that_send_every_answer_are_refused(mode):
-    with pytest.raises(EarlyDecisionError, match="--policy refuse or escalate"):
+    with pytest.raises(EarlyDecisionError, match="use mode refuse or escalate"):
         AbstentionPolicy(mode=mode, threshold=1.0).early_decision()
 
 

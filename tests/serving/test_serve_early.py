@@ -116,7 +116,7 @@ def test_metrics_and_otel_events_say_where_the_decision_was_made():
 
 
 def test_early_decisions_are_refused_where_they_cannot_be_exact():
-    with pytest.raises(EarlyDecisionError, match="--policy refuse or escalate"):
+    with pytest.raises(EarlyDecisionError, match="use mode refuse or escalate"):
         ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0), early=True)
     # By default they are simply off for such policies.
     assert not ServeSettings(policy=AbstentionPolicy(mode="flag", threshold=1.0)).decides_early

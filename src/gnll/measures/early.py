@@ -64,7 +64,16 @@ MONOTONE_MEASURES: tuple[str, ...] = ("g-nll",)
 
 
 class EarlyDecisionError(ValueError):
-    """A policy or measure on which no decision is exact before the end of the answer."""
+    """A policy or measure on which no decision is exact before the end of the answer.
+
+    ``param`` and ``others`` name the parameters the message mentions (as
+    :class:`gnll._util.validation.ParameterError` does), so a command line can name its options.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, others: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.param = param
+        self.others = others
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,9 @@ class ServeSettings:
             self.policy.early_decision()
         except EarlyDecisionError as exc:
             if self.early:
-                raise EarlyDecisionError(f"--early: {exc}") from None
+                raise EarlyDecisionError(
+                    f"early: {exc}", param="early", others=(*filter(None, [exc.param]), *exc.others)
+                ) from None
             return False
         return True
 

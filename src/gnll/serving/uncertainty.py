@@ -284,12 +284,15 @@ class AbstentionPolicy:
         """
         if self.mode not in ("refuse", "escalate"):
             raise EarlyDecisionError(
-                f"early decisions stop an answer that is refused or escalated; --policy {self.mode} "
-                "sends every answer, so it is decided at the end (use --policy refuse or escalate)"
+                f"early decisions stop an answer that is refused or escalated; mode {self.mode} "
+                "sends every answer, so it is decided at the end (use mode refuse or escalate)",
+                param="mode",
             )
         if not self.active:
             raise EarlyDecisionError(
-                "early decisions need a threshold: give --threshold or --calibration"
+                "early decisions need a rule to decide by: give threshold or calibrator",
+                param="threshold",
+                others=("calibrator",),
             )
         self.check_monotone()
 
