@@ -13,6 +13,7 @@ FRAMEWORK_TESTS = {"test_langchain.py", "test_litellm.py", "test_dspy.py", "test
 POSSIBLE = [
     {"integration", "server"},
     {"integration", "server", "model"},
+    {"integration", "server", "e2e"},
     {"integration", "server", "model", "e2e"},
 ]
 

@@ -14,7 +14,9 @@ import httpx
 import openai
 import pytest
 from integration_helpers import QUESTION, require, vllm_and_proxy
+from serve_helpers import ScriptedModel
 
+from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread, free_port
 
@@ -234,3 +236,155 @@ def test_sdk_logger_and_recorded_vllm_answer():
         assert response.choices[0].message.content == " Paris"
         assert seen and abs(seen[0].g_nll - ref["g_nll"]) <= 1e-6
         assert seen[0].num_tokens == ref["num_tokens"] == 1
+
+
+# --------------------------------------------------------------------------- escalate
+class BigModel(ScriptedModel):
+    """The larger model: a sure "Lyon." (G-NLL 0.75) to every question, so who answered shows."""
+
+    name = "big"
+
+    def generate(self, prompts, config=None, **kwargs):
+        self.calls.append(len(prompts))
+        return [[Generation("Lyon.", [7, 8], ["Lyon", "."], [-0.5, -0.25], "eos")] for _ in prompts]
+
+
+def scripted_servers(threshold: float):
+    """The small (scripted) and large (`big`) models behind plain `gnll serve`s for the proxy, and
+    `gnll serve --policy escalate` from the one to the other: the decision to compare with."""
+    from gnll.serving import AbstentionPolicy
+
+    small = ServerThread(build_inprocess_app(ScriptedModel(), ServeSettings(), max_wait_ms=5))
+    large = ServerThread(build_inprocess_app(BigModel(), ServeSettings(), max_wait_ms=5))
+    small.__enter__()
+    large.__enter__()
+    cascade = ServerThread(
+        build_inprocess_app(
+            ScriptedModel(),
+            ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=threshold)),
+            max_wait_ms=5,
+            escalate_to=large.url + "/v1",
+            escalate_model="big",
+        )
+    )
+    cascade.__enter__()
+    return small, large, cascade
+
+
+def escalate_config(tmp: Path, small: str, large: str, threshold: float) -> Path:
+    lines = [
+        "model_list:",
+        "  - model_name: small",
+        "    litellm_params:",
+        "      model: openai/scripted",
+        f"      api_base: {small}/v1",
+        "      api_key: unused",
+        "  - model_name: large",
+        "    litellm_params:",
+        "      model: openai/big",
+        f"      api_base: {large}/v1",
+        "      api_key: unused",
+        "environment_variables:",
+        '  GNLL_POLICY: "escalate"',
+        f'  GNLL_THRESHOLD: "{threshold}"',
+        '  GNLL_SERVER: "gnll"',
+        '  GNLL_ESCALATE_MODEL: "large"',
+        "litellm_settings:",
+        "  callbacks: gnll.integrations.litellm.proxy_handler",
+        "general_settings:",
+        f"  master_key: {KEY}",
+    ]
+    path = tmp / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.e2e
+def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
+    """`GNLL_POLICY: escalate`: the small model's sure answer stays, its unsure one is answered by
+    the model GNLL_ESCALATE_MODEL names, with the local G-NLL that decided it; the same decisions
+    and numbers as `gnll serve --policy escalate` at the same threshold, whole and streamed."""
+    threshold = 1.0  # SURE's G-NLL is 0.03, UNSURE's 5.0
+    servers = scripted_servers(threshold)
+    small, large, cascade = servers
+    try:
+        ref = openai.OpenAI(base_url=cascade.url + "/v1", api_key="x", max_retries=0)
+        config = escalate_config(tmp_path, small.url, large.url, threshold)
+        with LiteLLMProxy(config, tmp_path / "litellm.log") as proxy:
+            client = proxy.client()
+            for question, answered_by, text in [
+                ("capital?", "small", "Paris."),
+                ("unsure", "large", "Lyon."),
+            ]:
+                ask = [{"role": "user", "content": question}]
+                want = ref.chat.completions.create(model="scripted", messages=ask).choices[0]
+                w = want.uncertainty
+                raw = client.chat.completions.with_raw_response.create(model="small", messages=ask)
+                got = raw.parse().choices[0]
+                u = got.uncertainty
+                assert got.message.content == want.message.content == text
+                assert u["answered_by"] == answered_by
+                assert u["escalated"] is w["escalated"] is (answered_by == "large")
+                assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6)
+                assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"])
+                assert raw.headers["x-answered-by"] == answered_by
+                if u["escalated"]:
+                    assert u["g_nll"] == pytest.approx(0.75)  # the large answer's own G-NLL
+                    local = u["local"]
+                    assert local["g_nll"] == pytest.approx(w["local"]["g_nll"], abs=1e-6)
+                    assert local["g_nll"] == pytest.approx(5.0) and local["abstain"] is True
+                    assert local["text"] == w["local"]["text"] == "Maybe Lyon"
+                    assert local["model"] == "small"
+                else:
+                    assert u["g_nll"] < threshold and u["abstain"] is False and "local" not in u
+                    assert u.get("local") is None
+
+                chunks = list(
+                    client.chat.completions.create(model="small", messages=ask, stream=True)
+                )
+                streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                last = [
+                    c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)
+                ]
+                assert streamed == text and len(last) == 1
+                lu = last[0].choices[0].uncertainty
+                assert lu["answered_by"] == answered_by
+                assert lu["g_nll"] == pytest.approx(u["g_nll"], abs=1e-6)
+                assert last[0].choices[0].finish_reason == "stop"
+
+            # a sampled answer has no G-NLL to escalate on: it streams live and stays local
+            chunks = list(
+                client.chat.completions.create(
+                    model="small",
+                    messages=[{"role": "user", "content": "unsure"}],
+                    temperature=0.7,
+                    stream=True,
+                )
+            )
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
+            assert streamed == "Maybe Lyon" and len(last) == 1
+            lu = last[0].choices[0].uncertainty
+            assert lu["answered_by"] == "small" and lu["escalated"] is False
+            assert lu["decoding"] == "sampled" and lu.get("g_nll") is None
+
+            # the large model down: the local answer, with why it was not escalated (as gnll serve)
+            large.__exit__(None, None, None)
+            ask = [{"role": "user", "content": "unsure"}]
+            want = ref.chat.completions.create(model="scripted", messages=ask).choices[0]
+            got = client.chat.completions.create(model="small", messages=ask).choices[0]
+            assert got.message.content == want.message.content == "Maybe Lyon"
+            u, w = got.uncertainty, want.uncertainty
+            assert u["answered_by"] == "small" and u["escalated"] is w["escalated"] is False
+            assert u["escalation_error"] and w["escalation_error"]
+            assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6) and u["abstain"] is True
+    finally:
+        for srv in servers:
+            srv.__exit__(None, None, None)
+
+
+def test_escalate_needs_the_larger_model_named(monkeypatch):
+    monkeypatch.delenv("GNLL_ESCALATE_MODEL", raising=False)
+    with pytest.raises(ValueError, match="GNLL_ESCALATE_MODEL"):
+        UncertaintyHandler(policy="escalate", threshold=1.0).scorer  # noqa: B018
+    assert UncertaintyHandler(policy="escalate", threshold=1.0, escalate_model="large").scorer

@@ -59,22 +59,25 @@ def make_policy(
     rule: str | None = None,
     refusal: str | None = None,
     model: str | None = None,
+    escalate: bool = False,
 ) -> AbstentionPolicy:
     """An :class:`~gnll.serving.AbstentionPolicy` from ``gnll serve``'s options.
 
     ``policy``: ``"annotate"``, ``"flag"`` or ``"refuse"`` (or a ready policy, returned as is);
     ``calibration``: a ``gnll calibrate`` file, or ``"auto"`` with an embedded ``model``'s name;
-    ``threshold``: abstain when G-NLL is above it (without a calibration).
+    ``threshold``: abstain when G-NLL is above it (without a calibration); ``escalate``: the
+    integration has a larger model to ask, so ``"escalate"`` is accepted (the LiteLLM proxy's).
 
     >>> make_policy("refuse", threshold=3.0).describe()["source"]
     'threshold: abstain when G-NLL > 3'
     """
     if isinstance(policy, AbstentionPolicy):
         return policy
-    if policy == "escalate":
+    if policy == "escalate" and not escalate:
         raise ValueError(
             "policy 'escalate' needs a second model: put `gnll serve --policy escalate` in front of "
-            "the model instead (the integrations annotate, flag or refuse)"
+            "the model instead (this integration annotates, flags or refuses; the LiteLLM proxy escalates "
+            "to its GNLL_ESCALATE_MODEL)"
         )
     kwargs: dict[str, Any] = {"mode": policy, "min_p_correct": min_p_correct, "rule": rule}
     if refusal is not None:

@@ -6,14 +6,22 @@ model for log-probs and greedy decoding (``async_pre_call_hook``), puts the ``un
 ``X-Uncertainty-*`` headers on it (``async_post_call_response_headers_hook``), and appends it to a
 stream in a last chunk (``async_post_call_streaming_iterator_hook``). ``flag`` sets
 ``uncertainty.abstain``; ``refuse`` replaces a likely wrong answer by the refusal (a stream is then
-held back until its end). In the proxy's ``config.yaml``::
+held back until its end); ``escalate`` answers a likely wrong answer by the larger model the
+proxy's ``model_list`` names ``GNLL_ESCALATE_MODEL`` (asked through the proxy's own router, so its
+keys, retries and fallbacks apply), saying who answered in ``uncertainty.answered_by``. In the
+proxy's ``config.yaml``::
 
     environment_variables:
-      GNLL_POLICY: refuse          # annotate (default), flag, refuse
+      GNLL_POLICY: refuse          # annotate (default), flag, refuse, escalate
       GNLL_THRESHOLD: "3.0"        # or GNLL_CALIBRATION: calibration.json
       GNLL_SERVER: vllm            # what serves the models (vllm, llama.cpp, gnll, generic)
+      GNLL_ESCALATE_MODEL: large   # under escalate: a model_name of the model_list
     litellm_settings:
       callbacks: gnll.integrations.litellm.proxy_handler
+
+Why not the router's ``fallbacks``: the proxy runs ``async_post_call_success_hook`` after the
+router's call has returned, fallbacks included, so an exception raised there reaches the client as
+an error; the handler makes the second call itself, on the same router.
 
 **SDK.** ``litellm.callbacks = [UncertaintyHandler(on_uncertainty=...)]`` observes every
 ``litellm.completion`` made with ``logprobs=True`` (LiteLLM runs success callbacks after the call
@@ -31,11 +39,23 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from gnll.integrations.core import AnswerScorer, Scored, decoding_of, headers_for, make_policy
 from gnll.serving.uncertainty import AbstentionPolicy
-from gnll.uncertainty import Uncertainty
+from gnll.uncertainty import LocalAnswer, Uncertainty
 
 __all__ = ["UncertaintyHandler", "proxy_handler", "score_response"]
 
 _CLIENT_LOGPROBS = "gnll_client_logprobs"  # in the request's metadata: what the client asked for
+#: The request fields an escalation passes on to the larger model (the rest are the proxy's own).
+_ESCALATED_FIELDS = (
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "seed",
+    "tools",
+    "tool_choice",
+    "response_format",
+)
 
 
 def _plain(obj: Any) -> Any:
@@ -81,8 +101,10 @@ class UncertaintyHandler(CustomLogger):
 
     Parameters are those of :func:`gnll.integrations.langchain.with_uncertainty`; without any, they
     are read from the environment when first needed (``GNLL_POLICY``, ``GNLL_THRESHOLD``,
-    ``GNLL_CALIBRATION``, ``GNLL_MIN_P_CORRECT``, ``GNLL_REFUSAL``, ``GNLL_SERVER``), so that the
-    proxy's ``config.yaml`` configures :data:`proxy_handler`. ``on_uncertainty(record, kwargs)``
+    ``GNLL_CALIBRATION``, ``GNLL_MIN_P_CORRECT``, ``GNLL_REFUSAL``, ``GNLL_SERVER``,
+    ``GNLL_ESCALATE_MODEL``), so that the proxy's ``config.yaml`` configures :data:`proxy_handler`.
+    ``escalate_model``: under ``policy="escalate"``, the ``model_name`` (of the proxy's
+    ``model_list``) that answers instead when the local answer is likely wrong. ``on_uncertainty(record, kwargs)``
     receives every SDK answer's record; ``records`` keeps the last 1000.
     """
 
@@ -95,6 +117,7 @@ class UncertaintyHandler(CustomLogger):
         min_p_correct: float | None = None,
         refusal: str | None = None,
         server: str | None = None,
+        escalate_model: str | None = None,
         top_logprobs: int = 1,
         on_uncertainty: Callable[[Uncertainty, dict[str, Any]], None] | None = None,
     ) -> None:
@@ -106,6 +129,7 @@ class UncertaintyHandler(CustomLogger):
             min_p_correct=min_p_correct,
             refusal=refusal,
             server=server,
+            escalate_model=escalate_model,
         )
         self.top_logprobs = max(1, int(top_logprobs))
         self.on_uncertainty = on_uncertainty
@@ -120,17 +144,79 @@ class UncertaintyHandler(CustomLogger):
             min_p = (
                 o["min_p_correct"] if o["min_p_correct"] is not None else env("GNLL_MIN_P_CORRECT")
             )
+            mode = o["policy"] or env("GNLL_POLICY") or "annotate"
+            if mode == "escalate" and not self.escalate_model:
+                raise ValueError(
+                    "policy 'escalate' needs the larger model: set GNLL_ESCALATE_MODEL to a "
+                    "model_name of the proxy's model_list"
+                )
             self._scorer = AnswerScorer(
                 policy=make_policy(
-                    o["policy"] or env("GNLL_POLICY") or "annotate",
+                    mode,
                     calibration=o["calibration"] or env("GNLL_CALIBRATION") or None,
                     threshold=None if threshold in (None, "") else float(threshold),
                     min_p_correct=None if min_p in (None, "") else float(min_p),
                     refusal=o["refusal"] or env("GNLL_REFUSAL") or None,
+                    escalate=True,
                 ),
                 server=o["server"] or env("GNLL_SERVER") or "generic",
             )
         return self._scorer
+
+    @property
+    def escalate_model(self) -> str | None:
+        return self._options["escalate_model"] or os.environ.get("GNLL_ESCALATE_MODEL") or None
+
+    async def _escalate(self, data: dict) -> Any:
+        """The larger model's answer to the same request, through the proxy's router (the SDK's
+        ``litellm.acompletion`` outside a proxy), with log-probs for its own G-NLL."""
+        request = {k: data[k] for k in _ESCALATED_FIELDS if data.get(k) is not None}
+        request.update(logprobs=True, top_logprobs=self.top_logprobs, temperature=0.0)
+        try:
+            from litellm.proxy.proxy_server import llm_router
+        except ImportError:  # the SDK without the proxy's extras
+            llm_router = None
+        if llm_router is not None:
+            return await llm_router.acompletion(model=self.escalate_model, **request)
+        import litellm
+
+        return await litellm.acompletion(model=self.escalate_model, **request)
+
+    async def _escalated(
+        self, data: dict, local_model: str, local: list[tuple[str, Scored]]
+    ) -> tuple[Any, list[Scored]] | str:
+        """Ask the larger model; its response and scored choices, or why it failed."""
+        try:
+            up = await self._escalate(data)
+            scored = score_response(
+                up, AnswerScorer(server=self.scorer.server), stop=data.get("stop")
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the local answer
+            return f"{type(exc).__name__}: {exc}".splitlines()[0]
+        text, first = local[0]
+        where = LocalAnswer.model_validate(
+            first.uncertainty.to_json() | {"text": text, "model": local_model}
+        )
+        name = self.escalate_model or ""
+        return up, [
+            Scored(
+                s.uncertainty.model_copy(
+                    update={"answered_by": name, "escalated": True, "local": where}
+                ),
+                s.text,
+                s.finish_reason,
+            )
+            for s in scored
+        ]
+
+    @staticmethod
+    def _kept(scored: list[Scored], local_model: str, error: str | None = None) -> list[Scored]:
+        update: dict[str, Any] = {"answered_by": local_model, "escalated": False}
+        if error is not None:
+            update["escalation_error"] = error
+        return [
+            Scored(s.uncertainty.model_copy(update=update), s.text, s.finish_reason) for s in scored
+        ]
 
     # ------------------------------------------------------------------ proxy hooks
     async def async_pre_call_hook(
@@ -166,6 +252,19 @@ class UncertaintyHandler(CustomLogger):
             response, self.scorer, decoding=self._decoding(data), stop=data.get("stop")
         )
         keep = (data.get("metadata") or {}).get(_CLIENT_LOGPROBS, True)
+        if self.scorer.policy.mode == "escalate":
+            local_model = data.get("model") or ""
+            if not any(s.uncertainty.abstain for s in scored):
+                scored = self._kept(scored, local_model)
+            else:
+                texts = [_get(_get(c, "message"), "content") or "" for c in response.choices]
+                out = await self._escalated(
+                    data, local_model, list(zip(texts, scored, strict=True))
+                )
+                if isinstance(out, str):
+                    scored = self._kept(scored, local_model, out)
+                else:
+                    response, scored = out
         for choice, s in zip(response.choices, scored, strict=True):
             choice.uncertainty = s.uncertainty.to_json()
             if s.refused:
@@ -196,7 +295,10 @@ class UncertaintyHandler(CustomLogger):
             async for chunk in response:
                 yield chunk
             return
-        hold = self.scorer.policy.mode == "refuse"
+        mode = self.scorer.policy.mode
+        # a sampled answer has no G-NLL to escalate on (as in gnll serve): it streams live
+        greedy = self._decoding(request_data) == "greedy"
+        hold = mode == "refuse" or (mode == "escalate" and greedy)
         keep = (request_data.get("metadata") or {}).get(_CLIENT_LOGPROBS, True)
         texts: dict[int, list[str]] = {}
         logprobs: dict[int, list[Any]] = {}
@@ -233,13 +335,33 @@ class UncertaintyHandler(CustomLogger):
                 where=f"choice {i}",
             )
             closing.append((i, s))
-        if hold and not any(s.refused for _, s in closing):
+        replaced: dict[int, str] = {}  # choice -> the text that replaces the held answer
+        if mode == "escalate":
+            local_model = request_data.get("model") or ""
+            scored = [s for _, s in closing]
+            if not hold or not any(s.uncertainty.abstain for s in scored):
+                scored = self._kept(scored, local_model)
+            else:
+                local = [("".join(texts[i]), s) for i, s in closing]
+                out = await self._escalated(request_data, local_model, local)
+                if isinstance(out, str):
+                    scored = self._kept(scored, local_model, out)
+                else:
+                    _, scored = out
+                    for (i, _), s in zip(closing, scored, strict=True):
+                        replaced[i] = s.text
+                        finish[i] = s.finish_reason
+            closing = [(i, s) for (i, _), s in zip(closing, scored, strict=True)]
+        for i, s in closing:
+            if s.refused:
+                replaced[i] = s.text
+        if hold and not replaced:
             for chunk in held:
                 yield chunk
         from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices
 
         for i, s in closing:
-            content = s.text if s.refused else None
+            content = replaced.get(i)
             choice = StreamingChoices(
                 index=i, delta=Delta(content=content, role="assistant"), finish_reason=finish.get(i)
             )
