@@ -26,3 +26,17 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if any(compiled.evaluate(lambda name, /, marks=m, **kw: name in marks) for m in POSSIBLE):
         return None
     return True
+
+
+@pytest.fixture(scope="module")
+def served(smollm):
+    """``gnll serve`` in-process around the session's SmolLM2 (``srv.url``; ``srv.client``: the
+    official openai client): the reference every framework's numbers are checked against."""
+    import openai
+
+    from gnll.serving import ServeSettings, build_inprocess_app
+    from gnll.serving.server import ServerThread
+
+    with ServerThread(build_inprocess_app(smollm, ServeSettings(), max_wait_ms=1)) as srv:
+        srv.client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        yield srv

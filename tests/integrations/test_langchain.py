@@ -11,8 +11,6 @@ import pytest
 from integration_helpers import QUESTION, Recorder, require, vllm_and_proxy
 
 from gnll.integrations.core import ReasoningTokensError
-from gnll.serving import ServeSettings, build_inprocess_app
-from gnll.serving.server import ServerThread
 
 require("langchain_openai")
 from langchain_openai import ChatOpenAI  # noqa: E402
@@ -21,13 +19,6 @@ from gnll.integrations.langchain import UncertaintyCallbackHandler, with_uncerta
 
 pytestmark = [pytest.mark.integration, pytest.mark.server]
 QUESTIONS = [QUESTION, "Who wrote Romeo and Juliet?", "How many legs does a spider have?"]
-
-
-@pytest.fixture(scope="module")
-def served(smollm):
-    with ServerThread(build_inprocess_app(smollm, ServeSettings(), max_wait_ms=1)) as srv:
-        srv.client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-        yield srv
 
 
 def server_g_nll(srv, question, **kw):

@@ -28,13 +28,6 @@ KEY = "sk-gnll-test-0123456789abcdef0123456789"  # the proxy refuses to start wi
 EASY, HARD = QUESTION, "Explain the history of the Byzantine empire's coinage in detail."
 
 
-@pytest.fixture(scope="module")
-def served(smollm):
-    with ServerThread(build_inprocess_app(smollm, ServeSettings(), max_wait_ms=1)) as srv:
-        srv.client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
-        yield srv
-
-
 def direct(srv, question, max_tokens=24):
     r = srv.client.chat.completions.create(
         model="smollm2-135m-instruct",

@@ -8,9 +8,6 @@ import openai
 import pytest
 from integration_helpers import QUESTION, Recorder, require, vllm_and_proxy
 
-from gnll.serving import ServeSettings, build_inprocess_app
-from gnll.serving.server import ServerThread
-
 require("llama_index.llms.openai_like")
 from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
 from llama_index.core.llms import ChatMessage  # noqa: E402
@@ -26,12 +23,6 @@ def llm(url, model="smollm2-135m-instruct", **kw):
     return OpenAILike(
         model=model, api_base=url + "/v1", api_key="x", is_chat_model=True, max_tokens=24, **kw
     )
-
-
-@pytest.fixture(scope="module")
-def served(smollm):
-    with ServerThread(build_inprocess_app(smollm, ServeSettings(), max_wait_ms=1)) as srv:
-        yield srv
 
 
 @pytest.mark.model
