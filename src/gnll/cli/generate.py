@@ -15,7 +15,8 @@ at a terminal, while this is a streaming file job with ``gnll score``'s options 
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any
 
 import typer
 
@@ -74,6 +75,25 @@ def generate(
     overwrite: OverwriteRowsOption = False,
     chunk_size: ChunkSizeOption = 64,
     progress: ProgressOption = True,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            "--policy",
+            help="refuse: write the refusal instead of the answers the policy abstains on "
+            "(decided as gnll serve --policy refuse decides: --threshold or --calibration).",
+            show_default=False,
+        ),
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold", help="With --policy refuse, without --calibration: refuse G-NLL > this."
+        ),
+    ] = None,
+    refusal: Annotated[
+        str | None,
+        typer.Option("--refusal", help="With --policy refuse: the text written instead."),
+    ] = None,
 ) -> None:
     """Answer every question of a file greedily, with its G-NLL (and P(correct))."""
     from rich.console import Console
@@ -107,12 +127,20 @@ def generate(
         fmt = check_format(prompt_format)
     except ValueError as exc:
         fail(f"--prompt_format: {exc}", exc)
+    ask_policy = policy is not None or threshold is not None or refusal is not None
+    if ask_policy:  # checked before the model loads
+        _check_policy(fail, policy, threshold, calibration)
+        if calibration is None:  # the library's own checks of the threshold, also before it
+            _refuse_policy(fail, None, threshold, refusal)
     in_fmt, out_fmt, errors = check_files(
         fail, input, output, input_format, errors, resume, overwrite
     )
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
+    refuse, refusal_text = (
+        _refuse_policy(fail, cal, threshold, refusal) if ask_policy else (None, "")
+    )
     clusterer_obj: object = clusterer
     if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
         from gnll.semantic import load_clusterer
@@ -142,6 +170,8 @@ def generate(
         calibration=cal,
         logprobs=logprobs,
         prompt_format=fmt,
+        refuse=refuse,
+        refusal=refusal_text,
     )
     summary = run_generate_job(lm, job, opts)
     rate = summary.scored / summary.seconds if summary.seconds else 0.0
@@ -153,3 +183,41 @@ def generate(
         where = summary.errors_path or "stderr"
         console.print(f"[bold red]{summary.failed} row(s) failed[/]: see {plain(where)}")
         raise typer.Exit(code=1)
+
+
+def _check_policy(
+    fail: Callable[..., Any], mode: str | None, threshold: float | None, calibration: str | None
+) -> None:
+    """The ``--policy`` options that make sense together, checked before the model loads."""
+    if mode != "refuse":
+        what = f"--policy {mode}" if mode else "--threshold/--refusal without --policy"
+        fail(f"{what}: gnll generate takes --policy refuse (with --threshold or --calibration)")
+    if calibration is None and threshold is None:
+        fail("--policy refuse needs --threshold or --calibration FILE to decide by")
+    if calibration is not None and threshold is not None:
+        fail("--threshold cannot be given with --calibration (give one of them)")
+
+
+def _refuse_policy(
+    fail: Callable[..., Any], calibrator: Any, threshold: float | None, refusal: str | None
+) -> tuple[Callable[[float, str | None, str], bool | None], str]:
+    """``--policy refuse``: the library's :class:`gnll.serving.AbstentionPolicy` (the validation
+    and the decisions of ``gnll serve --policy refuse``), handed to the scoring layer as a plain
+    callable (scoring sits below serving and cannot import it)."""
+    from gnll.cli.serve import _flagged
+    from gnll.serving import AbstentionPolicy
+
+    extra: dict[str, Any] = {"refusal": refusal} if refusal else {}
+    try:
+        pol = AbstentionPolicy(mode="refuse", calibrator=calibrator, threshold=threshold, **extra)
+    except ValueError as exc:  # ParameterError included: one line naming the option
+        fail(_flagged(exc), exc)
+    if pol.calibrator is not None and pol.rule is None and pol.min_p_correct is None:
+        fail(
+            "--calibration: the file has no fitted threshold to refuse by (gnll calibrate fits one)"
+        )
+
+    def refuse(g_nll: float, prompt_format: str | None, scored: str) -> bool | None:
+        return pol.decide(g_nll, prompt_format, scored)[1]
+
+    return refuse, pol.refusal

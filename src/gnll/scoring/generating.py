@@ -8,7 +8,7 @@ flush per chunk and ``--resume``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,13 @@ class AskOptions:
     logprobs: bool = False
     #: How each question is sent (:mod:`gnll.backends.prompting`), as ``gnll ask --prompt_format``.
     prompt_format: str = "instruction"
+    #: A refuse policy (``gnll generate --policy refuse``): ``refuse(g_nll, prompt_format, scored)``
+    #: says whether the answer is refused (``scored``: ``"answer"`` for a reasoning model's answer,
+    #: ``"output"`` else). The CLI passes :meth:`gnll.serving.AbstentionPolicy.decide`'s verdict, so
+    #: the decision is ``gnll serve --policy refuse``'s; ``None``: every answer is written.
+    refuse: Callable[[float, str | None, str], bool | None] | None = None
+    #: The text that replaces a refused answer.
+    refusal: str = ""
 
 
 def _question(row: dict[str, Any]) -> str | None:
@@ -74,7 +81,26 @@ def _output_row(
     if opts.logprobs:
         out["tokens"] = list(result.greedy.tokens)
         out["token_logprobs"] = [float(x) for x in result.greedy.token_logprobs]
+    if opts.refuse is not None:
+        _apply_refusal(out, result, opts)
     return out
+
+
+#: Columns that carry a refused answer's text or tokens: withheld, as ``gnll serve`` withholds them.
+_WITHHELD = ("tokens", "token_logprobs", "trace")
+
+
+def _apply_refusal(out: dict[str, Any], result: Any, opts: AskOptions) -> None:
+    """Under a refuse policy: ``refused`` on every row; a refused row's answer text, tokens and
+    trace are replaced by the refusal (its ``g_nll``, the value it was decided on, stays)."""
+    assert opts.refuse is not None
+    scored = "answer" if result.greedy.reasoning is not None else "output"
+    refused = bool(opts.refuse(result.measures["g-nll"], result.prompt_format, scored))
+    out["refused"] = refused
+    if refused:
+        out["answer"] = opts.refusal
+        for name in _WITHHELD:
+            out.pop(name, None)
 
 
 def answer_chunk(model: Model, opts: AskOptions, chunk: list[Row], start: int = 0) -> ChunkResult:
