@@ -126,3 +126,128 @@ def test_bad_policy_options_are_one_line_before_the_model_loads(tmp_path, loads,
     assert res.exit_code == 2, res.output
     assert says in res.stderr and "Traceback" not in res.output
     assert loads == [] and rows is None
+
+
+# ---------------------------------------------------------------- early decisions
+def _stream_questions(tmp_path: Path) -> Path:
+    p = tmp_path / "sq.jsonl"
+    p.write_text("".join(json.dumps({"question": q}) + "\n" for q in ("sure", "unsure", "long")))
+    return p
+
+
+@pytest.fixture
+def streaming(monkeypatch):
+    from tests.serve_helpers import StreamingModel
+
+    class LoopModel(StreamingModel):
+        """Its generate is its decoding loop run to the end: the answers of both paths agree."""
+
+        def generate(self, prompts, config=None, **kw):
+            dec = self.open_decoder(config, width=len(prompts))
+            for i, row in enumerate(self.encode(prompts)):
+                dec.add(i, row, max_new_tokens=config.max_new_tokens)
+            done = {}
+            while dec.busy:
+                done.update(dec.step())
+            return [done[i] for i in range(len(prompts))]
+
+    m = LoopModel(delay=0.0)
+    monkeypatch.setattr(gnll, "load_model", lambda name, **kw: m)
+    return m
+
+
+def _early_run(tmp_path, *extra, name):
+    out = tmp_path / name
+    args = ["generate", "-i", str(_stream_questions(tmp_path)), "-o", str(out), "--no-progress"]
+    args += ["--prompt_format", "text", "--max_new_tokens", "100", "--policy", "refuse"]
+    res = runner.invoke(app, [*args, "--threshold", "1.2", *extra])
+    assert res.exit_code == 0, res.output
+    return [json.loads(x) for x in out.read_text().splitlines()]
+
+
+def test_early_decisions_stop_refused_answers_and_equal_the_end_of_answer_ones(tmp_path, streaming):
+    from tests.serve_helpers import STREAM_SCRIPT, SURE
+
+    rows = _early_run(tmp_path, name="early.jsonl")
+    policy = AbstentionPolicy(mode="refuse", threshold=1.2)
+    # the end-of-answer decision: the policy on the whole (capped) answer's G-NLL
+    whole = [SURE[1], STREAM_SCRIPT["unsure"][1], STREAM_SCRIPT["long"][1][:100]]
+    assert [r["refused"] for r in rows] == [policy.decide(-sum(lps))[1] for lps in whole]
+    assert [r["refused"] for r in rows] == [False, True, True]
+    sure, unsure, long = rows
+    assert sure["answer"] == "Paris." and "decided_at_token" not in sure
+    assert (unsure["decided_at_token"], unsure["tokens_generated"]) == (1, 1)  # 2.0 > 1.2
+    assert (long["decided_at_token"], long["tokens_generated"]) == (3, 3)  # 1.5 > 1.2
+    assert long["tokens_saved"] == 97 and long["early"] is True
+    assert long["g_nll"] == pytest.approx(1.5) and long["g_nll_is_lower_bound"] is True
+    # tokens really not generated: the loop decoded 3 + 1 tokens for the refused rows, and
+    # "Paris." with its EOS (3), instead of 100 + 3 + 3
+    assert streaming.generated == 3 + 1 + 3
+    assert all("w3" not in json.dumps(r) and "Lyon" not in json.dumps(r) for r in rows[1:])
+
+
+def test_no_early_decodes_every_token_with_the_same_decisions(tmp_path, streaming):
+    early = _early_run(tmp_path, name="early.jsonl")
+    streaming.generated = 0
+    full = _early_run(tmp_path, "--no_early", name="full.jsonl")
+    assert [r["refused"] for r in full] == [r["refused"] for r in early]
+    assert all("decided_at_token" not in r for r in full)
+    assert [r["num_tokens"] for r in full] == [2, 2, 100]
+    assert streaming.generated == 3 + 3 + 100  # every token decoded (EOS included), not 3 + 1 + 3
+
+
+def test_early_asked_for_where_it_cannot_be_exact_is_one_line(tmp_path, streaming):
+    res = runner.invoke(
+        app,
+        ["generate", "-i", str(_stream_questions(tmp_path)), "-o", str(tmp_path / "o.jsonl")]
+        + ["--policy", "refuse", "--threshold", "1", "--early", "--measures", "g-nll,ln-g-nll"],
+    )
+    assert res.exit_code == 2 and "--early" in res.stderr and "--measures g-nll" in res.stderr
+
+
+@pytest.mark.model
+def test_early_decisions_on_smollm2_equal_the_end_of_answer_decisions(
+    tmp_path, smollm, monkeypatch
+):
+    monkeypatch.setattr(gnll, "load_model", lambda name, **kw: smollm)
+    qs = [
+        "What is the capital of France?",
+        "Who wrote Moby-Dick?",
+        "What is the largest planet?",
+        "Who painted the Mona Lisa?",
+        "In which year did the Berlin Wall fall?",
+        "What is the chemical symbol for gold?",
+    ]
+    inp = tmp_path / "q.jsonl"
+    inp.write_text("".join(json.dumps({"question": q}) + "\n" for q in qs))
+
+    def run(*extra, name):
+        out = tmp_path / name
+        args = ["generate", "-i", str(inp), "-o", str(out), "--no-progress", *extra]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        return [json.loads(x) for x in out.read_text().splitlines()]
+
+    plain = run(name="plain.jsonl")
+    pol = ["--policy", "refuse", "--threshold", "1.5"]
+    early, full = run(*pol, name="early.jsonl"), run(*pol, "--no_early", name="full.jsonl")
+    assert [r["refused"] for r in early] == [r["refused"] for r in full]
+    assert [r["refused"] for r in full] == [r["g_nll"] > 1.5 for r in plain]
+    assert 0 < sum(r["refused"] for r in early) < len(qs)  # the test splits the questions
+    for e, f, p in zip(early, full, plain, strict=True):
+        if not f["refused"]:  # kept answers: identical through the loop and through generate
+            assert e["answer"] == f["answer"] == p["answer"]
+            assert e["g_nll"] == pytest.approx(f["g_nll"], abs=1e-9)
+        else:
+            assert e["tokens_generated"] <= p["num_tokens"]
+            assert e["decided_at_token"] == e["num_tokens"]
+            assert e["tokens_saved"] == 50 - e["tokens_generated"] > 0  # against max_new_tokens
+            assert e["g_nll"] <= p["g_nll"] + 1e-9 and e["g_nll"] > 1.5
+    assert (
+        sum(
+            p["num_tokens"] - e["tokens_generated"]
+            for e, p in zip(early, plain, strict=True)
+            if e["refused"]
+        )
+        > 0
+    )

@@ -6,7 +6,9 @@ Example
 ``question`` field and writes them back with ``answer``, ``g_nll`` (and any other ``--measures``),
 ``num_tokens``, ``finish_reason``, ``p_correct`` and ``abstain``. Every answer is the one ``gnll ask``
 gives for that question. Exit status: 0 if every row was answered, 1 if some rows failed (see the
-errors file), 2 on bad usage.
+errors file), 2 on bad usage. ``--policy refuse`` (``--threshold`` or ``--calibration``) writes the
+refusal instead of the answers that policy abstains on, and stops them at the token where the
+refusal became certain (``--early``, on when exact).
 
 Why a command of its own rather than ``gnll ask --input``: ``ask`` prints a report for one question
 at a terminal, while this is a streaming file job with ``gnll score``'s options (``--input``,
@@ -20,6 +22,7 @@ from typing import Annotated, Any
 
 import typer
 
+from gnll.backends.base import GenerationConfig
 from gnll.cli._errors import plain, usage_failer
 from gnll.cli._options import (
     BeamsOption,
@@ -94,6 +97,16 @@ def generate(
         str | None,
         typer.Option("--refusal", help="With --policy refuse: the text written instead."),
     ] = None,
+    early: Annotated[
+        bool | None,
+        typer.Option(
+            "--early/--no-early",
+            help="With --policy refuse: stop an answer at the first token after which it is "
+            "refused whatever follows (exact: the same decisions). Default: on when the policy, "
+            "the model and --measures g-nll allow it.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Answer every question of a file greedily, with its G-NLL (and P(correct))."""
     from rich.console import Console
@@ -127,7 +140,7 @@ def generate(
         fmt = check_format(prompt_format)
     except ValueError as exc:
         fail(f"--prompt_format: {exc}", exc)
-    ask_policy = policy is not None or threshold is not None or refusal is not None
+    ask_policy = any(x is not None for x in (policy, threshold, refusal, early))
     if ask_policy:  # checked before the model loads
         _check_policy(fail, policy, threshold, calibration)
         if calibration is None:  # the library's own checks of the threshold, also before it
@@ -138,9 +151,12 @@ def generate(
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
-    refuse, refusal_text = (
-        _refuse_policy(fail, cal, threshold, refusal) if ask_policy else (None, "")
+    refuse, refusal_text, pol = (
+        _refuse_policy(fail, cal, threshold, refusal) if ask_policy else (None, "", None)
     )
+    watched = None
+    if pol is not None and early is not False:
+        watched = _early_model(fail, lm, pol, wanted, fmt, asked=early is True)
     clusterer_obj: object = clusterer
     if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
         from gnll.semantic import load_clusterer
@@ -172,8 +188,9 @@ def generate(
         prompt_format=fmt,
         refuse=refuse,
         refusal=refusal_text,
+        early=None if watched is None else watched.facts,
     )
-    summary = run_generate_job(lm, job, opts)
+    summary = run_generate_job(lm if watched is None else watched, job, opts)
     rate = summary.scored / summary.seconds if summary.seconds else 0.0
     msg = f"answered {summary.scored} questions in {summary.seconds:.1f} s ({rate:.2f}/s)"
     if summary.skipped_resume:
@@ -190,7 +207,7 @@ def _check_policy(
 ) -> None:
     """The ``--policy`` options that make sense together, checked before the model loads."""
     if mode != "refuse":
-        what = f"--policy {mode}" if mode else "--threshold/--refusal without --policy"
+        what = f"--policy {mode}" if mode else "--threshold/--refusal/--early without --policy"
         fail(f"{what}: gnll generate takes --policy refuse (with --threshold or --calibration)")
     if calibration is None and threshold is None:
         fail("--policy refuse needs --threshold or --calibration FILE to decide by")
@@ -220,4 +237,86 @@ def _refuse_policy(
     def refuse(g_nll: float, prompt_format: str | None, scored: str) -> bool | None:
         return pol.decide(g_nll, prompt_format, scored)[1]
 
-    return refuse, pol.refusal
+    return refuse, pol.refusal, pol
+
+
+def _early_model(
+    fail: Callable[..., Any], lm: Any, pol: Any, wanted: list[str], fmt: str, *, asked: bool
+) -> EarlyGreedy | None:
+    """The model that stops refused answers early, when the policy, the model and the measures
+    allow it (``None`` otherwise; with ``--early`` asked for, one line saying why not)."""
+    from gnll.backends.reasoning_model import ReasoningModel
+    from gnll.cli.serve import _flagged
+    from gnll.measures.early import EarlyDecisionError
+
+    why = None
+    try:
+        pol.early_decision(prompt_format=fmt)
+    except EarlyDecisionError as exc:
+        why = _flagged(exc)
+    if why is None and wanted != ["g-nll"]:
+        why = "the other --measures need the whole answer (give --measures g-nll)"
+    if why is None and isinstance(lm, ReasoningModel):
+        why = "a reasoning model's answer starts after its trace (not supported here)"
+    if why is None and (
+        not hasattr(lm, "open_decoder") or lm.open_decoder(GenerationConfig.greedy()) is None
+    ):
+        why = f"{lm.name} has no decoding loop to stop (the hf backend's)"
+    if why is not None:
+        if asked:
+            fail(f"--early: {why}")
+        return None
+    return EarlyGreedy(lm, lambda: pol.early_decision(prompt_format=fmt))
+
+
+class EarlyGreedy:
+    """``model`` whose greedy answers stop at an exact early decision (:mod:`gnll.measures.early`).
+
+    Greedy answers go through the model's decoding loop with the in-process server's watch
+    (:class:`gnll.serving.engine.EarlyStop`: the stop-string hold-back, then the rule), so an
+    answer ends at the first released token after which the policy refuses it whatever follows;
+    the answer it returns is the part released then (``finish_reason`` ``"decided"``). Everything
+    else is the model's own. :meth:`facts` gives the last greedy answer's decision.
+    """
+
+    def __init__(self, model: Any, rule: Callable[[], Any]) -> None:
+        self.model, self.rule = model, rule
+        self._facts: list[dict[str, Any] | None] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def facts(self) -> dict[str, Any] | None:
+        """The last greedy answer's early decision (``None``: it ran to its end)."""
+        return self._facts[0] if len(self._facts) == 1 else None
+
+    def generate(self, prompts: Any, config: Any = None, **kw: Any) -> list[list[Any]]:
+        from gnll.serving.engine import EarlyStop
+        from gnll.serving.streams.live import HeldText
+
+        config = config or GenerationConfig.greedy()
+        if config.strategy != "greedy" or config.num_sequences != 1:
+            return self.model.generate(prompts, config, **kw)
+        lm = self.model
+        ids = lm.encode(prompts, raw_prompt=kw.get("raw_prompt", False))
+        lm.check_context(ids, config.max_new_tokens)
+        stops = lm.stop_rules(config.stop)
+        decoder = lm.open_decoder(config, width=max(1, len(ids)))
+        watches = [
+            EarlyStop(HeldText(lm.decode, stops.token_ids, stops.strings), self.rule(), n)
+            for n in [config.max_new_tokens] * len(ids)
+        ]
+        for i, row in enumerate(ids):
+            decoder.add(
+                i,
+                row,
+                max_new_tokens=config.max_new_tokens,
+                stops=stops,
+                watch=lambda j, token, lp, w=watches[i]: w(token, lp),
+            )
+        out: list[list[Any]] = [[] for _ in ids]
+        while decoder.busy:
+            for i, gens in decoder.step():
+                out[i] = [watches[i].generation()] if watches[i].rule.decided else gens
+        self._facts = [w.facts() if w.rule.decided else None for w in watches]
+        return out

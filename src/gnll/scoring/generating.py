@@ -47,6 +47,9 @@ class AskOptions:
     refuse: Callable[[float, str | None, str], bool | None] | None = None
     #: The text that replaces a refused answer.
     refusal: str = ""
+    #: With early decisions: the last answer's decision (``decided_at_token``,
+    #: ``tokens_generated``, ``tokens_saved``), or ``None`` when it ran to its end.
+    early: Callable[[], Mapping[str, Any] | None] | None = None
 
 
 def _question(row: dict[str, Any]) -> str | None:
@@ -97,6 +100,15 @@ def _apply_refusal(out: dict[str, Any], result: Any, opts: AskOptions) -> None:
     scored = "answer" if result.greedy.reasoning is not None else "output"
     refused = bool(opts.refuse(result.measures["g-nll"], result.prompt_format, scored))
     out["refused"] = refused
+    facts = opts.early() if opts.early is not None else None
+    if facts is not None:  # stopped at the decision token: the rest was never generated
+        out.update(
+            early=True,
+            decided_at_token=facts["decided_at_token"],
+            tokens_generated=facts["tokens_generated"],
+            tokens_saved=facts["tokens_saved"],
+            g_nll_is_lower_bound=True,
+        )
     if refused:
         out["answer"] = opts.refusal
         for name in _WITHHELD:
