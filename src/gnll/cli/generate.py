@@ -22,7 +22,6 @@ from typing import Annotated, Any
 
 import typer
 
-from gnll.backends.base import GenerationConfig
 from gnll.cli._errors import plain, usage_failer
 from gnll.cli._options import (
     BeamsOption,
@@ -142,9 +141,7 @@ def generate(
         fail(f"--prompt_format: {exc}", exc)
     ask_policy = any(x is not None for x in (policy, threshold, refusal, early))
     if ask_policy:  # checked before the model loads
-        _check_policy(fail, policy, threshold, calibration)
-        if calibration is None:  # the library's own checks of the threshold, also before it
-            _refuse_policy(fail, None, threshold, refusal)
+        _check_policy(fail, policy, threshold, calibration, refusal)
     in_fmt, out_fmt, errors = check_files(
         fail, input, output, input_format, errors, resume, overwrite
     )
@@ -154,9 +151,7 @@ def generate(
     refuse, refusal_text, pol = (
         _refuse_policy(fail, cal, threshold, refusal) if ask_policy else (None, "", None)
     )
-    watched = None
-    if pol is not None and early is not False:
-        watched = _early_model(fail, lm, pol, wanted, fmt, asked=early is True)
+    watched = _early_model(fail, lm, pol, wanted, fmt, early) if pol is not None else None
     clusterer_obj: object = clusterer
     if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
         from gnll.semantic import load_clusterer
@@ -190,7 +185,11 @@ def generate(
         refusal=refusal_text,
         early=None if watched is None else watched.facts,
     )
-    summary = run_generate_job(lm if watched is None else watched, job, opts)
+    _report(console, run_generate_job(lm if watched is None else watched, job, opts))
+
+
+def _report(console: Any, summary: Any) -> None:
+    """What a finished job did; exit status 1 when a row failed."""
     rate = summary.scored / summary.seconds if summary.seconds else 0.0
     msg = f"answered {summary.scored} questions in {summary.seconds:.1f} s ({rate:.2f}/s)"
     if summary.skipped_resume:
@@ -203,7 +202,11 @@ def generate(
 
 
 def _check_policy(
-    fail: Callable[..., Any], mode: str | None, threshold: float | None, calibration: str | None
+    fail: Callable[..., Any],
+    mode: str | None,
+    threshold: float | None,
+    calibration: str | None,
+    refusal: str | None,
 ) -> None:
     """The ``--policy`` options that make sense together, checked before the model loads."""
     if mode != "refuse":
@@ -213,6 +216,8 @@ def _check_policy(
         fail("--policy refuse needs --threshold or --calibration FILE to decide by")
     if calibration is not None and threshold is not None:
         fail("--threshold cannot be given with --calibration (give one of them)")
+    if calibration is None:  # the library's own checks of the threshold, also before the load
+        _refuse_policy(fail, None, threshold, refusal)
 
 
 def _refuse_policy(
@@ -241,82 +246,20 @@ def _refuse_policy(
 
 
 def _early_model(
-    fail: Callable[..., Any], lm: Any, pol: Any, wanted: list[str], fmt: str, *, asked: bool
-) -> EarlyGreedy | None:
-    """The model that stops refused answers early, when the policy, the model and the measures
-    allow it (``None`` otherwise; with ``--early`` asked for, one line saying why not)."""
-    from gnll.backends.reasoning_model import ReasoningModel
+    fail: Callable[..., Any], lm: Any, pol: Any, wanted: list[str], fmt: str, early: bool | None
+) -> Any:
+    """The model that stops refused answers early (:func:`gnll.serving.early_greedy`) when the
+    policy, the model and the measures allow it; ``None`` otherwise, and with ``--early`` asked
+    for, one line saying why not."""
     from gnll.cli.serve import _flagged
     from gnll.measures.early import EarlyDecisionError
+    from gnll.serving.early_generate import early_greedy
 
-    why = None
-    try:
-        pol.early_decision(prompt_format=fmt)
-    except EarlyDecisionError as exc:
-        why = _flagged(exc)
-    if why is None and wanted != ["g-nll"]:
-        why = "the other --measures need the whole answer (give --measures g-nll)"
-    if why is None and isinstance(lm, ReasoningModel):
-        why = "a reasoning model's answer starts after its trace (not supported here)"
-    if why is None and (
-        not hasattr(lm, "open_decoder") or lm.open_decoder(GenerationConfig.greedy()) is None
-    ):
-        why = f"{lm.name} has no decoding loop to stop (the hf backend's)"
-    if why is not None:
-        if asked:
-            fail(f"--early: {why}")
+    if early is False:
         return None
-    return EarlyGreedy(lm, lambda: pol.early_decision(prompt_format=fmt))
-
-
-class EarlyGreedy:
-    """``model`` whose greedy answers stop at an exact early decision (:mod:`gnll.measures.early`).
-
-    Greedy answers go through the model's decoding loop with the in-process server's watch
-    (:class:`gnll.serving.engine.EarlyStop`: the stop-string hold-back, then the rule), so an
-    answer ends at the first released token after which the policy refuses it whatever follows;
-    the answer it returns is the part released then (``finish_reason`` ``"decided"``). Everything
-    else is the model's own. :meth:`facts` gives the last greedy answer's decision.
-    """
-
-    def __init__(self, model: Any, rule: Callable[[], Any]) -> None:
-        self.model, self.rule = model, rule
-        self._facts: list[dict[str, Any] | None] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
-
-    def facts(self) -> dict[str, Any] | None:
-        """The last greedy answer's early decision (``None``: it ran to its end)."""
-        return self._facts[0] if len(self._facts) == 1 else None
-
-    def generate(self, prompts: Any, config: Any = None, **kw: Any) -> list[list[Any]]:
-        from gnll.serving.engine import EarlyStop
-        from gnll.serving.streams.live import HeldText
-
-        config = config or GenerationConfig.greedy()
-        if config.strategy != "greedy" or config.num_sequences != 1:
-            return self.model.generate(prompts, config, **kw)
-        lm = self.model
-        ids = lm.encode(prompts, raw_prompt=kw.get("raw_prompt", False))
-        lm.check_context(ids, config.max_new_tokens)
-        stops = lm.stop_rules(config.stop)
-        decoder = lm.open_decoder(config, width=max(1, len(ids)))
-        watches = [
-            EarlyStop(HeldText(lm.decode, stops.token_ids, stops.strings), self.rule(), n)
-            for n in [config.max_new_tokens] * len(ids)
-        ]
-        for i, row in enumerate(ids):
-            decoder.add(
-                i,
-                row,
-                max_new_tokens=config.max_new_tokens,
-                stops=stops,
-                watch=lambda j, token, lp, w=watches[i]: w(token, lp),
-            )
-        out: list[list[Any]] = [[] for _ in ids]
-        while decoder.busy:
-            for i, gens in decoder.step():
-                out[i] = [watches[i].generation()] if watches[i].rule.decided else gens
-        self._facts = [w.facts() if w.rule.decided else None for w in watches]
-        return out
+    try:
+        return early_greedy(lm, pol, measures=wanted, prompt_format=fmt)
+    except EarlyDecisionError as exc:
+        if early:
+            fail(f"--early: {_flagged(exc)}")
+        return None
