@@ -12,7 +12,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -139,6 +139,26 @@ def read_json(path: str | os.PathLike[str]) -> Any:
             f"{path} is {what}: the file is damaged or was cut short (e.g. by a crash or a full "
             "disk while it was written)"
         ) from None
+
+
+def read_artifact(path: str | os.PathLike[str], what: str, parse: Callable[[Any], T]) -> T:
+    """``parse`` of the JSON file ``path`` (a calibration, a cascade threshold, ...): a missing file
+    is a ``FileNotFoundError`` naming ``what`` it should hold, a damaged one or one ``parse``
+    rejects a ``ValueError`` naming the file.
+
+    >>> read_artifact("/nonexistent/cal.json", "calibration file", dict)
+    Traceback (most recent call last):
+    FileNotFoundError: calibration file /nonexistent/cal.json does not exist
+    """
+    path = Path(path)
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    try:
+        return parse(data)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:

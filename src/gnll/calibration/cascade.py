@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binom
 
-from gnll._util import atomic_write, jsonable, read_json
+from gnll._util import atomic_write, jsonable, read_artifact, read_json
 from gnll._util.runfiles import SAMPLES, RunDir, iter_samples, samples_path
 from gnll._util.validation import check_scores_labels
 from gnll.calibration.data import run_prompt_templates, templates_fingerprint
@@ -257,16 +257,7 @@ class CascadeThreshold:
         """Read ``cascade.json``; with ``prompt_format``, refuse a file fitted on another format;
         with ``prompt_fingerprint``/``model``, warn on another template or small model."""
         path = Path(path)
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"cascade file {path} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        try:
-            fitted = cls.from_file(d)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from None
+        fitted = read_artifact(path, "cascade file", cls.from_file)
         fitted.meta["path"] = str(path)
         fitted.check(
             prompt_format=prompt_format, prompt_fingerprint=prompt_fingerprint, model=model

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from gnll._util import atomic_write, jsonable
+from gnll._util import atomic_write, jsonable, read_artifact
 from gnll._util.validation import check_scores_labels
 from gnll.backends.prompting import PROMPT_FORMATS
 from gnll.calibration.metrics import log_loss, probability_metrics
@@ -440,16 +440,7 @@ class Calibrator:
         (``prompt_description``: the prompts in use, in words); with ``prompt_format``, refuse a
         file fitted on another format."""
         path = Path(path)
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"calibration file {path} does not exist") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from None
-        try:
-            cal = cls.from_dict(d)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from None
+        cal = read_artifact(path, "calibration file", cls.from_dict)
         cal.meta.setdefault("path", str(path))
         cal.check(
             model=model,
