@@ -7,8 +7,10 @@ uses), one request at a time, in three arms per question, their order rotated pe
 
 - ``full``: the whole greedy answer (what ``gnll serve`` did before early decisions): its G-NLL
   gives the end-of-answer decision of both policies below;
-- ``escalate``: early decisions under the **calibrated** escalate policy: SmolLM2's shipped
-  calibration (``--calibration auto``, its fitted ``coverage`` rule);
+- ``escalate``: early decisions under the **calibrated** escalate policy: ``--calibration``, by
+  default the calibration fitted on SmolLM2's own ``triviaqa_long`` answers
+  (``bench/results/early_decisions_calibration.json``, its default ``coverage`` rule; how to
+  refit it is below), applied to questions it was not fitted on (``--start``);
 - ``refuse``: early decisions under ``--policy refuse --threshold T`` (raw G-NLL threshold).
 
 Reported per policy: decisions that differ from the end-of-answer decision (must be 0), and for
@@ -16,10 +18,23 @@ the answers it refuses/escalates: mean seconds to the decision early vs the full
 (the decision time without early decisions), their ratio, and tokens generated. Run with ``nice``
 on a shared machine: the ratio is taken within one run, question by question.
 
+Where an exact decision can come depends on the threshold: it is the first token at which the
+running G-NLL passes it. So the full arm's per-token NLLs also give, exactly and without timing,
+the share of each escalated answer generated before its decision at the thresholds that escalate
+10%, 20%, ..., 90% of these answers (``summary.sweep``).
+
+The calibration (the SmolLM2 -> Gemma-3-270M cascade cannot be calibrated on this task: Gemma's
+``contains`` accuracy, 0.090 on these 400 questions, is below SmolLM2's 0.110, so a certified
+cascade threshold escalates nothing)::
+
+    gnll eval --model smollm2-135m-instruct --tasks triviaqa_long --samples 0 --beams 0 \
+        --measures g-nll --data_dir ../shared/data --limit 400 -o runs/smollm2-long
+    gnll calibrate runs/smollm2-long -o bench/results/early_decisions_calibration.json
+
 Usage::
 
-    nice -n 10 python bench/early_decisions.py --n 200 --threads 1 \\
-        --output bench/results/early_decisions.json
+    nice -n 10 python bench/early_decisions.py --n 200 --start 400 --data_dir ../shared/data \\
+        --threads 1 --output bench/results/early_decisions.json
     python bench/early_decisions.py --quick
 """
 
@@ -40,7 +55,22 @@ def main() -> None:
     ap.add_argument("--model", default=common.DEFAULT_MODEL)
     ap.add_argument("--threshold", type=float, default=12.0, help="refuse arm's G-NLL threshold")
     ap.add_argument("--task", default="triviaqa_long")
-    ap.add_argument("--start", type=int, default=0, help="skip the first START questions (shards)")
+    ap.add_argument(
+        "--start",
+        type=int,
+        default=0,
+        help="skip the first START questions of the evaluation pool (those the calibration was "
+        "fitted on; shards)",
+    )
+    ap.add_argument(
+        "--data_dir", default=None, help="full datasets (default: the sample shipped with gnll)"
+    )
+    ap.add_argument(
+        "--calibration",
+        default=str(common.REPO / "bench" / "results" / "early_decisions_calibration.json"),
+        help="the escalate arm's calibration file (or 'auto': the shipped one, fitted on "
+        "short-answer prompts)",
+    )
     ap.add_argument(
         "--merge",
         nargs="+",
@@ -60,13 +90,15 @@ def main() -> None:
     from gnll.serving.uncertainty import AbstentionPolicy
 
     n = args.n or (6 if args.quick else 200)
-    td = get_task(args.task).load()
+    td = get_task(args.task).load(data_dir=args.data_dir)
     examples = td.split("eval", args.start + n)[args.start :]
     prompts = [td.prompt(ex) for ex in examples]
     model = load_model(args.model, progress=False)
     config = GenerationConfig.greedy(max_new_tokens=td.task.max_new_tokens)
     policies = {
-        "escalate": AbstentionPolicy.from_calibration("auto", model=model.name, mode="escalate"),
+        "escalate": AbstentionPolicy.from_calibration(
+            args.calibration, model=model.name, mode="escalate"
+        ),
         "refuse": AbstentionPolicy(mode="refuse", threshold=args.threshold),
     }
     for p in policies.values():
@@ -99,6 +131,8 @@ def main() -> None:
                         "g_nll": g_nll(gen.measured_logprobs),
                         "early": facts,
                     }
+                    if arm == "full":  # the sweep's input: where each threshold would decide
+                        row[arm]["nll"] = [-lp for lp in gen.measured_logprobs]
                 full_g = _g_nll(row["full"])
                 for name, p in policies.items():
                     end = bool(p.decide(full_g)[1])
@@ -126,6 +160,8 @@ def main() -> None:
     def report(rows: list[dict[str, Any]], partial: bool) -> None:
         summary_rows, results = summarise(rows, policies)
         print(common.table(summary_rows), flush=True)
+        if "sweep" in results:
+            print(common.table(results["sweep"]), flush=True)
         common.finish(
             "early_decisions",
             args,
@@ -154,15 +190,16 @@ def merge(args: Any) -> None:
     if len({r["question"] for r in rows}) != len(rows):
         raise SystemExit("the shards overlap: a question appears twice")
     first = shards[0]
-    policies = {}
+    policies, described = {}, {}
     for name, res in first["summary"].items():
-        desc = res["policy"]
-        policies[name] = (
-            AbstentionPolicy.from_calibration("auto", model=first["model"], mode=desc["policy"])
-            if desc["calibrated"]
-            else AbstentionPolicy(mode=desc["policy"], threshold=desc["threshold_g_nll"])
-        )
+        if name == "sweep":
+            continue
+        desc = described[name] = res["policy"]
+        # Both rules abstain on G-NLL > their threshold: the threshold alone decides the same.
+        policies[name] = AbstentionPolicy(mode=desc["policy"], threshold=desc["threshold_g_nll"])
     summary_rows, results = summarise(rows, policies)
+    for name, desc in described.items():
+        results[name]["policy"] = desc
     print(common.table(summary_rows))
     out = {
         "benchmark": "early_decisions",
@@ -224,7 +261,50 @@ def summarise(rows: list[dict[str, Any]], policies: dict[str, Any]) -> tuple[lis
                 "tokens full": res["tokens_abstained_full"],
             }
         )
+    if all("nll" in r["full"] for r in rows):
+        results["sweep"] = sweep(rows)
     return summary_rows, results
+
+
+def sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where an exact decision comes at the thresholds escalating 10%, ..., 90% of these answers.
+
+    From the full answers' token NLLs alone: the decision is at the first answer token whose
+    running G-NLL (``math.fsum``, as the rule sums) passes the threshold; an empty answer (scored
+    by its stop token) is decided at its end. No timing: the share of tokens generated.
+    """
+    import math
+
+    import numpy as np
+
+    full_g = np.array([r["full"]["g_nll"] for r in rows])
+    out = []
+    for rate in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        tau = float(np.quantile(full_g, 1 - rate))
+        early, full, shares = 0, 0, []
+        for r in rows:
+            f = r["full"]
+            if not f["g_nll"] > tau:
+                continue
+            at = f["tokens"]
+            if f["answer_tokens"]:
+                at = next(
+                    (k for k in range(1, len(f["nll"]) + 1) if math.fsum(f["nll"][:k]) > tau),
+                    at,
+                )
+            early, full = early + at, full + f["tokens"]
+            shares.append(at / f["tokens"])
+        out.append(
+            {
+                "escalated_share": round(len(shares) / len(rows), 3),
+                "threshold_g_nll": tau,
+                "tokens_to_decision": early,
+                "tokens_full": full,
+                "tokens_ratio": early / full if full else None,
+                "median_paired_share": statistics.median(shares) if shares else None,
+            }
+        )
+    return out
 
 
 def _g_nll(arm: dict[str, Any]) -> float:
