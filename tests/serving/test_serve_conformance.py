@@ -371,12 +371,21 @@ class BigModel(NoLoopModel):
         return [[Generation("Lyon.", [7, 8], *map(list, BIG), "eos")] for _ in prompts]
 
 
-@pytest.fixture(scope="module", params=[(m, p) for m in MODES for p in POLICIES], ids=str)
+@pytest.fixture(
+    scope="module",
+    params=[(m, p) for m in MODES for p in POLICIES] + [("proxy", "proxy-escalates")],
+    ids=str,
+)
 def policed_server(request):
     """(mode, policy) -> a server that abstains above G-NLL 1 (the scripted "unsure" answer has
     5.0, every other prompt 0.03). In proxy mode the proxy applies flag/refuse itself; under
-    escalate it stands in front of an escalating in-process server."""
+    escalate it stands in front of an escalating in-process server, and under proxy-escalates it
+    escalates itself: the in-process server (no policy) answers first, cut at the early decision,
+    and the larger model's server answers instead."""
     mode, policy = request.param
+    if policy == "proxy-escalates":
+        yield from _proxy_escalating()
+        return
     policy_of = AbstentionPolicy(mode=policy, threshold=1.0, refusal="I do not know.")
     with contextlib.ExitStack() as stack:
         escalate_to = None
@@ -400,6 +409,27 @@ def policed_server(request):
                 ServerThread(create_app(service, ServeSettings(policy=proxy_policy)))
             )
         srv.mode, srv.policy, srv.model_id = mode, policy, model.name
+        # a proxy in front of an escalating server passes on its answers, but not its record
+        srv.escalates = policy == "escalate" and mode != "proxy"
+        yield srv
+
+
+def _proxy_escalating():
+    from gnll.serving import build_proxy_app
+
+    policy = AbstentionPolicy(mode="escalate", threshold=1.0)
+    with contextlib.ExitStack() as stack:
+        big = build_inprocess_app(BigModel(), ServeSettings(), max_wait_ms=1)
+        big_url = stack.enter_context(ServerThread(big)).url + "/v1"
+        model = StreamingModel()
+        small = build_inprocess_app(model, ServeSettings(), max_wait_ms=1)
+        small_url = stack.enter_context(ServerThread(small)).url + "/v1"
+        app = build_proxy_app(
+            small_url, ServeSettings(policy=policy), escalate_to=big_url, escalate_model="big"
+        )
+        srv = stack.enter_context(ServerThread(app))
+        srv.mode, srv.policy, srv.model_id = "proxy", "escalate", model.name
+        srv.escalates = True
         yield srv
 
 
@@ -421,7 +451,12 @@ def test_every_policy_answers_as_openai_does(policed_server, chat, prompt):
     assert body.status_code == 200, body.text
     check_body(body.json(), chat)
     usage = body.json()["usage"]
-    early = body.json()["choices"][0]["uncertainty"].get("early")
+    u = body.json()["choices"][0]["uncertainty"]
+    early = u.get("early")
+    if srv.escalates:  # the larger model answers the uncertain question only
+        assert u["escalated"] is (prompt == "unsure") and u["answered_by"]
+        if u["escalated"] and srv.mode == "proxy":  # the small server's stream cut there
+            assert u["local"]["early"] is True
     if early and srv.mode == "proxy":
         # The proxy closed the upstream's stream at the decision: nobody counted the answer.
         assert usage is None

@@ -98,12 +98,12 @@ def test_escalation_rules_live_in_the_library():
         check_escalation(ServeSettings(), "http://127.0.0.1:9/v1")
     with pytest.raises(ParameterError, match="must be an http"):
         check_escalation(escalate, "127.0.0.1:9")
-    with pytest.raises(ParameterError, match="not an upstream server"):
-        check_escalation(escalate, None, in_process=False)
+    with pytest.raises(ParameterError, match="escalate_to is the upstream itself"):
+        check_escalation(escalate, "http://h:1/v1", upstream="http://h:1/v1")
     # the app builders run the same checks
     with pytest.raises(ParameterError, match="escalate_to is needed"):
         build_inprocess_app(ScriptedModel(), escalate)
-    with pytest.raises(ParameterError, match="escalate_to needs a local in-process model"):
+    with pytest.raises(ParameterError, match="escalate_to is needed"):
         build_proxy_app("http://127.0.0.1:9/v1", escalate)
     with pytest.raises(ParameterError, match="prompt_format 'instruction' needs an in-process"):
         build_proxy_app("http://127.0.0.1:9/v1", ServeSettings(prompt_format="instruction"))

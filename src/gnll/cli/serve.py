@@ -133,7 +133,8 @@ def serve(
             "--early/--no-early",
             help="Under --policy refuse/escalate, stop a local answer at the first token after "
             "which it is refused/escalated whatever follows (exact: the same decisions). "
-            "Default: on when the policy allows it.",
+            "Default: on when the policy allows it; with --upstream only for --policy escalate "
+            "and an upstream that sends usage in streams (a cut answer has no usage).",
             show_default=False,
         ),
     ] = None,
@@ -246,10 +247,15 @@ def serve(
             tracing=tracing,
             early=early,
         )
-        check_escalation(settings, escalate_to, in_process=upstream is None)
+        check_escalation(settings, escalate_to, upstream=upstream)
         if upstream:
             application = build_proxy_app(
-                upstream, settings, api_key=upstream_api_key, reasoning=reasoning
+                upstream,
+                settings,
+                api_key=upstream_api_key,
+                reasoning=reasoning,
+                escalate_to=escalate_to,
+                escalate_model=escalate_model,
             )
     try:
         sock = listen(host, port)  # before loading anything: a busy port fails at once
@@ -258,7 +264,7 @@ def serve(
         raise typer.Exit(1) from None
     configure_logging()
     if upstream:
-        what = f"proxy to {upstream}"
+        what = f"proxy to {upstream}" + (f", escalating to {escalate_to}" if escalate_to else "")
     else:
         from gnll import load_model
         from gnll.cli._args import model_kwargs
@@ -289,11 +295,7 @@ def serve(
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
         f"policy {pol.mode}; {pol.source}"
-        + (
-            "; early decisions"
-            if settings.decides_early and (settings.early or not upstream)
-            else ""
-        )
+        + _early_note(settings, proxy=bool(upstream))
         + ")",
         err=True,
     )
@@ -331,6 +333,15 @@ def _option_errors() -> Iterator[None]:
     except (ValueError, ImportError, FileNotFoundError) as exc:
         typer.echo(f"gnll serve: {_flagged(exc)}", err=True)
         raise typer.Exit(2) from None
+
+
+def _early_note(settings: Any, *, proxy: bool) -> str:
+    """The banner's word on early decisions (a proxy's default depends on its upstream)."""
+    if settings.proxy_decides_early(streams_usage=False) if proxy else settings.decides_early:
+        return "; early decisions"
+    if proxy and settings.proxy_decides_early(streams_usage=True):
+        return "; early decisions if the upstream sends usage in streams"
+    return ""
 
 
 def _policy(

@@ -46,18 +46,14 @@ def create_app(service: Service, settings: ServeSettings | None = None) -> FastA
 
 
 def check_escalation(
-    settings: ServeSettings, escalate_to: str | None, *, in_process: bool = True
+    settings: ServeSettings, escalate_to: str | None, *, upstream: str | None = None
 ) -> None:
     """Refuse (:class:`~gnll._util.validation.ParameterError`) an escalation set-up that cannot
-    work: policy mode ``"escalate"`` and ``escalate_to`` go together, escalation needs a local
-    in-process model, and ``escalate_to`` is an http(s) URL. Cheap: callers run it before loading a
-    model (:func:`build_inprocess_app` and :func:`build_proxy_app` run it too)."""
+    work: policy mode ``"escalate"`` and ``escalate_to`` go together, ``escalate_to`` is an
+    http(s) URL, and in proxy mode (``upstream``: the server that answers first) it is another
+    server than ``upstream``. Cheap: callers run it before loading a model
+    (:func:`build_inprocess_app` and :func:`build_proxy_app` run it too)."""
     escalates = settings.policy.mode == "escalate"
-    if not in_process and (escalates or escalate_to is not None):
-        raise ParameterError(
-            "escalate_to",
-            "needs a local in-process model that answers first, not an upstream server",
-        )
     if escalates and escalate_to is None:
         raise ParameterError(
             "escalate_to",
@@ -73,6 +69,16 @@ def check_escalation(
     if escalate_to is not None and not escalate_to.startswith(("http://", "https://")):
         raise ParameterError(
             "escalate_to", f"must be an http(s) URL ending in /v1, got {escalate_to!r}"
+        )
+    if (
+        escalate_to is not None
+        and upstream is not None
+        and escalate_to.rstrip("/") == upstream.rstrip("/")
+    ):
+        raise ParameterError(
+            "escalate_to",
+            f"is the upstream itself ({upstream}): escalate to the larger model's server",
+            others=("upstream",),
         )
 
 
@@ -116,14 +122,20 @@ def build_proxy_app(
     api_key: str | None = None,
     server: str = "auto",
     reasoning: str | None = None,
+    escalate_to: str | None = None,
+    escalate_model: str | None = None,
 ) -> FastAPI:
     """The app of proxy mode: requests go to the OpenAI-compatible server at ``upstream`` (its
     ``/v1`` URL) and its answers come back with their uncertainty (:mod:`gnll.serving.proxy`).
     ``reasoning``: the upstream model's reasoning format when its server runs no reasoning
-    parser (one with a parser is recognised anyway).
+    parser (one with a parser is recognised anyway). With ``escalate_to`` (policy mode
+    ``"escalate"``) the answers the policy abstains on come from that server instead
+    (:mod:`gnll.serving.cascade`; ``escalate_model`` names the model there, ``api_key`` is sent
+    to both servers).
 
     Raises :class:`~gnll._util.validation.ParameterError` for what an upstream cannot do:
-    ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself) and escalation.
+    ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself), and for an
+    escalation set-up that cannot work (:func:`check_escalation`).
     """
     from gnll.serving.proxy import ProxyService
 
@@ -134,12 +146,17 @@ def build_proxy_app(
             f"{settings.prompt_format!r} needs an in-process model: an upstream server renders "
             "chat requests itself",
         )
-    check_escalation(settings, None, in_process=False)
-    service = ProxyService(
+    check_escalation(settings, escalate_to, upstream=upstream)
+    service: Service = ProxyService(
         upstream,
         api_key=api_key,
         timeout=settings.upstream_timeout,
         server=server,
         reasoning=reasoning,
     )
+    if escalate_to is not None:
+        from gnll.serving.cascade import CascadeService
+
+        larger = ProxyService(escalate_to, api_key=api_key, timeout=settings.upstream_timeout)
+        service = CascadeService(service, larger, escalate_model)
     return create_app(service, settings)

@@ -1,6 +1,12 @@
 """``gnll serve --policy escalate``: the local model answers, and a larger upstream model answers instead
 when the local answer is likely wrong.
 
+The local model is an in-process one (``gnll serve --model``) or a smaller model's server
+(``gnll serve --upstream URL``, a :class:`~gnll.serving.proxy.ProxyService`); either way its answer
+stops at the exact early decision where it can (:mod:`gnll.measures.early`: the in-process decoding
+loop stops, the proxy closes the small server's stream), and the larger model's request starts as
+soon as the local service returns.
+
 The local model's greedy answer is scored as under any policy; when the policy would abstain on it
 (calibrated ``p_correct`` below the fitted threshold or ``--min_p_correct``, or G-NLL above
 ``--threshold``) the same request goes to the upstream OpenAI-compatible server and its answer is
@@ -52,7 +58,8 @@ class CascadeService:
     Parameters
     ----------
     local:
-        The service that answers first (:class:`~gnll.serving.inprocess.InProcessService`).
+        The service that answers first (:class:`~gnll.serving.inprocess.InProcessService`, or
+        a :class:`~gnll.serving.proxy.ProxyService` for a smaller model's server).
     upstream:
         A :class:`~gnll.serving.proxy.ProxyService` for the larger model's server.
     upstream_model:

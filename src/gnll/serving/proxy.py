@@ -298,9 +298,9 @@ class ProxyService:
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
-        # Opt-in here (--early): a cut answer's usage is unknown to the proxy (null).
-        early = settings.early and settings.decides_early
-        if early and settings.policy.mode == "refuse" and req.greedy:
+        # A cut answer's usage is unknown to the proxy (null): when to cut is the settings' rule.
+        early = settings.proxy_decides_early(profile.name not in NO_STREAM_USAGE)
+        if early and req.greedy:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:

@@ -43,9 +43,9 @@ class ServeSettings:
         an in-process answer stops at the first token after which the policy refuses or escalates
         it whatever comes next, with the same decision as at its end. ``None`` (the default): on
         whenever the policy allows it (a threshold, a fitted rule, or a non-increasing calibrated
-        map) for an in-process model, off in proxy mode (there the usage of a cut answer is
-        unknown to the proxy: ``usage`` is null); ``True``: required (an error when
-        the policy does not allow it); ``False``: off. :attr:`decides_early` is the outcome.
+        map) for an in-process model; in proxy mode, see :meth:`proxy_decides_early`. ``True``:
+        required (an error when the policy does not allow it); ``False``: off.
+        :attr:`decides_early` is the outcome.
     tracing:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
         answer's scores; ``None`` (the default) emits nothing and imports nothing. It is one of the
@@ -158,6 +158,24 @@ class ServeSettings:
                 ) from None
             return False
         return True
+
+    def proxy_decides_early(self, streams_usage: bool) -> bool:
+        """Whether a proxy cuts its upstream's answers at exact early decisions.
+
+        ``streams_usage``: whether the upstream sends a usage chunk at the end of a stream. The
+        proxy decides on a stream it reads from the upstream, and a stream the proxy cut has no
+        usage (the upstream never counted it), so by default (``early`` ``None``) only
+        ``escalate`` decides early, and only with an upstream that streams its usage: the client
+        then gets the larger model's answer and usage after a cut, and a kept answer, read to its
+        end, keeps the upstream's count. Under ``refuse`` (a cut answer's ``usage`` would be
+        null) and with an upstream that counts nothing in streams (a kept answer's ``usage``
+        would be null) it takes ``early=True``.
+        """
+        if not self.decides_early:
+            return False
+        if self.early:
+            return True
+        return self.policy.mode == "escalate" and streams_usage
 
     def __repr__(self) -> str:  # the key must not reach logs or tracebacks
         return (

@@ -1,0 +1,407 @@
+"""`gnll serve --upstream SMALL --policy escalate --escalate-to LARGE`: the small server answers; an
+answer the policy escalates is cut at its exact early decision (the proxy closes the small
+server's stream there) and the large server's request starts at that moment.
+
+Two stand-in OpenAI servers: the small one streams a long answer one token per chunk with a pause,
+and notices the moment its client goes away (between two tokens it waits on the socket, and an
+end-of-file there is the disconnect), recording how many tokens it had sent; the large one records
+when each request arrived. A non-streaming request to the small one takes as long as its stream
+(it generates the same tokens), so the wait-for-the-end arm is timed honestly.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gnll._util.validation import ParameterError
+from gnll.serving import AbstentionPolicy, ServeSettings, build_proxy_app, check_escalation
+from gnll.serving.server import ServerThread
+
+LOGPROB = -0.5  # every small-model token: NLL 0.5
+LARGE = ([" Paris", "."], [-0.1, -0.2])
+
+
+class _Server:
+    """A threading HTTP server on a free port, torn down by :meth:`close`."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    model = "fake"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server API
+        self.json({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+
+    def read_body(self) -> dict[str, Any]:
+        return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+    def json(self, data: Any) -> None:
+        raw = json.dumps(data).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def event(self, data: Any) -> None:
+        text = data if isinstance(data, str) else json.dumps(data)
+        self.wfile.write(b"data: " + text.encode() + b"\n\n")
+        self.wfile.flush()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def _choice(chat: bool, tokens: list[str], lps: list[float], finish: str | None) -> dict:
+    text = "".join(tokens)
+    if chat:
+        content = [
+            {"token": t, "logprob": lp, "top_logprobs": []}
+            for t, lp in zip(tokens, lps, strict=True)
+        ]
+        return {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": {"content": content},
+            "finish_reason": finish,
+        }
+    lp = {"tokens": tokens, "token_logprobs": lps}
+    return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+
+
+def _delta(chat: bool, tokens: list[str], lps: list[float], finish: str | None) -> dict:
+    c = _choice(chat, tokens, lps, finish)
+    if chat:
+        c["delta"] = {"content": c.pop("message")["content"]}
+    return c
+
+
+class SmallUpstream(_Server):
+    """Streams ``tokens`` answer tokens (`` w0 w1 ...``), ``pause`` seconds apart, and records per
+    request: tokens sent, whether (and when) the client disconnected, when it started."""
+
+    def __init__(self, tokens: int, pause: float) -> None:
+        self.tokens, self.pause = tokens, pause
+        self.sent: list[int] = []
+        self.disconnected: list[bool] = []
+        self.started: list[float] = []
+        self.ended: list[float] = []
+        self.done = threading.Event()
+        outer = self
+
+        class Handler(_Handler):
+            model = "small"
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = self.read_body()
+                chat = self.path.endswith("/chat/completions")
+                n = min(outer.tokens, body.get("max_tokens") or outer.tokens)
+                toks = [f" w{i}" for i in range(n)]
+                outer.started.append(time.monotonic())
+                if not body.get("stream"):
+                    time.sleep(n * outer.pause)  # the same generation time as a stream
+                    usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
+                    c = _choice(chat, toks, [LOGPROB] * n, "length")
+                    self.json({"id": "s", "model": "small", "choices": [c], "usage": usage})
+                    outer.record(n, False)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                base = {"id": "s", "model": "small", "created": 1}
+                base["object"] = "chat.completion.chunk" if chat else "text_completion"
+                sent = 0
+                try:
+                    if chat:
+                        role = {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}
+                        self.event({**base, "choices": [role]})
+                    for tok in toks:
+                        self.event({**base, "choices": [_delta(chat, [tok], [LOGPROB], None)]})
+                        sent += 1
+                        if self.client_left(outer.pause):
+                            outer.record(sent, True)
+                            return
+                    self.event({**base, "choices": [_delta(chat, [], [], "length")]})
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        usage = {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": n + 3}
+                        self.event({**base, "choices": [], "usage": usage})
+                    self.event("[DONE]")
+                except (BrokenPipeError, ConnectionResetError):
+                    outer.record(sent, True)
+                    return
+                outer.record(sent, False)
+
+            def client_left(self, wait: float) -> bool:
+                """Wait ``wait`` seconds for the client to close the connection (it sends
+                nothing more, so a readable socket is its end of file)."""
+                readable, _, _ = select.select([self.connection], [], [], wait)
+                if not readable:
+                    return False
+                try:
+                    return self.connection.recv(1, socket.MSG_PEEK) == b""
+                except ConnectionResetError:
+                    return True
+
+        super().__init__(Handler)
+
+    def record(self, sent: int, gone: bool) -> None:
+        self.sent.append(sent)
+        self.disconnected.append(gone)
+        self.ended.append(time.monotonic())
+        self.done.set()
+
+
+class LargeUpstream(_Server):
+    """Answers `` Paris.`` after ``delay`` seconds and records when each request arrived."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.arrived: list[float] = []
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(_Handler):
+            model = "large"
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                outer.arrived.append(time.monotonic())
+                body = self.read_body()
+                outer.bodies.append(body)
+                time.sleep(delay)
+                chat = self.path.endswith("/chat/completions")
+                usage = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+                c = _choice(chat, *map(list, LARGE), "stop")
+                self.json({"id": "l", "model": "large", "choices": [c], "usage": usage})
+
+        super().__init__(Handler)
+
+
+def cascade(
+    small: SmallUpstream,
+    large: LargeUpstream,
+    threshold: float = 3.0,
+    *,
+    server: str = "vllm",
+    **settings: Any,
+) -> ServerThread:
+    """The proxy in front of ``small`` (recognised as ``server``), escalating to ``large``."""
+    policy = AbstentionPolicy(mode="escalate", threshold=threshold)
+    app = build_proxy_app(
+        small.url,
+        ServeSettings(policy=policy, **settings),
+        server=server,
+        escalate_to=large.url,
+        escalate_model="large",
+    )
+    return ServerThread(app)
+
+
+@pytest.fixture
+def upstreams():
+    small, large = SmallUpstream(tokens=40, pause=0.03), LargeUpstream()
+    yield small, large
+    small.close()
+    large.close()
+
+
+@pytest.fixture
+def slow_upstreams():
+    """A small upstream 0.1 s between tokens: time enough to see the disconnect between two."""
+    small, large = SmallUpstream(tokens=40, pause=0.1), LargeUpstream()
+    yield small, large
+    small.close()
+    large.close()
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_the_small_stream_is_cut_at_the_decision_and_the_large_request_starts_there(
+    slow_upstreams, chat
+):
+    small, large = slow_upstreams
+    path, kw = (
+        ("/chat/completions", {"messages": [{"role": "user", "content": "q"}]})
+        if chat
+        else (
+            "/completions",
+            {"prompt": "q"},
+        )
+    )
+    with cascade(small, large) as px:
+        r = httpx.post(px.url + "/v1" + path, json={"max_tokens": 40, **kw}, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    u = choice["uncertainty"]
+    assert (choice["message"]["content"] if chat else choice["text"]) == " Paris."
+    assert u["answered_by"] == "large" and u["escalated"] is True and r.headers["x-answered-by"]
+    assert u["g_nll"] == pytest.approx(0.3)  # the large answer's own
+    assert r.json()["usage"]["completion_tokens"] == 2  # the large upstream's count
+    local = u["local"]
+    # 7 tokens of NLL 0.5 pass 3.0: the decision is exact there.
+    assert local["early"] is True and local["decided_at_token"] == 7
+    assert local["g_nll"] == 3.5 and local["g_nll_is_lower_bound"] is True
+    assert local["text"] == "".join(f" w{i}" for i in range(7)) and local["model"] == "small"
+    assert local["tokens_generated"] == 7 and local["tokens_saved"] == 40 - 7
+    # The small upstream saw the disconnect right after its 7th token (between the 7th and the
+    # 8th, 0.1 s apart), long before its 40 tokens.
+    assert small.done.wait(10)
+    assert small.disconnected == [True] and small.sent == [7]
+    # The large request started at the disconnect, before the small answer would have ended.
+    (arrived,) = large.arrived
+    assert arrived < small.started[0] + 40 * small.pause
+    assert 0 <= arrived - small.ended[0] < 0.5
+    assert large.bodies[0]["model"] == "large"
+
+
+def test_the_early_decision_equals_the_wait_for_the_end_decision(upstreams):
+    small, large = upstreams
+    outcomes = {}
+    for early in (True, False):
+        for threshold in (3.0, 100.0):  # escalated (G-NLL 20 at the end), kept
+            with cascade(small, large, threshold, early=early) as px:
+                r = httpx.post(
+                    px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
+                )
+            u = r.json()["choices"][0]["uncertainty"]
+            outcomes[early, threshold] = (u["escalated"], u["answered_by"])
+            if not early:
+                assert "early" not in u.get("local", u)
+            if not u["escalated"]:
+                assert u["g_nll"] == 20.0 and r.json()["usage"]["completion_tokens"] == 40
+    assert outcomes[True, 3.0] == outcomes[False, 3.0] == (True, "large")
+    assert outcomes[True, 100.0] == outcomes[False, 100.0] == (False, "small")
+    # Early: one stream cut at 7, one read to its end; waiting: two whole answers.
+    assert small.sent == [7, 40, 40, 40] and small.disconnected == [True, False, False, False]
+
+
+def _first_token_seconds(px: ServerThread, **body: Any) -> tuple[float, str]:
+    client = openai.OpenAI(base_url=px.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    started = time.perf_counter()
+    first, pieces = None, []
+    for chunk in client.chat.completions.create(
+        model="small", messages=[{"role": "user", "content": "q"}], stream=True, **body
+    ):
+        piece = chunk.choices[0].delta.content if chunk.choices else None
+        if piece and first is None:
+            first = time.perf_counter() - started
+        pieces.append(piece or "")
+    assert first is not None
+    return first, "".join(pieces)
+
+
+def test_the_client_gets_the_escalated_answer_sooner_with_early_decisions():
+    small, large = SmallUpstream(tokens=40, pause=0.05), LargeUpstream(delay=0.2)
+    try:
+        seconds = {}
+        for early in (True, False):
+            with cascade(small, large, early=early) as px:
+                seconds[early], text = _first_token_seconds(px, max_tokens=40)
+            assert text == " Paris."
+    finally:
+        small.close()
+        large.close()
+    # Early: 7 tokens (0.35 s) and the large answer (0.2 s); waiting: 40 tokens (2 s) first.
+    assert seconds[True] < seconds[False] - 1.0, seconds
+    assert small.sent == [7, 40]
+
+
+def test_early_is_the_default_for_an_upstream_that_streams_its_usage(upstreams):
+    small, large = upstreams
+    with cascade(small, large, server="vllm") as px:  # vLLM sends usage in streams
+        u = httpx.post(
+            px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
+        ).json()["choices"][0]["uncertainty"]
+    assert u["local"]["early"] is True and small.sent == [7]
+    # llama-cpp-python sends none: a kept answer read from a stream would have no usage, so there
+    # the proxy waits for the whole answer unless --early asks.
+    with cascade(small, large, server="llama-cpp-python") as px:
+        u = httpx.post(
+            px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
+        ).json()["choices"][0]["uncertainty"]
+    assert "early" not in u["local"] and u["local"]["g_nll"] == 20.0
+    with cascade(small, large, server="llama-cpp-python", early=True) as px:
+        u = httpx.post(
+            px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
+        ).json()["choices"][0]["uncertainty"]
+    assert u["local"]["early"] is True
+    assert small.sent == [7, 40, 7]
+
+
+def test_metrics_count_the_early_escalation_and_the_tokens_saved(upstreams):
+    small, large = upstreams
+    with cascade(small, large) as px:
+        httpx.post(px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60)
+        metrics = httpx.get(px.url + "/metrics").text
+    assert 'gnll_early_decisions_total{action="escalate"} 1.0' in metrics
+    assert "gnll_early_tokens_saved_total 33.0" in metrics
+    assert 'gnll_escalations_total{outcome="answered"} 1.0' in metrics
+
+
+def test_a_failed_escalation_returns_the_small_answer_so_far(upstreams):
+    small, large = upstreams
+    large.close()  # nobody listens there any more
+    with cascade(small, large) as px:
+        r = httpx.post(
+            px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
+        )
+    c = r.json()["choices"][0]
+    assert r.status_code == 200 and c["text"] == "".join(f" w{i}" for i in range(7))
+    u = c["uncertainty"]
+    assert u["escalated"] is False and u["answered_by"] == "small"
+    assert "cannot reach" in u["escalation_error"] and u["early"] is True
+
+
+def test_the_record_has_the_in_process_escalations_shape(upstreams):
+    from serve_helpers import ScriptedModel, StreamingModel
+
+    from gnll.serving import build_inprocess_app
+
+    small, large = upstreams
+    with cascade(small, large) as px:
+        proxied = httpx.post(
+            px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
+        ).json()["choices"][0]["uncertainty"]
+    with ServerThread(build_inprocess_app(ScriptedModel(), ServeSettings(), max_wait_ms=5)) as up:
+        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
+        app = build_inprocess_app(
+            StreamingModel(), settings, max_wait_ms=5, escalate_to=up.url + "/v1"
+        )
+        with ServerThread(app) as s:
+            local = httpx.post(
+                s.url + "/v1/completions", json={"prompt": "long", "max_tokens": 40}, timeout=60
+            ).json()["choices"][0]["uncertainty"]
+    assert local["escalated"] is True and local["local"]["early"] is True
+    assert set(proxied) == set(local)
+    # The in-process record says which prompt format it measured; an upstream's does not know.
+    assert set(proxied["local"]) ^ set(local["local"]) <= {"prompt_format"}
+
+
+def test_proxy_escalation_rules():
+    escalate = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=1.0))
+    check_escalation(escalate, "http://127.0.0.1:9/v1", upstream="http://127.0.0.1:8/v1")
+    with pytest.raises(ParameterError, match="^escalate_to is the upstream itself") as err:
+        check_escalation(escalate, "http://127.0.0.1:9/v1/", upstream="http://127.0.0.1:9/v1")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ParameterError, match="escalate_to is needed by mode 'escalate'"):
+        build_proxy_app("http://127.0.0.1:9/v1", escalate)
+    with pytest.raises(ParameterError, match="escalate_to needs mode 'escalate'"):
+        build_proxy_app("http://127.0.0.1:9/v1", ServeSettings(), escalate_to="http://x:1/v1")
