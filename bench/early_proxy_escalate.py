@@ -113,6 +113,11 @@ def main() -> None:
     n = args.n or (4 if args.quick else 40)
     td = get_task(args.task).load(data_dir=args.data_dir)
     examples = td.split("eval", args.start + n)[args.start :]
+    if len(examples) < n:
+        ap.error(
+            f"{len(examples)} questions of {args.task} from --start {args.start}, not {n}: "
+            "pass --data_dir (the full files) or a smaller --start"
+        )
     # SmolLM2 is an instruct model: asked the bare text it often stops at once (an empty answer,
     # with no G-NLL from llama-cpp-python), so the prompt is rendered in its chat template
     # (ChatML), as ``gnll eval`` asks it; Gemma-3-270M, a base model, continues the same text.
