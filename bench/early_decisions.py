@@ -9,7 +9,7 @@ uses), one request at a time, in three arms per question, their order rotated pe
   gives the end-of-answer decision of both policies below;
 - ``escalate``: early decisions under the **calibrated** escalate policy: ``--calibration``, by
   default the calibration fitted on SmolLM2's own ``triviaqa_long`` answers
-  (``bench/results/early_decisions_calibration.json``, its default ``coverage`` rule; how to
+  (``bench/calibrations/smollm2-triviaqa_long.json``, its default ``coverage`` rule; how to
   refit it is below), applied to questions it was not fitted on (``--start``);
 - ``refuse``: early decisions under ``--policy refuse --threshold T`` (raw G-NLL threshold).
 
@@ -29,7 +29,7 @@ cascade threshold escalates nothing)::
 
     gnll eval --model smollm2-135m-instruct --tasks triviaqa_long --samples 0 --beams 0 \
         --measures g-nll --data_dir ../shared/data --limit 400 -o runs/smollm2-long
-    gnll calibrate runs/smollm2-long -o bench/results/early_decisions_calibration.json
+    gnll calibrate runs/smollm2-long -o bench/calibrations/smollm2-triviaqa_long.json
 
 Usage::
 
@@ -67,7 +67,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--calibration",
-        default=str(common.REPO / "bench" / "results" / "early_decisions_calibration.json"),
+        default=str(common.REPO / "bench" / "calibrations" / "smollm2-triviaqa_long.json"),
         help="the escalate arm's calibration file (or 'auto': the shipped one, fitted on "
         "short-answer prompts)",
     )

@@ -355,9 +355,47 @@ def continuous_batching(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def _early_sweep(sweep: list[dict[str, Any]] | None) -> list[str]:
+    """Where the exact decision comes as the threshold moves (the full answers' token NLLs)."""
+    if not sweep:
+        return []
+    rows = [
+        {
+            "escalated": f"{x['escalated_share']:.0%}",
+            "threshold (G-NLL)": x["threshold_g_nll"],
+            "tokens to the decision": x["tokens_to_decision"],
+            "tokens of the full answers": x["tokens_full"],
+            "early/full": x["tokens_ratio"],
+            "median share of an answer generated": x["median_paired_share"],
+        }
+        for x in sweep
+    ]
+    met = [x for x in sweep if x["tokens_ratio"] is not None and x["tokens_ratio"] <= 0.5]
+    where = (
+        f"at or under half of the escalated answers' tokens from a threshold escalating "
+        f"{min(x['escalated_share'] for x in met):.0%} of the answers"
+        if met
+        else "above half of the escalated answers' tokens at every threshold of the sweep"
+    )
+    return [
+        "",
+        "The same questions at other thresholds (no timing: from the full answers' token NLLs, "
+        "the first token at which the running G-NLL passes each threshold; thresholds at the "
+        "G-NLL quantiles that escalate 10% ... 90% of these answers):",
+        "",
+        common.table(rows),
+        "",
+        f"Reading: an exact decision comes where the running sum passes the threshold, so the "
+        f"lower the threshold, the earlier in an answer; here it comes {where}. No exact rule can "
+        "decide sooner: before that token the answer may still end with a G-NLL at or under the "
+        "threshold.",
+    ]
+
+
 def early_decisions(r: dict[str, Any]) -> list[str]:
     rows = []
-    for name, s in r["summary"].items():
+    policies = {k: v for k, v in r["summary"].items() if k != "sweep"}
+    for name, s in policies.items():
         hit = [q for q in r["per_question"] if q[name]["end_decision"]]
         share = (
             statistics.median(q[name]["tokens"] / q["full"]["tokens"] for q in hit) if hit else None
@@ -377,7 +415,7 @@ def early_decisions(r: dict[str, Any]) -> list[str]:
                 "median share of the answer generated": share,
             }
         )
-    total = r["summary"][next(iter(r["summary"]))]
+    total = policies[next(iter(policies))]
     partial = (
         f" The run was stopped after {total['questions']} of the 200 questions it was started on "
         "(a 2-core host shared with eight other sessions; the script writes a checkpoint every 20 "
@@ -385,27 +423,38 @@ def early_decisions(r: dict[str, Any]) -> list[str]:
         if r.get("partial")
         else ""
     )
-    esc = r["summary"].get("escalate") or total
+    esc = policies.get("escalate") or total
+    esc_name = "escalate" if "escalate" in policies else next(iter(policies))
+    esc_share = next(x for x in rows if x["policy"].startswith(f"{esc_name}:"))[
+        "median share of the answer generated"
+    ]
     reading = (
-        f" Reading: early decisions changed {esc['decision_changes']} decisions. Under the "
-        "calibrated rule the escalation is certain only late in the answer (see the median share "
-        "of the answer generated: the fitted threshold lies near the G-NLL of a whole long "
-        "answer), and a request's time also holds what early decisions cannot save (the prompt's "
-        "prefill, the request's own costs), so the time saved is smaller than the tokens saved; "
-        "on this shared host the per-question times are noisy (one arm may wait seconds for a "
-        "core), which the paired median ratio is less sensitive to."
+        f" Reading: early decisions changed {esc['decision_changes']} decisions. An exact decision "
+        "comes at the first token at which the running G-NLL passes the threshold; under the "
+        f"calibrated rule (which escalated {esc['abstained']} of {esc['questions']} answers) "
+        + (
+            f"that is a median {esc_share:.0%} of the way through an escalated answer"
+            if esc_share
+            else "no answer was escalated"
+        )
+        + ". A request's time also holds what early decisions cannot save (the prompt's prefill, "
+        "the request's own costs), so the time saved is a little smaller than the tokens saved."
     )
     return [
         f"{total['questions']} `{r['task']}` questions, {r['model']}, one request at a time "
         "through the serving engine; per question the arms run back to back in rotating order "
         "(full answer, then each policy with early decisions). The times and tokens are over the "
         "answers the policy refuses/escalates (the end-of-answer decision); a decision change "
-        "is any question whose early-decision arm decides otherwise than the full answer's G-NLL."
-        + partial,
+        "is any question whose early-decision arm decides otherwise than the full answer's G-NLL. "
+        "The escalate arm's calibration was fitted on the model's own answers to the questions "
+        "before these (the script's docstring has the commands; a SmolLM2 -> Gemma-3-270M "
+        "cascade threshold cannot be fitted on this task, where Gemma answers fewer questions "
+        "right)." + partial,
         "",
         common.table(rows),
         "",
         reading.strip(),
+        *_early_sweep(r["summary"].get("sweep")),
         "",
     ]
 
