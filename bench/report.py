@@ -39,6 +39,7 @@ ORDER = [
     "continuous_batching",
     "distributed",
     "early_decisions",
+    "early_proxy_escalate",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -62,6 +63,8 @@ TITLES = {
     "distributed": "`gnll score` on Ray: overhead against the local engine, 1 vs 2 replicas",
     "early_decisions": "Exact early decisions: time to the escalate/refuse decision, early vs at the "
     "end of the answer (issue 37)",
+    "early_proxy_escalate": "Proxy-mode escalation (llama.cpp SmolLM2 -> llama.cpp Gemma-3-270M): "
+    "the client's time to the first escalated token, early vs at the end of the answer (issue 37)",
 }
 
 
@@ -456,6 +459,55 @@ def early_decisions(r: dict[str, Any]) -> list[str]:
     ]
 
 
+def early_proxy_escalate(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    row = {
+        "questions": s["questions"],
+        "unscored": s["unscored"],
+        "escalated": s["escalated"],
+        "decided early": s["decided_early"],
+        "decision changes": s["decision_changes"],
+        "mean s to 1st escalated chunk, early": s.get("mean_first_escalated_s_early"),
+        "mean s, wait": s.get("mean_first_escalated_s_wait"),
+        "early/wait (means)": s.get("ratio_of_means"),
+        "median s, early": s.get("median_first_escalated_s_early"),
+        "median s, wait": s.get("median_first_escalated_s_wait"),
+        "median paired ratio": s.get("median_paired_ratio"),
+        "SmolLM2 tokens on escalated, early": s.get("small_tokens_escalated_early"),
+        "SmolLM2 tokens on escalated, wait": s.get("small_tokens_escalated_wait"),
+    }
+    return [
+        f"`{r['task']}` questions through two `gnll serve --upstream` proxies (SmolLM2 on "
+        f"llama-cpp-python) escalating above G-NLL {r['threshold']:g} to Gemma-3-270M on "
+        "llama-cpp-python, one `--early`, one `--no-early`; per question both arms in rotating "
+        "order, each a streamed openai SDK request (held, so its first chunk is the escalated "
+        "answer's). `unscored`: SmolLM2's answer was empty, which llama-cpp-python gives no "
+        "log-prob for (502 in both arms). Times over the questions escalated in both arms; "
+        f"{s['same_escalated_text']} of {s['escalated']} escalated answers were the same text "
+        f"in both arms; SmolLM2 generated {s['small_tokens_early']} answer tokens in all with "
+        f"early decisions, {s['small_tokens_wait']} waiting.",
+        "",
+        common.table([row]),
+        "",
+        *_proxy_escalate_reading(s),
+    ]
+
+
+def _proxy_escalate_reading(s: dict[str, Any]) -> list[str]:
+    if not s.get("escalated"):
+        return []
+    saved = s["mean_first_escalated_s_wait"] - s["mean_first_escalated_s_early"]
+    share = s["small_tokens_escalated_early"] / s["small_tokens_escalated_wait"]
+    return [
+        f"Reading: {s['decision_changes']} decision changes; on the escalated questions SmolLM2 "
+        f"generated {share:.0%} of the tokens it generates when the proxy waits, and the client "
+        f"got the escalated answer {saved:.2f} s sooner on average. The rest of the time to the "
+        "first escalated token is the larger model's own answer (held until complete, to be "
+        "scored), the same in both arms, which early decisions cannot shorten.",
+        "",
+    ]
+
+
 def stop_split(r: dict[str, Any]) -> list[str]:
     longest = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in r["summary"].items())
     return [
@@ -544,6 +596,7 @@ RENDER = {
     "continuous_batching": continuous_batching,
     "distributed": distributed,
     "early_decisions": early_decisions,
+    "early_proxy_escalate": early_proxy_escalate,
 }
 
 

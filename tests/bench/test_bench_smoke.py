@@ -33,12 +33,14 @@ SCRIPTS = {
     "continuous_batching": ["table", "summary"],
     "distributed": ["median_s", "ray_overhead", "scaling_efficiency", "sizing"],
     "early_decisions": ["summary", "per_question"],
+    "early_proxy_escalate": ["summary", "per_question"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {
     "cost_per_method": ["--questions", "1", "--clusterers", "exact,embedding,nli,llm"],
     "eval_speed": ["--heldout", "2", "--arms", "after,options"],
     "early_decisions": ["--n", "2"],
+    "early_proxy_escalate": ["--n", "2", "--start", "0"],
 }
 
 

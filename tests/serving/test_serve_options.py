@@ -123,6 +123,11 @@ def test_the_cli_names_its_options_for_the_library_errors(monkeypatch):
         (["--escalate-to", "http://127.0.0.1:9/v1"], "--escalate-to needs --policy 'escalate'"),
         (["--upstream", "http://x/v1", "--prompt-format", "instruction"], "--prompt-format"),
         (["--threshold", "inf"], "--threshold must be a finite G-NLL value"),
+        (
+            ["--upstream", "http://h:1/v1", "--policy", "escalate", "--threshold", "1"]
+            + ["--escalate-to", "http://h:1/v1"],
+            "--escalate-to is the --upstream itself (http://h:1/v1)",
+        ),
     ]
     for args, message in cases:
         res = runner.invoke(app, ["serve", *args])

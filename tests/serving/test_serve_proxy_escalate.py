@@ -405,3 +405,50 @@ def test_proxy_escalation_rules():
         build_proxy_app("http://127.0.0.1:9/v1", escalate)
     with pytest.raises(ParameterError, match="escalate_to needs mode 'escalate'"):
         build_proxy_app("http://127.0.0.1:9/v1", ServeSettings(), escalate_to="http://x:1/v1")
+
+
+def test_the_cli_serves_proxy_escalation(monkeypatch):
+    """``gnll serve --upstream SMALL --policy escalate --escalate-to LARGE`` builds the cascade of
+    two upstreams and says so (the early default depends on the upstream, found at start)."""
+    from typer.testing import CliRunner
+
+    import gnll.serving.server as server
+    from gnll.cli.main import app
+    from gnll.serving.cascade import CascadeService
+
+    served = {}
+    monkeypatch.setattr(server, "listen", lambda host, port: None)
+    monkeypatch.setattr(
+        server, "serve_forever", lambda application, *a, **k: served.update(app=application)
+    )
+    args = ["serve", "--upstream", "http://127.0.0.1:8/v1", "--policy", "escalate"]
+    args += ["--threshold", "2", "--escalate-to", "http://127.0.0.1:9/v1"]
+    res = CliRunner().invoke(app, [*args, "--escalate-model", "large"])
+    assert res.exit_code == 0, res.output
+    assert "proxy to http://127.0.0.1:8/v1, escalating to http://127.0.0.1:9/v1" in res.output
+    assert "early decisions if the upstream sends usage in streams" in res.output
+    service = served["app"].state.service
+    assert isinstance(service, CascadeService) and service.upstream_model == "large"
+    assert service.local.upstream == "http://127.0.0.1:8/v1"
+    assert service.upstream.upstream == "http://127.0.0.1:9/v1"
+    res = CliRunner().invoke(app, [*args, "--early"])
+    assert res.exit_code == 0 and "; early decisions)" in res.output, res.output
+
+
+def test_otel_events_say_where_the_proxy_decided(upstreams):
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    from gnll.serving.tracing import Emitter
+
+    small, large = upstreams
+    exp, provider = InMemoryLogRecordExporter(), LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    with cascade(small, large, tracing=Emitter(provider)) as px:
+        httpx.post(px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60)
+    attrs = [dict(getattr(e, "log_record", e).attributes) for e in exp.get_finished_logs()]
+    provider.shutdown()
+    early = [a for a in attrs if "gnll.early_decision.token" in a]
+    assert early and {a["gnll.early_decision.token"] for a in early} == {7}
+    assert {a["gnll.early_decision.tokens_saved"] for a in early} == {33}
+    assert {a["gen_ai.response.model"] for a in early} == {"large"}
