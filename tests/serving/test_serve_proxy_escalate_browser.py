@@ -35,4 +35,5 @@ def test_page_shows_where_the_proxy_decided_and_the_larger_models_answer():
     finally:
         small.close()
         large.close()
-    assert small.sent == [7] and small.disconnected == [True]
+    # cut at the decision, long before the 40 tokens (the exact token: test_serve_proxy_escalate.py)
+    assert small.disconnected == [True] and small.sent[0] < 20
