@@ -1,0 +1,39 @@
+"""The web page of `gnll serve --upstream SMALL --policy escalate --escalate-to LARGE` says where the
+proxy's exact early decision was made, under the larger model's answer (headless Chromium, as
+tests/serving/test_serve_browser.py drives it; the two upstreams are the stand-ins of
+test_serve_proxy_escalate.py)."""
+
+from __future__ import annotations
+
+import pytest
+from serve_helpers import CHROMIUM, CHROMIUM_ARGS
+from test_serve_proxy_escalate import LargeUpstream, SmallUpstream, cascade
+
+pytestmark = pytest.mark.browser
+
+
+def test_page_shows_where_the_proxy_decided_and_the_larger_models_answer():
+    from playwright.sync_api import sync_playwright
+
+    small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream()
+    try:
+        with cascade(small, large) as px, sync_playwright() as pw:
+            b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = b.new_page()
+                page.goto(px.url + "/")
+                page.fill("#question", "What is the capital of France?")
+                page.click("#ask")
+                page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
+                assert "Paris." in page.locator("#answer").inner_text()
+                note = page.locator("#early")
+                assert note.is_visible()
+                text = note.inner_text()
+                assert "decided at token 7 " in text and "never generated" in text
+            finally:
+                b.close()
+    finally:
+        small.close()
+        large.close()
+    # cut at the decision, long before the 40 tokens (the exact token: test_serve_proxy_escalate.py)
+    assert small.disconnected == [True] and small.sent[0] < 20
