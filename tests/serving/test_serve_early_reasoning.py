@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from serve_helpers import LONG, THOUGHTS, ScriptedModel, Thinker
 
 from gnll.backends.base import GenerationConfig
@@ -165,3 +167,31 @@ def test_smollm_as_a_reasoning_model_same_decisions_with_and_without_early_stopp
         else:
             assert on["g_nll"] == pytest.approx(off["g_nll"], abs=1e-4)
     assert any(u.get("early") for u in out[True]) and saved > 0
+
+
+@settings(max_examples=25)
+@given(
+    threshold=st.floats(0.0, 40.0, allow_nan=False),
+    question=st.sampled_from(["long", "unsure", "capital?"]),
+)
+def test_early_and_end_of_answer_decisions_agree_at_any_threshold(threshold, question):
+    """Whatever the threshold (the trace's NLL, 30, is past most of them): the early decision is
+    the end-of-answer one, made on an answer token, never before the first, and the stopped
+    answer is the full answer's prefix."""
+    policy = AbstentionPolicy(mode="refuse", threshold=threshold)
+    config = GenerationConfig.greedy(max_new_tokens=60)
+    on = BatchingEngine(ReasoningModel(Thinker())).run(
+        [question], config, early=policy.early_decision
+    )
+    off = BatchingEngine(ReasoningModel(Thinker())).run([question], config)
+    [[e]], [[f]] = on.generations, off.generations
+    refused_at_end = policy.decide(g_nll(f.token_logprobs))[1]
+    facts = (on.decisions or [[None]])[0][0]
+    if facts is None:
+        assert not refused_at_end and e.token_ids == f.token_ids
+    else:
+        assert refused_at_end and facts["action"] == "refuse"
+        k = facts["decided_at_token"]
+        assert 1 <= k <= len(f.token_ids) and e.token_ids == f.token_ids[:k]
+        assert g_nll(f.token_logprobs[: k - 1]) <= threshold < g_nll(f.token_logprobs[:k])
+    assert e.reasoning.trace_tokens == f.reasoning.trace_tokens == len(THOUGHTS[0])
