@@ -78,6 +78,7 @@ class ScriptedModel(Model):
     def score(self, prompts, answers, **kwargs):
         raise NotImplementedError("the scripted model only generates")
 
+
 #: A long answer (for streams that a client abandons): 200 one-word tokens.
 LONG = ([f" w{i}" for i in range(200)], [-0.5] * 200)
 STREAM_SCRIPT = {**SCRIPT, "long": LONG}
@@ -249,3 +250,53 @@ class NoLoopModel(StreamingModel):
 
     name = "scripted"
     capabilities = Capabilities(beams=False, scoring=False, streaming=False)
+
+
+#: A reasoning stand-in's trace (:class:`Thinker`): 30 tokens of NLL 1 each, past any threshold
+#: the tests use, so a decision that counted trace tokens would be made inside the trace.
+THOUGHTS = ([f" t{i}" for i in range(30)], [-1.0] * 30)
+
+
+class _ThinkingDecoder(FakeDecoder):
+    """:class:`FakeDecoder` for :class:`Thinker`: a prompt that opens a trace (``…<think>\\n``)
+    decodes :data:`THOUGHTS`; an answer's context (``question<think>\\n… </think>…``) decodes the
+    question's script."""
+
+    def add(
+        self, tag, ids, prefix=None, *, seed=None, max_new_tokens=None, stops=None, watch=None
+    ) -> None:
+        question, _, rest = "".join(chr(i) for i in ids).partition("<think>")
+        script = STREAM_SCRIPT.get(question.strip(), SURE) if "</think>" in rest else THOUGHTS
+        self.model.contexts.append("".join(chr(i) for i in ids))
+        self.results[tag] = [None] * self.n
+        self.waiting.append((tag, script, max_new_tokens or self.config.max_new_tokens, watch))
+
+
+class Thinker(StreamingModel):
+    """The model a stand-in reasoning model runs (``ReasoningModel(Thinker())``): traces are
+    :data:`THOUGHTS`, answers :data:`STREAM_SCRIPT`'s; its ``generate`` is its decoding loop run
+    to the end, so answers decoded with and without early decisions agree."""
+
+    name = "thinker"
+
+    def __init__(self, delay: float = 0.0) -> None:
+        super().__init__(delay=delay)
+        for w in THOUGHTS[0]:
+            self.ids.setdefault(w, len(self.ids) + 1)
+        self.tokenizer = _Tokenizer({EOS: "", **{i: w for w, i in self.ids.items()}})
+        self.contexts: list[str] = []  # every prompt the loop decoded (heads and contexts)
+
+    def open_decoder(self, config, *, width=None) -> FakeDecoder:
+        return _ThinkingDecoder(self, config, width or 1)
+
+    def generate(self, prompts, config=None, **kw):
+        from gnll.backends.base import GenerationConfig
+
+        config = config or GenerationConfig.greedy()
+        dec = self.open_decoder(config, width=len(prompts) * config.num_sequences)
+        for i, row in enumerate(self.encode(prompts)):
+            dec.add(i, row, max_new_tokens=config.max_new_tokens)
+        done: dict = {}
+        while dec.busy:
+            done.update(dec.step())
+        return [done[i] for i in range(len(prompts))]

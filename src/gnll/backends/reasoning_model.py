@@ -115,7 +115,16 @@ class ReasoningModel(Model):
         batch_size: int | None = None,
         progress: bool | Callable[[float], None] = False,
         raw_prompt: bool = False,
+        answer: Callable[[list[str], GenerationConfig], list[list[Generation]]] | None = None,
     ) -> list[list[Generation]]:
+        """Greedy traces, then each answer given prompt + trace + marker.
+
+        ``answer``: decodes the answers from their contexts (rendered: raw prompts) with the
+        configuration, one list of generations per context; ``None``: the model's own
+        ``generate``. ``gnll serve`` and ``gnll generate`` give their decoding loop, which stops
+        an answer at its exact early decision: it sees the answer tokens only, after the marker,
+        so the trace is never cut and never counts.
+        """
         config = config or GenerationConfig.greedy()
         if config.strategy == "beam":
             raise NotImplementedError(
@@ -126,9 +135,12 @@ class ReasoningModel(Model):
             self.context(p, trace_text(t), raw_prompt=raw_prompt)
             for p, t in zip(prompts, traces, strict=True)
         ]
-        answers = self.model.generate(
-            contexts, config, batch_size=batch_size, progress=progress, raw_prompt=True
-        )
+        if answer is not None:
+            answers = answer(contexts, config)
+        else:
+            answers = self.model.generate(
+                contexts, config, batch_size=batch_size, progress=progress, raw_prompt=True
+            )
         return [
             [replace(g, reasoning=self._split(t, g)) for g in gs]
             for t, gs in zip(traces, answers, strict=True)

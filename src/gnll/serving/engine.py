@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
+from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures.early import EarlyDecision
 from gnll.serving.errors import RequestError
 from gnll.serving.streams.live import HeldText
@@ -63,8 +64,10 @@ class _Job:
     config: GenerationConfig
     raw: bool
     key: tuple[GenerationConfig, bool | None, str | None]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[list[list[Generation]]]
+    #: ``None`` (with ``future``): a job decoded in the calling thread (:meth:`BatchingEngine.run`),
+    #: whose outcome waits in :attr:`outcome`.
+    loop: asyncio.AbstractEventLoop | None
+    future: asyncio.Future[list[list[Generation]]] | None
     enqueued: float = field(default_factory=time.perf_counter)
     #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob), ...])`` per decoding step,
     #: then ``("done", generations)`` or ``("error", exception)``.
@@ -81,14 +84,44 @@ class _Job:
     early: Callable[[], EarlyDecision] | None = None
     #: Per prompt, per sequence: the early decision's facts when one was made (else ``None``).
     decisions: list[list[dict[str, Any] | None]] | None = None
+    #: A job decoded in the calling thread: its generations or its failure, once settled.
+    outcome: tuple[list[list[Generation]] | None, BaseException | None] | None = None
+
+    @classmethod
+    def now(
+        cls,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        raw: bool,
+        early: Callable[[], EarlyDecision] | None,
+    ) -> _Job:
+        """A job decoded in the calling thread (no event loop waits for it)."""
+        job = cls(list(prompts), config, raw, (config, raw, None), None, None)
+        job.early = early
+        return job
 
     def resolve(self, value: Any) -> None:
         """Deliver the job's generations (from the worker thread)."""
-        self.loop.call_soon_threadsafe(_settle, self, value, None)
+        if self.loop is None:
+            self.outcome = (value, None)
+        else:
+            self.loop.call_soon_threadsafe(_settle, self, value, None)
 
     def reject(self, exc: BaseException) -> None:
         """Deliver the job's failure (from the worker thread)."""
-        self.loop.call_soon_threadsafe(_settle, self, None, exc)
+        if self.loop is None:
+            self.outcome = (None, exc)
+        else:
+            self.loop.call_soon_threadsafe(_settle, self, None, exc)
+
+    def result(self) -> list[list[Generation]]:
+        """A job decoded in the calling thread: its generations (its failure raised)."""
+        assert self.outcome is not None, "the decoding loop settles every job it took"
+        value, exc = self.outcome
+        if exc is not None:
+            raise exc
+        assert value is not None
+        return value
 
 
 @dataclass
@@ -221,6 +254,11 @@ class BatchingEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._continuous = model.capabilities.streaming
+        #: A reasoning model whose answers a decoding loop can stop (its own model has one): the
+        #: trace is the model's own, the answer phase runs through :meth:`_drive` with the watches.
+        self._answerer: StreamingModel | None = None
+        if isinstance(model, ReasoningModel) and model.model.capabilities.streaming:
+            self._answerer = cast(StreamingModel, model.model)
         self.batches = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -272,10 +310,11 @@ class BatchingEngine:
         """
         if top_logprobs and not self._continuous:
             raise RequestError("this model reports no alternatives (top_logprobs)", "top_logprobs")
-        if not self._continuous or config.strategy != "greedy":
+        if not self.decides_early or config.strategy != "greedy":
             early = None
         job = self._enqueue(prompts, config, raw, stream=False, top_k=int(top_logprobs))
         job.early = early
+        assert job.future is not None  # a queued job's
         try:
             gens = await job.future
         except asyncio.CancelledError:  # the request's task was cancelled: free its rows
@@ -285,8 +324,51 @@ class BatchingEngine:
 
     @property
     def decides_early(self) -> bool:
-        """Whether answers can stop at an early decision (the continuous decoding loop can)."""
-        return self._continuous
+        """Whether answers can stop at an early decision: the continuous decoding loop can, and a
+        reasoning model's answer phase when its model has that loop (the trace runs to its end)."""
+        return self._continuous or self._answerer is not None
+
+    def run(
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        *,
+        raw: bool = False,
+        early: Callable[[], EarlyDecision] | None = None,
+    ) -> Decoded:
+        """Decode ``prompts`` now, in the calling thread, through the loop that serves requests
+        (batch jobs: ``gnll generate --policy refuse``); ``early`` as in :meth:`decode`.
+
+        For an engine whose worker is not started (or from the worker itself): the two would
+        share the model.
+
+        Examples
+        --------
+        >>> from gnll.backends.base import Generation, GenerationConfig, Model
+        >>> class Echo(Model):
+        ...     name = "echo"
+        ...     def generate(self, prompts, config=None, **kw):
+        ...         return [[Generation(p, [1], [p], [-0.5], "eos")] for p in prompts]
+        ...     def score(self, prompts, answers, **kw):
+        ...         raise NotImplementedError
+        ...     def render_prompt(self, prompt):
+        ...         return prompt
+        >>> BatchingEngine(Echo()).run(["a", "b"], GenerationConfig()).generations[1][0].text
+        'b'
+        """
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise RuntimeError("the engine's worker is running: submit work with decode()")
+        if not self.decides_early or config.strategy != "greedy":
+            early = None
+        job = _Job.now(prompts, config, raw, early)
+        if self._answerer is not None and early is not None:
+            return Decoded(self._reason([job]), None, job.decisions)
+        width = max(1, min(len(job.prompts), self.max_batch_prompts)) * config.num_sequences
+        decoder = self._streaming.open_decoder(config, width=width) if self._continuous else None
+        if decoder is None:  # no decoding loop (for this configuration): the model's generate
+            return Decoded(self._generate(job.prompts, config, raw))
+        self._drive(self._streaming, decoder, [job])
+        return Decoded(job.result(), job.tops, job.decisions)
 
     def stream(
         self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
@@ -398,15 +480,46 @@ class BatchingEngine:
     def _run_continuous(self, decoder: Any, batch: list[_Job]) -> None:
         """Decode the group of ``batch[0]``: jobs of the same group that queue meanwhile join it
         (up to the first job of another group, which runs next), each answered when done."""
-        key, started, served = batch[0].key, time.perf_counter(), 0
+        key, started = batch[0].key, time.perf_counter()
+
+        def more() -> list[_Job]:
+            with self._cond:
+                joining = []
+                while self._queue and self._queue[0].key == key:
+                    job = self._queue.popleft()
+                    if not job.cancelled:
+                        joining.append(job)
+            return joining
+
+        served = self._drive(self._streaming, decoder, batch, more)
+        self.batches += 1
+        elapsed = time.perf_counter() - started
+        self._last_seconds, self._free_since = elapsed, time.perf_counter()
+        if self.on_batch is not None:
+            self.on_batch(served, elapsed)
+
+    def _drive(
+        self,
+        lm: StreamingModel,
+        decoder: Any,
+        batch: list[_Job],
+        more: Callable[[], list[_Job]] | None = None,
+    ) -> int:
+        """The decoding loop: ``batch``'s jobs (and those ``more`` hands over after each step)
+        decode in ``decoder``, each answer stopping at its early decision where the job has
+        rules, each job settled when its rows end; the number of prompts served.
+
+        One loop for every caller: the server's continuous batching, :meth:`run` (batch jobs)
+        and a reasoning model's answer phase (:meth:`_reason`)."""
+        served = 0
         open_jobs: dict[int, _Open] = {}
         numbers = itertools.count()
 
         def join(job: _Job) -> None:
             nonlocal served
             try:
-                ids = self._streaming.encode(job.prompts, raw_prompt=job.raw)
-                self._streaming.check_context(ids, job.config.max_new_tokens)
+                ids = lm.encode(job.prompts, raw_prompt=job.raw)
+                lm.check_context(ids, job.config.max_new_tokens)
             except ValueError as exc:  # this request's problem only (too long a prompt): a 400
                 job.reject(RequestError(str(exc), "prompt"))
                 return
@@ -421,14 +534,14 @@ class BatchingEngine:
                 job.resolve([])
                 return
             number = next(numbers)
-            stops = self._streaming.stop_rules(job.config.stop)
+            stops = lm.stop_rules(job.config.stop)
             watches: list[list[EarlyStop]] = []
             for i, row in enumerate(ids):
                 watch = None
                 if job.early is not None:
                     rows = [
                         EarlyStop(
-                            HeldText(self._streaming.decode, stops.token_ids, stops.strings),
+                            HeldText(lm.decode, stops.token_ids, stops.strings),
                             job.early(),
                             job.config.max_new_tokens,
                         )
@@ -463,7 +576,8 @@ class BatchingEngine:
                     per_job.setdefault(jid, []).append((i, j, token, lp))
             for jid, items in per_job.items():
                 job = open_jobs[jid].job
-                assert job.events is not None  # only streaming jobs got items
+                # Only streaming jobs got items, and they are queued ones (with an event loop).
+                assert job.events is not None and job.loop is not None
                 job.loop.call_soon_threadsafe(job.events.put_nowait, ("tokens", items))
 
         for job in batch:
@@ -497,25 +611,18 @@ class BatchingEngine:
                 # Its client went away: its rows leave the loop and their slots go to others.
                 for i in range(len(open_jobs.pop(jid).outputs)):
                     decoder.cancel((jid, i))
-            with self._cond:
-                joining = []
-                while self._queue and self._queue[0].key == key:
-                    job = self._queue.popleft()
-                    if not job.cancelled:
-                        joining.append(job)
-            for job in joining:
+            for job in more() if more is not None else []:
                 join(job)
-        self.batches += 1
-        elapsed = time.perf_counter() - started
-        self._last_seconds, self._free_since = elapsed, time.perf_counter()
-        if self.on_batch is not None:
-            self.on_batch(served, elapsed)
+        return served
 
     def _run_call(self, batch: list[_Job]) -> None:
         prompts = [p for job in batch for p in job.prompts]
         started = time.perf_counter()
         try:
-            outs = self._generate(prompts, batch[0].config, batch[0].raw)
+            if self._answerer is not None and any(job.early for job in batch):
+                outs = self._reason(batch)
+            else:
+                outs = self._generate(prompts, batch[0].config, batch[0].raw)
         except Exception as exc:  # delivered to every waiting request, the worker lives on
             log.exception("generate failed for a batch of %d prompts", len(prompts))
             for job in batch:
@@ -535,6 +642,40 @@ class BatchingEngine:
             start += len(job.prompts)
             job.resolve(part)
 
+    def _reason(self, jobs: list[_Job]) -> list[list[Generation]]:
+        """A reasoning model's answers to ``jobs`` (one configuration), each answer stopping at its
+        job's early decision: the traces are decoded to their end (the decision cannot be made
+        before the answer starts), the answer phase runs through :meth:`_drive` with the
+        watches, so only answer tokens, released after the end-of-reasoning marker, count.
+        Sets each job's :attr:`_Job.decisions`."""
+        model = cast(ReasoningModel, self.model)
+        lm = self._answerer
+        assert lm is not None
+        config, raw = jobs[0].config, jobs[0].raw
+
+        def answer(contexts: list[str], cfg: GenerationConfig) -> list[list[Generation]]:
+            parts, start = [], 0
+            for job in jobs:  # one part per request: each keeps its own rule
+                parts.append(
+                    _Job.now(contexts[start : start + len(job.prompts)], cfg, True, job.early)
+                )
+                start += len(job.prompts)
+            width = max(1, min(len(contexts), self.max_batch_prompts)) * cfg.num_sequences
+            decoder = lm.open_decoder(cfg, width=width)
+            if decoder is None:  # no loop for this configuration: answers run to their end
+                return cast(Model, lm).generate(contexts, cfg, raw_prompt=True)
+            self._drive(lm, decoder, parts)
+            outs = []
+            for job, part in zip(jobs, parts, strict=True):
+                outs += part.result()
+                job.decisions = part.decisions
+            return outs
+
+        prompts = [p for job in jobs for p in job.prompts]
+        return model.generate(
+            prompts, config, raw_prompt=raw and model.capabilities.chat, answer=answer
+        )
+
     def _generate(
         self, prompts: list[str], config: GenerationConfig, raw: bool
     ) -> list[list[Generation]]:
@@ -547,6 +688,7 @@ class BatchingEngine:
 
 def _settle(job: _Job, value: Any, exc: BaseException | None) -> None:
     """Resolve a job's future (and end its event stream), on the job's event loop."""
+    assert job.future is not None  # only queued jobs are settled on an event loop
     if job.future.done():
         return
     if exc is not None:
@@ -570,6 +712,7 @@ async def _events(job: _Job) -> AsyncGenerator[tuple[str, Any], None]:
                 return
     finally:
         # Closed before the end (the client went away): nobody waits for the rest.
+        assert job.future is not None  # a streaming job is a queued one
         if not job.future.done():
             job.cancelled = True
             job.future.cancel()
