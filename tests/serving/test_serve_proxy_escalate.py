@@ -420,6 +420,8 @@ def test_the_cli_serves_proxy_escalation(monkeypatch):
 
     served = {}
     monkeypatch.setattr(server, "listen", lambda host, port: None)
+    # (the server's logging set-up would take the access log away from later tests' caplog)
+    monkeypatch.setattr(server, "configure_logging", lambda *a, **k: None)
     monkeypatch.setattr(
         server, "serve_forever", lambda application, *a, **k: served.update(app=application)
     )
