@@ -64,3 +64,46 @@ def test_early_decisions_on_a_reasoning_model_equal_the_end_of_answer_ones(tmp_p
     trace = len(THOUGHTS[0]) + 1
     assert made_early == 3 * trace + 3 + 1 + 3
     assert thinker.generated == 3 * trace + 3 + 3 + 100
+
+
+@pytest.mark.model
+def test_smollm_as_a_reasoning_model_same_refusals_with_and_without_early(
+    tmp_path, smollm, monkeypatch
+):
+    """``gnll generate`` on SmolLM2 wrapped as a reasoning model (a 16-token trace budget): the
+    same refusals both ways, after the same traces; one refusal is decided before its answer's
+    end (this set of questions has one whose answer passes 1.5 part-way)."""
+    monkeypatch.setattr(
+        gnll, "load_model", lambda name, **kw: ReasoningModel(smollm, "think", trace_budget=16)
+    )
+    qs = [
+        "What is the capital of France?",
+        "Who wrote Moby-Dick?",
+        "Describe how a steam engine works.",
+        "In which year did the Berlin Wall fall?",
+        "Explain photosynthesis.",
+        "What is the chemical symbol for gold?",
+    ]
+    inp = tmp_path / "q.jsonl"
+    inp.write_text("".join(json.dumps({"question": q}) + "\n" for q in qs))
+
+    def go(flag: str) -> list[dict]:
+        out = tmp_path / f"out{flag}.jsonl"
+        args = ["generate", "-i", str(inp), "-o", str(out), "--no-progress"]
+        args += ["--model_args", "reasoning=think", "--max_new_tokens", "40"]
+        res = runner.invoke(app, [*args, "--policy", "refuse", "--threshold", "1.5", flag])
+        assert res.exit_code == 0, res.output
+        return [json.loads(x) for x in out.read_text().splitlines()]
+
+    early, full = go("--early"), go("--no_early")
+    assert [r["refused"] for r in early] == [r["refused"] for r in full]
+    assert [r["trace_tokens"] for r in early] == [r["trace_tokens"] for r in full]
+    stopped = [(e, f) for e, f in zip(early, full, strict=True) if e.get("early")]
+    assert stopped
+    for e, f in stopped:
+        assert f["refused"] and 1.5 < e["g_nll"] <= f["g_nll"] + 1e-6
+        assert e["decided_at_token"] <= f["num_tokens"]
+        assert e["tokens_saved"] == 40 - e["tokens_generated"] > 0
+    for e, f in zip(early, full, strict=True):
+        if not e.get("early"):
+            assert e["g_nll"] == pytest.approx(f["g_nll"], abs=1e-4)
