@@ -300,3 +300,24 @@ class Thinker(StreamingModel):
         while dec.busy:
             done.update(dec.step())
         return [done[i] for i in range(len(prompts))]
+
+
+def serve(model: Model, **settings):
+    """``gnll serve --model`` around ``model`` in a thread (settings: :class:`ServeSettings`)."""
+    from gnll.serving import ServeSettings, build_inprocess_app
+    from gnll.serving.server import ServerThread
+
+    return ServerThread(build_inprocess_app(model, ServeSettings(**settings), max_wait_ms=5))
+
+
+def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
+    """One ``/v1/completions`` request's first choice (a 200 is asserted)."""
+    import httpx
+
+    r = httpx.post(
+        srv.url + "/v1/completions",
+        json={"prompt": prompt, "max_tokens": max_tokens},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]

@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serve_helpers import LONG, ScriptedModel, StreamingModel
+from serve_helpers import LONG, ScriptedModel, StreamingModel, ask, serve
 
 from gnll.measures import g_nll
 from gnll.measures.early import EarlyDecisionError
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 from gnll.serving.uncertainty import DEFAULT_REFUSAL
-
-
-def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
-    r = httpx.post(
-        srv.url + "/v1/completions",
-        json={"prompt": prompt, "max_tokens": max_tokens},
-        timeout=60,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]
-
-
-def serve(model, **settings):
-    return ServerThread(build_inprocess_app(model, ServeSettings(**settings), max_wait_ms=5))
 
 
 def test_refused_answer_stops_at_the_decision_token_with_the_same_decision():

@@ -9,11 +9,10 @@ the model test wraps SmolLM2 as a reasoning model.
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_helpers import LONG, THOUGHTS, ScriptedModel, Thinker
+from serve_helpers import LONG, THOUGHTS, ScriptedModel, Thinker, ask, serve
 
 from gnll.backends.base import GenerationConfig
 from gnll.backends.reasoning_model import ReasoningModel
@@ -24,20 +23,6 @@ from gnll.serving.server import ServerThread
 from gnll.serving.uncertainty import DEFAULT_REFUSAL
 
 TRACE_TOKENS = len(THOUGHTS[0]) + 1  # the trace's tokens and the EOS that ended it
-
-
-def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
-    r = httpx.post(
-        srv.url + "/v1/completions",
-        json={"prompt": prompt, "max_tokens": max_tokens},
-        timeout=60,
-    )
-    assert r.status_code == 200, r.text
-    return r.json()["choices"][0]
-
-
-def serve(model, **settings):
-    return ServerThread(build_inprocess_app(model, ServeSettings(**settings), max_wait_ms=5))
 
 
 def test_a_reasoning_models_answer_stops_at_the_decision_after_its_whole_trace():
