@@ -173,11 +173,26 @@ class SmallUpstream(_Server):
 
 
 class LargeUpstream(_Server):
-    """Answers `` Paris.`` after ``delay`` seconds and records when each request arrived."""
+    """Answers `` Paris.`` after ``delay`` seconds and records when each request arrived.
 
-    def __init__(self, delay: float = 0.0) -> None:
+    A streamed request is answered one token per chunk, ``pause`` seconds apart, and a whole one
+    after as long (``tokens``:
+    the answer's tokens, each of log-prob -0.1); ``fail="status"`` answers it with a 500,
+    ``fail="event"`` with an error event for its first chunk, ``fail="mid"`` closes the
+    connection after its first token."""
+
+    def __init__(
+        self,
+        delay: float = 0.0,
+        *,
+        pause: float = 0.0,
+        tokens: list[str] | None = None,
+        fail: str | None = None,
+    ) -> None:
         self.arrived: list[float] = []
         self.bodies: list[dict] = []
+        self.finished: list[float] = []  # when each answer's last chunk was sent
+        toks, lps = (tokens, [-0.1] * len(tokens)) if tokens else tuple(map(list, LARGE))
         outer = self
 
         class Handler(_Handler):
@@ -189,9 +204,46 @@ class LargeUpstream(_Server):
                 outer.bodies.append(body)
                 time.sleep(delay)
                 chat = self.path.endswith("/chat/completions")
-                usage = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
-                c = _choice(chat, *map(list, LARGE), "stop")
+                usage = {"prompt_tokens": 4, "completion_tokens": len(toks)}
+                usage["total_tokens"] = 4 + len(toks)
+                if body.get("stream"):
+                    return self.stream(body, chat, usage)
+                time.sleep(pause * len(toks))  # the same generation time as a stream
+                c = _choice(chat, toks, lps, "stop")
                 self.json({"id": "l", "model": "large", "choices": [c], "usage": usage})
+                outer.finished.append(time.monotonic())
+
+            def stream(self, body: dict, chat: bool, usage: dict) -> None:
+                if fail == "status":
+                    raw = b'{"error": {"message": "out of memory", "type": "server_error"}}'
+                    self.send_response(500)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if fail == "event":
+                    self.event({"error": {"message": "out of memory", "type": "server_error"}})
+                    return
+                base = {"id": "l", "model": "large", "created": 1}
+                base["object"] = "chat.completion.chunk" if chat else "text_completion"
+                if chat:
+                    role = {"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}
+                    self.event({**base, "choices": [role]})
+                for tok, lp in zip(toks, lps, strict=True):
+                    self.event({**base, "choices": [_delta(chat, [tok], [lp], None)]})
+                    if fail == "mid":
+                        return  # the connection closes: no finish_reason, no [DONE]
+                    time.sleep(pause)
+                self.event({**base, "choices": [_delta(chat, [], [], "stop")]})
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    self.event({**base, "choices": [], "usage": usage})
+                self.event("[DONE]")
+                outer.finished.append(time.monotonic())
 
         super().__init__(Handler)
 

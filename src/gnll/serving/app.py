@@ -33,7 +33,7 @@ from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.metrics import Metrics
 from gnll.serving.observers import AccessLog, Answered, Observer, response_id_of
-from gnll.serving.responses import Reply, error_body
+from gnll.serving.responses import Reply, error_body, stream_error
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
@@ -94,17 +94,6 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return f"invalid request: {where}: {err.get('msg')}", where or None
 
 
-def _stream_error(chunk: str) -> str | None:
-    """The message of an error event (a stream that broke after its headers went out)."""
-    if not chunk.startswith('data: {"error"'):
-        return None
-    try:
-        err = json.loads(chunk[6:])["error"]
-    except (ValueError, KeyError, TypeError):
-        return "error event"
-    return str(err.get("message") if isinstance(err, dict) else err)
-
-
 async def _observed(
     stream: Iterator[str] | AsyncIterator[str],
     done: Callable[[str | None, bool, str | None], None],
@@ -120,12 +109,12 @@ async def _observed(
         if isinstance(stream, AsyncIterator):
             async for chunk in stream:
                 response_id = response_id or response_id_of(chunk)
-                error = error or _stream_error(chunk)
+                error = error or stream_error(chunk)
                 yield chunk
         else:
             for chunk in stream:
                 response_id = response_id or response_id_of(chunk)
-                error = error or _stream_error(chunk)
+                error = error or stream_error(chunk)
                 yield chunk
         sent = True
     finally:
@@ -286,6 +275,7 @@ def create_app(
                     for c in reply.body.get("choices", [])
                 ]
         headers = headers_for(reply.records) if reply.records else {}
+        headers.update(reply.headers or {})
         if reply.stream is not None:
             request.state.deferred = True
             records = reply.records  # a live stream's records are known when it has ended

@@ -15,21 +15,30 @@ returned. Every choice's ``uncertainty`` says who answered (``answered_by``, ``e
 ``local`` beside the upstream answer's own G-NLL.
 
 Streaming: the local answer can only be sent once its G-NLL is known, so a streamed greedy request
-is held until the local answer is complete and then replayed (time to first token becomes the whole
-local answer's time, plus the upstream's when it escalates). A sampled request cannot escalate
-(there is no G-NLL to gate on), so it streams live. If the upstream fails, the local answer is
-returned with ``escalation_error`` set: nothing computed is lost.
+is held until the local answer is complete (or stopped at its exact early decision). A kept answer
+is then replayed; an escalated one is streamed live, each piece of the upstream's answer sent as
+it arrives (the proxy's relay, :class:`~gnll.serving.proxy.ProxyService`), and the escalation
+record comes in each choice's last chunk. A sampled request cannot escalate (there is no G-NLL to
+gate on), so it streams live.
+
+Failures: if the upstream fails before its first chunk (unreachable, an error status, an error
+event or an empty stream), the local answer is returned with ``escalation_error`` set: nothing
+computed is lost. If its stream breaks after that, the local answer can no longer be sent in its
+place (the client has part of another answer), so the stream ends with an error event naming the
+upstream, and no choice is given a ``finish_reason``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll.measures import LogprobError
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Answer, Reply
+from gnll.serving.responses import Answer, Reply, error_body, sse, stream_error
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
@@ -121,35 +130,105 @@ class CascadeService:
                 for r in reply.records
             ]
             return self._finish(req, body, kept, reply.prompt)
-        up_req = held.model_copy(update={"model": self.upstream_model})
+        # A streamed request goes upstream streamed, so that its answer reaches the client live.
+        up_req = req.model_copy(update={"model": self.upstream_model})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
+        chunks: AsyncIterator[str] | None = None
+        first: str | None = None
         try:
             up = await self.upstream.handle(up_req, up_settings)
+            if up.stream is not None:  # wait for its first chunk: a failure there costs nothing
+                chunks = _async(up.stream)
+                first = await anext(chunks, None)
         except (HTTPError, LogprobError) as exc:
+            if chunks is not None:
+                await chunks.aclose()
             message = exc.message if isinstance(exc, HTTPError) else str(exc)
-            log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
-            kept = [
-                r.model_copy(
-                    update={
-                        "answered_by": local_name,
-                        "escalated": False,
-                        "escalation_error": message,
-                    }
-                )
-                for r in reply.records
-            ]
-            return self._finish(req, body, kept, reply.prompt)
-        assert up.body is not None, "a request that is not streamed has a body"
-        up_name = up.body.get("model") or self.upstream_model or self.upstream.model_name
-        first = reply.records[0]
+            return self._fallback(req, body, reply, message)
+        if chunks is not None and (first is None or stream_error(first) is not None):
+            await chunks.aclose()
+            said = stream_error(first) if first is not None else "it sent an empty stream"
+            return self._fallback(req, body, reply, self._named(said))
+        model = up.body.get("model") if up.body is not None else _chunk_model(first)
+        up_name = model or self.upstream_model or self.upstream.model_name
         local = LocalAnswer.model_validate(
-            first.to_json() | {"text": req.choice_text(body["choices"][0]), "model": local_name}
+            reply.records[0].to_json()
+            | {"text": req.choice_text(body["choices"][0]), "model": local_name}
         )
-        escalated = [
-            r.model_copy(update={"answered_by": up_name, "escalated": True, "local": local})
-            for r in up.records
-        ]
-        return self._finish(req, up.body, escalated, reply.prompt)
+        update = {"answered_by": up_name, "escalated": True, "local": local}
+        if chunks is None:
+            assert up.body is not None, "a request that is not streamed has a body"
+            escalated = [r.model_copy(update=update) for r in up.records]
+            return self._finish(req, up.body, escalated, reply.prompt)
+        assert first is not None
+        records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
+        stream = self._live(first, chunks, up.records, update, records)
+        return Reply(
+            body=None,
+            records=records,
+            stream=stream,
+            prompt=reply.prompt,
+            headers={"X-Answered-By": str(up_name)},
+        )
+
+    def _fallback(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        body: dict[str, Any],
+        reply: Reply,
+        message: str,
+    ) -> Reply:
+        """The local answer, after a failed escalation (``escalation_error`` says why)."""
+        log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
+        update = {
+            "answered_by": self.local.model_name or "",
+            "escalated": False,
+            "escalation_error": message,
+        }
+        kept = [r.model_copy(update=update) for r in reply.records]
+        return self._finish(req, body, kept, reply.prompt)
+
+    def _named(self, message: str) -> str:
+        """``message``, naming the upstream unless it does already."""
+        url = self.upstream.upstream
+        return message if url in message else f"upstream {url}: {message}"
+
+    async def _live(
+        self,
+        first: str,
+        chunks: AsyncIterator[str],
+        up_records: list[Uncertainty],
+        update: dict[str, Any],
+        out: list[Uncertainty],
+    ) -> AsyncIterator[str]:
+        """The upstream's stream as it comes, each choice's record in its last chunk made the
+        escalation's; an error event after the first chunk names the upstream."""
+
+        async def each() -> AsyncIterator[str]:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+
+        try:
+            async for chunk in each():
+                said = stream_error(chunk)
+                if said is not None:
+                    log.warning("escalation to %s broke off: %s", self.upstream.upstream, said)
+                    message = f"the escalated answer broke off: {self._named(said)}"
+                    yield sse(error_body(message, "upstream_error"))
+                    return
+                if '"uncertainty"' in chunk and chunk.startswith("data: {"):
+                    # The proxy fills its records just before it sends the chunks that carry them.
+                    if not out:
+                        out.extend(r.model_copy(update=update) for r in up_records)
+                    data = json.loads(chunk[6:])
+                    for c in data.get("choices") or []:
+                        if "uncertainty" in c:
+                            c["uncertainty"] = out[c.get("index", 0)].to_json()
+                    chunk = sse(data)
+                yield chunk
+        finally:
+            await chunks.aclose()
 
     @staticmethod
     def _finish(
@@ -169,6 +248,29 @@ class CascadeService:
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=prompt
         )
+
+
+async def _async(stream: Iterator[str] | AsyncIterator[str]) -> AsyncIterator[str]:
+    """A service's stream, sync (a replay) or async (a live relay), as an async iterator."""
+    if isinstance(stream, AsyncIterator):
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+    else:
+        for chunk in stream:
+            yield chunk
+
+
+def _chunk_model(chunk: str | None) -> str | None:
+    """The ``model`` of one server-sent-event chunk, if it names one."""
+    if chunk is None or not chunk.startswith("data: {"):
+        return None
+    model = json.loads(chunk[6:]).get("model")
+    return model if isinstance(model, str) else None
 
 
 def _answer_of(choice: dict[str, Any], req: CompletionRequest | ChatCompletionRequest) -> Answer:

@@ -50,6 +50,9 @@ class Reply:
     stream: Iterator[str] | AsyncIterator[str] | None = None
     prompt: str | None = None
     status: int = 200
+    #: Headers of a live stream whose records are only known at its end (``X-Answered-By`` of an
+    #: escalated answer streamed as the larger model produces it).
+    headers: dict[str, str] | None = None
 
 
 def new_id(prefix: str) -> str:
@@ -198,3 +201,22 @@ def last_piece(chat: bool) -> dict[str, Any]:
 def sse(data: dict[str, Any] | str) -> str:
     """One server-sent event line (``[DONE]`` is sent verbatim, as OpenAI does)."""
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def stream_error(chunk: str) -> str | None:
+    """The message of an error event (a stream that broke after its headers went out), or ``None``.
+
+    Examples
+    --------
+    >>> stream_error(sse(error_body("upstream broke off", "upstream_error")))
+    'upstream broke off'
+    >>> stream_error(sse("[DONE]")) is None
+    True
+    """
+    if not chunk.startswith('data: {"error"'):
+        return None
+    try:
+        err = json.loads(chunk[6:])["error"]
+    except (ValueError, KeyError, TypeError):
+        return "error event"
+    return str(err.get("message") if isinstance(err, dict) else err)
