@@ -12,7 +12,7 @@ from test_serve_proxy_escalate import LargeUpstream, SmallUpstream, cascade
 pytestmark = pytest.mark.browser
 
 
-def test_page_shows_where_the_proxy_decided_and_the_larger_models_answer():
+def test_page_shows_where_the_proxy_decided_who_answered_and_the_larger_models_answer():
     from playwright.sync_api import sync_playwright
 
     small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream()
@@ -30,6 +30,15 @@ def test_page_shows_where_the_proxy_decided_and_the_larger_models_answer():
                 assert note.is_visible()
                 text = note.inner_text()
                 assert "decided at token 7 " in text and "never generated" in text
+                # who answered, and that the local model's answer was escalated, not "no policy"
+                assert page.locator("#decision").inner_text() == "escalated"
+                assert text.startswith("the local model small decided at token 7 ")
+                by = page.locator("#answered-by")
+                assert by.is_visible()
+                assert by.inner_text() == (
+                    "answered by large: the local model small was unsure (G-NLL 3.5000 or more)"
+                )
+                assert page.locator("#history tbody td").nth(2).inner_text() == "escalated"
             finally:
                 b.close()
     finally:

@@ -243,21 +243,33 @@ function render(q, choice, verdict) {
   // The calibration and its rule are named once, in the rule line under the Ask button.
   $("calibration").textContent = pol.calibrated ? "calibrated (see the rule above)" : "start the server with --calibration FILE for p(correct)";
   const d = $("decision");
-  d.className = "big " + (u.abstain ? "abstain" : "answer-ok");
-  d.textContent = u.abstain === null || u.abstain === undefined ? "no policy" : u.abstain ? "abstain" : "answer";
+  d.className = "big " + (u.escalated ? "escalated" : u.abstain ? "abstain" : "answer-ok");
+  d.textContent = decisionLabel(u);
   $("policy").textContent = `policy ${pol.policy}`;
+  // Under --policy escalate: who answered, and why (the local model's G-NLL, or the failed
+  // escalation whose place the local answer took).
+  const by = $("answered-by");
+  by.hidden = !u.answered_by;
+  if (u.escalated && u.local) {
+    by.textContent = `answered by ${u.answered_by}: the local model ${u.local.model} was unsure ` +
+      `(G-NLL ${fmt(u.local.g_nll)}${u.local.g_nll_is_lower_bound ? " or more" : ""})`;
+  } else if (u.answered_by) {
+    by.textContent = `answered by ${u.answered_by}` +
+      (u.escalation_error ? ` (the escalation failed: ${u.escalation_error})` : " (the local model)");
+  }
   // An exact early decision: where it was made, and the tokens it spared (this answer's own, or
   // the local model's before an escalation).
   const early = u.early ? u : u.local && u.local.early ? u.local : null;
   $("early").hidden = !early;
   if (early) {
-    $("early").textContent = `decided at token ${early.decided_at_token} (G-NLL ${fmt(early.g_nll)} ` +
+    const who = early === u.local ? `the local model ${u.local.model} ` : "";
+    $("early").textContent = `${who}decided at token ${early.decided_at_token} (G-NLL ${fmt(early.g_nll)} ` +
       `already past the threshold; exact); ${early.tokens_saved} tokens never generated`;
   }
   $("result").hidden = false;
   answer.dataset.state = "done";
   const correct = verdict ? verdict.correct : null;
-  state.history.push({ g: u.g_nll, p, abstain: u.abstain, correct, q: q.question, a: choice.message.content });
+  state.history.push({ g: u.g_nll, p, decision: decisionLabel(u), correct, q: q.question, a: choice.message.content });
   drawHistory();
 }
 
@@ -280,6 +292,14 @@ function markLeastSpan(u) {
   box.textContent = `Least certain ${what}: “${span.text}” — NLL ${fmt(span.nll)} nats over ${span.num_tokens} tokens (of G-NLL ${fmt(u.nll)})`;
 }
 
+// The decision box's word: an escalated answer is the larger model's (its record has no abstain
+// of its own), an answer without a policy has no decision.
+function decisionLabel(u) {
+  if (u.escalated) return "escalated";
+  if (u.abstain === null || u.abstain === undefined) return "no policy";
+  return u.abstain ? "abstain" : "answer";
+}
+
 function drawHistory() {
   const rows = [...state.history].sort((a, b) => b.g - a.g);
   $("history-empty").hidden = rows.length > 0;
@@ -287,7 +307,7 @@ function drawHistory() {
   for (const h of rows) {
     const tr = document.createElement("tr");
     const mark = h.correct === null || h.correct === undefined ? "–" : h.correct ? "✓" : "✗";
-    for (const v of [fmt(h.g), p2(h.p), h.abstain === null || h.abstain === undefined ? "–" : h.abstain ? "abstain" : "answer", mark, h.q, h.a]) {
+    for (const v of [fmt(h.g), p2(h.p), h.decision === "no policy" ? "–" : h.decision, mark, h.q, h.a]) {
       const td = document.createElement("td");
       td.textContent = v;
       if (v === mark && mark !== "–") td.className = h.correct ? "right" : "wrong";
