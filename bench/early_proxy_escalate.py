@@ -8,8 +8,9 @@ sends the request to Gemma at that moment), one with ``--no-early`` (it waits fo
 answer). Each ``triviaqa_long`` question (one sentence, up to 100 tokens, the prompt ``gnll eval``
 renders, in SmolLM2's chat template, sent as a ``/v1/completions`` text prompt that stops at a newline:
 the base model Gemma otherwise runs on to ``max_tokens``) goes through both, one request at a
-time, the arms' order rotated per question, with the openai SDK streaming (a greedy request under escalate
-is held and replayed: its first chunk comes once the answer is known).
+time, the arms' order rotated per question, with the openai SDK streaming (a greedy request under
+escalate is held until SmolLM2's answer is decided; an escalated one is then streamed live from
+Gemma, so its first chunk comes with Gemma's first token, in both arms).
 
 An answer that is empty (the stop token at once) has no G-NLL from llama-cpp-python, which reports
 no log-prob for the stop token: the proxy answers 502, in both arms alike, and such questions are
