@@ -480,8 +480,8 @@ def early_proxy_escalate(r: dict[str, Any]) -> list[str]:
         f"`{r['task']}` questions through two `gnll serve --upstream` proxies (SmolLM2 on "
         f"llama-cpp-python) escalating above G-NLL {r['threshold']:g} to Gemma-3-270M on "
         "llama-cpp-python, one `--early`, one `--no-early`; per question both arms in rotating "
-        "order, each a streamed openai SDK request (held, so its first chunk is the escalated "
-        "answer's). `unscored`: SmolLM2's answer was empty, which llama-cpp-python gives no "
+        "order, each a streamed openai SDK request (held until SmolLM2's answer is decided; an "
+        "escalated one then streams live from Gemma). `unscored`: SmolLM2's answer was empty, which llama-cpp-python gives no "
         "log-prob for (502 in both arms). Times over the questions escalated in both arms; "
         f"{s['same_escalated_text']} of {s['escalated']} escalated answers were the same text "
         f"in both arms; SmolLM2 generated {s['small_tokens_early']} answer tokens in all with "
@@ -502,8 +502,8 @@ def _proxy_escalate_reading(s: dict[str, Any]) -> list[str]:
         f"Reading: {s['decision_changes']} decision changes; on the escalated questions SmolLM2 "
         f"generated {share:.0%} of the tokens it generates when the proxy waits, and the client "
         f"got the escalated answer {saved:.2f} s sooner on average. The rest of the time to the "
-        "first escalated token is the larger model's own answer (held until complete, to be "
-        "scored), the same in both arms, which early decisions cannot shorten.",
+        "first escalated token is the larger model's time to its first token (its answer streams "
+        "live), the same in both arms, which early decisions cannot shorten.",
         "",
     ]
 

@@ -114,9 +114,12 @@ def test_the_streamed_record_equals_the_non_streamed_one(where):
                 json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 40},
                 timeout=60,
             )
+            metrics = httpx.get(srv.url + "/metrics").text
     finally:
         small.close()
         large.close()
+    # the two live streams are counted as escalations once they have ended, as the whole answer is
+    assert 'gnll_escalations_total{outcome="answered"} 3.0' in metrics
     expected = whole.json()["choices"][0]["uncertainty"]
     assert expected["escalated"] is True and whole.headers["x-answered-by"] == got["header"]
     assert got["uncertainty"] == expected == plain["uncertainty"]
