@@ -20,15 +20,25 @@ Reported: decisions that differ between the arms (must be 0), and over the quest
 the client's mean and median time to the first chunk of the escalated answer, early vs wait, their
 ratio, and the answer tokens SmolLM2 generated (early: up to the decision; wait: the whole answer).
 
+``--local inprocess`` runs the in-process cascade instead: SmolLM2 answers inside the two ``gnll
+serve --model smollm2-135m-instruct`` processes (no SmolLM2 server), each question asked exactly as
+``gnll eval`` renders it for SmolLM2 (its system turn included), so ``--threshold 23.6023``, the
+threshold of ``bench/calibrations/smollm2-triviaqa_long.json``, is the calibrated escalation
+threshold of the answers it was fitted on; its result is ``early_inprocess_escalate``.
+
 Usage::
 
     nice -n 10 python bench/early_proxy_escalate.py --n 40 --data_dir ../shared/data \\
         --output bench/results/early_proxy_escalate.json
+    nice -n 10 python bench/early_proxy_escalate.py --local inprocess --n 200 --start 400 \\
+        --threshold 23.6023 --data_dir ../shared/data \\
+        --output bench/results/early_inprocess_escalate.json
     python bench/early_proxy_escalate.py --quick
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import subprocess
 import tempfile
@@ -40,6 +50,13 @@ import common
 import httpx
 
 CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+#: SmolLM2's template with its default system turn: the prompt exactly as ``gnll eval`` renders it
+#: for SmolLM2, the prompts ``bench/calibrations/smollm2-triviaqa_long.json`` was fitted on
+#: (``--local inprocess --threshold 23.6023``: that file's threshold).
+EVAL_CHATML = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n" + CHATML
+)
 
 
 def serve(args: list[str], port: int, log: Path) -> subprocess.Popen:
@@ -61,7 +78,7 @@ def serve(args: list[str], port: int, log: Path) -> subprocess.Popen:
     raise RuntimeError(f"gnll serve did not come up: {log.read_text()[-2000:]}")
 
 
-def ask(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+def ask(url: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     """One streamed greedy request through the openai SDK: time to the first answer chunk, total
     time, the text and the last chunk's ``uncertainty``."""
     import openai
@@ -70,7 +87,7 @@ def ask(url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
     started = time.perf_counter()
     first, pieces, u = None, [], None
     for chunk in client.completions.create(
-        model="smollm2", prompt=prompt, max_tokens=max_tokens, stop=["\n"], stream=True
+        model=model, prompt=prompt, max_tokens=max_tokens, stop=["\n"], stream=True
     ):
         if not chunk.choices:
             continue
@@ -103,6 +120,13 @@ def main() -> None:
     ap.add_argument("--task", default="triviaqa_long")
     ap.add_argument("--start", type=int, default=400, help="first question of the eval split")
     ap.add_argument("--data_dir", type=Path, default=None)
+    ap.add_argument(
+        "--local",
+        choices=("proxy", "inprocess"),
+        default="proxy",
+        help="who answers first: SmolLM2's llama.cpp server behind the proxy (proxy), or SmolLM2 "
+        "in the gnll serve process itself (inprocess: the in-process cascade)",
+    )
     args = ap.parse_args()
     info = common.machine()
     import openai
@@ -122,20 +146,30 @@ def main() -> None:
     # SmolLM2 is an instruct model: asked the bare text it often stops at once (an empty answer,
     # with no G-NLL from llama-cpp-python), so the prompt is rendered in its chat template
     # (ChatML), as ``gnll eval`` asks it; Gemma-3-270M, a base model, continues the same text.
-    prompts = [CHATML.format(td.prompt(ex)) for ex in examples]
+    template = EVAL_CHATML if args.local == "inprocess" else CHATML
+    prompts = [template.format(td.prompt(ex)) for ex in examples]
     max_tokens = td.task.max_new_tokens
     scratch = Path(tempfile.mkdtemp(prefix="gnll-bench-"))
-    small_gguf = EMBEDDED_MODELS["smollm2-135m-instruct"].gguf(scratch)
+    small_gguf = (
+        None
+        if args.local == "inprocess"
+        else EMBEDDED_MODELS["smollm2-135m-instruct"].gguf(scratch)
+    )
     large_gguf = EMBEDDED_MODELS["gemma-3-270m"].gguf(scratch)
     rows: list[dict[str, Any]] = []
+    inprocess = args.local == "inprocess"
     with (
         # a short context: llama-cpp-python turns its whole (n_ctx x vocabulary) logit buffer
         # into log-probs on every request, and Gemma's vocabulary has 262k entries
-        LlamaServer(small_gguf, "smollm2", n_ctx=320, lifetime=7200) as small,
+        contextlib.nullcontext()
+        if inprocess
+        else LlamaServer(small_gguf, "smollm2", n_ctx=320, lifetime=7200) as small,
         LlamaServer(large_gguf, "gemma", n_ctx=320, lifetime=7200) as large,
     ):
+        small_name = "smollm2-135m-instruct" if inprocess else "smollm2"
+        local = ["--model", small_name] if inprocess else ["--upstream", small.base_url]
         common_args = [
-            "--upstream", small.base_url, "--policy", "escalate",
+            *local, "--policy", "escalate",
             "--threshold", str(args.threshold), "--escalate-to", large.base_url,
             "--upstream-timeout", "600",
         ]  # fmt: skip
@@ -151,7 +185,7 @@ def main() -> None:
                 row: dict[str, Any] = {"question": args.start + q, "order": list(order)}
                 for arm in order:
                     try:
-                        row[arm] = ask(urls[arm], prompt, max_tokens)
+                        row[arm] = ask(urls[arm], small_name, prompt, max_tokens)
                     except openai.APIStatusError as exc:
                         # SmolLM2 answers some text prompts with its stop token at once:
                         # llama-cpp-python reports no log-prob for it, so there is no G-NLL
@@ -176,12 +210,16 @@ def main() -> None:
     results = {
         "task": args.task,
         "threshold": args.threshold,
-        "small": "smollm2-135m-instruct (llama-cpp-python, GGUF Q4_1)",
+        "local": args.local,
+        "small": "smollm2-135m-instruct (gnll serve --model, transformers, float32)"
+        if args.local == "inprocess"
+        else "smollm2-135m-instruct (llama-cpp-python, GGUF Q4_1)",
         "large": "gemma-3-270m (llama-cpp-python, GGUF Q4_K_M)",
         "summary": summary,
         "per_question": rows,
     }
-    common.finish("early_proxy_escalate", args, results, info)
+    name = "early_inprocess_escalate" if args.local == "inprocess" else "early_proxy_escalate"
+    common.finish(name, args, results, info)
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

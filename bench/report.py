@@ -40,6 +40,7 @@ ORDER = [
     "distributed",
     "early_decisions",
     "early_proxy_escalate",
+    "early_inprocess_escalate",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -65,6 +66,9 @@ TITLES = {
     "end of the answer (issue 37)",
     "early_proxy_escalate": "Proxy-mode escalation (llama.cpp SmolLM2 -> llama.cpp Gemma-3-270M): "
     "the client's time to the first escalated token, early vs at the end of the answer (issue 37)",
+    "early_inprocess_escalate": "In-process cascade (gnll serve --model SmolLM2 -> llama.cpp "
+    "Gemma-3-270M) at the calibrated threshold: the client's time to the first escalated token, "
+    "early vs at the end of the answer (issue 37)",
 }
 
 
@@ -460,6 +464,32 @@ def early_decisions(r: dict[str, Any]) -> list[str]:
 
 
 def early_proxy_escalate(r: dict[str, Any]) -> list[str]:
+    return [
+        f"`{r['task']}` questions through two `gnll serve --upstream` proxies (SmolLM2 on "
+        f"llama-cpp-python) escalating above G-NLL {r['threshold']:g} to Gemma-3-270M on "
+        "llama-cpp-python, one `--early`, one `--no-early`; per question both arms in rotating "
+        "order, each a streamed openai SDK request (held until SmolLM2's answer is decided; an "
+        "escalated one then streams live from Gemma). `unscored`: SmolLM2's answer was empty, "
+        "which llama-cpp-python gives no log-prob for (502 in both arms). "
+        + _escalate_common(r)[0],
+        *_escalate_common(r)[1:],
+    ]
+
+
+def early_inprocess_escalate(r: dict[str, Any]) -> list[str]:
+    return [
+        f"`{r['task']}` questions (the prompts `gnll eval` renders for SmolLM2) through two "
+        "`gnll serve --model smollm2-135m-instruct` processes (SmolLM2 in-process) escalating "
+        f"above G-NLL {r['threshold']:g} (the threshold of "
+        "`bench/calibrations/smollm2-triviaqa_long.json`) to Gemma-3-270M on llama-cpp-python, "
+        "one `--early`, one `--no-early`; per question both arms in rotating order, each a "
+        "streamed openai SDK request (held until SmolLM2's answer is decided; an escalated one "
+        "then streams live from Gemma). " + _escalate_common(r)[0],
+        *_escalate_common(r)[1:],
+    ]
+
+
+def _escalate_common(r: dict[str, Any]) -> list[str]:
     s = r["summary"]
     row = {
         "questions": s["questions"],
@@ -477,12 +507,7 @@ def early_proxy_escalate(r: dict[str, Any]) -> list[str]:
         "SmolLM2 tokens on escalated, wait": s.get("small_tokens_escalated_wait"),
     }
     return [
-        f"`{r['task']}` questions through two `gnll serve --upstream` proxies (SmolLM2 on "
-        f"llama-cpp-python) escalating above G-NLL {r['threshold']:g} to Gemma-3-270M on "
-        "llama-cpp-python, one `--early`, one `--no-early`; per question both arms in rotating "
-        "order, each a streamed openai SDK request (held until SmolLM2's answer is decided; an "
-        "escalated one then streams live from Gemma). `unscored`: SmolLM2's answer was empty, which llama-cpp-python gives no "
-        "log-prob for (502 in both arms). Times over the questions escalated in both arms; "
+        "Times over the questions escalated in both arms; "
         f"{s['same_escalated_text']} of {s['escalated']} escalated answers were the same text "
         f"in both arms; SmolLM2 generated {s['small_tokens_early']} answer tokens in all with "
         f"early decisions, {s['small_tokens_wait']} waiting.",
@@ -597,6 +622,7 @@ RENDER = {
     "distributed": distributed,
     "early_decisions": early_decisions,
     "early_proxy_escalate": early_proxy_escalate,
+    "early_inprocess_escalate": early_inprocess_escalate,
 }
 
 
