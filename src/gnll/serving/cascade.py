@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll.measures import LogprobError
@@ -133,7 +133,7 @@ class CascadeService:
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
-        chunks: AsyncIterator[str] | None = None
+        chunks: AsyncGenerator[str, None] | None = None
         first: str | None = None
         try:
             up = await self.upstream.handle(up_req, up_settings)
@@ -147,7 +147,7 @@ class CascadeService:
             return self._fallback(req, body, reply, message)
         if chunks is not None and (first is None or stream_error(first) is not None):
             await chunks.aclose()
-            said = stream_error(first) if first is not None else "it sent an empty stream"
+            said = (stream_error(first) if first is not None else None) or "it sent an empty stream"
             return self._fallback(req, body, reply, self._named(said))
         model = up.body.get("model") if up.body is not None else _chunk_model(first)
         up_name = model or self.upstream_model or self.upstream.model_name
@@ -196,7 +196,7 @@ class CascadeService:
     async def _live(
         self,
         first: str,
-        chunks: AsyncIterator[str],
+        chunks: AsyncGenerator[str, None],
         up_records: list[Uncertainty],
         update: dict[str, Any],
         out: list[Uncertainty],
@@ -250,7 +250,7 @@ class CascadeService:
         )
 
 
-async def _async(stream: Iterator[str] | AsyncIterator[str]) -> AsyncIterator[str]:
+async def _async(stream: Iterator[str] | AsyncIterator[str]) -> AsyncGenerator[str, None]:
     """A service's stream, sync (a replay) or async (a live relay), as an async iterator."""
     if isinstance(stream, AsyncIterator):
         try:
