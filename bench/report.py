@@ -525,7 +525,7 @@ def _proxy_escalate_reading(s: dict[str, Any]) -> list[str]:
     share = s["small_tokens_escalated_early"] / s["small_tokens_escalated_wait"]
     return [
         f"Reading: {s['decision_changes']} decision changes; on the escalated questions SmolLM2 "
-        f"generated {share:.0%} of the tokens it generates when the proxy waits, and the client "
+        f"generated {share:.0%} of the tokens it generates when gnll waits for the end, and the client "
         f"got the escalated answer {saved:.2f} s sooner on average. The rest of the time to the "
         "first escalated token is the larger model's time to its first token (its answer streams "
         "live), the same in both arms, which early decisions cannot shorten.",
