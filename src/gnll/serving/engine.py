@@ -363,11 +363,9 @@ class BatchingEngine:
         job = _Job.now(prompts, config, raw, early)
         if self._answerer is not None and early is not None:
             return Decoded(self._reason([job]), None, job.decisions)
-        width = max(1, min(len(job.prompts), self.max_batch_prompts)) * config.num_sequences
-        decoder = self._streaming.open_decoder(config, width=width) if self._continuous else None
-        if decoder is None:  # no decoding loop (for this configuration): the model's generate
+        if not (self._continuous and self._drive_now(self._streaming, [job])):
+            # no decoding loop (for this configuration): the model's generate
             return Decoded(self._generate(job.prompts, config, raw))
-        self._drive(self._streaming, decoder, [job])
         return Decoded(job.result(), job.tops, job.decisions)
 
     def stream(
@@ -615,6 +613,19 @@ class BatchingEngine:
                 join(job)
         return served
 
+    def _drive_now(self, lm: StreamingModel, jobs: list[_Job]) -> bool:
+        """Decode ``jobs`` (one configuration) in the calling thread through :meth:`_drive`, in a
+        decoder as wide as they need; ``False`` (nothing done) when ``lm`` has no decoding loop
+        for their configuration."""
+        config = jobs[0].config
+        prompts = sum(len(job.prompts) for job in jobs)
+        width = max(1, min(prompts, self.max_batch_prompts)) * config.num_sequences
+        decoder = lm.open_decoder(config, width=width)
+        if decoder is None:
+            return False
+        self._drive(lm, decoder, jobs)
+        return True
+
     def _run_call(self, batch: list[_Job]) -> None:
         prompts = [p for job in batch for p in job.prompts]
         started = time.perf_counter()
@@ -660,11 +671,8 @@ class BatchingEngine:
                     _Job.now(contexts[start : start + len(job.prompts)], cfg, True, job.early)
                 )
                 start += len(job.prompts)
-            width = max(1, min(len(contexts), self.max_batch_prompts)) * cfg.num_sequences
-            decoder = lm.open_decoder(cfg, width=width)
-            if decoder is None:  # no loop for this configuration: answers run to their end
+            if not self._drive_now(lm, parts):  # no loop for this configuration: to the end
                 return cast(Model, lm).generate(contexts, cfg, raw_prompt=True)
-            self._drive(lm, decoder, parts)
             outs = []
             for job, part in zip(jobs, parts, strict=True):
                 outs += part.result()
