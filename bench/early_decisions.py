@@ -273,25 +273,29 @@ def sweep(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     running G-NLL (``math.fsum``, as the rule sums) passes the threshold; an empty answer (scored
     by its stop token) is decided at its end. No timing: the share of tokens generated.
     """
+    import bisect
     import math
 
     import numpy as np
 
     full_g = np.array([r["full"]["g_nll"] for r in rows])
+    # Each answer's running G-NLL, once: it never falls (non-negative terms, correctly rounded
+    # sums), so the decision token at a threshold is a bisection.
+    running = [
+        [math.fsum(r["full"]["nll"][:k]) for k in range(1, len(r["full"]["nll"]) + 1)] for r in rows
+    ]
     out = []
     for rate in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
         tau = float(np.quantile(full_g, 1 - rate))
         early, full, shares = 0, 0, []
-        for r in rows:
+        for r, sums in zip(rows, running, strict=True):
             f = r["full"]
             if not f["g_nll"] > tau:
                 continue
             at = f["tokens"]
-            if f["answer_tokens"]:
-                at = next(
-                    (k for k in range(1, len(f["nll"]) + 1) if math.fsum(f["nll"][:k]) > tau),
-                    at,
-                )
+            k = bisect.bisect_right(sums, tau)  # sums[k] is the first past tau
+            if f["answer_tokens"] and k < len(sums):
+                at = k + 1
             early, full = early + at, full + f["tokens"]
             shares.append(at / f["tokens"])
         out.append(
