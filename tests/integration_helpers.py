@@ -110,10 +110,13 @@ def vllm_and_proxy(answer: dict | None = None, **settings):
 
 class Recorder:
     """The ``uncertainty`` objects the server put on the responses an httpx client received
-    (bodies and event streams alike), in order: what a framework got, before it dropped them."""
+    (bodies and event streams alike), in the order the responses arrived: what a framework got,
+    before it dropped them. :attr:`ids` holds each record's response id (concurrent requests, as a
+    framework's batch sends them, may arrive in any order: match by id)."""
 
     def __init__(self) -> None:
         self.records: list[dict] = []
+        self.ids: list[str | None] = []
 
     def _take(self, response) -> None:
         if not response.request.url.path.endswith("/completions"):
@@ -122,11 +125,16 @@ class Recorder:
         if "text/event-stream" in response.headers.get("content-type", ""):
             for line in text.splitlines():
                 if line.startswith("data: {"):
-                    for c in json.loads(line[6:]).get("choices") or []:
+                    chunk = json.loads(line[6:])
+                    for c in chunk.get("choices") or []:
                         if c.get("uncertainty"):
                             self.records.append(c["uncertainty"])
+                            self.ids.append(chunk.get("id"))
         else:
-            self.records.extend(c["uncertainty"] for c in json.loads(text)["choices"])
+            body = json.loads(text)
+            for c in body["choices"]:
+                self.records.append(c["uncertainty"])
+                self.ids.append(body.get("id"))
 
     def client(self):
         import httpx

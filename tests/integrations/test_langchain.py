@@ -55,7 +55,14 @@ def test_invoke_batch_stream_astream_match_the_server(served):
 
     got += asyncio.run(both())
     assert len(rec.records) == len(got) == 7
-    for message, ref in zip(got, rec.records, strict=True):
+    # batch() sends its requests at once: their responses arrive in any order, so a message that
+    # kept its response id (not a streamed one) is matched with the record of that response; the
+    # other requests run one after another, and their records come in the order of `got`.
+    by_id = dict(zip(rec.ids, rec.records, strict=True))
+    assert len(by_id) == 7
+    for i, message in enumerate(got):
+        rid = message.response_metadata.get("id")
+        ref = by_id[rid] if rid is not None else rec.records[i]
         u = message.response_metadata["uncertainty"]
         assert abs(u["g_nll"] - ref["g_nll"]) <= 1e-6
         assert abs(u["ln_g_nll"] - ref["ln_g_nll"]) <= 1e-6
