@@ -192,7 +192,6 @@ class ProxyService:
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
 
-<<<<<<< HEAD
     async def scoring_model(self, requested: str | None) -> Model:
         """The upstream as a gnll model, for what needs teacher forcing (``/v1/decisions``)."""
         from gnll.backends.openai import OpenAICompatModel
@@ -210,7 +209,7 @@ class ProxyService:
             timeout=self.timeout,
             reasoning=self.reasoning,
         )
-=======
+
     async def forward_root(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
         """POST ``body`` to ``path`` at the upstream's root (beside ``/v1``, where vLLM serves
         ``/tokenize``): its status, body and content type as they came (an unreachable upstream
@@ -229,7 +228,6 @@ class ProxyService:
             ) from None
         kind = response.headers.get("content-type", "application/json")
         return response.status_code, response.content, kind
->>>>>>> main
 
     # ------------------------------------------------------------------ upstream calls
     async def _send(
