@@ -239,7 +239,7 @@ def create_app(
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
         try:
-            check_free_text(raw)
+            check_free_text(raw, tools=getattr(service, "serves_tools", False))
             req = model_cls.model_validate(raw)
         except ValidationError as exc:
             message, param = _validation_message(exc)

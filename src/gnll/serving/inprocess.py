@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
 from gnll.measures.early import EarlyDecision
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.errors import ModelNotFound
+from gnll.serving.errors import ModelNotFound, RequestError
 from gnll.serving.metrics import Metrics
 from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt
@@ -67,6 +67,8 @@ class InProcessService:
     """Generate answers for requests with a local model through a batching engine."""
 
     mode = "model"
+    #: Chat requests with tools or ``response_format`` JSON are answered (:mod:`gnll.serving.tools`).
+    serves_tools = True
 
     def __init__(
         self,
@@ -133,6 +135,21 @@ class InProcessService:
     ) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
         from gnll.serving import responses as R
+
+        if req.is_chat:  # tools and response_format JSON: gnll.serving.tools
+            from gnll.serving import tools as T
+            from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
+
+            chat = cast(ChatCompletionRequest, req)
+            extra = req.model_extra or {}
+            fmt = ResponseFormat.of(extra)
+            wanted = ToolRequest.of(extra)
+            if wanted is not None:
+                if fmt is not None:
+                    raise RequestError("send tools or response_format JSON, not both", "tools")
+                return await T.handle_tools(self, chat, settings, wanted)
+            if fmt is not None:
+                return await T.handle_structured(self, chat, settings, fmt)
 
         # Under `refuse` the text is known only when the answer is, and alternatives are known
         # when a row ends: such streams are replays.
