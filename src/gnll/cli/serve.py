@@ -285,14 +285,9 @@ def serve(
         kwargs = model_kwargs(model_args, model=model)
         if reasoning is not None:
             kwargs["reasoning"] = reasoning
-        if pol.calibrator is not None and kwargs.get("reasoning"):
-            from gnll.calibration import scored_mismatch
-
-            # refused before the model loads: its answers are scored after the marker
-            why = scored_mismatch(pol.calibrator, "answer")
-            if why is not None:
-                typer.echo(f"gnll serve: {why}", err=True)
-                raise typer.Exit(2)
+        if kwargs.get("reasoning"):  # the policy's check, before the model loads
+            with _option_errors():
+                pol.check_scored("answer")  # its answers are scored after the marker
         lm = load_model(model, **kwargs)
         application = build_inprocess_app(
             lm,

@@ -134,11 +134,11 @@ class InProcessService:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
         from gnll.serving import responses as R
 
-        # Under `refuse` the text is known only when the answer is, and alternatives are known
-        # when a row ends: such streams are replays.
+        # While the policy holds the answer (refuse) the text is known only when the answer is
+        # decided, and alternatives are known when a row ends: such streams are replays.
         if (
             req.stream
-            and settings.policy.mode != "refuse"
+            and not settings.policy.holds(greedy=req.greedy)
             and not req.num_top_logprobs
             and self.streams_live()
         ):
