@@ -36,13 +36,14 @@ import httpx
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
-from gnll.backends.openai.parse import read_choice, to_generation
+from gnll.backends.openai.parse import logprob_pairs, read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
-from gnll.serving.responses import Answer, Reply, last_piece
+from gnll.serving.protocol.common import Shape
+from gnll.serving.responses import Answer, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
@@ -252,22 +253,15 @@ class ProxyService:
     ) -> dict[str, Any]:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
-        chat = req.is_chat
+        shape = req.shape
         if req.max_tokens_requested() is None:
-            key = profile.max_tokens_key if chat else "max_tokens"
-            body[key] = settings.default_max_tokens
+            body[shape.max_tokens_key(profile)] = settings.default_max_tokens
         if req.greedy:
             body.update(temperature=0.0, **profile.pins)
         else:
             for k, v in profile.pins.items():
                 body.setdefault(k, v)
-        if chat:
-            # llama-cpp-python returns chat log-probs only with top_logprobs >= 1.
-            body.update(logprobs=True, top_logprobs=max(req.num_top_logprobs, 1))
-        else:
-            body["logprobs"] = max(int(req.logprobs or 0), 1)
-            for k, v in profile.extras.items():
-                body.setdefault(k, v)
+        shape.ask_logprobs(body, req, profile)
         if req.model is None and self.model_name:
             body["model"] = self.model_name
         return body
@@ -281,7 +275,6 @@ class ProxyService:
         )
         profile = await self._detect()
         self.check_request(req)
-        chat = req.is_chat
         body = self.upstream_body(req, settings, profile)
         path = req.path
         prompt = req.prompt_text()
@@ -323,14 +316,13 @@ class ProxyService:
             settings.policy,
             include_tokens=req.wants_logprobs,
             source="upstream",
-            prompt_format="chat" if chat else "text",
+            prompt_format=req.prompt_format("chat"),
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
+            _decorate(choice, rec, text, finish, req)
         if req.stream:  # a replay: the answer is known before its first piece is sent
-            replayed = stream_chunks(
-                _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
-            )
+            own = _as_own_body(data, req.shape)
+            replayed = stream_chunks(own, answers, req.shape, req.include_usage)
             return Reply(body=data, records=records, stream=replayed, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
 
@@ -352,7 +344,7 @@ class ProxyService:
         answer comes back as a non-streaming response body (and ``None``).
         """
         rule = settings.policy.early_decision(
-            where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
+            where=f"upstream {self.upstream}", prompt_format=req.prompt_format("chat")
         )
         streamed = {**body, "stream": True}
         profile = self.profile
@@ -361,7 +353,7 @@ class ProxyService:
             # response would; one cut at the decision has none (the upstream never counted it).
             streamed["stream_options"] = {"include_usage": True}
         response = await self._send("POST", path, streamed, stream=True)
-        acc, last = StreamedChoice(req.is_chat), {}
+        acc, last = StreamedChoice(req.shape), {}
         usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
@@ -385,7 +377,7 @@ class ProxyService:
                 last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
-                    pairs = _chunk_tokens(choice)
+                    pairs = logprob_pairs(choice.get("logprobs"))
                     first, seen = seen, seen + len(pairs)
                     if choice.get("finish_reason"):
                         continue  # the end: the decision is the whole answer's
@@ -406,8 +398,8 @@ class ProxyService:
         finally:
             await response.aclose()
         base = {
-            "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
-            "object": "chat.completion" if req.is_chat else "text_completion",
+            "id": last.get("id") or req.shape.new_id(),
+            "object": req.shape.object,
             "created": last.get("created"),
             "model": last.get("model"),
             "usage": None,
@@ -430,9 +422,7 @@ class ProxyService:
             },
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        whole.update(
-            {"message": {"role": "assistant", "content": text}} if req.is_chat else {"text": text}
-        )
+        whole.update(req.shape.whole_choice(text))
         return {**base, "choices": [whole]}, answer
 
     def _answer(
@@ -467,7 +457,6 @@ class ProxyService:
         out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        chat = req.is_chat
         acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
         usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
@@ -489,7 +478,7 @@ class ProxyService:
                     usage = chunk
                     continue
                 for choice in chunk.get("choices") or []:
-                    acc.setdefault(choice.get("index", 0), StreamedChoice(chat)).add(choice)
+                    acc.setdefault(choice.get("index", 0), StreamedChoice(req.shape)).add(choice)
                     # A choice finishes once, in our last chunk (which carries the uncertainty):
                     # a client that stops at the first finish_reason would never see it.
                     choice["finish_reason"] = None
@@ -531,7 +520,7 @@ class ProxyService:
                 settings.policy,
                 include_tokens=req.wants_logprobs,
                 source="upstream",
-                prompt_format="chat" if chat else "text",
+                prompt_format=req.prompt_format("chat"),
             )
         except LogprobError as exc:
             yield R.sse(R.error_body(str(exc), "upstream_error"))
@@ -539,14 +528,7 @@ class ProxyService:
         out.extend(records)
         base = {k: last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
-            c = {
-                "index": i,
-                "logprobs": None,
-                "finish_reason": finish,
-                "uncertainty": rec.to_json(),
-            }
-            c.update(last_piece(chat))
-            yield R.sse({**base, "choices": [c]})
+            yield R.sse({**base, "choices": [req.shape.last(i, finish, rec)]})
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
@@ -604,16 +586,6 @@ def choice_answer(
     )
 
 
-def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:
-    """``(token, log-prob)`` of a streamed chunk, in the chat or the completions shape."""
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return []
-    if isinstance(lp.get("content"), list):
-        return [(e.get("token", ""), e.get("logprob")) for e in lp["content"]]
-    return list(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))
-
-
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
     return req.num_prompts * req.n
 
@@ -654,27 +626,21 @@ def _decorate(
     rec: Uncertainty,
     text: str,
     finish: Any,
-    *,
-    chat: bool,
-    keep_logprobs: bool,
+    req: CompletionRequest | ChatCompletionRequest,
 ) -> None:
     choice["uncertainty"] = rec.to_json()
     choice["finish_reason"] = finish
-    if chat:
-        if isinstance(choice.get("message"), dict):
-            choice["message"]["content"] = text
-    else:
-        choice["text"] = text
-    if not keep_logprobs or rec.refused:
+    req.shape.set_text(choice, text)
+    if not req.wants_logprobs or rec.refused:
         choice["logprobs"] = None
 
 
-def _as_own_body(data: dict[str, Any], chat: bool) -> dict[str, Any]:
+def _as_own_body(data: dict[str, Any], shape: Shape) -> dict[str, Any]:
     """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
     import time
 
     return {
-        "id": data.get("id") or R.new_id("chatcmpl" if chat else "cmpl"),
+        "id": data.get("id") or shape.new_id(),
         "created": data.get("created") or int(time.time()),
         "model": data.get("model"),
         "choices": data["choices"],
