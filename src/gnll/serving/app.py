@@ -42,6 +42,9 @@ from gnll.serving.uncertainty import headers_for
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
 
+#: On a response whose request gave no ``max_tokens`` and that gnll bounded with its default.
+DEFAULT_MAX_TOKENS_HEADER = "X-Gnll-Default-Max-Tokens"
+
 
 def _error(
     status: int, message: str, type_: str, param: str | None = None, code: str | None = None
@@ -197,7 +200,7 @@ def create_app(
         request.state.started = started
         request.state.deferred = False
         path = request.url.path
-        protected = path.startswith(("/v1/", "/metrics", "/ui/api"))
+        protected = path.startswith(("/v1/", "/metrics", "/ui/api", "/tokenize", "/detokenize"))
         if protected and not authorised(request):
             response: Response = _error(
                 401,
@@ -276,6 +279,10 @@ def create_app(
                 ]
         headers = headers_for(reply.records) if reply.records else {}
         headers.update(reply.headers or {})
+        bound, _ = settings.token_bounds(service.mode)
+        if req.max_tokens_requested() is None and bound is not None:
+            # gnll, not the client, bounded the answer: say so (--default_max_tokens sets it).
+            headers[DEFAULT_MAX_TOKENS_HEADER] = str(bound)
         if reply.stream is not None:
             request.state.deferred = True
             records = reply.records  # a live stream's records are known when it has ended

@@ -44,7 +44,7 @@ from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
 from gnll.serving.protocol.common import Shape
 from gnll.serving.responses import Answer, Reply
-from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
@@ -193,6 +193,25 @@ class ProxyService:
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
 
+    async def forward_root(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+        """POST ``body`` to ``path`` at the upstream's root (beside ``/v1``, where vLLM serves
+        ``/tokenize``): its status, body and content type as they came (an unreachable upstream
+        is the usual 502/504)."""
+        assert self.client is not None, "the proxy is not started"
+        root = self.upstream[:-3] if self.upstream.endswith("/v1") else self.upstream
+        try:
+            response = await self.client.post(root + path, json=body)
+        except httpx.TimeoutException as exc:
+            raise HTTPError(
+                504, f"the upstream server {root}{path} did not answer ({exc})", "upstream_timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise HTTPError(
+                502, f"cannot reach the upstream server {root}{path}: {exc}", "upstream_error"
+            ) from None
+        kind = response.headers.get("content-type", "application/json")
+        return response.status_code, response.content, kind
+
     # ------------------------------------------------------------------ upstream calls
     async def _send(
         self, method: str, path: str, body: Any = None, *, stream: bool = False
@@ -254,8 +273,10 @@ class ProxyService:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
         shape = req.shape
-        if req.max_tokens_requested() is None:
-            body[shape.max_tokens_key(profile)] = settings.default_max_tokens
+        default, _ = settings.token_bounds(self.mode)
+        if req.max_tokens_requested() is None and default is not None:
+            # Only an operator's --default_max_tokens: otherwise the upstream's own default holds.
+            body[shape.max_tokens_key(profile)] = default
         if req.greedy:
             body.update(temperature=0.0, **profile.pins)
         else:
@@ -269,15 +290,15 @@ class ProxyService:
     async def handle(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
-        config = req.generation_config(
-            default_max_tokens=settings.default_max_tokens,
-            max_tokens_limit=settings.max_tokens_limit,
-        )
+        default, limit = settings.token_bounds(self.mode)
+        config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         profile = await self._detect()
         self.check_request(req)
         body = self.upstream_body(req, settings, profile)
         path = req.path
         prompt = req.prompt_text()
+        if getattr(req, "echo", False):
+            return await self._echo(req, path, body, prompt)
         # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
         # replay of a whole upstream response.
         replay = settings.policy.mode == "refuse" or (
@@ -325,6 +346,25 @@ class ProxyService:
             replayed = stream_chunks(own, answers, req.shape, req.include_usage)
             return Reply(body=data, records=records, stream=replayed, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
+
+    async def _echo(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        path: str,
+        body: dict[str, Any],
+        prompt: str,
+    ) -> Reply:
+        """``echo``: the prompt's own log-probs (``gnll doctor``'s teacher-forced check). The
+        answer is the prompt's continuation, scored nowhere: the upstream's response goes back as
+        it came, without ``uncertainty``."""
+        if req.stream:
+            raise RequestError("echo is served without streaming through the proxy", "echo")
+        data = await self._call("POST", path, body)
+        if not req.wants_logprobs:
+            for choice in data.get("choices") or []:
+                if isinstance(choice, dict):
+                    choice["logprobs"] = None
+        return Reply(body=data, records=[], prompt=prompt)
 
     async def _early_call(
         self,
@@ -418,7 +458,10 @@ class ProxyService:
             early={
                 "decided_at_token": t,
                 "tokens_generated": rule.generated,
-                "tokens_saved": config.max_new_tokens - rule.generated,
+                # Unknown when the upstream's own limit applies (no max_tokens asked or set).
+                "tokens_saved": None
+                if config.max_new_tokens == UNBOUNDED
+                else config.max_new_tokens - rule.generated,
             },
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}

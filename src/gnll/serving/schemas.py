@@ -26,10 +26,11 @@ from typing import Any
 
 from gnll.serving.errors import RequestError
 from gnll.serving.protocol.chat import ChatCompletionRequest, ChatMessage, chat_prompt
-from gnll.serving.protocol.common import OpenAIRequest, StreamOptions
+from gnll.serving.protocol.common import UNBOUNDED, OpenAIRequest, StreamOptions
 from gnll.serving.protocol.completions import CompletionRequest
 
 __all__ = [
+    "UNBOUNDED",
     "UNSUPPORTED",
     "ChatCompletionRequest",
     "ChatMessage",

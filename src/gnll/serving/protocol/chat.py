@@ -195,6 +195,23 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | dict[str, Any] | None = None
 
 
+def _other_fields(message: dict[str, Any]) -> dict[str, Any]:
+    """A message's fields besides ``role`` and ``content`` (``reasoning``, ``reasoning_content``,
+    ``tool_calls``, vendor fields), as one delta: a replay carries all that a live stream would.
+
+    >>> _other_fields({"role": "assistant", "content": "4", "reasoning": "2+2", "refusal": None})
+    {'reasoning': '2+2'}
+    """
+    extra = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
+    calls = extra.get("tool_calls")
+    if isinstance(calls, list):  # a stream's tool calls carry their position
+        extra["tool_calls"] = [
+            {"index": n, **c} if isinstance(c, dict) and "index" not in c else c
+            for n, c in enumerate(calls)
+        ]
+    return extra
+
+
 def _dump(model: BaseModel) -> dict[str, Any]:
     # Only what was set: a field OpenAI leaves out (a message's ``reasoning``) stays out.
     return model.model_dump(exclude_unset=True)
@@ -273,6 +290,14 @@ class ChatShape(Shape):
         )
         return _dump(opening)
 
+    def carried(self, index: int, choice: dict[str, Any]) -> dict[str, Any] | None:
+        """The delta of a replayed choice's message fields besides its content (a reasoning
+        trace, tool calls, vendor fields), sent before the answer as a live stream would."""
+        extra = _other_fields(choice["message"])
+        if not extra:
+            return None
+        return {"index": index, "delta": extra, "logprobs": None, "finish_reason": None}
+
     def piece(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         return _dump(
             ChunkChoice(
@@ -312,8 +337,13 @@ class ChatShape(Shape):
     def ask_logprobs(
         self, body: dict[str, Any], req: OpenAIRequest, profile: ServerProfile
     ) -> None:
-        # llama-cpp-python returns chat log-probs only with top_logprobs >= 1.
-        body.update(logprobs=True, top_logprobs=max(req.num_top_logprobs, 1))
+        # Alternatives only where the upstream needs one to report log-probs at all
+        # (llama-cpp-python's chat) or the client asked: an in-process gnll serve streams a request
+        # with alternatives only once its answer has ended.
+        least = 1 if profile.logprobs_need_top else 0
+        body["logprobs"] = True
+        if max(req.num_top_logprobs, least):
+            body["top_logprobs"] = max(req.num_top_logprobs, least)
 
     def max_tokens_key(self, profile: ServerProfile) -> str:
         return profile.max_tokens_key

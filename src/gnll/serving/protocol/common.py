@@ -41,6 +41,7 @@ __all__ = [
     "StreamOptions",
     "TokenLogprob",
     "TopLogprob",
+    "UNBOUNDED",
     "Usage",
     "new_id",
 ]
@@ -54,6 +55,11 @@ def _record_json(value: Uncertainty | dict[str, Any] | None) -> dict[str, Any] |
 #: the fields that say nothing left out); a record already in JSON is sent as it is.
 Record = Annotated[Uncertainty, PlainSerializer(_record_json)]
 RecordOrJSON = Annotated[Uncertainty | dict[str, Any] | None, PlainSerializer(_record_json)]
+
+
+#: ``max_new_tokens`` of a request that gnll does not bound (a proxy's: the upstream's limit
+#: applies there).
+UNBOUNDED = 2**31 - 1
 
 
 def new_id(prefix: str) -> str:
@@ -177,16 +183,19 @@ class OpenAIRequest(BaseModel):
         raise NotImplementedError
 
     def generation_config(
-        self, *, default_max_tokens: int, max_tokens_limit: int
+        self, *, default_max_tokens: int | None, max_tokens_limit: int | None
     ) -> GenerationConfig:
         """The decoding this request asks for, or a :class:`RequestError` naming what is refused.
 
         Both modes call it: the token limit and greedy's single answer are checked here once.
+        ``None`` bounds (a proxy's, unless set): the upstream's own default and limit apply, and
+        the config's ``max_new_tokens`` is :data:`UNBOUNDED` (nothing gnll enforces).
         """
-        max_tokens = self.max_tokens_requested() or default_max_tokens
-        if max_tokens > max_tokens_limit:
+        max_tokens = self.max_tokens_requested() or default_max_tokens or UNBOUNDED
+        if max_tokens_limit is not None and max_tokens > max_tokens_limit:
             raise RequestError(
-                f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}",
+                f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit} "
+                "(gnll serve --max_tokens_limit raises it)",
                 "max_tokens",
             )
         if self.greedy:
@@ -267,6 +276,11 @@ class Shape(ABC):
     @abstractmethod
     def opening(self, index: int) -> dict[str, Any] | None:
         """The chunk choice that opens a streamed choice (chat: the assistant's role), if any."""
+
+    @abstractmethod
+    def carried(self, index: int, choice: dict[str, Any]) -> dict[str, Any] | None:
+        """The chunk choice, if any, that carries a replayed ``choice``'s fields besides its
+        text (chat: a reasoning trace, tool calls), sent before the text."""
 
     @abstractmethod
     def piece(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from gnll.serving.errors import RequestError
 from gnll.serving.protocol.common import OpenAIRequest, Record, RecordOrJSON, Shape, Usage
 from gnll.uncertainty import Uncertainty
 
@@ -42,20 +43,37 @@ class CompletionRequest(OpenAIRequest):
     shape: ClassVar[Shape]
     path: ClassVar[str] = "/completions"
 
-    prompt: str | list[str]
+    #: Text, texts, or token ids (one list or several: vLLM's, which gnll's server backend sends
+    #: once it has rendered a chat prompt through ``/tokenize``); an in-process model takes text.
+    prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_non_empty(cls, v: str | list[str]) -> str | list[str]:
+    def _prompt_non_empty(
+        cls, v: str | list[str] | list[int] | list[list[int]]
+    ) -> str | list[str] | list[int] | list[list[int]]:
         if isinstance(v, list) and not v:
             raise ValueError("prompt list is empty")
+        if isinstance(v, list) and any(isinstance(p, list) and not p for p in v):
+            raise ValueError("a token-id prompt is empty")
         return v
 
     @property
+    def token_ids(self) -> bool:
+        """Whether the prompts are token ids (forwarded by a proxy; refused in-process)."""
+        return isinstance(self.prompt, list) and not isinstance(self.prompt[0], str)
+
+    @property
     def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        """The prompts as text (token-id prompts as ``<N token ids>``, for counting and logs)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [f"<{len(p)} token ids>"]
+        return [x if isinstance(x, str) else f"<{len(x)} token ids>" for x in p]
 
     @property
     def wants_logprobs(self) -> bool:
@@ -71,6 +89,12 @@ class CompletionRequest(OpenAIRequest):
 
     def model_prompts(self, chat_format: str) -> tuple[list[Any], bool]:
         """The prompts for the model, and whether they are already rendered (always)."""
+        if self.token_ids:
+            raise RequestError(
+                "prompt: token ids are not served in-process (a proxy forwards them to its "
+                "upstream); send the prompt as text",
+                "prompt",
+            )
         return list(self.prompts), True
 
     @property
@@ -194,6 +218,9 @@ class CompletionShape(Shape):
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
 
+    def carried(self, index: int, choice: dict[str, Any]) -> dict[str, Any] | None:
+        return None
+
     def piece(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         return _dump(
             CompletionChunkChoice(index=index, logprobs=logprobs, finish_reason=None, text=text)
@@ -229,7 +256,7 @@ class CompletionShape(Shape):
     def ask_logprobs(
         self, body: dict[str, Any], req: OpenAIRequest, profile: ServerProfile
     ) -> None:
-        body["logprobs"] = max(req.num_top_logprobs, 1)
+        body["logprobs"] = max(req.num_top_logprobs, 1 if profile.logprobs_need_top else 0)
         for k, v in profile.extras.items():
             body.setdefault(k, v)
 

@@ -51,6 +51,9 @@ def stream_chunks(
         opening = shape.opening(i)
         if opening is not None:
             yield sse({**base, "choices": [opening]})
+        carried = shape.carried(i, choice)
+        if carried is not None:  # the reasoning trace (and any other field) precedes the answer
+            yield sse({**base, "choices": [carried]})
         pieces = (
             _pieces(answer, text) if not choice["uncertainty"].get("refused") else [(text, None)]
         )
