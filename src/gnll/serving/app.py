@@ -330,7 +330,9 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=Metrics.content_type)
 
+    from gnll.serving import decisions
     from gnll.serving.webui import add_routes
 
+    decisions.add_routes(app, service, settings, settings.decisions_calibration)
     add_routes(app, service, settings)
     return app

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from gnll._util.validation import ParameterError
-from gnll.backends.base import GenerationConfig
+from gnll.backends.base import GenerationConfig, Model
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import logprob_pairs, read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
@@ -192,6 +192,24 @@ class ProxyService:
 
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
+
+    async def scoring_model(self, requested: str | None) -> Model:
+        """The upstream as a gnll model, for what needs teacher forcing (``/v1/decisions``)."""
+        from gnll.backends.openai import OpenAICompatModel
+
+        profile = await self._detect()
+        if requested and self.served and requested not in self.served:
+            raise ModelNotFound(requested, ", ".join(self.served))
+        name = requested or self.model_name or ""
+        return OpenAICompatModel(
+            name,
+            base_url=self.upstream,
+            server=profile.name,
+            chat=True,
+            api_key=self._api_key,
+            timeout=self.timeout,
+            reasoning=self.reasoning,
+        )
 
     async def forward_root(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
         """POST ``body`` to ``path`` at the upstream's root (beside ``/v1``, where vLLM serves

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
 from gnll.serving.observers import Observer
 from gnll.serving.uncertainty import AbstentionPolicy
+
+if TYPE_CHECKING:
+    from gnll.calibration.decisions import DecisionCalibration
 
 #: In-process ``max_tokens`` when a request gives none (``--default_max_tokens``).
 DEFAULT_MAX_TOKENS = 100
@@ -73,6 +77,8 @@ class ServeSettings:
     prompt_format: str = "chat"
     tracing: Observer | None = None
     early: bool | None = None
+    #: A :class:`gnll.calibration.decisions.DecisionCalibration` applied to ``/v1/decisions``.
+    decisions_calibration: DecisionCalibration | None = None
 
     def __post_init__(self) -> None:
         #: Whether answers stop at exact early decisions (``early`` resolved against the policy).
