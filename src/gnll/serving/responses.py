@@ -1,8 +1,8 @@
 """OpenAI-shaped response bodies and server-sent-event chunks for answers gnll generated itself.
 
-An :class:`Answer` is what either mode knows about one choice, and a :class:`Reply` what a service
-returns for one request. The bodies and chunks themselves are built by each API's shape
-(:mod:`gnll.serving.protocol`); streams are put together in :mod:`gnll.serving.streams`.
+An :class:`~gnll.policy.Answer` is what either mode knows about one choice, and a :class:`Reply`
+what a service returns for one request. The bodies and chunks themselves are built by each API's
+shape (:mod:`gnll.serving.protocol`); streams are put together in :mod:`gnll.serving.streams`.
 """
 
 from __future__ import annotations
@@ -10,37 +10,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from gnll.policy import Answer
 from gnll.serving.protocol.common import new_id
 
 __all__ = ["Answer", "Reply", "error_body", "new_id", "sse", "stream_error"]
 
 if TYPE_CHECKING:
-    from gnll.backends.reasoning import ReasoningSplit
     from gnll.uncertainty import Uncertainty
-
-
-@dataclass
-class Answer:
-    """One choice: the answer text and the evidence its uncertainty is computed from."""
-
-    text: str
-    finish_reason: str | None
-    tokens: list[str]
-    token_logprobs: list[float]
-    decoding: Literal["greedy", "sampled"] = "greedy"
-    top_logprobs: list[dict[str, float]] | None = None
-    completion_tokens: int | None = None
-    #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
-    #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
-    measured_logprobs: list[float] | None = None
-    #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
-    #: the fields above are the answer's.
-    reasoning: ReasoningSplit | None = None
-    #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
-    #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
-    early: dict[str, Any] | None = None
 
 
 @dataclass

@@ -22,9 +22,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection,
 from typing import Any
 
 from gnll.backends.base import StreamingModel
+from gnll.policy import Answer
 from gnll.serving import responses as R
 from gnll.serving.protocol.common import Shape
-from gnll.serving.responses import Answer
 from gnll.uncertainty import Uncertainty
 
 log = logging.getLogger("gnll.serve")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gnll.serving.responses import Answer, sse
+from gnll.policy import Answer
+from gnll.serving.responses import sse
 
 if TYPE_CHECKING:
     from gnll.serving.protocol.common import Shape
