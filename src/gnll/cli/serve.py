@@ -160,11 +160,24 @@ def serve(
         ),
     ] = 30.0,
     max_tokens_limit: Annotated[
-        int, typer.Option("--max_tokens_limit", "--max-tokens-limit")
-    ] = 512,
+        int | None,
+        typer.Option(
+            "--max_tokens_limit",
+            "--max-tokens-limit",
+            help="The most max_tokens a request may ask for (a 400 above). Default: 512 "
+            "in-process; with --upstream the upstream's own limit.",
+        ),
+    ] = None,
     default_max_tokens: Annotated[
-        int, typer.Option("--default_max_tokens", "--default-max-tokens")
-    ] = 100,
+        int | None,
+        typer.Option(
+            "--default_max_tokens",
+            "--default-max-tokens",
+            help="max_tokens of a request that gives none (said in the X-Gnll-Default-Max-Tokens "
+            "header). Default: 100 in-process; with --upstream the request goes upstream "
+            "without one (the upstream's own default).",
+        ),
+    ] = None,
     max_batch_prompts: Annotated[
         int,
         typer.Option(
@@ -294,9 +307,7 @@ def serve(
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
-        f"policy {pol.mode}; {pol.source}"
-        + _early_note(settings, proxy=bool(upstream))
-        + ")",
+        f"policy {pol.mode}; {pol.source}" + _early_note(settings, proxy=bool(upstream)) + ")",
         err=True,
     )
     if traced_to:

@@ -147,16 +147,21 @@ def build_proxy_app(
             "chat requests itself",
         )
     check_escalation(settings, escalate_to, upstream=upstream)
-    service: Service = ProxyService(
+    from gnll.serving.passthrough import add_forwarded_routes
+
+    proxy = ProxyService(
         upstream,
         api_key=api_key,
         timeout=settings.upstream_timeout,
         server=server,
         reasoning=reasoning,
     )
+    service: Service = proxy
     if escalate_to is not None:
         from gnll.serving.cascade import CascadeService
 
         larger = ProxyService(escalate_to, api_key=api_key, timeout=settings.upstream_timeout)
         service = CascadeService(service, larger, escalate_model)
-    return create_app(service, settings)
+    app = create_app(service, settings)
+    add_forwarded_routes(app, proxy)  # /tokenize, /detokenize: the client may take it for vLLM
+    return app

@@ -45,6 +45,9 @@ from gnll.serving.uncertainty import headers_for
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
 
+#: On a response whose request gave no ``max_tokens`` and that gnll bounded with its default.
+DEFAULT_MAX_TOKENS_HEADER = "X-Gnll-Default-Max-Tokens"
+
 
 #: The APIs served through the chat-completions path (:mod:`gnll.serving.translation`), by route.
 TRANSLATED: dict[str, TranslatedAPI] = {api.route: api for api in (ResponsesAPI(), MessagesAPI())}
@@ -215,7 +218,7 @@ def create_app(
         request.state.started = started
         request.state.deferred = False
         path = request.url.path
-        protected = path.startswith(("/v1/", "/metrics", "/ui/api"))
+        protected = path.startswith(("/v1/", "/metrics", "/ui/api", "/tokenize", "/detokenize"))
         if protected and not authorised(request):
             response: Response = _error(
                 401,
@@ -309,6 +312,10 @@ def create_app(
             reply = api.reply(reply, asked, req)
         headers = headers_for(reply.records) if reply.records else {}
         headers.update(reply.headers or {})
+        bound, _ = settings.token_bounds(service.mode)
+        if req.max_tokens_requested() is None and bound is not None:
+            # gnll, not the client, bounded the answer: say so (--default_max_tokens sets it).
+            headers[DEFAULT_MAX_TOKENS_HEADER] = str(bound)
         if reply.stream is not None:
             request.state.deferred = True
             records = reply.records  # a live stream's records are known when it has ended
@@ -365,7 +372,9 @@ def create_app(
     async def metrics_endpoint() -> Response:
         return Response(metrics.render(), media_type=Metrics.content_type)
 
+    from gnll.serving import decisions
     from gnll.serving.webui import add_routes
 
+    decisions.add_routes(app, service, settings, settings.decisions_calibration)
     add_routes(app, service, settings)
     return app

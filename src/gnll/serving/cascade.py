@@ -132,6 +132,10 @@ class CascadeService:
             return self._finish(req, body, kept, reply.prompt)
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
+        bound, _ = settings.token_bounds(self.local.mode)
+        if req.max_tokens_requested() is None and bound is not None:
+            # The larger model answers within the bound the local answer had (gnll's default).
+            up_req = up_req.model_copy(update={"max_tokens": bound})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         chunks: AsyncGenerator[str, None] | None = None
         first: str | None = None

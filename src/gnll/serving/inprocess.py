@@ -226,10 +226,8 @@ class InProcessService:
         """The decoding, the prompts and whether they are already rendered."""
         self.check_model(req.model)
         req.check_unwarped()
-        config = req.generation_config(
-            default_max_tokens=settings.default_max_tokens,
-            max_tokens_limit=settings.max_tokens_limit,
-        )
+        default, limit = settings.token_bounds(self.mode)
+        config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         prompts, raw = req.model_prompts(self.prompt_format)
         return config, prompts, raw
 

@@ -53,13 +53,18 @@ class Observer(Protocol):
 
 
 def uncertainty_fields(records: Sequence[Uncertainty]) -> dict[str, Any]:
-    """What the access log says about a request's answers."""
-    return {
+    """What the access log says about a request's answers (with ``escalate``: which model gave
+    each, ``answered_by``, as the entry's ``model`` is the local one)."""
+    fields: dict[str, Any] = {
         "choices": len(records),
         "g_nll": [r.g_nll for r in records],
         "num_tokens": [r.num_tokens for r in records],
         "abstain": [r.abstain for r in records],
     }
+    if any(r.answered_by is not None for r in records):
+        fields["answered_by"] = [r.answered_by for r in records]
+        fields["escalated"] = [bool(r.escalated) for r in records]
+    return fields
 
 
 class AccessLog:

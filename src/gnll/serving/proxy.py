@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import httpx
 
 from gnll._util.validation import ParameterError
-from gnll.backends.base import GenerationConfig
+from gnll.backends.base import GenerationConfig, Model
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
@@ -43,7 +43,7 @@ from gnll.measures import LogprobError
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
 from gnll.serving.responses import Answer, Reply, last_piece
-from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
@@ -192,6 +192,43 @@ class ProxyService:
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
 
+    async def scoring_model(self, requested: str | None) -> Model:
+        """The upstream as a gnll model, for what needs teacher forcing (``/v1/decisions``)."""
+        from gnll.backends.openai import OpenAICompatModel
+
+        profile = await self._detect()
+        if requested and self.served and requested not in self.served:
+            raise ModelNotFound(requested, ", ".join(self.served))
+        name = requested or self.model_name or ""
+        return OpenAICompatModel(
+            name,
+            base_url=self.upstream,
+            server=profile.name,
+            chat=True,
+            api_key=self._api_key,
+            timeout=self.timeout,
+            reasoning=self.reasoning,
+        )
+
+    async def forward_root(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+        """POST ``body`` to ``path`` at the upstream's root (beside ``/v1``, where vLLM serves
+        ``/tokenize``): its status, body and content type as they came (an unreachable upstream
+        is the usual 502/504)."""
+        assert self.client is not None, "the proxy is not started"
+        root = self.upstream[:-3] if self.upstream.endswith("/v1") else self.upstream
+        try:
+            response = await self.client.post(root + path, json=body)
+        except httpx.TimeoutException as exc:
+            raise HTTPError(
+                504, f"the upstream server {root}{path} did not answer ({exc})", "upstream_timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise HTTPError(
+                502, f"cannot reach the upstream server {root}{path}: {exc}", "upstream_error"
+            ) from None
+        kind = response.headers.get("content-type", "application/json")
+        return response.status_code, response.content, kind
+
     # ------------------------------------------------------------------ upstream calls
     async def _send(
         self, method: str, path: str, body: Any = None, *, stream: bool = False
@@ -253,19 +290,26 @@ class ProxyService:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
         chat = req.is_chat
-        if req.max_tokens_requested() is None:
+        default, _ = settings.token_bounds(self.mode)
+        if req.max_tokens_requested() is None and default is not None:
+            # Only an operator's --default_max_tokens: otherwise the upstream's own default holds.
             key = profile.max_tokens_key if chat else "max_tokens"
-            body[key] = settings.default_max_tokens
+            body[key] = default
         if req.greedy:
             body.update(temperature=0.0, **profile.pins)
         else:
             for k, v in profile.pins.items():
                 body.setdefault(k, v)
+        # Alternatives only where the upstream needs one to report log-probs at all
+        # (llama-cpp-python's chat) or the client asked: an in-process gnll serve streams a request
+        # with alternatives only once its answer has ended.
+        least = 1 if profile.logprobs_need_top else 0
         if chat:
-            # llama-cpp-python returns chat log-probs only with top_logprobs >= 1.
-            body.update(logprobs=True, top_logprobs=max(req.num_top_logprobs, 1))
+            body["logprobs"] = True
+            if max(req.num_top_logprobs, least):
+                body["top_logprobs"] = max(req.num_top_logprobs, least)
         else:
-            body["logprobs"] = max(int(req.logprobs or 0), 1)
+            body["logprobs"] = max(int(req.logprobs or 0), least)
             for k, v in profile.extras.items():
                 body.setdefault(k, v)
         if req.model is None and self.model_name:
@@ -275,16 +319,16 @@ class ProxyService:
     async def handle(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
-        config = req.generation_config(
-            default_max_tokens=settings.default_max_tokens,
-            max_tokens_limit=settings.max_tokens_limit,
-        )
+        default, limit = settings.token_bounds(self.mode)
+        config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         profile = await self._detect()
         self.check_request(req)
         chat = req.is_chat
         body = self.upstream_body(req, settings, profile)
         path = req.path
         prompt = req.prompt_text()
+        if getattr(req, "echo", False):
+            return await self._echo(req, path, body, prompt)
         # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
         # replay of a whole upstream response.
         replay = settings.policy.mode == "refuse" or (
@@ -333,6 +377,25 @@ class ProxyService:
             )
             return Reply(body=data, records=records, stream=replayed, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
+
+    async def _echo(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        path: str,
+        body: dict[str, Any],
+        prompt: str,
+    ) -> Reply:
+        """``echo``: the prompt's own log-probs (``gnll doctor``'s teacher-forced check). The
+        answer is the prompt's continuation, scored nowhere: the upstream's response goes back as
+        it came, without ``uncertainty``."""
+        if req.stream:
+            raise RequestError("echo is served without streaming through the proxy", "echo")
+        data = await self._call("POST", path, body)
+        if not req.wants_logprobs:
+            for choice in data.get("choices") or []:
+                if isinstance(choice, dict):
+                    choice["logprobs"] = None
+        return Reply(body=data, records=[], prompt=prompt)
 
     async def _early_call(
         self,
@@ -426,7 +489,10 @@ class ProxyService:
             early={
                 "decided_at_token": t,
                 "tokens_generated": rule.generated,
-                "tokens_saved": config.max_new_tokens - rule.generated,
+                # Unknown when the upstream's own limit applies (no max_tokens asked or set).
+                "tokens_saved": None
+                if config.max_new_tokens == UNBOUNDED
+                else config.max_new_tokens - rule.generated,
             },
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}

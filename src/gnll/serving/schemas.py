@@ -30,6 +30,10 @@ from gnll.backends.base import ChatPrompt, GenerationConfig
 from gnll.backends.prompting import prompt_for
 from gnll.serving.errors import RequestError
 
+#: ``max_new_tokens`` of a request that gnll does not bound (a proxy's: the upstream's limit
+#: applies there).
+UNBOUNDED = 2**31 - 1
+
 #: Request fields that ask for something other than a free-text answer (refused with a 400).
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
 
@@ -112,16 +116,19 @@ class _Request(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def generation_config(
-        self, *, default_max_tokens: int, max_tokens_limit: int
+        self, *, default_max_tokens: int | None, max_tokens_limit: int | None
     ) -> GenerationConfig:
         """The decoding this request asks for, or a :class:`RequestError` naming what is refused.
 
         Both modes call it: the token limit and greedy's single answer are checked here once.
+        ``None`` bounds (a proxy's, unless set): the upstream's own default and limit apply, and
+        the config's ``max_new_tokens`` is :data:`UNBOUNDED` (nothing gnll enforces).
         """
-        max_tokens = self.max_tokens_requested() or default_max_tokens
-        if max_tokens > max_tokens_limit:
+        max_tokens = self.max_tokens_requested() or default_max_tokens or UNBOUNDED
+        if max_tokens_limit is not None and max_tokens > max_tokens_limit:
             raise RequestError(
-                f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit}",
+                f"max_tokens={max_tokens} is above this server's limit of {max_tokens_limit} "
+                "(gnll serve --max_tokens_limit raises it)",
                 "max_tokens",
             )
         if self.greedy:
@@ -163,20 +170,37 @@ class CompletionRequest(_Request):
     path: ClassVar[str] = "/completions"
     id_prefix: ClassVar[str] = "cmpl"
 
-    prompt: str | list[str]
+    #: Text, texts, or token ids (one list or several: vLLM's, which gnll's server backend sends
+    #: once it has rendered a chat prompt through ``/tokenize``); an in-process model takes text.
+    prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_non_empty(cls, v: str | list[str]) -> str | list[str]:
+    def _prompt_non_empty(
+        cls, v: str | list[str] | list[int] | list[list[int]]
+    ) -> str | list[str] | list[int] | list[list[int]]:
         if isinstance(v, list) and not v:
             raise ValueError("prompt list is empty")
+        if isinstance(v, list) and any(isinstance(p, list) and not p for p in v):
+            raise ValueError("a token-id prompt is empty")
         return v
 
     @property
+    def token_ids(self) -> bool:
+        """Whether the prompts are token ids (forwarded by a proxy; refused in-process)."""
+        return isinstance(self.prompt, list) and not isinstance(self.prompt[0], str)
+
+    @property
     def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+        """The prompts as text (token-id prompts as ``<N token ids>``, for counting and logs)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p[0], int):
+            return [f"<{len(p)} token ids>"]
+        return [x if isinstance(x, str) else f"<{len(x)} token ids>" for x in p]
 
     @property
     def wants_logprobs(self) -> bool:
@@ -192,6 +216,12 @@ class CompletionRequest(_Request):
 
     def model_prompts(self, chat_format: str) -> tuple[list[str], bool]:
         """The prompts for the model, and whether they are already rendered (always)."""
+        if self.token_ids:
+            raise RequestError(
+                "prompt: token ids are not served in-process (a proxy forwards them to its "
+                "upstream); send the prompt as text",
+                "prompt",
+            )
         return list(self.prompts), True
 
     @property

@@ -32,6 +32,23 @@ def _pieces(answer: Answer, text: str) -> Sequence[tuple[str, int | None]]:
     return [(text, None)]
 
 
+def _other_fields(message: dict[str, Any]) -> dict[str, Any]:
+    """A message's fields besides ``role`` and ``content`` (``reasoning``, ``reasoning_content``,
+    ``tool_calls``, vendor fields), as one delta: a replay carries all that a live stream would.
+
+    >>> _other_fields({"role": "assistant", "content": "4", "reasoning": "2+2", "refusal": None})
+    {'reasoning': '2+2'}
+    """
+    extra = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
+    calls = extra.get("tool_calls")
+    if isinstance(calls, list):  # a stream's tool calls carry their position
+        extra["tool_calls"] = [
+            {"index": n, **c} if isinstance(c, dict) and "index" not in c else c
+            for n, c in enumerate(calls)
+        ]
+    return extra
+
+
 def stream_chunks(
     body: dict[str, Any], answers: Sequence[Answer], *, chat: bool, include_usage: bool = False
 ) -> Iterator[str]:
@@ -66,6 +83,10 @@ def stream_chunks(
                     ],
                 }
             )
+            extra = _other_fields(choice["message"])
+            if extra:  # the reasoning trace (and any other field) precedes the answer, as live
+                c = {"index": i, "delta": extra, "logprobs": None, "finish_reason": None}
+                yield sse({**base, "choices": [c]})
         pieces = (
             _pieces(answer, text) if not choice["uncertainty"].get("refused") else [(text, None)]
         )
