@@ -50,7 +50,9 @@ DEFAULT_MAX_TOKENS_HEADER = "X-Gnll-Default-Max-Tokens"
 
 
 #: The APIs served through the chat-completions path (:mod:`gnll.serving.translation`), by route.
-TRANSLATED: dict[str, TranslatedAPI] = {api.route: api for api in (ResponsesAPI(), MessagesAPI())}
+TRANSLATED: dict[str, TranslatedAPI[Any]] = {
+    api.route: api for api in (ResponsesAPI(), MessagesAPI())
+}
 
 
 def _error(
@@ -264,7 +266,7 @@ def create_app(
     async def serve(
         request: Request,
         model_cls: type[CompletionRequest] | type[ChatCompletionRequest],
-        api: TranslatedAPI | None = None,
+        api: TranslatedAPI[Any] | None = None,
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
         asked: Any = None
@@ -337,7 +339,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest)
 
-    def translated(api: TranslatedAPI) -> Callable[[Request], Awaitable[Response]]:
+    def translated(api: TranslatedAPI[Any]) -> Callable[[Request], Awaitable[Response]]:
         async def route(request: Request) -> Response:
             return await serve(request, ChatCompletionRequest, api)
 

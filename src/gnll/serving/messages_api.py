@@ -36,7 +36,15 @@ from gnll.serving.protocol.messages import (
 )
 from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
-from gnll.serving.translation import VIA, VIA_HEADER, ChatAnswer, chat_chunks, event, usage_counts
+from gnll.serving.translation import (
+    VIA,
+    VIA_HEADER,
+    ChatAnswer,
+    EventStream,
+    chat_chunks,
+    event,
+    usage_counts,
+)
 
 
 def _id(prefix: str) -> str:
@@ -163,7 +171,7 @@ class MessageStream:
         self.open = None
         return [self._event("content_block_stop", index=self.index)]
 
-    async def events(self, stream: Any) -> AsyncIterator[str]:
+    async def events(self, stream: EventStream) -> AsyncIterator[str]:
         started = False
         usage = None
         finish, record = None, None

@@ -44,6 +44,7 @@ from gnll.serving.translation import (
     VIA_HEADER,
     ChatAnswer,
     ChatToolCall,
+    EventStream,
     chat_chunks,
     event,
     usage_counts,
@@ -230,7 +231,7 @@ class ResponseStream:
     def _snapshot(self) -> dict[str, Any]:
         return self.resp.model_dump(mode="json")
 
-    async def events(self, stream: Any) -> AsyncIterator[str]:
+    async def events(self, stream: EventStream) -> AsyncIterator[str]:
         logprobs = self.request.wants_logprobs
         usage = None
         started = False

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+from pydantic import BaseModel
 
 if TYPE_CHECKING:
-    from pydantic import BaseModel
-
     from gnll.serving.responses import Reply
     from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -29,7 +29,14 @@ VIA_HEADER = "X-Gnll-Served-Via"
 VIA = "chat.completions"
 
 
-class TranslatedAPI(Protocol):
+#: A translated API's typed request.
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+#: A stream of server-sent events, as a service returns it.
+EventStream = Iterator[str] | AsyncIterator[str]
+
+
+class TranslatedAPI(Protocol[RequestT]):
     """One API gnll serves through the chat-completions path (the app's seam for a new route)."""
 
     #: The route (``/v1/responses``).
@@ -37,16 +44,16 @@ class TranslatedAPI(Protocol):
     #: The name the access log, metrics and tracing use (``"responses"``).
     name: ClassVar[str]
 
-    def parse(self, raw: dict[str, Any]) -> BaseModel:
+    def parse(self, raw: dict[str, Any]) -> RequestT:
         """The typed request (a pydantic ``ValidationError`` or a ``RequestError`` if invalid)."""
         ...
 
-    def chat_body(self, request: Any) -> dict[str, Any]:
+    def chat_body(self, request: RequestT) -> dict[str, Any]:
         """The chat-completions request body that asks the same question."""
         ...
 
     def reply(
-        self, reply: Reply, request: Any, chat: ChatCompletionRequest | CompletionRequest
+        self, reply: Reply, request: RequestT, chat: ChatCompletionRequest | CompletionRequest
     ) -> Reply:
         """The chat reply as this API's body or stream (records, headers and status kept)."""
         ...
@@ -149,9 +156,7 @@ def _events(piece: str | bytes) -> Iterator[dict[str, Any] | None]:
                 yield json.loads(data)
 
 
-async def chat_chunks(
-    stream: Iterator[str] | AsyncIterator[str],
-) -> AsyncIterator[ChatDelta]:
+async def chat_chunks(stream: EventStream) -> AsyncIterator[ChatDelta]:
     """The chunks of a service's chat stream, parsed, up to ``[DONE]``; closes the stream at the end
     (or when the reader stops early: the client left)."""
     try:
