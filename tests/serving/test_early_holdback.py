@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from gnll.backends.base import GenerationConfig
 from gnll.backends.hf.stopping import StopRules
 from gnll.measures import g_nll
+from gnll.policy import AbstentionPolicy
 from gnll.serving.engine import EarlyStop
 from gnll.serving.streams.live import HeldText
-from gnll.serving.uncertainty import AbstentionPolicy
 
 VOCAB = {0: "", 1: " a", 2: " b", 3: "Q", 4: "ue", 5: "st", 6: ":", 7: " Quest", 8: "\n", 9: " c"}
 EOS = 0

@@ -38,7 +38,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from gnll.integrations.core import AnswerScorer, Scored, decoding_of, headers_for, make_policy
-from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import LocalAnswer, Uncertainty
 
 __all__ = ["UncertaintyHandler", "proxy_handler", "score_response"]

@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnll.measures import LogprobError
+from gnll.policy import headers_for
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.messages_api import MessagesAPI
@@ -40,7 +41,6 @@ from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.translation import TranslatedAPI
-from gnll.serving.uncertainty import headers_for
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")

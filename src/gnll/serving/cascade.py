@@ -37,13 +37,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll.measures import LogprobError
+from gnll.policy import AbstentionPolicy, Answer
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Answer, Reply, error_body, sse, stream_error
+from gnll.serving.responses import Reply, error_body, sse, stream_error
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
-from gnll.serving.uncertainty import AbstentionPolicy
 from gnll.uncertainty import LocalAnswer, Uncertainty
 
 if TYPE_CHECKING:

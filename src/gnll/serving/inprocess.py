@@ -24,14 +24,14 @@ from typing import Any, Literal, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
 from gnll.measures.early import EarlyDecision
+from gnll.policy import Answer, annotate
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.errors import ModelNotFound
 from gnll.serving.metrics import Metrics
-from gnll.serving.responses import Answer, Reply
+from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
-from gnll.serving.uncertainty import annotate
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["InProcessService", "chat_prompt", "to_answer"]

@@ -29,25 +29,23 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model
-from gnll.backends.openai.client import ServerError
-from gnll.backends.openai.parse import read_choice, to_generation
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
-from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
+from gnll.policy import Answer, annotate
+from gnll.policy.choices import choice_answer
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
-from gnll.serving.responses import Answer, Reply, last_piece
+from gnll.serving.responses import Reply, last_piece
 from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
-from gnll.serving.uncertainty import annotate
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -616,58 +614,6 @@ class ProxyService:
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
-
-
-def choice_answer(
-    choice: dict[str, Any],
-    config: GenerationConfig,
-    *,
-    eos_logprob: bool,
-    decoding: Literal["greedy", "sampled"] = "greedy",
-    where: str = "choice 0",
-    reasoning: str | None = None,
-    labels: list[Any] | None = None,
-) -> Answer:
-    """The :class:`Answer` of one OpenAI-shaped choice (any of the three log-prob shapes): its text
-    and its answer tokens' log-probs, the terminator split off by the server backend's parser.
-
-    The proxy and the framework integrations (:mod:`gnll.integrations`) read choices with it, so a
-    response scored by either gets the same numbers. A choice without usable log-probs is a
-    :class:`LogprobError`. A reasoning model's choice (``message.reasoning``, or any choice when
-    ``reasoning`` names the format of a server without a reasoning parser) is scored on its
-    answer only (:mod:`gnll.backends.reasoning`; ``labels``: a stream's per-token labels); one
-    whose log-probs cannot be aligned with its answer is a :class:`LogprobError` too.
-    """
-    try:
-        raw = read_choice(choice, reasoning=reasoning, labels=labels)
-        if raw.reasoning is not None and not raw.reasoning.marker_reported and labels:
-            raise ServerError(
-                "the stream carried no token for the end-of-reasoning marker (llama.cpp sends "
-                "no chunk for a token that adds no text), so which tokens lie between trace "
-                "and answer is unknown and the answer's G-NLL cannot be aligned; ask with "
-                '"stream": false'
-            )
-        gen = to_generation(raw, config, eos_logprob=eos_logprob, where=where)
-    except ServerError as exc:
-        raise LogprobError(str(exc)) from None
-    text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
-    if gen.reasoning is not None and text and text != raw.text:
-        # No reasoning parser upstream (``reasoning`` named the format): split the text as one
-        # would, the trace into ``reasoning`` beside the answer.
-        trace = text[: len(text) - len(raw.text.lstrip())]
-        span = reasoning_format(reasoning or "think").find(trace)
-        holder = choice["message"] if isinstance(choice.get("message"), dict) else choice
-        holder["reasoning"] = trace[: span[0]] if span else trace
-        text = raw.text.lstrip()
-    return Answer(
-        text=text or "",
-        finish_reason=choice.get("finish_reason"),
-        tokens=gen.tokens,
-        token_logprobs=gen.token_logprobs,
-        decoding=decoding,
-        measured_logprobs=gen.measured_logprobs,
-        reasoning=gen.reasoning,
-    )
 
 
 def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:

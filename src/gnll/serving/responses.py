@@ -1,6 +1,6 @@
 """OpenAI-shaped response bodies and server-sent-event chunks for answers gnll generated itself.
 
-An :class:`Answer` is what either mode knows about one choice; the builders here turn answers and
+An :class:`~gnll.policy.Answer` is what either mode knows about one choice; the builders here turn answers and
 their ``uncertainty`` records into ``text_completion`` / ``chat.completion`` objects that the
 official ``openai`` client parses. Streams are built in :mod:`gnll.serving.streams`.
 """
@@ -12,33 +12,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
+
+from gnll.policy import Answer
 
 if TYPE_CHECKING:
-    from gnll.backends.reasoning import ReasoningSplit
     from gnll.uncertainty import Uncertainty
-
-
-@dataclass
-class Answer:
-    """One choice: the answer text and the evidence its uncertainty is computed from."""
-
-    text: str
-    finish_reason: str | None
-    tokens: list[str]
-    token_logprobs: list[float]
-    decoding: Literal["greedy", "sampled"] = "greedy"
-    top_logprobs: list[dict[str, float]] | None = None
-    completion_tokens: int | None = None
-    #: What G-NLL is computed from (``Generation.measured_logprobs``): ``token_logprobs``, or for an
-    #: empty answer its stop token's log-prob. ``None``: ``token_logprobs``.
-    measured_logprobs: list[float] | None = None
-    #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
-    #: the fields above are the answer's.
-    reasoning: ReasoningSplit | None = None
-    #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
-    #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
-    early: dict[str, Any] | None = None
 
 
 @dataclass

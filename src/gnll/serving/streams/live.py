@@ -23,8 +23,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection,
 from typing import Any
 
 from gnll.backends.base import StreamingModel
+from gnll.policy import Answer
 from gnll.serving import responses as R
-from gnll.serving.responses import Answer, last_piece
+from gnll.serving.responses import last_piece
 from gnll.uncertainty import Uncertainty
 
 log = logging.getLogger("gnll.serve")

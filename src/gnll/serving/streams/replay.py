@@ -12,7 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from gnll.serving.responses import Answer, last_piece, new_id, sse
+from gnll.policy import Answer
+from gnll.serving.responses import last_piece, new_id, sse
 
 
 def _pieces(answer: Answer, text: str) -> Sequence[tuple[str, int | None]]:
