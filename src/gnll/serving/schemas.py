@@ -25,11 +25,17 @@ from __future__ import annotations
 from typing import Any
 
 from gnll.serving.errors import RequestError
-from gnll.serving.protocol.chat import ChatCompletionRequest, ChatMessage, chat_prompt
+from gnll.serving.protocol.chat import (
+    KEPT_FIELDS,
+    ChatCompletionRequest,
+    ChatMessage,
+    chat_prompt,
+)
 from gnll.serving.protocol.common import UNBOUNDED, OpenAIRequest, StreamOptions
 from gnll.serving.protocol.completions import CompletionRequest
 
 __all__ = [
+    "KEPT_FIELDS",
     "UNBOUNDED",
     "UNSUPPORTED",
     "ChatCompletionRequest",

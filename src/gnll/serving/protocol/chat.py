@@ -66,9 +66,20 @@ class ChatMessage(BaseModel):
         return "".join(parts)
 
 
+#: Message fields besides role and content that a chat template reads (a tool-call history).
+KEPT_FIELDS = ("tool_calls", "tool_call_id", "name")
+
+
 def chat_prompt(messages: Sequence[ChatMessage]) -> ChatPrompt:
-    """The conversation as one prompt, for the model to render (:meth:`Model.render_chat`)."""
-    return ChatPrompt.of([{"role": m.role, "content": m.text()} for m in messages])
+    """The conversation as one prompt, for the model to render (:meth:`Model.render_chat`):
+    ``developer`` turns as ``system`` (as OpenAI and vLLM), tool calls and their ids kept."""
+    turns = []
+    for m in messages:
+        extra = m.model_extra or {}
+        turn: dict[str, Any] = {"role": m.role, "content": m.text()}
+        turn.update({k: extra[k] for k in KEPT_FIELDS if extra.get(k) is not None})
+        turns.append(turn)
+    return ChatPrompt.of(turns)
 
 
 class ChatCompletionRequest(OpenAIRequest):
