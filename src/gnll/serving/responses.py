@@ -191,7 +191,16 @@ def stream_error(chunk: str) -> str | None:
     'upstream broke off'
     >>> stream_error(sse("[DONE]")) is None
     True
+    >>> stream_error('event: error\\ndata: {"type": "error", "message": "cut"}\\n\\n')
+    'cut'
     """
+    if chunk.startswith("event: error\n"):  # a named error event (/v1/responses, /v1/messages)
+        try:
+            data = json.loads(chunk.partition("\n")[2][6:])
+        except ValueError:
+            return "error event"
+        err = data.get("error", data) if isinstance(data, dict) else data
+        return str(err.get("message") if isinstance(err, dict) else err)
     if not chunk.startswith('data: {"error"'):
         return None
     try:
