@@ -174,7 +174,10 @@ def llama_server(gguf):
 # embedded SmolLM2: one for the whole run, shared by the xdist workers, stopped by the run's owner.
 def _vllm_root(config: pytest.Config) -> Path | None:
     """The directory the run's processes share (the controller's basetemp; workers' is below it);
-    None if the run never made one (nothing was started there)."""
+    None if the run never made one (nothing was started there). ``GNLL_TEST_VLLM_ROOT`` names one
+    that outlives the run (a developer's: the servers there are reused and left running)."""
+    if os.environ.get("GNLL_TEST_VLLM_ROOT"):
+        return Path(os.environ["GNLL_TEST_VLLM_ROOT"])
     factory = getattr(config, "_tmp_path_factory", None)
     if factory is None:
         return None
@@ -195,7 +198,7 @@ def vllm_server(request, tmp_path_factory):
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput") or os.environ.get("GNLL_TEST_VLLM_ROOT"):
         return  # a worker: the controller stops the shared servers once every worker is done
     root = _vllm_root(session.config)
     if root is not None:

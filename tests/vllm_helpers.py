@@ -10,6 +10,9 @@ is; the other worker finds it there. Workers never stop it (one may finish while
 needs it): the process that owns the run does, at the end of the session (the xdist controller,
 or the single pytest process without xdist; :func:`stop_shared`). The server's own hard lifetime
 kills it if pytest dies.
+
+While writing tests, ``GNLL_TEST_VLLM_ROOT=DIR`` keeps the servers in ``DIR`` across runs (started
+by the first run, left running); ``python tests/vllm_helpers.py stop DIR`` stops them.
 """
 
 from __future__ import annotations
@@ -164,3 +167,11 @@ def stop_shared(root: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         state.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 3 or sys.argv[1] != "stop":
+        sys.exit("usage: python tests/vllm_helpers.py stop DIR")
+    stop_shared(Path(sys.argv[2]))
