@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
+from gnll.policy import AbstentionPolicy
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
-from gnll.serving.uncertainty import AbstentionPolicy
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -29,15 +29,18 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gnll.measures import LogprobError
+from gnll.policy import headers_for
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
+from gnll.serving.messages_api import MessagesAPI
 from gnll.serving.metrics import Metrics
 from gnll.serving.observers import AccessLog, Answered, Observer, response_id_of
 from gnll.serving.responses import Reply, error_body, stream_error
+from gnll.serving.responses_api import ResponsesAPI
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
-from gnll.serving.uncertainty import headers_for
+from gnll.serving.translation import TranslatedAPI
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
@@ -46,10 +49,25 @@ log = logging.getLogger("gnll.serve")
 DEFAULT_MAX_TOKENS_HEADER = "X-Gnll-Default-Max-Tokens"
 
 
+#: The APIs served through the chat-completions path (:mod:`gnll.serving.translation`), by route.
+TRANSLATED: dict[str, TranslatedAPI[Any]] = {
+    api.route: api for api in (ResponsesAPI(), MessagesAPI())
+}
+
+
 def _error(
-    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    path: str | None = None,
 ) -> JSONResponse:
-    body = error_body(message, type_, param=param, code=code)
+    api = TRANSLATED.get(path or "")
+    if api is not None:  # /v1/messages answers in Anthropic's envelope
+        body = api.error_body(message, type_, param, code)
+    else:
+        body = error_body(message, type_, param=param, code=code)
     return JSONResponse(body, status_code=status)
 
 
@@ -167,6 +185,8 @@ def create_app(
             return True
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
+        if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
+            scheme, token = "bearer", request.headers["x-api-key"]
         return scheme.lower() == "bearer" and secrets.compare_digest(
             token.strip().encode(), settings.api_key.encode()
         )
@@ -206,13 +226,14 @@ def create_app(
                 401,
                 "missing or wrong API key (send Authorization: Bearer KEY)",
                 "authentication_error",
+                path=path,
             )
         else:
             try:
                 response = await call_next(request)
             except Exception:  # the handler's own errors are answered there; this is a bug
                 log.exception("unhandled error on %s", path)
-                response = _error(500, "internal server error", "server_error")
+                response = _error(500, "internal server error", "server_error", path=path)
         if not request.state.deferred:  # a stream is logged when it ends (see _observed)
             log_request(request, response.status_code, started)
         return response
@@ -220,7 +241,7 @@ def create_app(
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
         request.state.log["error"] = exc.message
-        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _route_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -229,19 +250,30 @@ def create_app(
             exc.status_code, str(exc.detail)
         )
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, message, kind)
+        return _error(exc.status_code, message, kind, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _query_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
-        return _error(400, f"invalid request: {where}: {err.get('msg')}", "invalid_request_error")
+        return _error(
+            400,
+            f"invalid request: {where}: {err.get('msg')}",
+            "invalid_request_error",
+            path=request.url.path,
+        )
 
     async def serve(
-        request: Request, model_cls: type[CompletionRequest] | type[ChatCompletionRequest]
+        request: Request,
+        model_cls: type[CompletionRequest] | type[ChatCompletionRequest],
+        api: TranslatedAPI[Any] | None = None,
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
+        asked: Any = None
         try:
+            if api is not None:  # asked as chat completions, answered in the API's own shape
+                asked = api.parse(raw)
+                raw = api.chat_body(asked)
             check_free_text(raw)
             req = model_cls.model_validate(raw)
         except ValidationError as exc:
@@ -277,6 +309,9 @@ def create_app(
                     c.get("text", (c.get("message") or {}).get("content"))
                     for c in reply.body.get("choices", [])
                 ]
+        if api is not None:
+            info["api"] = api.name
+            reply = api.reply(reply, asked, req)
         headers = headers_for(reply.records) if reply.records else {}
         headers.update(reply.headers or {})
         bound, _ = settings.token_bounds(service.mode)
@@ -303,6 +338,15 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest)
+
+    def translated(api: TranslatedAPI[Any]) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await serve(request, ChatCompletionRequest, api)
+
+        return route
+
+    for api in TRANSLATED.values():
+        app.post(api.route)(translated(api))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

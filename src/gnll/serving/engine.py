@@ -163,11 +163,15 @@ class EarlyStop:
         }
 
     def generation(self) -> Generation:
-        """The answer as far as it was released when the decision was made."""
-        held, t = self.held, self.held.sent
+        """The answer up to the decision's token (``decided_at_token``): its G-NLL is the one the
+        rule decided on. Tokens released with it in one piece (a held-back whitespace token goes
+        out with the next) lie after the decision and are not part of it, as in proxy mode."""
+        held = self.held
+        t = min(held.sent, self.rule.decision.at_token or 0)
         ids = held.ids[:t]
+        text = held.text if t == held.sent else held.decode(ids)
         return Generation(
-            text=held.text.strip(),
+            text=text.strip(),
             token_ids=ids,
             tokens=[held.decode([i]) for i in ids],
             token_logprobs=[float(x) for x in held.logprobs[:t]],

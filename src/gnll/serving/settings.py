@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
+from gnll.policy import AbstentionPolicy
 from gnll.serving.observers import Observer
-from gnll.serving.uncertainty import AbstentionPolicy
 
 if TYPE_CHECKING:
     from gnll.calibration.decisions import DecisionCalibration
@@ -88,7 +88,7 @@ class ServeSettings:
                 "prompt_format",
                 f"renders chat requests as 'chat' or 'instruction', not {self.prompt_format!r}",
             )
-        self._check_policy()
+        self._check_cascade()
         cal = self.policy.calibrator
         if cal is not None:
             from gnll.calibration import CalibrationFormatError, calibration_applies
@@ -135,24 +135,10 @@ class ServeSettings:
         limit = self.max_tokens_limit or MAX_TOKENS_LIMIT
         return self.default_max_tokens or min(DEFAULT_MAX_TOKENS, limit), limit
 
-    def _check_policy(self) -> None:
-        """A policy that serves: one that decides when it must, never on every answer, and whose
-        cascade threshold was fitted on the chat requests' prompt format (unless told)."""
+    def _check_cascade(self) -> None:
+        """A cascade threshold fitted on the chat requests' prompt format (unless told). The
+        policy's own rules (it decides when it must, never on every answer) it checks itself."""
         pol = self.policy
-        if pol.mode != "annotate" and not pol.active:
-            raise ParameterError(
-                "mode",
-                f"{pol.mode!r} needs calibrator or threshold",
-                others=("calibrator", "threshold"),
-            )
-        useless = pol.refuses_everything() if pol.mode == "refuse" else None
-        if useless:
-            raise ParameterError(
-                "mode",
-                f"'refuse' would refuse every answer: {useless.strip()}; choose another rule, "
-                "min_p_correct or threshold",
-                others=("rule", "min_p_correct", "threshold"),
-            )
         cascade = pol.cascade
         if cascade is not None and not pol.any_prompt_format:
             from gnll.calibration import CalibrationFormatError
