@@ -134,12 +134,12 @@ class InProcessService:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
         from gnll.serving import responses as R
 
-        # Under `refuse` the text is known only when the answer is, and alternatives are known
-        # when a row ends: such streams are replays.
+        # Under `refuse` the text is known only when the answer is: such streams are replays.
+        # Alternatives stream live from the decoding loop, which records them at every step.
         if (
             req.stream
             and settings.policy.mode != "refuse"
-            and not req.num_top_logprobs
+            and (not req.num_top_logprobs or self.engine.reports_alternatives)
             and self.streams_live()
         ):
             return await self._stream(req, settings)
@@ -187,7 +187,8 @@ class InProcessService:
         from gnll.serving.streams.live import LiveStream, relay
 
         config, prompts, raw = self._plan(req, settings)
-        events = self.engine.stream(prompts, config, raw=raw)
+        # Alternatives are recorded at each decoding step, so they stream with their tokens.
+        events = self.engine.stream(prompts, config, raw=raw, top_logprobs=req.num_top_logprobs)
         # Up to the first decoded step: a request that fails before it (too long a prompt) is
         # answered with an HTTP error, as without streaming.
         first = await anext(events)
@@ -200,6 +201,7 @@ class InProcessService:
             chat=req.is_chat,
             logprobs=req.wants_logprobs,
             include_usage=req.include_usage,
+            top_logprobs=req.num_top_logprobs,
         )
         records: list[Uncertainty] = []
 

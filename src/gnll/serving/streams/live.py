@@ -160,10 +160,16 @@ class LiveStream:
         chat: bool,
         logprobs: bool,
         include_usage: bool = False,
+        top_logprobs: int = 0,
     ) -> None:
         rules = model.stop_rules(stop)
         self.held = [HeldText(model.decode, rules.token_ids, rules.strings) for _ in range(choices)]
         self.n, self.chat, self.logprobs = n, chat, logprobs
+        #: Alternatives per token to send (``top_logprobs``), each choice's as decoded, and how
+        #: many of its tokens the pieces sent so far spell.
+        self.top = top_logprobs
+        self.alts: list[list[dict[str, float]]] = [[] for _ in range(choices)]
+        self.spelled = [0] * choices
         self.include_usage = include_usage
         self.offsets = [0] * choices  # characters of tokens sent per choice (``text_offset``)
         kind = "chat.completion.chunk" if chat else "text_completion"
@@ -185,11 +191,14 @@ class LiveStream:
             for i in range(len(self.held))
         ]
 
-    def tokens(self, items: Sequence[tuple[int, int, int, float]]) -> list[str]:
-        """Chunks for one step's ``(prompt, j, token_id, log-prob)`` items."""
+    def tokens(
+        self, items: Sequence[tuple[int, int, int, float, dict[str, float] | None]]
+    ) -> list[str]:
+        """Chunks for one step's ``(prompt, j, token_id, log-prob, alternatives)`` items."""
         out = []
-        for i, j, token, lp in items:
+        for i, j, token, lp, alts in items:
             c = i * self.n + j
+            self.alts[c].append(alts or {})
             out += [self._piece(c, p) for p in self.held[c].push(token, lp)]
         return out
 
@@ -221,12 +230,16 @@ class LiveStream:
     def _piece(self, c: int, piece: Piece) -> str:
         text, tokens, lps = piece
         lp = None
+        start, self.spelled[c] = self.spelled[c], self.spelled[c] + len(tokens)
         if self.logprobs:
-            part = Answer(text, None, tokens, lps)
+            # The alternatives recorded at each of the piece's decoding steps: the same the whole
+            # answer reports (the decoding loop names them once, for both).
+            alts = self.alts[c][start : start + len(tokens)] if self.top else None
+            part = Answer(text, None, tokens, lps, top_logprobs=alts)
             if self.chat:
-                lp = R.chat_logprobs(part, 0)
+                lp = R.chat_logprobs(part, self.top)
             else:
-                lp = R.completion_logprobs(part, 0)
+                lp = R.completion_logprobs(part, self.top)
                 lp["text_offset"] = [self.offsets[c] + o for o in lp["text_offset"]]
         self.offsets[c] += sum(len(t) for t in tokens)
         choice: dict[str, Any] = {"index": c, "logprobs": lp, "finish_reason": None}
