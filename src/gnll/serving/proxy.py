@@ -36,13 +36,15 @@ import httpx
 
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model
+from gnll.backends.openai.parse import logprob_pairs
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.measures import LogprobError
 from gnll.policy import Answer, annotate
 from gnll.policy.choices import choice_answer
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
-from gnll.serving.responses import Reply, last_piece
+from gnll.serving.protocol.common import Shape
+from gnll.serving.responses import Reply
 from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
@@ -304,28 +306,17 @@ class ProxyService:
     ) -> dict[str, Any]:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
-        chat = req.is_chat
+        shape = req.shape
         default, _ = settings.token_bounds(self.mode)
         if req.max_tokens_requested() is None and default is not None:
             # Only an operator's --default_max_tokens: otherwise the upstream's own default holds.
-            key = profile.max_tokens_key if chat else "max_tokens"
-            body[key] = default
+            body[shape.max_tokens_key(profile)] = default
         if req.greedy:
             body.update(temperature=0.0, **profile.pins)
         else:
             for k, v in profile.pins.items():
                 body.setdefault(k, v)
-        # Alternatives only where the upstream needs one to report log-probs at all
-        # (llama-cpp-python's chat) or the client asked: they cost the upstream time.
-        least = 1 if profile.logprobs_need_top else 0
-        if chat:
-            body["logprobs"] = True
-            if max(req.num_top_logprobs, least):
-                body["top_logprobs"] = max(req.num_top_logprobs, least)
-        else:
-            body["logprobs"] = max(int(req.logprobs or 0), least)
-            for k, v in profile.extras.items():
-                body.setdefault(k, v)
+        shape.ask_logprobs(body, req, profile)
         if req.model is None and self.model_name:
             body["model"] = self.model_name
         return body
@@ -337,7 +328,6 @@ class ProxyService:
         config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         profile = await self._detect()
         self.check_request(req)
-        chat = req.is_chat
         body = self.upstream_body(req, settings, profile)
         path = req.path
         prompt = req.prompt_text()
@@ -381,14 +371,13 @@ class ProxyService:
             settings.policy,
             include_tokens=req.wants_logprobs,
             source="upstream",
-            prompt_format="chat" if chat else "text",
+            prompt_format=req.prompt_format("chat"),
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
+            _decorate(choice, rec, text, finish, req)
         if req.stream:  # a replay: the answer is known before its first piece is sent
-            replayed = stream_chunks(
-                _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
-            )
+            own = _as_own_body(data, req.shape)
+            replayed = stream_chunks(own, answers, req.shape, req.include_usage)
             return Reply(body=data, records=records, stream=replayed, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
 
@@ -429,7 +418,7 @@ class ProxyService:
         answer comes back as a non-streaming response body (and ``None``).
         """
         rule = settings.policy.early_decision(
-            where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
+            where=f"upstream {self.upstream}", prompt_format=req.prompt_format("chat")
         )
         streamed = {**body, "stream": True}
         profile = self.profile
@@ -441,7 +430,7 @@ class ProxyService:
             if profile.name == "vllm":
                 streamed["stream_options"]["continuous_usage_stats"] = True
         response = await self._send("POST", path, streamed, stream=True)
-        acc, last = StreamedChoice(req.is_chat), {}
+        acc, last = StreamedChoice(req.shape), {}
         usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
@@ -465,7 +454,7 @@ class ProxyService:
                 last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
-                    pairs = _chunk_tokens(choice)
+                    pairs = logprob_pairs(choice.get("logprobs"))
                     first, seen = seen, seen + len(pairs)
                     if choice.get("finish_reason"):
                         continue  # the end: the decision is the whole answer's
@@ -488,8 +477,8 @@ class ProxyService:
         finally:
             await response.aclose()
         base = {
-            "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
-            "object": "chat.completion" if req.is_chat else "text_completion",
+            "id": last.get("id") or req.shape.new_id(),
+            "object": req.shape.object,
             "created": last.get("created"),
             "model": last.get("model"),
             "usage": None,
@@ -515,9 +504,7 @@ class ProxyService:
             },
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        whole.update(
-            {"message": {"role": "assistant", "content": text}} if req.is_chat else {"text": text}
-        )
+        whole.update(req.shape.whole_choice(text))
         # What was generated until the cut (the trace's tokens included), for clients that bill
         # per token; the prompt's count only where the upstream said it (vLLM), else null.
         prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
@@ -560,7 +547,6 @@ class ProxyService:
         out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        chat = req.is_chat
         acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
         usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
@@ -582,7 +568,7 @@ class ProxyService:
                     usage = chunk
                     continue
                 for choice in chunk.get("choices") or []:
-                    acc.setdefault(choice.get("index", 0), StreamedChoice(chat)).add(choice)
+                    acc.setdefault(choice.get("index", 0), StreamedChoice(req.shape)).add(choice)
                     # A choice finishes once, in our last chunk (which carries the uncertainty):
                     # a client that stops at the first finish_reason would never see it.
                     choice["finish_reason"] = None
@@ -627,7 +613,7 @@ class ProxyService:
                 settings.policy,
                 include_tokens=req.wants_logprobs,
                 source="upstream",
-                prompt_format="chat" if chat else "text",
+                prompt_format=req.prompt_format("chat"),
             )
         except LogprobError as exc:
             yield R.sse(R.error_body(str(exc), "upstream_error"))
@@ -635,14 +621,7 @@ class ProxyService:
         out.extend(records)
         base = {k: last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
-            c = {
-                "index": i,
-                "logprobs": None,
-                "finish_reason": finish,
-                "uncertainty": rec.to_json(),
-            }
-            c.update(last_piece(chat))
-            yield R.sse({**base, "choices": [c]})
+            yield R.sse({**base, "choices": [req.shape.last(i, finish, rec)]})
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
@@ -672,16 +651,6 @@ async def idle_bounded(response: httpx.Response, idle: float, upstream: str) -> 
             ) from None
         first = False
         yield line
-
-
-def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:
-    """``(token, log-prob)`` of a streamed chunk, in the chat or the completions shape."""
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return []
-    if isinstance(lp.get("content"), list):
-        return [(e.get("token", ""), e.get("logprob")) for e in lp["content"]]
-    return list(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))
 
 
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
@@ -724,27 +693,21 @@ def _decorate(
     rec: Uncertainty,
     text: str,
     finish: Any,
-    *,
-    chat: bool,
-    keep_logprobs: bool,
+    req: CompletionRequest | ChatCompletionRequest,
 ) -> None:
     choice["uncertainty"] = rec.to_json()
     choice["finish_reason"] = finish
-    if chat:
-        if isinstance(choice.get("message"), dict):
-            choice["message"]["content"] = text
-    else:
-        choice["text"] = text
-    if not keep_logprobs or rec.refused:
+    req.shape.set_text(choice, text)
+    if not req.wants_logprobs or rec.refused:
         choice["logprobs"] = None
 
 
-def _as_own_body(data: dict[str, Any], chat: bool) -> dict[str, Any]:
+def _as_own_body(data: dict[str, Any], shape: Shape) -> dict[str, Any]:
     """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
     import time
 
     return {
-        "id": data.get("id") or R.new_id("chatcmpl" if chat else "cmpl"),
+        "id": data.get("id") or shape.new_id(),
         "created": data.get("created") or int(time.time()),
         "model": data.get("model"),
         "choices": data["choices"],
