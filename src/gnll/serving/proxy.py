@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,8 @@ from gnll.uncertainty import Uncertainty
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
 
+log = logging.getLogger("gnll.serve")
+
 #: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
 #: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
 NO_STREAM_USAGE = frozenset({"llama-cpp-python", "generic"})
@@ -75,6 +78,8 @@ class ProxyService:
         Bearer token for the upstream (not the proxy's own ``--api-key``).
     timeout:
         Seconds per upstream request (504 past it).
+    idle_timeout:
+        Seconds an upstream stream may send nothing once it has begun (at most ``timeout``).
     server:
         A profile name of :data:`gnll.backends.openai.servers.PROFILES`, or ``"auto"`` to recognise
         the upstream from its ``/v1/models`` answer.
@@ -90,6 +95,7 @@ class ProxyService:
         timeout: float = 120.0,
         server: str = "auto",
         reasoning: str | None = None,
+        idle_timeout: float = 30.0,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ParameterError(
@@ -98,6 +104,9 @@ class ProxyService:
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
+        #: Seconds a stream may stay silent after its first chunk (an upstream whose engine died
+        #: with the connection open sends nothing): the stream then ends in an error event.
+        self.idle_timeout = min(float(idle_timeout), self.timeout)
         self.server = server
         #: The upstream model's reasoning format (``think``, ``harmony``, ``marker:TEXT``) when
         #: its server runs no reasoning parser; with one, reasoning is recognised on its own.
@@ -152,9 +161,17 @@ class ProxyService:
             follow_redirects=False,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-        # The upstream may come up later; requests say so with a 502 until then.
-        with contextlib.suppress(HTTPError):
+        # The upstream may come up later; requests say so with a 502 until then. Said once now,
+        # so that a mistyped --upstream shows at start rather than on the first request.
+        try:
             await self._detect()
+        except HTTPError as exc:
+            log.warning(
+                "the upstream %s is not reachable yet (%s): requests get a 502 and /health a 503 "
+                "until it is",
+                self.upstream,
+                exc.message,
+            )
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -407,8 +424,11 @@ class ProxyService:
         profile = self.profile
         if profile is not None and profile.name not in NO_STREAM_USAGE:
             # A stream that runs to its end then carries the upstream's usage, as its whole
-            # response would; one cut at the decision has none (the upstream never counted it).
+            # response would. One cut at the decision counts the tokens received; vLLM's running
+            # usage in every chunk gives its prompt's tokens too.
             streamed["stream_options"] = {"include_usage": True}
+            if profile.name == "vllm":
+                streamed["stream_options"]["continuous_usage_stats"] = True
         response = await self._send("POST", path, streamed, stream=True)
         acc, last = StreamedChoice(req.shape), {}
         usage: Any = None
@@ -416,7 +436,7 @@ class ProxyService:
         lps: list[float] = []
         seen = 0  # tokens received, trace included
         try:
-            async for line in response.aiter_lines():
+            async for line in idle_bounded(response, self.idle_timeout, self.upstream):
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -450,6 +470,8 @@ class ProxyService:
                         rule.release([lp])
                 if rule.decided:
                     break  # closing the response below disconnects from the upstream
+        except UpstreamIdle as exc:
+            raise HTTPError(502, str(exc), "upstream_timeout") from None
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             raise HTTPError(502, f"upstream stream broke off: {exc}", "upstream_error") from None
         finally:
@@ -483,7 +505,15 @@ class ProxyService:
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
         whole.update(req.shape.whole_choice(text))
-        return {**base, "choices": [whole]}, answer
+        # What was generated until the cut (the trace's tokens included), for clients that bill
+        # per token; the prompt's count only where the upstream said it (vLLM), else null.
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        cut_usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": seen,
+            "total_tokens": None if prompt_tokens is None else int(prompt_tokens) + seen,
+        }
+        return {**base, "usage": cut_usage, "choices": [whole]}, answer
 
     def _answer(
         self,
@@ -522,7 +552,7 @@ class ProxyService:
         usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
         finished = False
         try:
-            async for line in response.aiter_lines():
+            async for line in idle_bounded(response, self.idle_timeout, self.upstream):
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -546,6 +576,9 @@ class ProxyService:
                         choice["logprobs"] = None
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
                 yield R.sse(chunk)
+        except UpstreamIdle as exc:
+            yield R.sse(R.error_body(str(exc), "upstream_timeout"))
+            return
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             yield R.sse(R.error_body(f"upstream stream broke off: {exc}", "upstream_error"))
             return
@@ -592,6 +625,32 @@ class ProxyService:
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
+
+
+class UpstreamIdle(Exception):
+    """An upstream stream that went silent for longer than the idle timeout."""
+
+
+async def idle_bounded(response: httpx.Response, idle: float, upstream: str) -> AsyncIterator[str]:
+    """The lines of a streamed upstream response; after the first, each must come within ``idle``
+    seconds (:class:`UpstreamIdle` otherwise). The first may take the request's whole timeout:
+    an upstream may queue a request before it answers."""
+    import asyncio
+
+    lines = response.aiter_lines()
+    first = True
+    while True:
+        try:
+            line = await (anext(lines) if first else asyncio.wait_for(anext(lines), idle))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise UpstreamIdle(
+                f"upstream {upstream} sent nothing for {idle:g} s in the middle of a stream "
+                "(--upstream_idle_timeout): its engine may have stopped with the connection open"
+            ) from None
+        first = False
+        yield line
 
 
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:

@@ -292,9 +292,9 @@ class Shape(ABC):
         (a record, or its JSON)."""
 
     @abstractmethod
-    def piece_logprobs(self, answer: Answer, offset: int) -> dict[str, Any]:
-        """The log-probs of a streamed piece (``answer``: its tokens), text offsets from
-        ``offset``."""
+    def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:
+        """The log-probs of a streamed piece (``answer``: its tokens, and their alternatives when
+        ``top``), text offsets from ``offset``."""
 
     # -- bodies read and edited (gnll's own or an upstream's) --------------------------------
     @abstractmethod
