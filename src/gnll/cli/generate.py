@@ -119,9 +119,9 @@ def generate(
     from gnll.cli._args import clusterer_kwargs, model_kwargs
     from gnll.cli.ask import _calibration
     from gnll.cli.score import check_files
-    from gnll.scoring import ScoreJob
     from gnll.scoring.asking import AskOptionError, check_ask_options
     from gnll.scoring.generating import AskOptions, run_generate_job
+    from gnll.scoring.stream import build_score_job
 
     console = Console(stderr=True)
 
@@ -158,7 +158,8 @@ def generate(
         from gnll.semantic import load_clusterer
 
         clusterer_obj = load_clusterer(clusterer, **clusterer_kwargs(clusterer, clusterer_args))
-    job = ScoreJob(
+    # the one job site of gnll score (its checks and defaults); the calibration is the answers'
+    job = build_score_job(
         input=input,
         output=output,
         input_format=in_fmt,
