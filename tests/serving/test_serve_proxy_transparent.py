@@ -273,3 +273,59 @@ def test_access_log_has_no_answered_by_without_escalation(caplog):
     finally:
         px.__exit__(None, None, None)
         up.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------- a silent or a dead upstream
+def stalling_upstream() -> FastAPI:
+    """Sends the first chunk of a stream, then nothing with the connection open (vLLM's engine
+    dead behind a live HTTP server)."""
+    import asyncio
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "small", "owned_by": "vllm"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        async def events():
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None,
+            }
+            yield f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'choices': [first]})}\n\n"
+            await asyncio.sleep(20)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def test_a_silent_upstream_stream_ends_in_an_error_naming_it():
+    with ServerThread(stalling_upstream()) as up:
+        settings = ServeSettings(upstream_idle_timeout=0.5)
+        with ServerThread(build_proxy_app(up.url + "/v1", settings)) as px:
+            r = chat(px, stream=True)
+    events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+    error = events[-1]["error"]
+    assert up.url in error["message"] and "--upstream_idle_timeout" in error["message"]
+    assert "data: [DONE]" not in r.text
+
+
+def test_a_dead_upstream_is_said_at_start():
+    import logging
+
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = said.append  # type: ignore[method-assign]
+    logger = logging.getLogger("gnll.serve")
+    logger.addHandler(handler)
+    try:
+        with ServerThread(build_proxy_app("http://127.0.0.1:9/v1", ServeSettings())):
+            pass
+    finally:
+        logger.removeHandler(handler)
+    messages = [r.getMessage() for r in said]
+    assert any("http://127.0.0.1:9/v1 is not reachable yet" in m for m in messages), messages

@@ -195,6 +195,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    upstream_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--upstream_idle_timeout",
+            "--upstream-idle-timeout",
+            help="Seconds an upstream stream may send nothing once it has begun; past it the "
+            "stream ends in an error event naming the upstream.",
+        ),
+    ] = 30.0,
     reasoning: Annotated[
         str | None,
         typer.Option(
@@ -256,6 +265,7 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            upstream_idle_timeout=upstream_idle_timeout,
             prompt_format=prompt_format,
             tracing=tracing,
             early=early,
