@@ -58,6 +58,8 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
             "instruction": BRIEF_SHORT,
             "stop": STOP,
             "max_tokens": 50,
+            # the routes that answer with uncertainty (the page asks the first)
+            "apis": ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"],
         }
 
     @app.post("/ui/api/judge")

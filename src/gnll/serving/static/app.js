@@ -55,6 +55,8 @@ async function init() {
     state.config = await getJSON("/ui/api/config");
     const c = state.config;
     $("server-info").textContent = `${c.model} · ${c.mode === "proxy" ? "proxy to " + c.upstream : "in-process"} · policy ${c.policy.policy}`;
+    // Every API the server answers with uncertainty (chat, completions, Responses, Messages).
+    $("server-info").title = `Answers with uncertainty on ${c.apis.join(", ")}`;
     // The rule in use, before any answer: what "abstain" will mean on this server.
     $("rule").textContent = c.policy.policy === "annotate"
       ? "No policy: every answer is sent as it is, with its uncertainty (gnll serve --policy sets one)."
