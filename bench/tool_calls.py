@@ -41,6 +41,7 @@ import random
 import re
 import sys
 import time
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,7 @@ _OPS = {
 
 
 def tasks(limit: int) -> list[dict[str, Any]]:
-    """The task set: ``limit`` of each kind, in a fixed order."""
+    """The task set: ``limit`` of each kind, in a fixed order, the kinds interleaved."""
     trivia, _ = load_dataset("triviaqa", source="embedded")
     svamp, _ = load_dataset("svamp", source="embedded")
     out: list[dict[str, Any]] = []
@@ -156,7 +157,11 @@ def tasks(limit: int) -> list[dict[str, Any]]:
                 "gold": {"value": v, "from_unit": src, "to_unit": dst},
             }
         )
-    return out
+    # interleaved (lookup, calculator, convert, lookup, ...): a partial run covers every kind
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for t in out:
+        kinds.setdefault(t["kind"], []).append(t)
+    return [t for group in zip_longest(*kinds.values()) for t in group if t is not None]
 
 
 def is_right(task: dict[str, Any], name: str, args: dict[str, Any]) -> bool:
@@ -272,7 +277,7 @@ def report(path: Path) -> dict[str, Any]:
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         by_kind.setdefault(r["kind"], []).append(r)
-    mixed = [r for group in zip(*by_kind.values(), strict=False) for r in group]
+    mixed = [r for group in zip_longest(*by_kind.values()) for r in group if r is not None]
     called = [r for r in mixed if r.get("name") is not None]
     out: dict[str, Any] = {
         "tasks": len(rows),

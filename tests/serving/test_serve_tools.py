@@ -12,9 +12,9 @@ import pytest
 from serve_helpers import ScriptedModel
 
 from gnll.backends.base import Generation
+from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.serving.uncertainty import AbstentionPolicy
 
 TOOLS = [
     {

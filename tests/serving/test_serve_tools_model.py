@@ -12,9 +12,9 @@ import openai
 import pytest
 
 from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt
+from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.serving.uncertainty import AbstentionPolicy
 from gnll.toolcalls import call_grammar, tool_system_prompt
 
 pytestmark = pytest.mark.model

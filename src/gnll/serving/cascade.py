@@ -33,18 +33,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gnll.backends.openai.parse import logprob_pairs
 from gnll.measures import LogprobError
+from gnll.policy import AbstentionPolicy, Answer, escalated, kept
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Answer, Reply, error_body, sse, stream_error
+from gnll.serving.responses import Reply, error_body, sse, stream_error
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
-from gnll.serving.uncertainty import AbstentionPolicy
-from gnll.uncertainty import LocalAnswer, Uncertainty
+from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
@@ -125,13 +126,13 @@ class CascadeService:
         body = reply.body
         local_name = self.local.model_name or ""
         if not any(r.abstain for r in reply.records):
-            kept = [
-                r.model_copy(update={"answered_by": local_name, "escalated": False})
-                for r in reply.records
-            ]
-            return self._finish(req, body, kept, reply.prompt)
+            return self._finish(req, body, kept(reply.records, local_name), reply.prompt)
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
+        bound, _ = settings.token_bounds(self.local.mode)
+        if req.max_tokens_requested() is None and bound is not None:
+            # The larger model answers within the bound the local answer had (gnll's default).
+            up_req = up_req.model_copy(update={"max_tokens": bound})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         chunks: AsyncGenerator[str, None] | None = None
         first: str | None = None
@@ -151,18 +152,21 @@ class CascadeService:
             return self._fallback(req, body, reply, self._named(said))
         model = up.body.get("model") if up.body is not None else _chunk_model(first)
         up_name = model or self.upstream_model or self.upstream.model_name
-        local = LocalAnswer.model_validate(
-            reply.records[0].to_json()
-            | {"text": req.choice_text(body["choices"][0]), "model": local_name}
-        )
-        update = {"answered_by": up_name, "escalated": True, "local": local}
+        def answered(records: list[Uncertainty]) -> list[Uncertainty]:
+            return escalated(
+                records,
+                answered_by=up_name,
+                local=reply.records[0],
+                local_text=req.shape.text_of(body["choices"][0]),
+                local_model=local_name,
+            )
+
         if chunks is None:
             assert up.body is not None, "a request that is not streamed has a body"
-            escalated = [r.model_copy(update=update) for r in up.records]
-            return self._finish(req, up.body, escalated, reply.prompt)
+            return self._finish(req, up.body, answered(up.records), reply.prompt)
         assert first is not None
         records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
-        stream = self._live(first, chunks, up.records, update, records)
+        stream = self._live(first, chunks, up.records, answered, records)
         return Reply(
             body=None,
             records=records,
@@ -180,13 +184,8 @@ class CascadeService:
     ) -> Reply:
         """The local answer, after a failed escalation (``escalation_error`` says why)."""
         log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
-        update = {
-            "answered_by": self.local.model_name or "",
-            "escalated": False,
-            "escalation_error": message,
-        }
-        kept = [r.model_copy(update=update) for r in reply.records]
-        return self._finish(req, body, kept, reply.prompt)
+        records = kept(reply.records, self.local.model_name or "", message)
+        return self._finish(req, body, records, reply.prompt)
 
     def _named(self, message: str) -> str:
         """``message``, naming the upstream unless it does already."""
@@ -198,7 +197,7 @@ class CascadeService:
         first: str,
         chunks: AsyncGenerator[str, None],
         up_records: list[Uncertainty],
-        update: dict[str, Any],
+        answered: Callable[[list[Uncertainty]], list[Uncertainty]],
         out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """The upstream's stream as it comes, each choice's record in its last chunk made the
@@ -220,7 +219,7 @@ class CascadeService:
                 if '"uncertainty"' in chunk and chunk.startswith("data: {"):
                     # The proxy fills its records just before it sends the chunks that carry them.
                     if not out:
-                        out.extend(r.model_copy(update=update) for r in up_records)
+                        out.extend(answered(up_records))
                     data = json.loads(chunk[6:])
                     for c in data.get("choices") or []:
                         if "uncertainty" in c:
@@ -244,7 +243,7 @@ class CascadeService:
             # A streamed request is replayed exactly as any finished answer is (one shape for every
             # policy: a usage chunk only when ``include_usage`` asks for it).
             answers = [_answer_of(c, req) for c in body["choices"]]
-            stream = stream_chunks(body, answers, chat=req.is_chat, include_usage=req.include_usage)
+            stream = stream_chunks(body, answers, req.shape, req.include_usage)
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=prompt
         )
@@ -276,11 +275,6 @@ def _chunk_model(chunk: str | None) -> str | None:
 def _answer_of(choice: dict[str, Any], req: CompletionRequest | ChatCompletionRequest) -> Answer:
     """A finished choice as an :class:`Answer`, with the tokens its ``logprobs`` list (when the
     request asked for them), so that a replayed stream carries them piece by piece."""
-    lp = choice.get("logprobs") or {}
-    if req.is_chat:
-        content = lp.get("content") or []
-        tokens = [e["token"] for e in content]
-        lps = [e["logprob"] for e in content]
-    else:
-        tokens, lps = list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])
-    return Answer(req.choice_text(choice), choice.get("finish_reason"), tokens, lps)
+    pairs = logprob_pairs(choice.get("logprobs"))
+    tokens, lps = [t for t, _ in pairs], [lp for _, lp in pairs]
+    return Answer(req.shape.text_of(choice), choice.get("finish_reason"), tokens, lps)

@@ -34,7 +34,10 @@ import anyio
 
 from gnll.backends.base import ChatPrompt
 from gnll.backends.constrained import ConstrainedGeneration, ConstrainedModel
+from gnll.policy import AbstentionPolicy, Answer, annotate
 from gnll.serving.errors import RequestError
+from gnll.serving.protocol.chat import ChatShape
+from gnll.serving.protocol.common import Usage, new_id
 from gnll.serving.protocol.tools import (
     ResponseFormat,
     ToolRequest,
@@ -42,8 +45,7 @@ from gnll.serving.protocol.tools import (
     tool_call_deltas,
     tool_call_message,
 )
-from gnll.serving.responses import Answer, Reply, new_id, sse
-from gnll.serving.uncertainty import AbstentionPolicy, annotate
+from gnll.serving.responses import Reply, sse
 from gnll.toolcalls import (
     call_grammar,
     call_report,
@@ -319,10 +321,12 @@ def _reply(
     record: Uncertainty,
     prompt: str,
 ) -> Reply:
-    from gnll.serving import responses as R
-
     n_prompt = service.prompt_tokens(prompt, False)
-    lp = R.chat_logprobs(answer, 0) if req.wants_logprobs and not record.refused else None
+    lp = (
+        ChatShape.logprobs(answer, 0).model_dump()
+        if req.wants_logprobs and not record.refused
+        else None
+    )
     body = {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
@@ -337,7 +341,7 @@ def _reply(
                 "uncertainty": record.to_json(),
             }
         ],
-        "usage": R.usage(n_prompt, [answer]),
+        "usage": Usage.of(n_prompt, [answer]).model_dump(),
     }
     stream = _replay(body, req.include_usage) if req.stream else None
     return Reply(body=body, records=[record], stream=stream, prompt=prompt)
