@@ -182,16 +182,31 @@ def _run_significance(results_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return significance
 
 
-def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note: str) -> list[str]:
-    """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric."""
+def _per_task(
+    results_list: Sequence[dict[str, Any]],
+    key: str,
+    title: str,
+    note: str,
+    mark: tuple[str, str] | None = None,
+) -> list[str]:
+    """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric.
+
+    ``mark``: (a measure's boolean field, a sign) appended to the cells whose field is true.
+    """
     out = ["", f"## {title}", "", note, ""]
     columns = _columns(results_list)
     out += header(["Model", "Task", "Metric", "n", "Acc."], columns)
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m].get(key) for m in ms}  # runs recorded before PRR lack it
-        cells = _task_cells(res, task, metric, mres)
-        out.append("| " + " | ".join(cells + row_cells(values, None, False, columns)) + " |")
+        cells = row_cells(values, None, False, columns)
+        if mark is not None:
+            field, sign = mark
+            cells = [
+                c + sign if m in ms and ms[m].get(field) and c != "–" else c
+                for m, c in zip(columns, cells, strict=True)
+            ]
+        out.append("| " + " | ".join(_task_cells(res, task, metric, mres) + cells) + " |")
     return out
 
 
@@ -219,7 +234,33 @@ def _prr(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -
         "(PRR − random) / (oracle − random), 1 for the oracle ranking, 0 for a random one "
         "(`results.json` also has `prr`, `prr_0.5` and `prr_0.5_normalized`)."
     )
-    return _per_task(results_list, "prr_normalized", "Normalised PRR (↑, LM-Polygraph's)", note)
+    note += (
+        " **†**: the measure has tied scores across right and wrong answers (D-SE's few distinct "
+        "values, for instance), and LM-Polygraph breaks such ties by the order of the records, so "
+        "this number changes when the same answers come in another order; the next table is "
+        "order-invariant."
+    )
+    out = _per_task(
+        results_list,
+        "prr_normalized",
+        "Normalised PRR (↑, LM-Polygraph's)",
+        note,
+        mark=("prr_order_dependent", "†"),
+    )
+    if not any(
+        "prr_normalized_tie_averaged" in v
+        for _r, _t, _tr, _m, mres in iter_rows(results_list)
+        for v in mres["measures"].values()
+    ):
+        return out  # a run recorded before the tie-averaged PRR
+    tied = (
+        "gnll's companion, not LM-Polygraph's: the same normalised PRR with tied scores at their "
+        "expected value (the mean over every order of the records) and the exact random "
+        "baseline, so the same answers give the same number in any order; equal to the one "
+        "above, up to the random baseline's estimate, for a measure without †."
+    )
+    title = "Normalised PRR, ties averaged (↑, order-invariant)"
+    return out + _per_task(results_list, "prr_normalized_tie_averaged", title, tied)
 
 
 def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str:
