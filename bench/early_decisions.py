@@ -86,8 +86,8 @@ def main() -> None:
     from gnll import GenerationConfig, load_model
     from gnll.evaluation.data.tasks import get_task
     from gnll.measures import g_nll
+    from gnll.policy import AbstentionPolicy
     from gnll.serving.engine import BatchingEngine
-    from gnll.serving.uncertainty import AbstentionPolicy
 
     n = args.n or (6 if args.quick else 200)
     td = get_task(args.task).load(data_dir=args.data_dir)
@@ -183,7 +183,7 @@ def merge(args: Any) -> None:
     """Shards run side by side (``--start``) on a shared machine, combined into one result."""
     import json
 
-    from gnll.serving.uncertainty import AbstentionPolicy
+    from gnll.policy import AbstentionPolicy
 
     shards = [json.loads(Path(f).read_text()) for f in args.merge]
     rows = sorted((r for sh in shards for r in sh["per_question"]), key=lambda r: r["question"])

@@ -5,15 +5,15 @@
 #   bash scripts/test.sh --fast     lint and the fast tier only (no weights, servers, browser, subprocesses)
 #   bash scripts/test.sh [--fast] tests/serving -k proxy     extra arguments go to every pytest run
 #
-# The tiers are pytest markers (tests/tiers.py): model, server, browser, e2e; the fast tier is the tests
-# with none of them. The fast tier runs first, so that a failure there stops the run in minutes; the
-# browser and llama.cpp server the slow tiers need are installed meanwhile. GNLL_TEST_NO_INSTALL=1 skips
+# The tiers are pytest markers (tests/tiers.py): model, server, vllm, browser, e2e, integration; the fast
+# tier is the tests with none of them. The fast tier runs first, so that a failure there stops the run
+# in minutes; the browser, llama.cpp server and vLLM the slow tiers need are installed meanwhile. GNLL_TEST_NO_INSTALL=1 skips
 # every install step (for a machine that has them already).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-FAST_TIER="not (model or server or browser or e2e or integration)"
-SLOW_TIERS="model or server or browser or e2e or integration"
+FAST_TIER="not (model or server or vllm or browser or e2e or integration)"
+SLOW_TIERS="model or server or vllm or browser or e2e or integration"
 fast_only=0
 if [ "${1:-}" = "--fast" ]; then
     fast_only=1
@@ -37,8 +37,11 @@ install_python() {
 # chosen explicitly.
 LLAMA_CPP_PYTHON=0.3.36
 install_servers() {
-    local sudo
+    local sudo vllm_pid
     sudo=$(command -v sudo || true)
+    # The vllm tier's vLLM (its CPU build, in a venv of its own: scripts/vllm_venv.sh), meanwhile.
+    bash scripts/vllm_venv.sh &
+    vllm_pid=$!
     if [ ! -x /usr/bin/chromium ] || ! command -v g++ >/dev/null; then
         $sudo apt-get update -qq
         # scikit-build-core fetches cmake/ninja itself, not a compiler
@@ -48,6 +51,7 @@ install_servers() {
         CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF" \
             python -m pip install -q -c constraints.txt "llama-cpp-python[server]==$LLAMA_CPP_PYTHON"
     fi
+    wait "$vllm_pid"
 }
 
 # pytest "$@", its output also kept in $logs/$1.log; exit 5 (nothing selected: a path with no test of
@@ -112,10 +116,10 @@ fi
 waited=$SECONDS
 if [ -n "${servers_pid:-}" ] && ! wait "$servers_pid"; then
     cat "$logs/install-servers.out"
-    echo "== installing Chromium or building llama.cpp failed (above)"
+    echo "== installing Chromium, building llama.cpp or installing vLLM failed (above)"
     exit 1
 fi
-echo "== waiting for Chromium and llama.cpp: $((SECONDS - waited)) s" | tee -a "$logs/times"
+echo "== waiting for Chromium, llama.cpp and vLLM: $((SECONDS - waited)) s" | tee -a "$logs/times"
 # The slow tiers on two workers; worksteal keeps a file's tests together (its fixtures load once)
 # until one worker runs dry and takes over half of the other's remaining tests.
 run_tier slow -m "$SLOW_TIERS" -n 2 --dist worksteal --durations=25 "$@" || status=$?

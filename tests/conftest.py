@@ -170,6 +170,43 @@ def llama_server(gguf):
         yield server
 
 
+# The real vLLM server (vLLM's CPU build in its own venv, tests/vllm_helpers.py) on gnll's converted
+# embedded SmolLM2: one for the whole run, shared by the xdist workers, stopped by the run's owner.
+def _vllm_root(config: pytest.Config) -> Path | None:
+    """The directory the run's processes share (the controller's basetemp; workers' is below it);
+    None if the run never made one (nothing was started there). ``GNLL_TEST_VLLM_ROOT`` names one
+    that outlives the run (a developer's: the servers there are reused and left running)."""
+    if os.environ.get("GNLL_TEST_VLLM_ROOT"):
+        return Path(os.environ["GNLL_TEST_VLLM_ROOT"])
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        return None
+    if hasattr(config, "workerinput"):
+        return factory.getbasetemp().parent / "vllm-servers"
+    base = getattr(factory, "_basetemp", None)
+    return None if base is None else base / "vllm-servers"
+
+
+@pytest.fixture(scope="session")
+def vllm_server(request, tmp_path_factory):
+    """The run's vLLM server (:class:`vllm_helpers.RunningVllm`): ``base_url``, ``model``,
+    ``log()``, ``metrics()``, ``aborted()``. Started on first use (about two minutes)."""
+    from vllm_helpers import shared_server
+
+    tmp_path_factory.getbasetemp()  # the run's shared directory exists from here on
+    return shared_server(_vllm_root(request.config))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput") or os.environ.get("GNLL_TEST_VLLM_ROOT"):
+        return  # a worker: the controller stops the shared servers once every worker is done
+    root = _vllm_root(session.config)
+    if root is not None:
+        from vllm_helpers import stop_shared
+
+        stop_shared(root)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray cluster for the whole session (2 CPUs, loopback, no dashboard), shut down at the

@@ -28,6 +28,11 @@ CONFTEST = textwrap.dedent(
     @pytest.fixture(scope="session")
     def smollm():
         return "not a model: only the fixture's name counts"
+
+
+    @pytest.fixture(scope="session")
+    def vllm_server():
+        return "not a server: only the fixture's name counts"
     """
 )
 
@@ -62,7 +67,7 @@ def run(transformers_imported, pytester: pytest.Pytester):
     """Run ``source`` as an inner test file; return its outcomes and its output."""
     pytester.makeconftest(CONFTEST)
     pytester.makeini(
-        "[pytest]\nmarkers =\n    model: m\n    server: s\n    browser: b\n    e2e: e\n"
+        "[pytest]\nmarkers =\n    model: m\n    server: s\n    vllm: v\n    browser: b\n    e2e: e\n"
     )
 
     def run(source: str) -> tuple[dict[str, int], str]:
@@ -169,6 +174,28 @@ def test_requesting_a_real_model_fixture_needs_the_model_marker(run):
     )
     assert outcomes == {"passed": 1, "errors": 1}, out
     assert "test_unmarked requests the real-model fixture 'smollm'" in out
+
+
+def test_the_vllm_server_fixture_needs_the_vllm_marker(run):
+    """The run's real vLLM server costs minutes to start: only the vllm tier may ask for it (the
+    server or model markers are not enough)."""
+    outcomes, out = run(
+        """
+        import pytest
+
+        @pytest.mark.server
+        @pytest.mark.model
+        def test_unmarked(vllm_server):
+            pass
+
+        @pytest.mark.vllm
+        def test_marked(vllm_server):
+            pass
+        """
+    )
+    assert outcomes == {"passed": 1, "errors": 1}, out
+    assert "test_unmarked requests the real vLLM server fixture 'vllm_server'" in out
+    assert "not marked @pytest.mark.vllm" in out
 
 
 def test_starting_a_python_process_needs_a_process_marker(run):

@@ -6,14 +6,16 @@ marker     the test ...
 =========  ==================================================================================
 model      loads real model weights in the test process (the embedded models, MiniLM, ...)
 server     starts a server process (llama.cpp's server, ``gnll serve``)
+vllm       uses the run's real vLLM server (``vllm_server``: vLLM's CPU build on the embedded
+           SmolLM2, started once per run from its own venv, tests/vllm_helpers.py)
 browser    drives a headless browser (Chromium through Playwright)
 e2e        runs gnll or Python in a subprocess (CLI runs, bench scripts, kill -9 and resume)
 integr...  imports a framework of gnll.integrations (LangChain, LiteLLM, DSPy, LlamaIndex);
            the marker is ``integration``
 =========  ==================================================================================
 
-The fast tier is every test without one of these markers (``-m "not (model or server or browser
-or e2e or integration)"``, what ``scripts/test.sh --fast`` runs). It may build tiny random-weight models in
+The fast tier is every test without one of these markers (``-m "not (model or server or vllm or
+browser or e2e or integration)"``, what ``scripts/test.sh --fast`` runs). It may build tiny random-weight models in
 memory or under pytest's temporary directory, but never loads a real checkpoint and never starts
 a process. The guard holds every test to that: during a test without ``model``, loading weights
 through transformers (other than a checkpoint the test saved under pytest's temporary directory),
@@ -37,7 +39,7 @@ from typing import Any
 
 import pytest
 
-TIERS = ("model", "server", "browser", "e2e", "integration")  # registered in pyproject.toml
+TIERS = ("model", "server", "vllm", "browser", "e2e", "integration")  # registered in pyproject.toml
 
 # Session fixtures (tests/conftest.py) that hold real loaded models: requesting one is loading
 # weights, even when an earlier test of the session already paid for it.
@@ -51,6 +53,8 @@ WEIGHT_FIXTURES = frozenset(
         "gemma_generate_beams",
     }
 )
+# Session fixtures that start (or share) a real vLLM server: requesting one needs the vllm marker.
+VLLM_FIXTURES = frozenset({"vllm_server"})
 # Programs whose start costs seconds (an interpreter with torch, a server, a browser).
 HEAVY_PROGRAMS = ("python", "gnll", "llama", "node", "chrom", "playwright", "uvicorn")
 
@@ -136,7 +140,7 @@ def _guard_embedded(module: Any) -> None:
 
     @functools.wraps(original)
     def embedded_model_dir(spec: Any, *args: Any, **kwargs: Any) -> Path:
-        marker = _needs("model")
+        marker = _needs("model", "vllm")  # the vllm tier's server is started on it
         if marker:
             _violation(f"reaches the embedded model {getattr(spec, 'name', spec)!r}", marker)
         return original(spec, *args, **kwargs)
@@ -207,7 +211,7 @@ _popen_init = subprocess.Popen.__init__
 
 def _guarded_popen_init(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
     program = _program(args, kwargs.get("executable"))
-    marker = _needs("e2e", "server", "browser")
+    marker = _needs("e2e", "server", "browser", "vllm")
     if marker and (
         program == os.path.basename(sys.executable) or program.lower().startswith(HEAVY_PROGRAMS)
     ):
@@ -250,6 +254,10 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
         wanted = sorted(WEIGHT_FIXTURES.intersection(getattr(item, "fixturenames", ())))
         if wanted:
             _violation(f"requests the real-model fixture {wanted[0]!r}", "model")
+    if "vllm" not in now.marks:
+        wanted = sorted(VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        if wanted:
+            _violation(f"requests the real vLLM server fixture {wanted[0]!r}", "vllm")
     return result
 
 

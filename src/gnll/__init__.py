@@ -13,11 +13,13 @@ __version__ = "0.1.0"
 __all__ = [
     "AskResult",
     "Calibrator",
+    "Decision",
     "Evaluation",
     "Generation",
     "GenerationConfig",
     "Model",
     "ask",
+    "decide",
     "evaluate",
     "load_model",
     "measures",
@@ -37,6 +39,10 @@ def __getattr__(name: str):
         from gnll.scoring import asking
 
         return getattr(asking, name)
+    if name in ("decide", "Decision"):
+        from gnll.scoring import decisions
+
+        return getattr(decisions, name)
     if name in ("evaluate", "Evaluation"):
         from gnll.evaluation.run import simple
 

@@ -10,8 +10,8 @@ from fakes import ToyModel
 
 from gnll.backends.reasoning_model import ReasoningModel
 from gnll.calibration import CalibrationFormatError, calibrate_files
+from gnll.policy import AbstentionPolicy
 from gnll.scoring.stream import ScoreJob
-from gnll.serving.uncertainty import AbstentionPolicy
 
 
 def scored_file(path, reasoning: bool):

@@ -371,6 +371,10 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
             assert u["answered_by"] == "small" and u["escalated"] is w["escalated"] is False
             assert u["escalation_error"] and w["escalation_error"]
             assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6) and u["abstain"] is True
+        # Each answer was scored once, in the call hooks: the success-logging callback logged no
+        # ERROR (it scored again, after the log-probs were removed, and raised on every request).
+        log = (tmp_path / "litellm.log").read_text()
+        assert "LoggingError" not in log and "carries no log-probs" not in log, log[-3000:]
     finally:
         for srv in servers:
             srv.__exit__(None, None, None)

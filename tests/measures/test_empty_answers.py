@@ -198,7 +198,7 @@ def test_eval_refuses_sampling_logprobs_on_a_backend_without_them(tmp_path):
 
 
 def test_no_surface_reports_negative_zero():
-    from gnll.serving.uncertainty import AbstentionPolicy, uncertainty_record
+    from gnll.policy import AbstentionPolicy, uncertainty_record
 
     certain = Generation("a", [1], ["a"], [0.0], "eos")
     assert math.copysign(1.0, M.g_nll(certain)) == 1.0

@@ -13,8 +13,8 @@ import gnll
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.calibration import Calibrator
 from gnll.cli.main import app
+from gnll.policy import DEFAULT_REFUSAL
 from gnll.serving import AbstentionPolicy
-from gnll.serving.uncertainty import DEFAULT_REFUSAL
 from tests.scoring.test_api_ask import ScriptedModel
 
 runner = CliRunner()

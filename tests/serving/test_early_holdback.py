@@ -18,11 +18,14 @@ from hypothesis import strategies as st
 from gnll.backends.base import GenerationConfig
 from gnll.backends.hf.stopping import StopRules
 from gnll.measures import g_nll
+from gnll.policy import AbstentionPolicy
 from gnll.serving.engine import EarlyStop
 from gnll.serving.streams.live import HeldText
-from gnll.serving.uncertainty import AbstentionPolicy
 
-VOCAB = {0: "", 1: " a", 2: " b", 3: "Q", 4: "ue", 5: "st", 6: ":", 7: " Quest", 8: "\n", 9: " c"}
+VOCAB = {
+    **{0: "", 1: " a", 2: " b", 3: "Q", 4: "ue", 5: "st", 6: ":", 7: " Quest", 8: "\n", 9: " c"},
+    10: " ",  # held back (trailing white space) and released with the next token
+}
 EOS = 0
 STOP = ("Quest:", "\n")
 
@@ -56,7 +59,7 @@ def rules(tmp_path_factory):
 
 @st.composite
 def streams(draw):
-    ids = draw(st.lists(st.integers(0, 9), min_size=1, max_size=30))
+    ids = draw(st.lists(st.integers(0, 10), min_size=1, max_size=30))
     lps = [-draw(st.floats(0.0, 3.0)) for _ in ids]
     tau = draw(st.floats(0.0, 20.0))
     return ids, lps, tau
@@ -103,6 +106,26 @@ def test_early_stop_through_holdback_equals_the_backends_cut(rules, case):
         assert gen.token_logprobs == full.token_logprobs[: len(gen.token_ids)]
         assert policy.decide(g_nll(gen.measured_logprobs))[1]
         assert watch.facts()["tokens_saved"] == max_new - len(generated)
+        # One definition: the answer reported is the decision's, decided_at_token tokens long.
+        assert len(gen.token_ids) == watch.facts()["decided_at_token"]
+        assert g_nll(gen.measured_logprobs) == pytest.approx(watch.rule.decision.g_nll)
     else:
         # Nothing decided: the row ran to its natural end with the same tokens.
         assert generated == natural
+
+
+def test_a_held_whitespace_token_released_with_the_next_is_where_the_decision_falls(rules):
+    """The white-space token decides; the token released with it is not part of the decided answer
+    (in-process reported 47 tokens and their G-NLL for a decision at token 46)."""
+    tok = ToyTokenizer()
+    policy = AbstentionPolicy(mode="refuse", threshold=5.0)
+    watch = EarlyStop(
+        HeldText(tok.decode, rules.token_ids, rules.strings), policy.early_decision(), 30
+    )
+    assert not watch(1, -1.0)  # " a": G-NLL 1
+    assert not watch(10, -10.0)  # " ": held back, not released yet
+    assert watch(9, -0.5)  # " c" releases " " (G-NLL 11 > 5: decided there) and itself
+    gen = watch.generation()
+    assert watch.facts()["decided_at_token"] == 2
+    assert gen.token_ids == [1, 10] and gen.text == "a"
+    assert g_nll(gen.measured_logprobs) == pytest.approx(11.0)  # was 11.5, over three tokens

@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gnll._util.validation import ParameterError
 from gnll.calibration import Calibrator
 from gnll.measures import g_nll
 from gnll.measures.early import EarlyDecisionError
-from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.policy import AbstentionPolicy
 
 
 def _calibrator(method: str, **kw) -> Calibrator:
@@ -34,8 +35,10 @@ def test_policies_that_send_every_answer_are_refused(mode):
 
 
 def test_a_policy_without_a_threshold_is_refused():
-    with pytest.raises(EarlyDecisionError, match="threshold"):
-        AbstentionPolicy(mode="refuse").early_decision()
+    # refused when it is built (the policy checks itself), before an early decision is asked of it
+    with pytest.raises(ParameterError, match="needs calibrator or threshold") as caught:
+        AbstentionPolicy(mode="refuse")
+    assert caught.value.param == "mode"
 
 
 def test_non_monotone_calibrated_maps_are_refused_for_min_p_correct():

@@ -13,9 +13,9 @@ from serve_helpers import LONG, ScriptedModel, StreamingModel, ask, serve
 
 from gnll.measures import g_nll
 from gnll.measures.early import EarlyDecisionError
+from gnll.policy import DEFAULT_REFUSAL
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.serving.uncertainty import DEFAULT_REFUSAL
 
 
 def test_refused_answer_stops_at_the_decision_token_with_the_same_decision():

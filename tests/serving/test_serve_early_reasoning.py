@@ -17,10 +17,10 @@ from serve_helpers import LONG, THOUGHTS, ScriptedModel, Thinker, ask, serve
 from gnll.backends.base import GenerationConfig
 from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures import g_nll
+from gnll.policy import DEFAULT_REFUSAL
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.engine import BatchingEngine
 from gnll.serving.server import ServerThread
-from gnll.serving.uncertainty import DEFAULT_REFUSAL
 
 TRACE_TOKENS = len(THOUGHTS[0]) + 1  # the trace's tokens and the EOS that ended it
 

@@ -96,8 +96,7 @@ def test_an_answers_logprobs_are_validated_once(monkeypatch):
     """One served answer: its record, G-NLL, LN-G-NLL and spans read one checked value
     (:class:`gnll.measures.logprobs.ValidLogprobs`); the check itself runs once."""
     import gnll.measures.logprobs as L
-    from gnll.serving.responses import Answer
-    from gnll.serving.uncertainty import AbstentionPolicy, annotate
+    from gnll.policy import AbstentionPolicy, Answer, annotate
 
     calls = []
     check = L._validate

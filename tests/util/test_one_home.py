@@ -17,8 +17,8 @@ from gnll._util import jsonable
 from gnll.backends.base import ScoredAnswer
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import server_logprobs
+from gnll.policy import AbstentionPolicy, uncertainty_record
 from gnll.scoring.api import ScoringError, check_scored
-from gnll.serving.uncertainty import AbstentionPolicy, uncertainty_record
 
 
 def _scored(lps):

@@ -45,17 +45,17 @@ class ChatPrompt(str):
     (True, 3, [{'role': 'user', 'content': 'hi'}])
     """
 
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
 
-    def __new__(cls, text: str, messages: Sequence[dict[str, str]]) -> ChatPrompt:
+    def __new__(cls, text: str, messages: Sequence[dict[str, Any]]) -> ChatPrompt:
         if not messages:
             raise ValueError("a ChatPrompt needs at least one turn")
         obj = super().__new__(cls, text)
-        obj.messages = tuple(dict(m) for m in messages)
+        obj.messages = tuple(openai_turns(messages))
         return obj
 
     @classmethod
-    def of(cls, messages: Sequence[dict[str, str]]) -> ChatPrompt:
+    def of(cls, messages: Sequence[dict[str, Any]]) -> ChatPrompt:
         r"""Turns as a prompt whose plain text is their contents joined by blank lines (what a
         model without a chat template sees).
 
@@ -69,7 +69,19 @@ class ChatPrompt(str):
         return (ChatPrompt, (str(self), list(self.messages)))
 
 
-def chat_messages(prompt: str) -> list[dict[str, str]]:
+def openai_turns(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat turns as OpenAI and vLLM hand them to a chat template: the ``developer`` role (what
+    OpenAI's SDKs send for instructions) as ``system``; every other field (``tool_calls``,
+    ``tool_call_id``, ``name``) kept. Every renderer takes its turns through here, so one
+    conversation conditions the model the same way in-process, in ``gnll score`` and upstream.
+
+    >>> openai_turns([{"role": "developer", "content": "Be brief."}])
+    [{'role': 'system', 'content': 'Be brief.'}]
+    """
+    return [{**m, "role": "system"} if m.get("role") == "developer" else dict(m) for m in messages]
+
+
+def chat_messages(prompt: str) -> list[dict[str, Any]]:
     """The chat turns of ``prompt``: its own (:class:`ChatPrompt`) or the whole text as one user turn."""
     turns = getattr(prompt, "messages", None)
     if turns:

@@ -211,7 +211,8 @@ def error_boundary(command: Callable[..., Any]) -> Callable[..., Any]:
             line = f"error: {_message(exc)}"
             if hint:
                 line += f"\n  what to do: {hint}"
-            if not debug:
+            if not debug and code == EXIT_FAILURE:
+                # A usage error's one line is the whole story; a failure's traceback may not be.
                 line += "  (--debug shows the traceback)"
             typer.echo(safe_text(scrub(line, secrets)), err=True)
             raise typer.Exit(code) from None

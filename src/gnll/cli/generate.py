@@ -143,7 +143,7 @@ def generate(
     if ask_policy:  # checked before the model loads
         _check_policy(fail, policy, threshold, calibration, refusal)
     in_fmt, out_fmt, errors = check_files(
-        fail, input, output, input_format, errors, resume, overwrite
+        fail, input, output, input_format, errors, resume, overwrite, (("question",),)
     )
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))

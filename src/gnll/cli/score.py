@@ -47,12 +47,17 @@ def check_files(
     errors: Path | None,
     resume: bool,
     overwrite: bool = False,
+    required: tuple[tuple[str, ...], ...] = (),
 ) -> tuple[str, str, Path | None]:
     """The input and output formats and the errors file of a streaming job (``score``,
-    ``generate``); calls ``fail(message)`` for an unusable combination, or an output that would
-    destroy data (:func:`~gnll.scoring.output.check_output`), before the model loads."""
+    ``generate``); calls ``fail(message)`` for an unusable combination, an input whose header lacks
+    a ``required`` column, an output that would destroy data
+    (:func:`~gnll.scoring.output.check_output`) or that ``--resume`` would continue from another
+    input (:func:`~gnll.scoring.resume.check_same_input`), before the model loads."""
     from gnll._util.tabular import file_format
     from gnll.scoring.output import OutputExistsError, check_output
+    from gnll.scoring.resume import check_same_input
+    from gnll.scoring.rows import check_columns
 
     try:
         in_fmt = file_format(input, input_format)
@@ -78,6 +83,16 @@ def check_files(
         check_output(input, output, errors, out_fmt, resume=resume, overwrite=overwrite)
     except OutputExistsError as e:
         fail(str(e), e)
+    try:
+        check_columns(input, in_fmt, required)
+    except ValueError as e:
+        fail(str(e), e)
+    if resume and output != "-":
+        fields = [name for group in required for name in group]
+        try:
+            check_same_input(Path(output), out_fmt, input, in_fmt, fields)
+        except OutputExistsError as e:
+            fail(str(e), e)
     return in_fmt, out_fmt, errors
 
 
@@ -149,8 +164,10 @@ def score_command(
 
     console = Console(stderr=True)
     fail = usage_failer(console, debug)
+    from gnll.scoring.rows import SCORE_COLUMNS
+
     in_fmt, out_fmt, errors = check_files(
-        fail, input, output, input_format, errors, resume, overwrite
+        fail, input, output, input_format, errors, resume, overwrite, SCORE_COLUMNS
     )
     if engine not in ("local", "ray"):
         fail(f"--engine must be local or ray, got {engine!r}")

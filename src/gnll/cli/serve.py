@@ -87,7 +87,7 @@ def serve(
         typer.Option(
             "--calibration",
             help="A `gnll calibrate` file, or 'auto' (the one shipped for an embedded model): "
-            "p_correct and abstain.",
+            "p_correct and abstain; a `gnll calibrate --decisions` file calibrates /v1/decisions.",
         ),
     ] = None,
     threshold: Annotated[
@@ -160,11 +160,24 @@ def serve(
         ),
     ] = 30.0,
     max_tokens_limit: Annotated[
-        int, typer.Option("--max_tokens_limit", "--max-tokens-limit")
-    ] = 512,
+        int | None,
+        typer.Option(
+            "--max_tokens_limit",
+            "--max-tokens-limit",
+            help="The most max_tokens a request may ask for (a 400 above). Default: 512 "
+            "in-process; with --upstream the upstream's own limit.",
+        ),
+    ] = None,
     default_max_tokens: Annotated[
-        int, typer.Option("--default_max_tokens", "--default-max-tokens")
-    ] = 100,
+        int | None,
+        typer.Option(
+            "--default_max_tokens",
+            "--default-max-tokens",
+            help="max_tokens of a request that gives none (said in the X-Gnll-Default-Max-Tokens "
+            "header). Default: 100 in-process; with --upstream the request goes upstream "
+            "without one (the upstream's own default).",
+        ),
+    ] = None,
     max_batch_prompts: Annotated[
         int,
         typer.Option(
@@ -182,6 +195,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    upstream_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--upstream_idle_timeout",
+            "--upstream-idle-timeout",
+            help="Seconds an upstream stream may send nothing once it has begun; past it the "
+            "stream ends in an error event naming the upstream.",
+        ),
+    ] = 30.0,
     reasoning: Annotated[
         str | None,
         typer.Option(
@@ -215,6 +237,12 @@ def serve(
     from gnll.serving.server import configure_logging, listen, serve_forever
 
     with _option_errors():
+        decisions_cal = None
+        if calibration is not None and calibration != "auto":
+            from gnll.calibration.decisions import DecisionCalibration, is_decisions_calibration
+
+            if is_decisions_calibration(calibration):  # for /v1/decisions, not G-NLL answers
+                decisions_cal, calibration = DecisionCalibration.load(calibration), None
         if reasoning is not None:
             from gnll.backends.reasoning import reasoning_format
 
@@ -243,9 +271,11 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            upstream_idle_timeout=upstream_idle_timeout,
             prompt_format=prompt_format,
             tracing=tracing,
             early=early,
+            decisions_calibration=decisions_cal,
         )
         check_escalation(settings, escalate_to, upstream=upstream)
         if upstream:
@@ -294,9 +324,7 @@ def serve(
     auth = "bearer auth on" if settings.api_key else "no auth"
     typer.echo(
         f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
-        f"policy {pol.mode}; {pol.source}"
-        + _early_note(settings, proxy=bool(upstream))
-        + ")",
+        f"policy {pol.mode}; {pol.source}" + _early_note(settings, proxy=bool(upstream)) + ")",
         err=True,
     )
     if traced_to:

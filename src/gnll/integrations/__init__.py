@@ -15,6 +15,6 @@ any framework), each an optional extra: ``pip install "gnll[langchain]"`` (``[li
 
 None computes G-NLL itself: the framework's per-token log-probs are read into an OpenAI choice and
 scored by :class:`~gnll.integrations.core.AnswerScorer`, which goes through the same code as ``gnll
-serve --upstream`` (:func:`gnll.serving.proxy.choice_answer`, :func:`gnll.serving.uncertainty.annotate`):
+serve --upstream`` (:func:`gnll.serving.proxy.choice_answer`, :func:`gnll.policy.annotate`):
 the same answer gets the same ``uncertainty`` object, spans, ``p_correct`` and decision.
 """

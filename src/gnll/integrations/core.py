@@ -28,8 +28,8 @@ from typing import Any
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.servers import PROFILES
 from gnll.measures.logprobs import LogprobError
-from gnll.serving.proxy import choice_answer
-from gnll.serving.uncertainty import AbstentionPolicy, annotate, headers_for
+from gnll.policy import AbstentionPolicy, annotate, headers_for
+from gnll.policy.choices import choice_answer
 from gnll.uncertainty import Uncertainty
 
 __all__ = [
@@ -61,7 +61,7 @@ def make_policy(
     model: str | None = None,
     escalate: bool = False,
 ) -> AbstentionPolicy:
-    """An :class:`~gnll.serving.AbstentionPolicy` from ``gnll serve``'s options.
+    """An :class:`~gnll.policy.AbstentionPolicy` from ``gnll serve``'s options.
 
     ``policy``: ``"annotate"``, ``"flag"`` or ``"refuse"`` (or a ready policy, returned as is);
     ``calibration``: a ``gnll calibrate`` file, or ``"auto"`` with an embedded ``model``'s name;
@@ -82,14 +82,10 @@ def make_policy(
     kwargs: dict[str, Any] = {"mode": policy, "min_p_correct": min_p_correct, "rule": rule}
     if refusal is not None:
         kwargs["refusal"] = refusal
+    # The policy checks itself: a rule when it must decide, and not one that refuses everything.
     if calibration is not None:
-        out = AbstentionPolicy.from_calibration(calibration, model=model, **kwargs)
-    else:
-        out = AbstentionPolicy(threshold=threshold, **kwargs)
-    why = out.refuses_everything() if out.mode == "refuse" else None
-    if why:
-        raise ValueError(f"policy 'refuse' would refuse every answer: {why}")
-    return out
+        return AbstentionPolicy.from_calibration(calibration, model=model, **kwargs)
+    return AbstentionPolicy(threshold=threshold, **kwargs)
 
 
 def decoding_of(temperature: float | None) -> str:

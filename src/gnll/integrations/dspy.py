@@ -19,7 +19,7 @@ from typing import Any
 import dspy
 
 from gnll.integrations.core import AnswerScorer, make_policy
-from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.policy import AbstentionPolicy
 from gnll.spans import Segment, json_segments, span_nlls
 
 __all__ = ["FieldConfidence", "field_segment"]

@@ -31,7 +31,7 @@ from langchain_core.outputs import LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from gnll.integrations.core import AnswerScorer, Scored, decoding_of, make_policy
-from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["UncertaintyCallbackHandler", "UncertaintyRunnable", "with_uncertainty"]

@@ -38,7 +38,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from gnll.integrations.core import AnswerScorer, Scored, decoding_of, headers_for, make_policy
-from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import LocalAnswer, Uncertainty
 
 __all__ = ["UncertaintyHandler", "proxy_handler", "score_response"]
@@ -378,15 +378,27 @@ class UncertaintyHandler(CustomLogger):
         params = kwargs.get("optional_params") or {}
         if not params.get("logprobs") and not kwargs.get("logprobs"):
             return
+        choices = _get(response, "choices") or []
+        if choices and all(_get(c, "uncertainty") is not None for c in choices):
+            # Scored once already, by the proxy's call hooks (which then removed the log-probs
+            # the client did not ask for): record those numbers, never score a second time.
+            for c in choices:
+                self._record(Uncertainty.model_validate(_get(c, "uncertainty")), kwargs)
+            return
+        if choices and all(_get(c, "logprobs") is None for c in choices):
+            return  # the proxy's stream, reassembled without log-probs: scored in its hook
         for s in score_response(
             response,
             self.scorer,
             decoding=decoding_of(params.get("temperature")),
             stop=params.get("stop"),
         ):
-            self.records = [*self.records[-999:], s.uncertainty]
-            if self.on_uncertainty is not None:
-                self.on_uncertainty(s.uncertainty, kwargs)
+            self._record(s.uncertainty, kwargs)
+
+    def _record(self, record: Uncertainty, kwargs: dict[str, Any]) -> None:
+        self.records = [*self.records[-999:], record]
+        if self.on_uncertainty is not None:
+            self.on_uncertainty(record, kwargs)
 
     def log_success_event(self, kwargs, response_obj, start_time, end_time):  # noqa: ANN001
         self._observe(kwargs, response_obj)

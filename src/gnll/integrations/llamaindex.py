@@ -30,7 +30,7 @@ from llama_index.core.instrumentation.events.llm import (
 )
 
 from gnll.integrations.core import AnswerScorer, Scored, make_policy
-from gnll.serving.uncertainty import AbstentionPolicy
+from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["UncertaintyEventHandler", "UncertaintyLLM", "with_uncertainty"]

@@ -108,19 +108,47 @@ def check_output(
         raise OutputExistsError(f"the errors file {errors} is the input file {input}")
     if errors is not None and same_file(output, errors):
         raise OutputExistsError(f"the errors file {errors} is the output file")
+    if errors is not None and errors.exists() and not _is_errors_file(errors):
+        # Never a stale run to replace: a file of the user's (--overwrite would delete it).
+        raise OutputExistsError(
+            f"{errors} exists and is not a gnll errors file (its lines are not "
+            '{"line": ..., "error": ...} records); nothing was changed. Choose another --errors'
+        )
     if resume or overwrite:
         return
     out = Path(output)
     held = []
-    if out.exists() and out.stat().st_size > 0:
+    has_rows = out.exists() and out.stat().st_size > 0
+    if has_rows:
         held.append(_count(_rows_in(out, output_format), "row"))
     if errors is not None and errors.exists():
-        held.append(f"{_count(_rows_in(errors, 'jsonl'), 'failed row')} in {errors}")
+        failed = _count(_rows_in(errors, "jsonl"), "failed row")
+        held.append(f"{failed} in {errors}")
+        if not has_rows:  # a run whose every row failed, or a stale errors file
+            raise OutputExistsError(
+                f"the errors file {errors} holds {failed} of an earlier run, but {output} "
+                f"{'is empty' if out.exists() else 'does not exist'}; nothing was changed. Pass "
+                "--overwrite to replace it, or choose another --output or --errors"
+            )
     if held:
         raise OutputExistsError(
             f"{output} holds an earlier run ({'; '.join(held)}); nothing was changed. Pass "
             "--resume to continue it, --overwrite to replace it, or choose another --output"
         )
+
+
+def _is_errors_file(path: Path) -> bool:
+    """Whether ``path`` holds :class:`ErrorLog` records (an empty file does too)."""
+    with path.open("rb") as fh:
+        for raw in fh:
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                return False
+            return isinstance(record, dict) and "line" in record and "error" in record
+    return True
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -23,6 +23,7 @@ from gnll.backends.prompting import DEFAULT_MAX_NEW_TOKENS
 from gnll.calibration.fitting import calibration_applies
 from gnll.scoring.api import ScoringError, score
 from gnll.scoring.output import ErrorLog, RowWriter, check_output, resume_point
+from gnll.scoring.resume import check_same_input
 from gnll.scoring.rows import (
     SCORE_COLUMNS,
     Item,
@@ -370,6 +371,8 @@ def run_score_job(
     summary = ScoreSummary(errors_path=str(job.errors) if job.errors else None)
     start = 0
     if job.resume and job.output != "-":
+        fields = [name for group in required for name in group]
+        check_same_input(Path(job.output), job.output_format, job.input, job.input_format, fields)
         start = resume_point(Path(job.output), job.output_format, job.errors)
         if start:
             logger.info("%s: resuming after input line %d", job.output, start)

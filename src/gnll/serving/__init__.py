@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
+from gnll.policy import AbstentionPolicy
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
-from gnll.serving.uncertainty import AbstentionPolicy
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -109,7 +109,10 @@ def build_inprocess_app(
         from gnll.serving.proxy import ProxyService
 
         upstream = ProxyService(
-            escalate_to, api_key=escalate_api_key, timeout=settings.upstream_timeout
+            escalate_to,
+            api_key=escalate_api_key,
+            timeout=settings.upstream_timeout,
+            idle_timeout=settings.upstream_idle_timeout,
         )
         service = CascadeService(service, upstream, escalate_model)
     return create_app(service, settings)
@@ -147,16 +150,27 @@ def build_proxy_app(
             "chat requests itself",
         )
     check_escalation(settings, escalate_to, upstream=upstream)
-    service: Service = ProxyService(
+    from gnll.serving.passthrough import add_forwarded_routes
+
+    proxy = ProxyService(
         upstream,
         api_key=api_key,
         timeout=settings.upstream_timeout,
         server=server,
         reasoning=reasoning,
+        idle_timeout=settings.upstream_idle_timeout,
     )
+    service: Service = proxy
     if escalate_to is not None:
         from gnll.serving.cascade import CascadeService
 
-        larger = ProxyService(escalate_to, api_key=api_key, timeout=settings.upstream_timeout)
+        larger = ProxyService(
+            escalate_to,
+            api_key=api_key,
+            timeout=settings.upstream_timeout,
+            idle_timeout=settings.upstream_idle_timeout,
+        )
         service = CascadeService(service, larger, escalate_model)
-    return create_app(service, settings)
+    app = create_app(service, settings)
+    add_forwarded_routes(app, proxy)  # /tokenize, /detokenize: the client may take it for vLLM
+    return app

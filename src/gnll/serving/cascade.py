@@ -36,14 +36,15 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from gnll.backends.openai.parse import logprob_pairs
 from gnll.measures import LogprobError
+from gnll.policy import AbstentionPolicy, Answer
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Answer, Reply, error_body, sse, stream_error
+from gnll.serving.responses import Reply, error_body, sse, stream_error
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
-from gnll.serving.uncertainty import AbstentionPolicy
 from gnll.uncertainty import LocalAnswer, Uncertainty
 
 if TYPE_CHECKING:
@@ -132,6 +133,10 @@ class CascadeService:
             return self._finish(req, body, kept, reply.prompt)
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
+        bound, _ = settings.token_bounds(self.local.mode)
+        if req.max_tokens_requested() is None and bound is not None:
+            # The larger model answers within the bound the local answer had (gnll's default).
+            up_req = up_req.model_copy(update={"max_tokens": bound})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         chunks: AsyncGenerator[str, None] | None = None
         first: str | None = None
@@ -153,7 +158,7 @@ class CascadeService:
         up_name = model or self.upstream_model or self.upstream.model_name
         local = LocalAnswer.model_validate(
             reply.records[0].to_json()
-            | {"text": req.choice_text(body["choices"][0]), "model": local_name}
+            | {"text": req.shape.text_of(body["choices"][0]), "model": local_name}
         )
         update = {"answered_by": up_name, "escalated": True, "local": local}
         if chunks is None:
@@ -244,7 +249,7 @@ class CascadeService:
             # A streamed request is replayed exactly as any finished answer is (one shape for every
             # policy: a usage chunk only when ``include_usage`` asks for it).
             answers = [_answer_of(c, req) for c in body["choices"]]
-            stream = stream_chunks(body, answers, chat=req.is_chat, include_usage=req.include_usage)
+            stream = stream_chunks(body, answers, req.shape, req.include_usage)
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=prompt
         )
@@ -276,11 +281,6 @@ def _chunk_model(chunk: str | None) -> str | None:
 def _answer_of(choice: dict[str, Any], req: CompletionRequest | ChatCompletionRequest) -> Answer:
     """A finished choice as an :class:`Answer`, with the tokens its ``logprobs`` list (when the
     request asked for them), so that a replayed stream carries them piece by piece."""
-    lp = choice.get("logprobs") or {}
-    if req.is_chat:
-        content = lp.get("content") or []
-        tokens = [e["token"] for e in content]
-        lps = [e["logprob"] for e in content]
-    else:
-        tokens, lps = list(lp.get("tokens") or []), list(lp.get("token_logprobs") or [])
-    return Answer(req.choice_text(choice), choice.get("finish_reason"), tokens, lps)
+    pairs = logprob_pairs(choice.get("logprobs"))
+    tokens, lps = [t for t, _ in pairs], [lp for _, lp in pairs]
+    return Answer(req.shape.text_of(choice), choice.get("finish_reason"), tokens, lps)

@@ -16,7 +16,7 @@ from gnll.measures.early import EarlyDecision, EarlyDecisionError
 from gnll.serving.engine import BatchingEngine
 
 if TYPE_CHECKING:
-    from gnll.serving.uncertainty import AbstentionPolicy
+    from gnll.policy import AbstentionPolicy
 
 __all__ = ["EarlyGreedy", "early_greedy"]
 

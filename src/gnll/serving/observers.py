@@ -53,13 +53,18 @@ class Observer(Protocol):
 
 
 def uncertainty_fields(records: Sequence[Uncertainty]) -> dict[str, Any]:
-    """What the access log says about a request's answers."""
-    return {
+    """What the access log says about a request's answers (with ``escalate``: which model gave
+    each, ``answered_by``, as the entry's ``model`` is the local one)."""
+    fields: dict[str, Any] = {
         "choices": len(records),
         "g_nll": [r.g_nll for r in records],
         "num_tokens": [r.num_tokens for r in records],
         "abstain": [r.abstain for r in records],
     }
+    if any(r.answered_by is not None for r in records):
+        fields["answered_by"] = [r.answered_by for r in records]
+        fields["escalated"] = [bool(r.escalated) for r in records]
+    return fields
 
 
 class AccessLog:
@@ -76,10 +81,14 @@ class AccessLog:
 def response_id_of(chunk: str | bytes) -> str | None:
     """The ``id`` of one server-sent-event chunk (``None`` for ``[DONE]`` or an error event)."""
     text = chunk.decode() if isinstance(chunk, bytes) else str(chunk)
+    if text.startswith("event: "):  # a named event (/v1/responses, /v1/messages): its data line
+        text = text.partition("\n")[2]
     if not text.startswith("data: {"):
         return None
     try:
-        value = json.loads(text[6:]).get("id")
+        data = json.loads(text[6:])
     except ValueError:
         return None
+    # the id of a chunk, or of the response / message that a named event carries
+    value = data.get("id") or (data.get("response") or data.get("message") or {}).get("id")
     return value if isinstance(value, str) else None

@@ -28,30 +28,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from gnll._util.validation import ParameterError
-from gnll.backends.base import GenerationConfig
-from gnll.backends.openai.client import ServerError
-from gnll.backends.openai.parse import read_choice, to_generation
+from gnll.backends.base import GenerationConfig, Model
+from gnll.backends.openai.parse import logprob_pairs
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
-from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
+from gnll.policy import Answer, annotate
+from gnll.policy.choices import choice_answer
 from gnll.serving import responses as R
 from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
-from gnll.serving.responses import Answer, Reply, last_piece
-from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+from gnll.serving.protocol.common import Shape
+from gnll.serving.responses import Reply
+from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import StreamedChoice
-from gnll.serving.uncertainty import annotate
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
+
+log = logging.getLogger("gnll.serve")
 
 #: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
 #: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
@@ -75,6 +78,8 @@ class ProxyService:
         Bearer token for the upstream (not the proxy's own ``--api-key``).
     timeout:
         Seconds per upstream request (504 past it).
+    idle_timeout:
+        Seconds an upstream stream may send nothing once it has begun (at most ``timeout``).
     server:
         A profile name of :data:`gnll.backends.openai.servers.PROFILES`, or ``"auto"`` to recognise
         the upstream from its ``/v1/models`` answer.
@@ -90,6 +95,7 @@ class ProxyService:
         timeout: float = 120.0,
         server: str = "auto",
         reasoning: str | None = None,
+        idle_timeout: float = 30.0,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ParameterError(
@@ -98,6 +104,9 @@ class ProxyService:
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
+        #: Seconds a stream may stay silent after its first chunk (an upstream whose engine died
+        #: with the connection open sends nothing): the stream then ends in an error event.
+        self.idle_timeout = min(float(idle_timeout), self.timeout)
         self.server = server
         #: The upstream model's reasoning format (``think``, ``harmony``, ``marker:TEXT``) when
         #: its server runs no reasoning parser; with one, reasoning is recognised on its own.
@@ -152,9 +161,17 @@ class ProxyService:
             follow_redirects=False,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-        # The upstream may come up later; requests say so with a 502 until then.
-        with contextlib.suppress(HTTPError):
+        # The upstream may come up later; requests say so with a 502 until then. Said once now,
+        # so that a mistyped --upstream shows at start rather than on the first request.
+        try:
             await self._detect()
+        except HTTPError as exc:
+            log.warning(
+                "the upstream %s is not reachable yet (%s): requests get a 502 and /health a 503 "
+                "until it is",
+                self.upstream,
+                exc.message,
+            )
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -191,6 +208,43 @@ class ProxyService:
 
     async def models(self) -> list[dict[str, Any]]:
         return list((await self._call("GET", "/models")).get("data") or [])
+
+    async def scoring_model(self, requested: str | None) -> Model:
+        """The upstream as a gnll model, for what needs teacher forcing (``/v1/decisions``)."""
+        from gnll.backends.openai import OpenAICompatModel
+
+        profile = await self._detect()
+        if requested and self.served and requested not in self.served:
+            raise ModelNotFound(requested, ", ".join(self.served))
+        name = requested or self.model_name or ""
+        return OpenAICompatModel(
+            name,
+            base_url=self.upstream,
+            server=profile.name,
+            chat=True,
+            api_key=self._api_key,
+            timeout=self.timeout,
+            reasoning=self.reasoning,
+        )
+
+    async def forward_root(self, path: str, body: dict[str, Any]) -> tuple[int, bytes, str]:
+        """POST ``body`` to ``path`` at the upstream's root (beside ``/v1``, where vLLM serves
+        ``/tokenize``): its status, body and content type as they came (an unreachable upstream
+        is the usual 502/504)."""
+        assert self.client is not None, "the proxy is not started"
+        root = self.upstream[:-3] if self.upstream.endswith("/v1") else self.upstream
+        try:
+            response = await self.client.post(root + path, json=body)
+        except httpx.TimeoutException as exc:
+            raise HTTPError(
+                504, f"the upstream server {root}{path} did not answer ({exc})", "upstream_timeout"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise HTTPError(
+                502, f"cannot reach the upstream server {root}{path}: {exc}", "upstream_error"
+            ) from None
+        kind = response.headers.get("content-type", "application/json")
+        return response.status_code, response.content, kind
 
     # ------------------------------------------------------------------ upstream calls
     async def _send(
@@ -252,22 +306,17 @@ class ProxyService:
     ) -> dict[str, Any]:
         """The body sent upstream: the client's, with log-probs on and greedy decoding pinned."""
         body = req.model_dump(exclude_unset=True)
-        chat = req.is_chat
-        if req.max_tokens_requested() is None:
-            key = profile.max_tokens_key if chat else "max_tokens"
-            body[key] = settings.default_max_tokens
+        shape = req.shape
+        default, _ = settings.token_bounds(self.mode)
+        if req.max_tokens_requested() is None and default is not None:
+            # Only an operator's --default_max_tokens: otherwise the upstream's own default holds.
+            body[shape.max_tokens_key(profile)] = default
         if req.greedy:
             body.update(temperature=0.0, **profile.pins)
         else:
             for k, v in profile.pins.items():
                 body.setdefault(k, v)
-        if chat:
-            # llama-cpp-python returns chat log-probs only with top_logprobs >= 1.
-            body.update(logprobs=True, top_logprobs=max(req.num_top_logprobs, 1))
-        else:
-            body["logprobs"] = max(int(req.logprobs or 0), 1)
-            for k, v in profile.extras.items():
-                body.setdefault(k, v)
+        shape.ask_logprobs(body, req, profile)
         if req.model is None and self.model_name:
             body["model"] = self.model_name
         return body
@@ -275,16 +324,15 @@ class ProxyService:
     async def handle(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
-        config = req.generation_config(
-            default_max_tokens=settings.default_max_tokens,
-            max_tokens_limit=settings.max_tokens_limit,
-        )
+        default, limit = settings.token_bounds(self.mode)
+        config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         profile = await self._detect()
         self.check_request(req)
-        chat = req.is_chat
         body = self.upstream_body(req, settings, profile)
         path = req.path
         prompt = req.prompt_text()
+        if getattr(req, "echo", False):
+            return await self._echo(req, path, body, prompt)
         # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
         # replay of a whole upstream response.
         replay = settings.policy.mode == "refuse" or (
@@ -323,16 +371,34 @@ class ProxyService:
             settings.policy,
             include_tokens=req.wants_logprobs,
             source="upstream",
-            prompt_format="chat" if chat else "text",
+            prompt_format=req.prompt_format("chat"),
         )
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            _decorate(choice, rec, text, finish, chat=chat, keep_logprobs=req.wants_logprobs)
+            _decorate(choice, rec, text, finish, req)
         if req.stream:  # a replay: the answer is known before its first piece is sent
-            replayed = stream_chunks(
-                _as_own_body(data, chat), answers, chat=chat, include_usage=req.include_usage
-            )
+            own = _as_own_body(data, req.shape)
+            replayed = stream_chunks(own, answers, req.shape, req.include_usage)
             return Reply(body=data, records=records, stream=replayed, prompt=prompt)
         return Reply(body=data, records=records, prompt=prompt)
+
+    async def _echo(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        path: str,
+        body: dict[str, Any],
+        prompt: str,
+    ) -> Reply:
+        """``echo``: the prompt's own log-probs (``gnll doctor``'s teacher-forced check). The
+        answer is the prompt's continuation, scored nowhere: the upstream's response goes back as
+        it came, without ``uncertainty``."""
+        if req.stream:
+            raise RequestError("echo is served without streaming through the proxy", "echo")
+        data = await self._call("POST", path, body)
+        if not req.wants_logprobs:
+            for choice in data.get("choices") or []:
+                if isinstance(choice, dict):
+                    choice["logprobs"] = None
+        return Reply(body=data, records=[], prompt=prompt)
 
     async def _early_call(
         self,
@@ -352,22 +418,25 @@ class ProxyService:
         answer comes back as a non-streaming response body (and ``None``).
         """
         rule = settings.policy.early_decision(
-            where=f"upstream {self.upstream}", prompt_format="chat" if req.is_chat else "text"
+            where=f"upstream {self.upstream}", prompt_format=req.prompt_format("chat")
         )
         streamed = {**body, "stream": True}
         profile = self.profile
         if profile is not None and profile.name not in NO_STREAM_USAGE:
             # A stream that runs to its end then carries the upstream's usage, as its whole
-            # response would; one cut at the decision has none (the upstream never counted it).
+            # response would. One cut at the decision counts the tokens received; vLLM's running
+            # usage in every chunk gives its prompt's tokens too.
             streamed["stream_options"] = {"include_usage": True}
+            if profile.name == "vllm":
+                streamed["stream_options"]["continuous_usage_stats"] = True
         response = await self._send("POST", path, streamed, stream=True)
-        acc, last = StreamedChoice(req.is_chat), {}
+        acc, last = StreamedChoice(req.shape), {}
         usage: Any = None
         tokens: list[str] = []
         lps: list[float] = []
         seen = 0  # tokens received, trace included
         try:
-            async for line in response.aiter_lines():
+            async for line in idle_bounded(response, self.idle_timeout, self.upstream):
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -385,7 +454,7 @@ class ProxyService:
                 last = chunk
                 for choice in chunk.get("choices") or []:
                     acc.add(choice)
-                    pairs = _chunk_tokens(choice)
+                    pairs = logprob_pairs(choice.get("logprobs"))
                     first, seen = seen, seen + len(pairs)
                     if choice.get("finish_reason"):
                         continue  # the end: the decision is the whole answer's
@@ -401,13 +470,15 @@ class ProxyService:
                         rule.release([lp])
                 if rule.decided:
                     break  # closing the response below disconnects from the upstream
+        except UpstreamIdle as exc:
+            raise HTTPError(502, str(exc), "upstream_timeout") from None
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             raise HTTPError(502, f"upstream stream broke off: {exc}", "upstream_error") from None
         finally:
             await response.aclose()
         base = {
-            "id": last.get("id") or R.new_id("chatcmpl" if req.is_chat else "cmpl"),
-            "object": "chat.completion" if req.is_chat else "text_completion",
+            "id": last.get("id") or req.shape.new_id(),
+            "object": req.shape.object,
             "created": last.get("created"),
             "model": last.get("model"),
             "usage": None,
@@ -426,14 +497,23 @@ class ProxyService:
             early={
                 "decided_at_token": t,
                 "tokens_generated": rule.generated,
-                "tokens_saved": config.max_new_tokens - rule.generated,
+                # Unknown when the upstream's own limit applies (no max_tokens asked or set).
+                "tokens_saved": None
+                if config.max_new_tokens == UNBOUNDED
+                else config.max_new_tokens - rule.generated,
             },
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        whole.update(
-            {"message": {"role": "assistant", "content": text}} if req.is_chat else {"text": text}
-        )
-        return {**base, "choices": [whole]}, answer
+        whole.update(req.shape.whole_choice(text))
+        # What was generated until the cut (the trace's tokens included), for clients that bill
+        # per token; the prompt's count only where the upstream said it (vLLM), else null.
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        cut_usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": seen,
+            "total_tokens": None if prompt_tokens is None else int(prompt_tokens) + seen,
+        }
+        return {**base, "usage": cut_usage, "choices": [whole]}, answer
 
     def _answer(
         self,
@@ -467,13 +547,12 @@ class ProxyService:
         out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        chat = req.is_chat
         acc: dict[int, StreamedChoice] = {}
         last: dict[str, Any] = {}
         usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
         finished = False
         try:
-            async for line in response.aiter_lines():
+            async for line in idle_bounded(response, self.idle_timeout, self.upstream):
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -489,7 +568,7 @@ class ProxyService:
                     usage = chunk
                     continue
                 for choice in chunk.get("choices") or []:
-                    acc.setdefault(choice.get("index", 0), StreamedChoice(chat)).add(choice)
+                    acc.setdefault(choice.get("index", 0), StreamedChoice(req.shape)).add(choice)
                     # A choice finishes once, in our last chunk (which carries the uncertainty):
                     # a client that stops at the first finish_reason would never see it.
                     choice["finish_reason"] = None
@@ -497,6 +576,9 @@ class ProxyService:
                         choice["logprobs"] = None
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
                 yield R.sse(chunk)
+        except UpstreamIdle as exc:
+            yield R.sse(R.error_body(str(exc), "upstream_timeout"))
+            return
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             yield R.sse(R.error_body(f"upstream stream broke off: {exc}", "upstream_error"))
             return
@@ -531,7 +613,7 @@ class ProxyService:
                 settings.policy,
                 include_tokens=req.wants_logprobs,
                 source="upstream",
-                prompt_format="chat" if chat else "text",
+                prompt_format=req.prompt_format("chat"),
             )
         except LogprobError as exc:
             yield R.sse(R.error_body(str(exc), "upstream_error"))
@@ -539,79 +621,36 @@ class ProxyService:
         out.extend(records)
         base = {k: last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
-            c = {
-                "index": i,
-                "logprobs": None,
-                "finish_reason": finish,
-                "uncertainty": rec.to_json(),
-            }
-            c.update(last_piece(chat))
-            yield R.sse({**base, "choices": [c]})
+            yield R.sse({**base, "choices": [req.shape.last(i, finish, rec)]})
         if usage is not None and req.include_usage:
             yield R.sse(usage)
         yield R.sse("[DONE]")
 
 
-def choice_answer(
-    choice: dict[str, Any],
-    config: GenerationConfig,
-    *,
-    eos_logprob: bool,
-    decoding: Literal["greedy", "sampled"] = "greedy",
-    where: str = "choice 0",
-    reasoning: str | None = None,
-    labels: list[Any] | None = None,
-) -> Answer:
-    """The :class:`Answer` of one OpenAI-shaped choice (any of the three log-prob shapes): its text
-    and its answer tokens' log-probs, the terminator split off by the server backend's parser.
-
-    The proxy and the framework integrations (:mod:`gnll.integrations`) read choices with it, so a
-    response scored by either gets the same numbers. A choice without usable log-probs is a
-    :class:`LogprobError`. A reasoning model's choice (``message.reasoning``, or any choice when
-    ``reasoning`` names the format of a server without a reasoning parser) is scored on its
-    answer only (:mod:`gnll.backends.reasoning`; ``labels``: a stream's per-token labels); one
-    whose log-probs cannot be aligned with its answer is a :class:`LogprobError` too.
-    """
-    try:
-        raw = read_choice(choice, reasoning=reasoning, labels=labels)
-        if raw.reasoning is not None and not raw.reasoning.marker_reported and labels:
-            raise ServerError(
-                "the stream carried no token for the end-of-reasoning marker (llama.cpp sends "
-                "no chunk for a token that adds no text), so which tokens lie between trace "
-                "and answer is unknown and the answer's G-NLL cannot be aligned; ask with "
-                '"stream": false'
-            )
-        gen = to_generation(raw, config, eos_logprob=eos_logprob, where=where)
-    except ServerError as exc:
-        raise LogprobError(str(exc)) from None
-    text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
-    if gen.reasoning is not None and text and text != raw.text:
-        # No reasoning parser upstream (``reasoning`` named the format): split the text as one
-        # would, the trace into ``reasoning`` beside the answer.
-        trace = text[: len(text) - len(raw.text.lstrip())]
-        span = reasoning_format(reasoning or "think").find(trace)
-        holder = choice["message"] if isinstance(choice.get("message"), dict) else choice
-        holder["reasoning"] = trace[: span[0]] if span else trace
-        text = raw.text.lstrip()
-    return Answer(
-        text=text or "",
-        finish_reason=choice.get("finish_reason"),
-        tokens=gen.tokens,
-        token_logprobs=gen.token_logprobs,
-        decoding=decoding,
-        measured_logprobs=gen.measured_logprobs,
-        reasoning=gen.reasoning,
-    )
+class UpstreamIdle(Exception):
+    """An upstream stream that went silent for longer than the idle timeout."""
 
 
-def _chunk_tokens(choice: dict[str, Any]) -> list[tuple[str, Any]]:
-    """``(token, log-prob)`` of a streamed chunk, in the chat or the completions shape."""
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return []
-    if isinstance(lp.get("content"), list):
-        return [(e.get("token", ""), e.get("logprob")) for e in lp["content"]]
-    return list(zip(lp.get("tokens") or [], lp.get("token_logprobs") or [], strict=False))
+async def idle_bounded(response: httpx.Response, idle: float, upstream: str) -> AsyncIterator[str]:
+    """The lines of a streamed upstream response; after the first, each must come within ``idle``
+    seconds (:class:`UpstreamIdle` otherwise). The first may take the request's whole timeout:
+    an upstream may queue a request before it answers."""
+    import asyncio
+
+    lines = response.aiter_lines()
+    first = True
+    while True:
+        try:
+            line = await (anext(lines) if first else asyncio.wait_for(anext(lines), idle))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise UpstreamIdle(
+                f"upstream {upstream} sent nothing for {idle:g} s in the middle of a stream "
+                "(--upstream_idle_timeout): its engine may have stopped with the connection open"
+            ) from None
+        first = False
+        yield line
 
 
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
@@ -654,27 +693,21 @@ def _decorate(
     rec: Uncertainty,
     text: str,
     finish: Any,
-    *,
-    chat: bool,
-    keep_logprobs: bool,
+    req: CompletionRequest | ChatCompletionRequest,
 ) -> None:
     choice["uncertainty"] = rec.to_json()
     choice["finish_reason"] = finish
-    if chat:
-        if isinstance(choice.get("message"), dict):
-            choice["message"]["content"] = text
-    else:
-        choice["text"] = text
-    if not keep_logprobs or rec.refused:
+    req.shape.set_text(choice, text)
+    if not req.wants_logprobs or rec.refused:
         choice["logprobs"] = None
 
 
-def _as_own_body(data: dict[str, Any], chat: bool) -> dict[str, Any]:
+def _as_own_body(data: dict[str, Any], shape: Shape) -> dict[str, Any]:
     """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
     import time
 
     return {
-        "id": data.get("id") or R.new_id("chatcmpl" if chat else "cmpl"),
+        "id": data.get("id") or shape.new_id(),
         "created": data.get("created") or int(time.time()),
         "model": data.get("model"),
         "choices": data["choices"],

@@ -5,10 +5,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
+from gnll.policy import AbstentionPolicy
 from gnll.serving.observers import Observer
-from gnll.serving.uncertainty import AbstentionPolicy
+
+if TYPE_CHECKING:
+    from gnll.calibration.decisions import DecisionCalibration
+
+#: In-process ``max_tokens`` when a request gives none (``--default_max_tokens``).
+DEFAULT_MAX_TOKENS = 100
+#: In-process: the most ``max_tokens`` a request may ask for (``--max_tokens_limit``).
+MAX_TOKENS_LIMIT = 512
 
 
 @dataclass
@@ -23,13 +32,20 @@ class ServeSettings:
     max_request_bytes:
         Request bodies above this are refused with 413 before they are parsed.
     default_max_tokens, max_tokens_limit:
-        ``max_tokens`` when a request gives none, and the most a request may ask for (400 above).
+        ``max_tokens`` when a request gives none, and the most a request may ask for (a 400 that
+        names ``--max_tokens_limit`` above). ``None`` (the default): in-process,
+        :data:`DEFAULT_MAX_TOKENS` and :data:`MAX_TOKENS_LIMIT`; in proxy mode the upstream's own
+        (a request without ``max_tokens`` goes upstream without it). :meth:`token_bounds` resolves
+        them per mode.
     log_prompts:
         Put prompt and answer texts into the access log (off: only sizes and uncertainty).
     data_dir:
         Where the web page's example questions come from (``../shared/data`` layout).
     upstream_timeout:
         Proxy mode: seconds per upstream request (504 past it).
+    upstream_idle_timeout:
+        Proxy mode: seconds a stream from the upstream may send nothing once it has begun (an
+        error event naming the upstream past it; at most ``upstream_timeout``).
     body_timeout:
         Seconds a request body may take to arrive (408 past it: a slow sender holds a connection).
     prompt_format:
@@ -54,16 +70,19 @@ class ServeSettings:
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
     max_request_bytes: int = 1_000_000
-    default_max_tokens: int = 100
-    max_tokens_limit: int = 512
+    default_max_tokens: int | None = None
+    max_tokens_limit: int | None = None
     log_prompts: bool = False
     policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
+    upstream_idle_timeout: float = 30.0
     body_timeout: float = 30.0
     prompt_format: str = "chat"
     tracing: Observer | None = None
     early: bool | None = None
+    #: A :class:`gnll.calibration.decisions.DecisionCalibration` applied to ``/v1/decisions``.
+    decisions_calibration: DecisionCalibration | None = None
 
     def __post_init__(self) -> None:
         #: Whether answers stop at exact early decisions (``early`` resolved against the policy).
@@ -73,7 +92,7 @@ class ServeSettings:
                 "prompt_format",
                 f"renders chat requests as 'chat' or 'instruction', not {self.prompt_format!r}",
             )
-        self._check_policy()
+        self._check_cascade()
         cal = self.policy.calibrator
         if cal is not None:
             from gnll.calibration import CalibrationFormatError, calibration_applies
@@ -95,34 +114,39 @@ class ServeSettings:
             raise ParameterError(
                 "max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}"
             )
+        if not self.upstream_idle_timeout > 0:
+            raise ParameterError(
+                "upstream_idle_timeout", f"must be > 0 seconds, got {self.upstream_idle_timeout}"
+            )
         if not self.body_timeout > 0:
             raise ParameterError("body_timeout", f"must be > 0 seconds, got {self.body_timeout}")
-        if not 1 <= self.default_max_tokens <= self.max_tokens_limit:
+        default, limit = self._inprocess_bounds()
+        if not 1 <= default <= limit:
             raise ParameterError(
                 "default_max_tokens",
-                f"({self.default_max_tokens}) must be between 1 and max_tokens_limit "
-                f"({self.max_tokens_limit})",
+                f"({default}) must be between 1 and max_tokens_limit ({limit})",
                 others=("max_tokens_limit",),
             )
+        if self.max_tokens_limit is not None and self.max_tokens_limit < 1:
+            raise ParameterError("max_tokens_limit", f"must be >= 1, got {self.max_tokens_limit}")
 
-    def _check_policy(self) -> None:
-        """A policy that serves: one that decides when it must, never on every answer, and whose
-        cascade threshold was fitted on the chat requests' prompt format (unless told)."""
+    def token_bounds(self, mode: str) -> tuple[int | None, int | None]:
+        """``(default max_tokens, max_tokens limit)`` for a service of ``mode`` (``"model"`` or
+        ``"proxy"``): an in-process model needs both (:data:`DEFAULT_MAX_TOKENS`,
+        :data:`MAX_TOKENS_LIMIT` unless set); a proxy bounds nothing unless told (``None``: the
+        upstream's own default and limit apply)."""
+        if mode == "proxy":
+            return self.default_max_tokens, self.max_tokens_limit
+        return self._inprocess_bounds()
+
+    def _inprocess_bounds(self) -> tuple[int, int]:
+        limit = self.max_tokens_limit or MAX_TOKENS_LIMIT
+        return self.default_max_tokens or min(DEFAULT_MAX_TOKENS, limit), limit
+
+    def _check_cascade(self) -> None:
+        """A cascade threshold fitted on the chat requests' prompt format (unless told). The
+        policy's own rules (it decides when it must, never on every answer) it checks itself."""
         pol = self.policy
-        if pol.mode != "annotate" and not pol.active:
-            raise ParameterError(
-                "mode",
-                f"{pol.mode!r} needs calibrator or threshold",
-                others=("calibrator", "threshold"),
-            )
-        useless = pol.refuses_everything() if pol.mode == "refuse" else None
-        if useless:
-            raise ParameterError(
-                "mode",
-                f"'refuse' would refuse every answer: {useless.strip()}; choose another rule, "
-                "min_p_correct or threshold",
-                others=("rule", "min_p_correct", "threshold"),
-            )
         cascade = pol.cascade
         if cascade is not None and not pol.any_prompt_format:
             from gnll.calibration import CalibrationFormatError

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from gnll.backends.base import DEFAULT_STOP, chat_messages
+from gnll.backends.base import DEFAULT_STOP, chat_messages, openai_turns
 
 if TYPE_CHECKING:
     from gnll.backends.hf.model import HFModel
@@ -70,9 +70,9 @@ class TokenizerSide:
         )
 
     def render_chat(self, messages: list[dict[str, Any]]) -> str:
-        """The text the model conditions on for a conversation."""
+        """The text the model conditions on for a conversation (``developer`` as ``system``)."""
         return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
+            openai_turns(messages), add_generation_prompt=True, tokenize=False
         )
 
     def encode(self, text: str) -> list[int]:

@@ -50,6 +50,26 @@ class RawTokens:
     reasoning: ReasoningSplit | None = None
 
 
+def logprob_pairs(logprobs: Any) -> list[tuple[str, Any]]:
+    """``(token, log-prob)`` of a choice's (or a stream chunk's) ``logprobs``, in the chat shape
+    (``content[]``) or the legacy completions shape (``tokens`` / ``token_logprobs``); none when
+    there are no log-probs.
+
+    Examples
+    --------
+    >>> logprob_pairs({"content": [{"token": " Paris", "logprob": -0.1}]})
+    [(' Paris', -0.1)]
+    >>> logprob_pairs({"tokens": [" Paris"], "token_logprobs": [-0.1]}), logprob_pairs(None)
+    ([(' Paris', -0.1)], [])
+    """
+    if not isinstance(logprobs, dict):
+        return []
+    if isinstance(logprobs.get("content"), list):
+        return [(e.get("token", ""), e.get("logprob")) for e in logprobs["content"]]
+    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+    return list(zip(tokens, values, strict=False))
+
+
 def read_choice(
     choice: dict[str, Any],
     *,

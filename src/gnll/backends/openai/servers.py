@@ -41,6 +41,11 @@ class ServerProfile:
         Reports the end-of-sequence token's log-prob when generation ends there.
     max_tokens_key:
         The chat endpoint's name for the token cap.
+    logprobs_need_top:
+        Returns log-probs only when at least one alternative is asked for too (chat
+        ``top_logprobs >= 1``, completions ``logprobs >= 1``): llama-cpp-python's chat does, and
+        servers not known otherwise are asked for one. Elsewhere none are asked for: they cost
+        the server time, and G-NLL does not read them.
     echo:
         ``/v1/completions`` returns prompt log-probs with ``echo`` (used by ``gnll doctor`` to compare
         generated log-probs with teacher-forced ones).
@@ -57,6 +62,7 @@ class ServerProfile:
     eos_logprob: bool = False
     max_tokens_key: str = "max_tokens"
     echo: bool = False
+    logprobs_need_top: bool = True
     capabilities: Capabilities = field(default_factory=Capabilities)
 
 
@@ -84,6 +90,7 @@ PROFILES: dict[str, ServerProfile] = {
         supports_n=True,
         echo=True,
         eos_logprob=True,
+        logprobs_need_top=False,
         capabilities=_caps(scoring=True, terminator=True, top_logprobs=20),
     ),
     "llama-cpp-python": ServerProfile(
@@ -119,6 +126,7 @@ PROFILES: dict[str, ServerProfile] = {
         pins=dict(_PLAIN),
         completions=False,
         supports_n=True,
+        logprobs_need_top=False,
         max_tokens_key="max_completion_tokens",
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
     ),
@@ -128,6 +136,7 @@ PROFILES: dict[str, ServerProfile] = {
         name="gnll",
         pins=dict(_PLAIN),
         supports_n=True,
+        logprobs_need_top=False,
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
     ),
     "generic": ServerProfile(

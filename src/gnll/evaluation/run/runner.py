@@ -39,7 +39,7 @@ from gnll.evaluation.run.assemble import assemble_record
 from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.run.config import TEMPERATURES, EvalConfig
 from gnll.evaluation.run.progress import SplitProgress, stage_weights
-from gnll.evaluation.run.rundir import RunLock
+from gnll.evaluation.run.rundir import RunLock, changed_tasks
 from gnll.evaluation.run.stages import Chunk, PromptsFailed, Stage, StageResult, TaskStages, Work
 from gnll.evaluation.run.store import (
     FingerprintMismatchError,
@@ -481,6 +481,9 @@ class Evaluator:
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
             prepare_output_dir(self.out, resume=cfg.resume, overwrite=cfg.overwrite)
+            said = changed_tasks(self.files.run_json, self.out, cfg.tasks) if cfg.resume else None
+            if said:
+                logger.warning("%s", said)
             runs = [
                 TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
                 for data in datas

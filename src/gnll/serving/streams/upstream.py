@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gnll.backends.reasoning import ReasoningStream, reasoning_text
+from gnll.backends.reasoning import ReasoningStream
+
+if TYPE_CHECKING:
+    from gnll.serving.protocol.common import Shape
 
 
 class StreamedChoice:
@@ -12,7 +15,8 @@ class StreamedChoice:
 
     Examples
     --------
-    >>> sc = StreamedChoice(chat=False)
+    >>> from gnll.serving.protocol.completions import COMPLETIONS
+    >>> sc = StreamedChoice(COMPLETIONS)
     >>> sc.add({"text": " Par", "logprobs": {"tokens": [" Par"], "token_logprobs": [-0.1]}})
     >>> sc.add({"text": "is", "logprobs": {"tokens": ["is"], "token_logprobs": [-0.2]},
     ...         "finish_reason": "stop"})
@@ -21,8 +25,8 @@ class StreamedChoice:
     (' Paris', [-0.1, -0.2], 'stop')
     """
 
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
         self.text: list[str] = []
         self.content: list[dict[str, Any]] = []  # chat / llama.cpp shape
         self.tokens: list[str] = []  # legacy completions shape
@@ -38,12 +42,10 @@ class StreamedChoice:
 
     def add(self, choice: dict[str, Any]) -> None:
         self.labeller.add(choice)
-        if self.chat:
-            delta = choice.get("delta") or {}
-            self.text.append(delta.get("content") or "")
-            self.reasoning.append(reasoning_text(delta) or "")
-        else:
-            self.text.append(choice.get("text") or "")
+        text, reasoning = self.shape.delta_texts(choice)
+        self.text.append(text)
+        if reasoning is not None:
+            self.reasoning.append(reasoning)
         lp = choice.get("logprobs")
         if isinstance(lp, dict):
             if isinstance(lp.get("content"), list):
@@ -78,9 +80,7 @@ class StreamedChoice:
                 "top_logprobs": self.top_logprobs,
             }
         out: dict[str, Any] = {"logprobs": logprobs, "finish_reason": self.finish_reason}
-        out.update(
-            {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
-        )
+        out.update(self.shape.whole_choice(text))
         if any(self.reasoning):
             out["message"]["reasoning"] = "".join(self.reasoning)
         if self.token_ids:

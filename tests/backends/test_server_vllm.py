@@ -1,0 +1,50 @@
+"""The openai backend and ``gnll doctor`` against a real vLLM server (its CPU build) on the
+embedded SmolLM2 in float32: the run's shared ``vllm_server`` (tests/vllm_helpers.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gnll import GenerationConfig, load_model
+from gnll.backends.base import BATCH_INVARIANCE_ATOL
+from gnll.evaluation.data.tasks import get_task
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def served(vllm_server):
+    return load_model(
+        vllm_server.model, backend="openai", base_url=vllm_server.base_url, concurrency=2
+    )
+
+
+def test_the_server_is_recognised_as_vllm_with_its_capabilities(served, vllm_server):
+    info = served.info()
+    assert info["server"] == "vllm"
+    caps = served.capabilities
+    assert caps.scoring and caps.terminator and caps.chat and not caps.beams
+    # the wheel that the tier installs, not some other vLLM
+    import httpx
+
+    version = httpx.get(vllm_server.url + "/version", timeout=10).json()["version"]
+    from gnll.backends.openai.launch import VLLM_VERSION
+
+    assert version == VLLM_VERSION
+
+
+def test_greedy_answers_are_finite_and_their_nll_is_the_sum(served):
+    td = get_task("triviaqa_short").load(seed=0)
+    prompts = [td.prompt(ex) for ex in td.split("eval", 4)]
+    cfg = GenerationConfig.greedy(max_new_tokens=24)
+    for [g] in served.generate(prompts, cfg):
+        assert len(g.token_ids) == len(g.tokens) == len(g.token_logprobs) > 0
+        assert all(math.isfinite(v) and v <= 0 for v in g.token_logprobs)
+        assert g.finish_reason in ("stop", "eos", "length")
+    again = served.generate(prompts[:1], cfg)[0][0]
+    first = served.generate(prompts[:1], cfg)[0][0]
+    assert again.tokens == first.tokens
+    pairs = zip(again.token_logprobs, first.token_logprobs, strict=True)
+    assert max(abs(a - b) for a, b in pairs) <= BATCH_INVARIANCE_ATOL
