@@ -23,7 +23,9 @@ gnll renders a plain prompt with ``chat_template=True``) and ``GenerationParamet
 strings, so only EOS ends an answer). Its greedy decoding masks EOS in steps 1-2
 (``min_new_tokens=2``), so where gnll's unmasked greedy answer ends with EOS at step 1 or 2 the
 two tools generate different answers: ``tests/evaluation/test_polygraph_parity.py`` checks
-``g-nll+eos`` on the answers that agree and counts those that do not.
+``g-nll+eos`` on the answers that agree and counts those that do not. ``--defaults --multiturn``
+gives the few-shot examples as user/assistant turns (``polygraph_msp_multiturn.json``): the answers
+are then short, and EOS often ends them at step 2.
 """
 
 from __future__ import annotations
@@ -43,10 +45,14 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--data_dir", default=None)
     ap.add_argument("--defaults", action="store_true", help="LM-Polygraph's defaults (see above)")
+    ap.add_argument(
+        "--multiturn", action="store_true", help="with --defaults: few-shot examples as chat turns"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out is None:
         name = "polygraph_msp_defaults.json" if args.defaults else "polygraph_msp.json"
+        name = name.replace("defaults", "multiturn") if args.multiturn else name
         args.out = f"tests/evaluation/data/{name}"
 
     from lm_polygraph.estimators import MaximumSequenceProbability
@@ -57,13 +63,14 @@ def main() -> None:
     from lm_polygraph.utils.model import WhiteboxModel
 
     from gnll import load_model
-    from gnll.backends.base import DEFAULT_STOP
+    from gnll.backends.base import DEFAULT_STOP, chat_messages
     from gnll.evaluation.data.tasks import get_task
     from gnll.evaluation.results.correctness import f1_verdict
 
     start = time.time()
     lm = load_model(args.model, chat_template=args.defaults, progress=False)
     td = get_task("triviaqa_short").load(data_dir=args.data_dir)
+    td.fewshot_as_multiturn = args.multiturn  # td.prompt(e) then carries the chat turns
     examples = td.split("eval", args.limit)
     max_new = td.task.max_new_tokens
     if args.defaults:
@@ -83,7 +90,9 @@ def main() -> None:
     rows = []
     for e in examples:
         prompt = str(td.prompt(e))  # plain text: with instruct=True, one user turn
-        stats = calc({}, [prompt], wm, max_new_tokens=max_new)  # one prompt: no padding
+        # --multiturn: the few-shot examples as user/assistant turns, as gnll's ChatPrompt
+        chat = chat_messages(td.prompt(e)) if args.multiturn else prompt
+        stats = calc({}, [chat], wm, max_new_tokens=max_new)  # one prompt: no padding
         text = stats["greedy_texts"][0]
         msp = float(MaximumSequenceProbability()(stats)[0])
         verdict = f1_verdict(text, e.answers, e.numeric_answer)
@@ -91,6 +100,7 @@ def main() -> None:
             {
                 "id": str(e.id),
                 "prompt": prompt,
+                **({"messages": chat} if args.multiturn else {}),
                 "input_tokens": [int(t) for t in stats["input_tokens"][0]],
                 "greedy_text": text,
                 "greedy_tokens": [int(t) for t in stats["greedy_tokens"][0]],
@@ -118,6 +128,7 @@ def main() -> None:
         "max_new_tokens": max_new,
         "stop_strings": stop_strings,
         "instruct": args.defaults,
+        "multiturn": args.multiturn,
         "eos_token_id": lm.tokenizer.eos_token_id,
         "min_new_tokens": 2,
         "metrics": metrics,

@@ -17,7 +17,7 @@ The figure's reference lines are the paper's sampling-based baselines (PE, LN-PE
 "with their optimal hyperparameter settings": their scores come from a ``gnll eval`` run of the same
 model and task (:func:`baseline_scores`, its per-measure held-out temperatures and its clusterer),
 evaluated against the same greedy answers' correctness. :func:`average_ablations` averages several
-runs (models) into one figure, as the paper's Fig. 2 averages its models.
+runs (models) into one figure (gnll's reading of the caption's "Average AUROC", paper.tex:595).
 
 Example
 -------
@@ -163,7 +163,7 @@ def add_baselines(
 
 
 def average_ablations(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of several ablations (models or runs), as the paper's Fig. 2 averages its models.
+    """The mean of several ablations (models or runs): gnll's reading of Fig. 2's "Average AUROC".
 
     Every AUROC is the mean over the runs that have it for all of them (an estimator or candidate
     count missing from one run is left out); standard errors combine as sqrt(sum SE^2) / k.
