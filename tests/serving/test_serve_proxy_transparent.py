@@ -329,3 +329,32 @@ def test_a_dead_upstream_is_said_at_start():
         logger.removeHandler(handler)
     messages = [r.getMessage() for r in said]
     assert any("http://127.0.0.1:9/v1 is not reachable yet" in m for m in messages), messages
+
+
+# ---------------------------------------------------------------- gnll doctor's messages
+def test_doctor_without_v1_says_to_add_it_and_every_fix_cell_is_filled():
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app as cli
+
+    up, px, _ = started("vllm")
+    try:
+        root = up.url  # the server's root, without its /v1
+        res = CliRunner().invoke(cli, ["doctor", "--base_url", root], env={"COLUMNS": "300"})
+        assert res.exit_code == 1
+        assert f"try --base_url {root}/v1" in " ".join(res.output.split())
+        res = CliRunner().invoke(
+            cli, ["doctor", "--base_url", root, "--model", "small"], env={"COLUMNS": "300"}
+        )
+        assert f"try --base_url {root}/v1" in " ".join(res.output.split())
+        # Against the stand-in (it answers every probe alike): each row's fix is filled in.
+        res = CliRunner().invoke(
+            cli, ["doctor", "--base_url", root + "/v1", "--requests", "1"], env={"COLUMNS": "300"}
+        )
+        rows = [ln for ln in res.output.splitlines() if ln.startswith("│") and "│" in ln[1:]]
+        cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in rows]
+        named = [c for c in cells if c[0]]  # a row's first line names its check
+        assert named and all(c[3] for c in named), res.output
+    finally:
+        px.__exit__(None, None, None)
+        up.__exit__(None, None, None)
