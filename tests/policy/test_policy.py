@@ -236,3 +236,13 @@ def test_r5_calibrated_generate_on_a_reasoning_model_with_early_decisions(tmp_pa
     assert expected == [False, True, True]
     assert [r["refused"] for r in early] == [r["refused"] for r in full] == expected
     assert early[1].get("early") is True and "early" not in full[1]
+
+
+def test_a_callback_that_only_observes_cannot_take_a_withholding_policy():
+    from gnll.integrations.core import observing_policy
+
+    for mode in ("refuse", "escalate"):
+        with pytest.raises(ParameterError, match="a callback only observes") as caught:
+            observing_policy(mode, threshold=1.0, escalate=True)
+        assert caught.value.param == "policy"
+    assert observing_policy("flag", threshold=1.0).mode == "flag"
