@@ -36,5 +36,5 @@ def test_the_page_asks_through_each_api_with_the_same_g_nll():
         finally:
             browser.close()
     # The page wraps a typed question in gnll ask's instruction: the stand-in's sure answer.
-    sure = ("".join(SURE[0]), pytest.approx(-sum(SURE[1]), abs=5e-5))
+    sure = ("".join(SURE[0]), pytest.approx(-sum(SURE[1]), abs=5e-5))  # same path: the page rounds the record's value to 4 decimals
     assert shown == {api: sure for api in ("chat", "responses", "messages")}
