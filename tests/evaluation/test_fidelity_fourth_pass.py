@@ -58,7 +58,9 @@ def test_which_numbers_are_order_invariant():
     for _ in range(10):
         p = rng.permutation(len(scores))
         raw.append(prr_metrics(distinct[p], correct[p], n_random=50)["prr"])
-        assert tie_averaged_prr(distinct[p], correct[p])["prr"] == pytest.approx(raw[-1], abs=1e-12)
+        assert tie_averaged_prr(distinct[p], correct[p])["prr"] == pytest.approx(
+            raw[-1], abs=1e-12
+        )  # same path: one float64 formula on the same answers
     assert max(raw) - min(raw) < 1e-12
 
 
@@ -74,10 +76,14 @@ def test_tie_averaged_prr_is_the_mean_over_every_order():
         ]
         assert len(set(np.round(areas, 12))) > 1  # order-dependent
         got = tie_averaged_prr(ue, q, max_rejection)
-        assert got["prr"] == pytest.approx(float(np.mean(areas)), abs=1e-12)
+        assert got["prr"] == pytest.approx(
+            float(np.mean(areas)), abs=1e-12
+        )  # same path: one float64 formula on the same answers
         oracle = prediction_rejection_area([-x for x in q], q, max_rejection)
         want = (got["prr"] - np.mean(q)) / (oracle - np.mean(q))
-        assert got["prr_normalized"] == pytest.approx(want, abs=1e-12)
+        assert got["prr_normalized"] == pytest.approx(
+            want, abs=1e-12
+        )  # same path: one float64 formula on the same answers
 
 
 def test_prr_table_marks_order_dependent_cells_and_adds_the_tie_averaged_table():
@@ -122,12 +128,22 @@ def test_non_finite_uncertainties_are_clipped_and_kept_as_lm_polygraph_does():
     from lm-polygraph 0.7.0 itself (its ``_delete_nans``, ``PredictionRejectionArea``,
     ``get_random_scores``, ``normalize_metric``). Before, gnll dropped the answer: 0.8033 / 0.7574."""
     nan = prr_metrics([0.1, math.nan, 0.5, 0.3, 0.7, 0.2], [1, 0, 1, 0, 0, 1])
-    assert nan["prr"] == pytest.approx(0.4611111111111111, abs=1e-12)
-    assert nan["prr_normalized"] == pytest.approx(-0.1054120976299966, abs=1e-12)
-    assert nan["prr_0.5_normalized"] == pytest.approx(0.29971988795518206, abs=1e-12)
+    assert nan["prr"] == pytest.approx(
+        0.4611111111111111, abs=1e-12
+    )  # same path: float64 numpy on the same inputs as LM-Polygraph's
+    assert nan["prr_normalized"] == pytest.approx(
+        -0.1054120976299966, abs=1e-12
+    )  # same path: float64 numpy on the same inputs as LM-Polygraph's
+    assert nan["prr_0.5_normalized"] == pytest.approx(
+        0.29971988795518206, abs=1e-12
+    )  # same path: float64 numpy on the same inputs as LM-Polygraph's
     inf = prr_metrics([0.1, math.inf, 0.5, 0.3, 0.7, 0.2], [1, 1, 0, 0, 0, 1])
-    assert inf["prr_normalized"] == pytest.approx(0.57567440684699, abs=1e-12)
-    assert inf["prr_0.5_normalized"] == pytest.approx(-0.30095403295750206, abs=1e-12)
+    assert inf["prr_normalized"] == pytest.approx(
+        0.57567440684699, abs=1e-12
+    )  # same path: float64 numpy on the same inputs as LM-Polygraph's
+    assert inf["prr_0.5_normalized"] == pytest.approx(
+        -0.30095403295750206, abs=1e-12
+    )  # same path: float64 numpy on the same inputs as LM-Polygraph's
     # a NaN quality is left out, with its uncertainty
     dropped = prr_metrics([0.1, 0.9, 0.5, 0.3, 0.4], [1, 0, 1, 0, math.nan])
     assert dropped == prr_metrics([0.1, 0.9, 0.5, 0.3], [1, 0, 1, 0])
