@@ -5,13 +5,14 @@ evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and
 ``GenerationConfig``), ``service`` (the interface of the two modes), ``inprocess`` and ``proxy``
 (the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
 replayed and proxied streams), ``cascade`` (``--policy escalate``), ``responses`` (OpenAI bodies),
-``errors``, ``observers`` (who hears of every answered request: ``metrics`` (Prometheus), the
-access log, ``tracing`` (OpenTelemetry)), ``app`` (routes, auth, limits), ``webui`` (the page at
-``/``), ``server`` (uvicorn). The abstention policy and the annotation that builds each answer's
-:class:`gnll.uncertainty.Uncertainty` record are the library's (:mod:`gnll.policy`, re-exported
-here as :class:`AbstentionPolicy`), obeyed by every surface alike. The option rules of a server
-live here too (:class:`ServeSettings`, :func:`check_escalation`), so ``gnll serve`` only parses
-and prints.
+``responses_api`` and ``messages_api`` (``/v1/responses`` and ``/v1/messages``, answered through
+the chat path: ``translation``), ``errors``, ``observers`` (who hears of every answered request:
+``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes, auth,
+limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The abstention policy and the
+annotation that builds each answer's :class:`gnll.uncertainty.Uncertainty` record are the
+library's (:mod:`gnll.policy`, re-exported here as :class:`AbstentionPolicy`), obeyed by every
+surface alike. The option rules of a server live here too (:class:`ServeSettings`,
+:func:`check_escalation`), so ``gnll serve`` only parses and prints.
 """
 
 from __future__ import annotations
