@@ -33,19 +33,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll.backends.openai.parse import logprob_pairs
 from gnll.measures import LogprobError
-from gnll.policy import AbstentionPolicy, Answer
+from gnll.policy import AbstentionPolicy, Answer, escalated, kept
 from gnll.serving.errors import HTTPError
 from gnll.serving.responses import Reply, error_body, sse, stream_error
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
-from gnll.uncertainty import LocalAnswer, Uncertainty
+from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
@@ -126,11 +126,7 @@ class CascadeService:
         body = reply.body
         local_name = self.local.model_name or ""
         if not any(r.abstain for r in reply.records):
-            kept = [
-                r.model_copy(update={"answered_by": local_name, "escalated": False})
-                for r in reply.records
-            ]
-            return self._finish(req, body, kept, reply.prompt)
+            return self._finish(req, body, kept(reply.records, local_name), reply.prompt)
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
         bound, _ = settings.token_bounds(self.local.mode)
@@ -156,18 +152,21 @@ class CascadeService:
             return self._fallback(req, body, reply, self._named(said))
         model = up.body.get("model") if up.body is not None else _chunk_model(first)
         up_name = model or self.upstream_model or self.upstream.model_name
-        local = LocalAnswer.model_validate(
-            reply.records[0].to_json()
-            | {"text": req.shape.text_of(body["choices"][0]), "model": local_name}
-        )
-        update = {"answered_by": up_name, "escalated": True, "local": local}
+        def answered(records: list[Uncertainty]) -> list[Uncertainty]:
+            return escalated(
+                records,
+                answered_by=up_name,
+                local=reply.records[0],
+                local_text=req.shape.text_of(body["choices"][0]),
+                local_model=local_name,
+            )
+
         if chunks is None:
             assert up.body is not None, "a request that is not streamed has a body"
-            escalated = [r.model_copy(update=update) for r in up.records]
-            return self._finish(req, up.body, escalated, reply.prompt)
+            return self._finish(req, up.body, answered(up.records), reply.prompt)
         assert first is not None
         records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
-        stream = self._live(first, chunks, up.records, update, records)
+        stream = self._live(first, chunks, up.records, answered, records)
         return Reply(
             body=None,
             records=records,
@@ -185,13 +184,8 @@ class CascadeService:
     ) -> Reply:
         """The local answer, after a failed escalation (``escalation_error`` says why)."""
         log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
-        update = {
-            "answered_by": self.local.model_name or "",
-            "escalated": False,
-            "escalation_error": message,
-        }
-        kept = [r.model_copy(update=update) for r in reply.records]
-        return self._finish(req, body, kept, reply.prompt)
+        records = kept(reply.records, self.local.model_name or "", message)
+        return self._finish(req, body, records, reply.prompt)
 
     def _named(self, message: str) -> str:
         """``message``, naming the upstream unless it does already."""
@@ -203,7 +197,7 @@ class CascadeService:
         first: str,
         chunks: AsyncGenerator[str, None],
         up_records: list[Uncertainty],
-        update: dict[str, Any],
+        answered: Callable[[list[Uncertainty]], list[Uncertainty]],
         out: list[Uncertainty],
     ) -> AsyncIterator[str]:
         """The upstream's stream as it comes, each choice's record in its last chunk made the
@@ -225,7 +219,7 @@ class CascadeService:
                 if '"uncertainty"' in chunk and chunk.startswith("data: {"):
                     # The proxy fills its records just before it sends the chunks that carry them.
                     if not out:
-                        out.extend(r.model_copy(update=update) for r in up_records)
+                        out.extend(answered(up_records))
                     data = json.loads(chunk[6:])
                     for c in data.get("choices") or []:
                         if "uncertainty" in c:
