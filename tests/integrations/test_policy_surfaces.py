@@ -167,3 +167,18 @@ def test_no_byte_of_a_refused_answer_reaches_the_caller(surface, vllm_url):
     assert refusal_at >= 0, f"{surface} sent no refusal: {everything[:500]}"
     assert SECRET not in everything[:refusal_at], f"{surface} leaked before the refusal"
     assert SECRET not in everything, f"{surface} sent the refused answer: {everything[:800]}"
+
+
+def test_the_observing_handlers_refuse_a_withholding_policy():
+    """LangChain's callback and LlamaIndex's event handler see an answer after the caller: under
+    refuse they would change a response already delivered (LlamaIndex's did), so they refuse it."""
+    require("llama_index.core")
+    require("langchain_core")
+    from gnll._util.validation import ParameterError
+    from gnll.integrations.langchain import UncertaintyCallbackHandler
+    from gnll.integrations.llamaindex import UncertaintyEventHandler
+
+    for handler in (UncertaintyCallbackHandler, UncertaintyEventHandler):
+        with pytest.raises(ParameterError, match="a callback only observes"):
+            handler(policy="refuse", threshold=THRESHOLD)
+        assert handler(policy="flag", threshold=THRESHOLD).scorer.policy.mode == "flag"

@@ -93,6 +93,8 @@ def test_pin_asks_for_log_probs_and_greedy_decoding():
         pol.pin({"temperature": 0.7})
     assert caught.value.param == "temperature"
     assert AbstentionPolicy().pin({"temperature": 0.7})["temperature"] == 0.7
+    # the server asks the same question of a typed request (400 under refuse)
+    assert not pol.takes_sampled and AbstentionPolicy(mode="flag", threshold=1.0).takes_sampled
 
 
 def test_decide_an_answer_gives_the_record_and_what_the_caller_sees():
@@ -236,3 +238,13 @@ def test_r5_calibrated_generate_on_a_reasoning_model_with_early_decisions(tmp_pa
     assert expected == [False, True, True]
     assert [r["refused"] for r in early] == [r["refused"] for r in full] == expected
     assert early[1].get("early") is True and "early" not in full[1]
+
+
+def test_a_callback_that_only_observes_cannot_take_a_withholding_policy():
+    from gnll.integrations.core import observing_policy
+
+    for mode in ("refuse", "escalate"):
+        with pytest.raises(ParameterError, match="a callback only observes") as caught:
+            observing_policy(mode, threshold=1.0, escalate=True)
+        assert caught.value.param == "policy"
+    assert observing_policy("flag", threshold=1.0).mode == "flag"

@@ -30,7 +30,13 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from gnll.integrations.core import AnswerScorer, Scored, decoding_of, make_policy
+from gnll.integrations.core import (
+    AnswerScorer,
+    Scored,
+    decoding_of,
+    make_policy,
+    observing_policy,
+)
 from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
 
@@ -243,10 +249,8 @@ class UncertaintyCallbackHandler(BaseCallbackHandler):
         server: str = "generic",
         prompt_format: str | None = "chat",
     ) -> None:
-        if (policy.mode if isinstance(policy, AbstentionPolicy) else policy) == "refuse":
-            raise ValueError("a callback only observes: use with_uncertainty(...) to refuse")
         self.scorer = AnswerScorer(
-            policy=make_policy(policy, calibration=calibration, threshold=threshold),
+            policy=observing_policy(policy, calibration=calibration, threshold=threshold),
             server=server,
             prompt_format=prompt_format,
         )

@@ -32,7 +32,7 @@ from llama_index.core.instrumentation.events.llm import (
     LLMCompletionInProgressEvent,
 )
 
-from gnll.integrations.core import AnswerScorer, Scored, make_policy
+from gnll.integrations.core import AnswerScorer, Scored, make_policy, observing_policy
 from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
 
@@ -210,6 +210,9 @@ def with_uncertainty(
 class UncertaintyEventHandler(BaseEventHandler, _Scoring):
     """Score every LLM response LlamaIndex's instrumentation reports (streams included).
 
+    It only observes: a handler sees a response after the caller got it, so ``policy`` is
+    ``annotate`` or ``flag`` (``refuse`` is :func:`with_uncertainty`'s, which holds streams).
+
     Register it with ``llama_index.core.instrumentation.get_dispatcher().add_event_handler(h)``;
     the LLM must be asked for log-probs (``logprobs=True, top_logprobs=1, temperature=0``). Each
     record goes to ``on_uncertainty(record, event)`` and onto the response
@@ -235,7 +238,7 @@ class UncertaintyEventHandler(BaseEventHandler, _Scoring):
     ) -> None:
         super().__init__()
         self.scorer = AnswerScorer(
-            policy=make_policy(policy, calibration=calibration, threshold=threshold),
+            policy=observing_policy(policy, calibration=calibration, threshold=threshold),
             server=server,
             prompt_format=prompt_format,
         )
