@@ -27,7 +27,6 @@ that says so.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -35,19 +34,29 @@ import httpx
 
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model
-from gnll.backends.openai.parse import logprob_pairs
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.measures import LogprobError
 from gnll.policy import Answer, annotate
 from gnll.policy.choices import choice_answer
 from gnll.serving import responses as R
-from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
+from gnll.serving.errors import (
+    HTTPError,
+    ModelNotFound,
+    RequestError,
+    upstream_error,
+    upstream_message,
+)
 from gnll.serving.protocol.common import Shape
-from gnll.serving.responses import Reply
-from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
+from gnll.serving.responses import Mark, Reply
+from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
-from gnll.serving.streams.replay import stream_chunks
-from gnll.serving.streams.upstream import StreamedChoice
+from gnll.serving.streams.replay import sent_answers, stream_chunks
+from gnll.serving.streams.upstream import (
+    EarlyWatch,
+    UpstreamBrokeError,
+    UpstreamEventError,
+    UpstreamStream,
+)
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -126,7 +135,7 @@ class ProxyService:
             ok = response.status_code < 400
             if not ok:
                 upstream["error"] = (
-                    _upstream_message(response.text) or f"HTTP {response.status_code}"
+                    upstream_message(response.text) or f"HTTP {response.status_code}"
                 )
         except httpx.HTTPError as exc:
             ok, upstream["error"] = False, f"cannot reach it: {exc or type(exc).__name__}"
@@ -253,14 +262,14 @@ class ProxyService:
         if response.status_code >= 400:
             text = (await response.aread()).decode(errors="replace")
             await response.aclose()
-            message = _upstream_message(text) or f"HTTP {response.status_code}"
+            message = upstream_message(text) or f"HTTP {response.status_code}"
             status = response.status_code if response.status_code < 500 else 502
             raise HTTPError(
                 status,
                 f"upstream {url} answered {response.status_code}: {message}",
                 "upstream_error" if status == 502 else "invalid_request_error",
-                param=_upstream_error(text).get("param") if status < 500 else None,
-                code=_upstream_error(text).get("code") if status < 500 else None,
+                param=upstream_error(text).get("param") if status < 500 else None,
+                code=upstream_error(text).get("code") if status < 500 else None,
             )
         return response
 
@@ -305,8 +314,14 @@ class ProxyService:
         return body
 
     async def handle(
-        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        *,
+        mark: Mark | None = None,
     ) -> Reply:
+        """The upstream's answer with its records; ``mark`` (an escalation's) turns the records
+        into the ones sent, given the model that answered, before any is sent."""
         default, limit = settings.token_bounds(self.mode)
         config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         profile = await self._detect()
@@ -323,9 +338,10 @@ class ProxyService:
         )
         if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
-            records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
-            stream = self._relay(response, req, settings, profile, config, records)
-            return Reply(body=None, records=records, stream=stream, prompt=prompt)
+            # Its records fill in when the stream ends (for metrics), its model at the first chunk.
+            reply = Reply(body=None, records=[], prompt=prompt)
+            reply.stream = self._relay(response, req, settings, profile, config, reply, mark)
+            return reply
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
@@ -349,20 +365,19 @@ class ProxyService:
             answers = [decided]
         else:
             answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
-        records, texts, finishes = annotate(
-            answers,
-            settings.policy,
-            include_tokens=req.wants_logprobs,
-            source="upstream",
-            prompt_format=req.prompt_format("chat"),
-        )
+        model = data.get("model") if isinstance(data.get("model"), str) else None
+        records, texts, finishes = _annotated(answers, req, settings, mark, model)
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
             _decorate(choice, rec, text, finish, req)
         if req.stream:  # a replay: the answer is known before its first piece is sent
             own = _as_own_body(data, req.shape)
             replayed = stream_chunks(own, answers, req.shape, req.include_usage)
-            return Reply(body=data, records=records, stream=replayed, prompt=prompt)
-        return Reply(body=data, records=records, prompt=prompt)
+            return Reply(
+                data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
+            )
+        return Reply(
+            data, records, None, prompt, model=model, answers=sent_answers(data, req.shape)
+        )
 
     async def _echo(
         self,
@@ -410,80 +425,19 @@ class ProxyService:
             # response would; one cut at the decision has none (the upstream never counted it).
             streamed["stream_options"] = {"include_usage": True}
         response = await self._send("POST", path, streamed, stream=True)
-        acc, last = StreamedChoice(req.shape), {}
-        usage: Any = None
-        tokens: list[str] = []
-        lps: list[float] = []
-        seen = 0  # tokens received, trace included
+        watch = EarlyWatch(rule)
+        reader = UpstreamStream(response, req.shape, watch)
         try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if isinstance(chunk, dict) and "error" in chunk:
-                    raise HTTPError(
-                        502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
-                    )
-                if chunk.get("usage") is not None:
-                    usage = chunk["usage"]
-                if not chunk.get("choices"):
-                    continue
-                last = chunk
-                for choice in chunk.get("choices") or []:
-                    acc.add(choice)
-                    pairs = logprob_pairs(choice.get("logprobs"))
-                    first, seen = seen, seen + len(pairs)
-                    if choice.get("finish_reason"):
-                        continue  # the end: the decision is the whole answer's
-                    # A reasoning model's trace and end-of-reasoning marker are context, not
-                    # answer: the running G-NLL starts at the answer's first token.
-                    start = acc.labeller.answer_start if acc.labeller.reasoning else 0
-                    for j, (tok, lp) in enumerate(pairs):
-                        if start is None or first + j < start:
-                            continue
-                        tokens.append(tok)
-                        lps.append(lp)
-                        rule.skip()
-                        rule.release([lp])
-                if rule.decided:
-                    break  # closing the response below disconnects from the upstream
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            raise HTTPError(502, f"upstream stream broke off: {exc}", "upstream_error") from None
-        finally:
-            await response.aclose()
-        base = {
-            "id": last.get("id") or req.shape.new_id(),
-            "object": req.shape.object,
-            "created": last.get("created"),
-            "model": last.get("model"),
-            "usage": None,
-        }
-        if not rule.decided:
-            return {**base, "usage": usage, "choices": [{"index": 0, **acc.choice()}]}, None
-        t = rule.decision.at_token or 0
-        text = "".join(tokens[:t])
-        answer = Answer(
-            text=text,
-            finish_reason="stop",
-            tokens=tokens[:t],
-            token_logprobs=lps[:t],
-            decoding="greedy",
-            measured_logprobs=lps[:t] or [0.0],
-            early={
-                "decided_at_token": t,
-                "tokens_generated": rule.generated,
-                # Unknown when the upstream's own limit applies (no max_tokens asked or set).
-                "tokens_saved": None
-                if config.max_new_tokens == UNBOUNDED
-                else config.max_new_tokens - rule.generated,
-            },
-        )
-        whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        whole.update(req.shape.whole_choice(text))
-        return {**base, "choices": [whole]}, answer
+            async for _ in reader:
+                pass
+        except UpstreamEventError as exc:
+            error = exc.chunk["error"]
+            raise HTTPError(
+                502, f"upstream {self.upstream} failed: {error}", "upstream_error"
+            ) from None
+        except UpstreamBrokeError as exc:
+            raise HTTPError(502, str(exc), "upstream_error") from None
+        return watch.outcome(reader, config.max_new_tokens)
 
     def _answer(
         self,
@@ -514,31 +468,19 @@ class ProxyService:
         settings: ServeSettings,
         profile: ServerProfile,
         config: GenerationConfig,
-        out: list[Uncertainty],
+        reply: Reply,
+        mark: Mark | None,
     ) -> AsyncIterator[str]:
-        """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        acc: dict[int, StreamedChoice] = {}
-        last: dict[str, Any] = {}
-        usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
-        finished = False
+        """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty.
+
+        ``reply`` learns the answering model at the first chunk and an error before its event is
+        sent; ``mark`` turns the records into the ones sent (an escalation's)."""
+        reader = UpstreamStream(response, req.shape)
         try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    finished = True
-                    break
-                chunk = json.loads(payload)
-                if isinstance(chunk, dict) and "error" in chunk:
-                    yield R.sse(chunk)  # the upstream's own error event ends the stream
-                    return
-                last = chunk
-                if not chunk.get("choices") and chunk.get("usage") is not None:
-                    usage = chunk
-                    continue
+            async for chunk in reader:
+                if reply.model is None and isinstance(chunk.get("model"), str):
+                    reply.model = chunk["model"]
                 for choice in chunk.get("choices") or []:
-                    acc.setdefault(choice.get("index", 0), StreamedChoice(req.shape)).add(choice)
                     # A choice finishes once, in our last chunk (which carries the uncertainty):
                     # a client that stops at the first finish_reason would never see it.
                     choice["finish_reason"] = None
@@ -546,52 +488,76 @@ class ProxyService:
                         choice["logprobs"] = None
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
                 yield R.sse(chunk)
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            yield R.sse(R.error_body(f"upstream stream broke off: {exc}", "upstream_error"))
+        except UpstreamEventError as exc:  # the upstream's own error event ends the stream
+            reply.error = _event_message(exc.chunk)
+            yield R.sse(exc.chunk)
+            return
+        except UpstreamBrokeError as exc:
+            reply.error = str(exc)
+            yield R.sse(R.error_body(str(exc), "upstream_error"))
             return
         finally:
-            await response.aclose()
-        if not finished:  # the connection closed cleanly, but before the stream's end
-            yield R.sse(
-                R.error_body(f"upstream {self.upstream} ended the stream early", "upstream_error")
-            )
+            await reader.aclose()
+        acc = reader.choices
+        if not reader.finished:  # the connection closed cleanly, but before the stream's end
+            reply.error = f"upstream {self.upstream} ended the stream early"
+            yield R.sse(R.error_body(reply.error, "upstream_error"))
             return
         cut = [i for i in sorted(acc) if acc[i].finish_reason is None]
         if cut:
             hint = CUT_STREAM_HINT.get(profile.name, "it cut the answer short")
             said = sum(len(t) for t in acc[cut[0]].text)
-            message = (
+            reply.error = (
                 f"upstream {self.upstream} ended the stream of choice {cut[0]} without a "
                 f"finish_reason after {said} characters: the answer was cut short ({hint})"
             )
-            yield R.sse(R.error_body(message, "upstream_error"))
+            yield R.sse(R.error_body(reply.error, "upstream_error"))
             return
         if len(acc) < _expected_choices(req):
-            message = _short_message(self.upstream, req, len(acc))
-            yield R.sse(R.error_body(message, "invalid_request_error", param="n"))
+            reply.error = _short_message(self.upstream, req, len(acc))
+            yield R.sse(R.error_body(reply.error, "invalid_request_error", param="n"))
             return
         try:
             answers = [
                 self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
                 for i in sorted(acc)
             ]
-            records, _, finishes = annotate(
-                answers,
-                settings.policy,
-                include_tokens=req.wants_logprobs,
-                source="upstream",
-                prompt_format=req.prompt_format("chat"),
-            )
+            records, _, finishes = _annotated(answers, req, settings, mark, reply.model)
         except LogprobError as exc:
-            yield R.sse(R.error_body(str(exc), "upstream_error"))
+            reply.error = str(exc)
+            yield R.sse(R.error_body(reply.error, "upstream_error"))
             return
-        out.extend(records)
-        base = {k: last.get(k) for k in ("id", "object", "created", "model")}
+        reply.records.extend(records)
+        base = {k: reader.last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
             yield R.sse({**base, "choices": [req.shape.last(i, finish, rec)]})
-        if usage is not None and req.include_usage:
-            yield R.sse(usage)
+        if reader.usage_chunk is not None and req.include_usage:
+            yield R.sse(reader.usage_chunk)
         yield R.sse("[DONE]")
+
+
+def _annotated(
+    answers: list[Answer],
+    req: CompletionRequest | ChatCompletionRequest,
+    settings: ServeSettings,
+    mark: Mark | None,
+    model: str | None,
+) -> tuple[list[Uncertainty], list[str], list[str | None]]:
+    """The records (as sent: ``mark``ed), texts and finish reasons of an upstream's answers."""
+    records, texts, finishes = annotate(
+        answers,
+        settings.policy,
+        include_tokens=req.wants_logprobs,
+        source="upstream",
+        prompt_format=req.prompt_format("chat"),
+    )
+    return (mark(records, model) if mark is not None else records), texts, finishes
+
+
+def _event_message(chunk: dict[str, Any]) -> str:
+    """The message of an upstream's error event."""
+    err = chunk.get("error")
+    return str(err.get("message") if isinstance(err, dict) else err)
 
 
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
@@ -603,30 +569,6 @@ def _short_message(upstream: str, req: CompletionRequest | ChatCompletionRequest
         f"n={req.n}: the upstream server {upstream} answered with {got} of "
         f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
     )
-
-
-def _upstream_error(text: str) -> dict[str, Any]:
-    """The upstream's OpenAI error object (``param``, ``code``), or an empty dict."""
-    try:
-        err = json.loads(text).get("error")
-    except (ValueError, AttributeError):
-        return {}
-    return err if isinstance(err, dict) else {}
-
-
-def _upstream_message(text: str) -> str:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()[:500]
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("message") or err)[:500]
-    if err:
-        return str(err)[:500]
-    return (
-        str(data.get("detail") or data.get("message") or text) if isinstance(data, dict) else text
-    )[:500]
 
 
 def _decorate(
