@@ -306,3 +306,47 @@ def test_refuse_under_the_proxy_withholds_the_answer_on_both_apis():
                     r = post(px, path, body)
                     assert r.status_code == 200, r.text
                     assert REFUSAL in r.text and "Maybe" not in r.text and "Lyon" not in r.text
+
+
+def test_metrics_and_otel_events_name_the_api():
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    from gnll.serving.tracing import Emitter
+
+    exp = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    settings = ServeSettings(tracing=Emitter(provider))
+    with ServerThread(build_inprocess_app(StreamingModel(), settings, max_wait_ms=1)) as srv:
+        ids = {}
+        for api in APIS:
+            path, body = request(api, "streaming", "unsure")
+            ids[api] = post(srv, path, body).json()["id"]
+            s = post(srv, path, {**body, "stream": True})
+            assert s.status_code == 200
+        srv.model_id = "streaming"
+        chat(srv, "unsure")
+        metrics = httpx.get(srv.url + "/metrics").text
+    provider.shutdown()
+    for api in ("responses", "messages", "chat.completions"):
+        want = 1 if api == "chat.completions" else 2
+        assert f'gnll_api_answers_total{{api="{api}"}} {float(want)}' in metrics, metrics
+        assert (
+            f'gnll_requests_total{{endpoint="/v1/{api.replace(".", "/")}",status="200"}}' in metrics
+        )
+    got = [dict(getattr(i, "log_record", i).attributes) for i in exp.get_finished_logs()]
+    by_api = {}
+    for attrs in got:
+        by_api.setdefault(attrs["gnll.api"], []).append(attrs)
+    assert sorted(by_api) == ["chat.completions", "messages", "responses"]
+    assert by_api["responses"][0]["gen_ai.response.id"] == ids["responses"]
+    assert by_api["messages"][0]["gen_ai.response.id"] == ids["messages"]
+    assert by_api["responses"][1]["gen_ai.response.id"].startswith("resp_")  # the stream's
+    assert by_api["messages"][1]["gen_ai.response.id"].startswith("msg_")
+    assert all(a["gen_ai.evaluation.score.value"] == 5.0 for a in got)
+
+
+def test_the_pages_config_lists_every_api(server):  # noqa: F811
+    config = httpx.get(server.url + "/ui/api/config").json()
+    assert {"/v1/responses", "/v1/messages", "/v1/chat/completions"} <= set(config["apis"])

@@ -78,3 +78,26 @@ def test_doctor_through_the_proxy_passes(proxy):
     result = CliRunner().invoke(cli, ["doctor", "--base_url", proxy.url + "/v1", "--requests", "2"])
     assert result.exit_code == 0, result.output
     assert "looks like a bug" not in result.output and "HTTP 404" not in result.output
+
+
+def test_an_answer_cut_early_reports_the_tokens_generated(vllm_server):
+    """Under refuse --early the proxy closes vLLM's stream at the decision; its usage is the
+    proxy's count (was null): the tokens received, and vLLM's own count of the prompt."""
+    from gnll.serving import AbstentionPolicy
+
+    settings = ServeSettings(
+        policy=AbstentionPolicy(mode="refuse", threshold=2.0), early=True, upstream_timeout=300
+    )
+    long_q = [{"role": "user", "content": "Write a long essay about the history of Paris."}]
+    body = {"model": vllm_server.model, "messages": long_q, "max_tokens": 200}
+    with ServerThread(build_proxy_app(vllm_server.base_url, settings)) as px:
+        r = httpx.post(px.url + "/v1/chat/completions", json=body, timeout=300).json()
+    u = r["choices"][0]["uncertainty"]
+    assert u["early"] is True and u["refused"] is True
+    direct = httpx.post(
+        vllm_server.base_url + "/chat/completions", json={**body, "max_tokens": 1}, timeout=300
+    ).json()["usage"]
+    usage = r["usage"]
+    assert usage["completion_tokens"] == u["tokens_generated"] < 200
+    assert usage["prompt_tokens"] == direct["prompt_tokens"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]

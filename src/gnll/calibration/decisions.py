@@ -214,6 +214,29 @@ class DecisionCalibration:
         assert guarantee is not None
         return Verdict(answer, p_correct, guarantee)
 
+    def apply(self, answer: Any) -> Any:
+        """Calibrate one decision answer (a :class:`gnll.scoring.decisions.DecisionAnswer`) in place:
+        its ``p_correct`` and ``guarantee``, and a refusal below the threshold that says why.
+        Refusals, first-token answers and types this file has no calibration for pass unchanged
+        (the calibration was fitted on exact probabilities)."""
+        if answer.type == "refusal" or answer.method != "exact":
+            return answer
+        p = answer.top_probability
+        verdict = self.verdict(answer.question_type, p) if p is not None else None
+        if verdict is None:
+            return answer
+        answer.extra.update(p_correct=verdict.p_correct, guarantee=verdict.guarantee)
+        if not verdict.answer:
+            t = verdict.guarantee["threshold"]
+            below = (
+                "no threshold is guaranteed for this question type"
+                if t is None
+                else f"the chosen option's probability {p:.4f} is below the calibrated "
+                f"threshold {t:.4f}"
+            )
+            answer.refuse(f"{below}: {verdict.guarantee['statement']}")
+        return answer
+
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
         return {

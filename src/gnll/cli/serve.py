@@ -87,7 +87,7 @@ def serve(
         typer.Option(
             "--calibration",
             help="A `gnll calibrate` file, or 'auto' (the one shipped for an embedded model): "
-            "p_correct and abstain.",
+            "p_correct and abstain; a `gnll calibrate --decisions` file calibrates /v1/decisions.",
         ),
     ] = None,
     threshold: Annotated[
@@ -195,6 +195,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    upstream_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--upstream_idle_timeout",
+            "--upstream-idle-timeout",
+            help="Seconds an upstream stream may send nothing once it has begun; past it the "
+            "stream ends in an error event naming the upstream.",
+        ),
+    ] = 30.0,
     reasoning: Annotated[
         str | None,
         typer.Option(
@@ -228,6 +237,12 @@ def serve(
     from gnll.serving.server import configure_logging, listen, serve_forever
 
     with _option_errors():
+        decisions_cal = None
+        if calibration is not None and calibration != "auto":
+            from gnll.calibration.decisions import DecisionCalibration, is_decisions_calibration
+
+            if is_decisions_calibration(calibration):  # for /v1/decisions, not G-NLL answers
+                decisions_cal, calibration = DecisionCalibration.load(calibration), None
         if reasoning is not None:
             from gnll.backends.reasoning import reasoning_format
 
@@ -256,9 +271,11 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            upstream_idle_timeout=upstream_idle_timeout,
             prompt_format=prompt_format,
             tracing=tracing,
             early=early,
+            decisions_calibration=decisions_cal,
         )
         check_escalation(settings, escalate_to, upstream=upstream)
         if upstream:

@@ -109,7 +109,10 @@ def build_inprocess_app(
         from gnll.serving.proxy import ProxyService
 
         upstream = ProxyService(
-            escalate_to, api_key=escalate_api_key, timeout=settings.upstream_timeout
+            escalate_to,
+            api_key=escalate_api_key,
+            timeout=settings.upstream_timeout,
+            idle_timeout=settings.upstream_idle_timeout,
         )
         service = CascadeService(service, upstream, escalate_model)
     return create_app(service, settings)
@@ -155,12 +158,18 @@ def build_proxy_app(
         timeout=settings.upstream_timeout,
         server=server,
         reasoning=reasoning,
+        idle_timeout=settings.upstream_idle_timeout,
     )
     service: Service = proxy
     if escalate_to is not None:
         from gnll.serving.cascade import CascadeService
 
-        larger = ProxyService(escalate_to, api_key=api_key, timeout=settings.upstream_timeout)
+        larger = ProxyService(
+            escalate_to,
+            api_key=api_key,
+            timeout=settings.upstream_timeout,
+            idle_timeout=settings.upstream_idle_timeout,
+        )
         service = CascadeService(service, larger, escalate_model)
     app = create_app(service, settings)
     add_forwarded_routes(app, proxy)  # /tokenize, /detokenize: the client may take it for vLLM

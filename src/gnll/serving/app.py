@@ -55,6 +55,17 @@ TRANSLATED: dict[str, TranslatedAPI[Any]] = {
 }
 
 
+def api_name(path: str) -> str:
+    """The API a route serves, as the access log, metrics and ``--otel`` events name it.
+
+    Examples
+    --------
+    >>> api_name("/v1/chat/completions"), api_name("/v1/messages")
+    ('chat.completions', 'messages')
+    """
+    return path.removeprefix("/v1/").strip("/").replace("/", ".")
+
+
 def _error(
     status: int,
     message: str,
@@ -301,7 +312,7 @@ def create_app(
         except EngineStopped as exc:
             raise HTTPError(503, str(exc), "server_error") from None
         info = request.state.log
-        info.update(model=service.model_name, stream=req.stream)
+        info.update(model=service.model_name, stream=req.stream, api=api_name(request.url.path))
         if settings.log_prompts:
             info["prompt"] = reply.prompt
             if reply.body is not None:
@@ -310,7 +321,6 @@ def create_app(
                     for c in reply.body.get("choices", [])
                 ]
         if api is not None:
-            info["api"] = api.name
             reply = api.reply(reply, asked, req)
         headers = headers_for(reply.records) if reply.records else {}
         headers.update(reply.headers or {})

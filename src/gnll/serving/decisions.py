@@ -123,23 +123,10 @@ class DecisionsService:
 
     def _calibrated(self, answer: DecisionAnswer) -> DecisionAnswer:
         """The answer with its calibrated P(correct) and guarantee; refused below the threshold."""
-        cal = self.calibration
-        if cal is None or answer.type == "refusal" or answer.method != "exact":
+        if self.calibration is None:
             return answer
-        p = answer.top_probability
-        verdict = cal.verdict(answer.question_type, p) if p is not None else None
-        if verdict is None:
-            return answer
-        answer.extra.update(p_correct=verdict.p_correct, guarantee=verdict.guarantee)
-        if not verdict.answer:
-            t = verdict.guarantee["threshold"]
-            below = (
-                "no threshold is guaranteed for this question type"
-                if t is None
-                else f"the chosen option's probability {p:.4f} is below the calibrated threshold {t:.4f}"
-            )
-            answer.refuse(f"{below}: {verdict.guarantee['statement']}")
-        return answer
+        calibrated: DecisionAnswer = self.calibration.apply(answer)
+        return calibrated
 
 
 def _server(model: Model) -> str:

@@ -133,12 +133,12 @@ class InProcessService:
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
-        # Under `refuse` the text is known only when the answer is, and alternatives are known
-        # when a row ends: such streams are replays.
+        # Under `refuse` the text is known only when the answer is: such streams are replays.
+        # Alternatives stream live from the decoding loop, which records them at every step.
         if (
             req.stream
             and settings.policy.mode != "refuse"
-            and not req.num_top_logprobs
+            and (not req.num_top_logprobs or self.engine.reports_alternatives)
             and self.streams_live()
         ):
             return await self._stream(req, settings)
@@ -164,7 +164,8 @@ class InProcessService:
         from gnll.serving.streams.live import LiveStream, relay
 
         config, prompts, raw = self._plan(req, settings)
-        events = self.engine.stream(prompts, config, raw=raw)
+        # Alternatives are recorded at each decoding step, so they stream with their tokens.
+        events = self.engine.stream(prompts, config, raw=raw, top_logprobs=req.num_top_logprobs)
         # Up to the first decoded step: a request that fails before it (too long a prompt) is
         # answered with an HTTP error, as without streaming.
         first = await anext(events)
@@ -177,6 +178,7 @@ class InProcessService:
             shape=req.shape,
             logprobs=req.wants_logprobs,
             include_usage=req.include_usage,
+            top_logprobs=req.num_top_logprobs,
         )
         records: list[Uncertainty] = []
 

@@ -27,6 +27,7 @@ that says so.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,6 @@ from gnll.serving.errors import (
     upstream_error,
     upstream_message,
 )
-from gnll.serving.protocol.common import Shape
 from gnll.serving.responses import Mark, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
@@ -55,12 +55,15 @@ from gnll.serving.streams.upstream import (
     EarlyWatch,
     UpstreamBrokeError,
     UpstreamEventError,
+    UpstreamIdle,
     UpstreamStream,
 )
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
+
+log = logging.getLogger("gnll.serve")
 
 #: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
 #: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
@@ -84,6 +87,8 @@ class ProxyService:
         Bearer token for the upstream (not the proxy's own ``--api-key``).
     timeout:
         Seconds per upstream request (504 past it).
+    idle_timeout:
+        Seconds an upstream stream may send nothing once it has begun (at most ``timeout``).
     server:
         A profile name of :data:`gnll.backends.openai.servers.PROFILES`, or ``"auto"`` to recognise
         the upstream from its ``/v1/models`` answer.
@@ -99,6 +104,7 @@ class ProxyService:
         timeout: float = 120.0,
         server: str = "auto",
         reasoning: str | None = None,
+        idle_timeout: float = 30.0,
     ) -> None:
         if not upstream.startswith(("http://", "https://")):
             raise ParameterError(
@@ -107,6 +113,9 @@ class ProxyService:
         self.upstream = upstream.rstrip("/")
         self._api_key = api_key
         self.timeout = float(timeout)
+        #: Seconds a stream may stay silent after its first chunk (an upstream whose engine died
+        #: with the connection open sends nothing): the stream then ends in an error event.
+        self.idle_timeout = min(float(idle_timeout), self.timeout)
         self.server = server
         #: The upstream model's reasoning format (``think``, ``harmony``, ``marker:TEXT``) when
         #: its server runs no reasoning parser; with one, reasoning is recognised on its own.
@@ -161,9 +170,17 @@ class ProxyService:
             follow_redirects=False,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-        # The upstream may come up later; requests say so with a 502 until then.
-        with contextlib.suppress(HTTPError):
+        # The upstream may come up later; requests say so with a 502 until then. Said once now,
+        # so that a mistyped --upstream shows at start rather than on the first request.
+        try:
             await self._detect()
+        except HTTPError as exc:
+            log.warning(
+                "the upstream %s is not reachable yet (%s): requests get a 502 and /health a 503 "
+                "until it is",
+                self.upstream,
+                exc.message,
+            )
 
     async def stop(self) -> None:
         if self.client is not None:
@@ -368,9 +385,9 @@ class ProxyService:
         model = data.get("model") if isinstance(data.get("model"), str) else None
         records, texts, finishes = _annotated(answers, req, settings, mark, model)
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            _decorate(choice, rec, text, finish, req)
+            req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
         if req.stream:  # a replay: the answer is known before its first piece is sent
-            own = _as_own_body(data, req.shape)
+            own = req.shape.own_body(data)
             replayed = stream_chunks(own, answers, req.shape, req.include_usage)
             return Reply(
                 data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
@@ -422,11 +439,14 @@ class ProxyService:
         profile = self.profile
         if profile is not None and profile.name not in NO_STREAM_USAGE:
             # A stream that runs to its end then carries the upstream's usage, as its whole
-            # response would; one cut at the decision has none (the upstream never counted it).
+            # response would. One cut at the decision counts the tokens received; vLLM's running
+            # usage in every chunk gives its prompt's tokens too.
             streamed["stream_options"] = {"include_usage": True}
+            if profile.name == "vllm":
+                streamed["stream_options"]["continuous_usage_stats"] = True
         response = await self._send("POST", path, streamed, stream=True)
         watch = EarlyWatch(rule)
-        reader = UpstreamStream(response, req.shape, watch)
+        reader = UpstreamStream(response, req.shape, watch, idle=(self.idle_timeout, self.upstream))
         try:
             async for _ in reader:
                 pass
@@ -435,6 +455,8 @@ class ProxyService:
             raise HTTPError(
                 502, f"upstream {self.upstream} failed: {error}", "upstream_error"
             ) from None
+        except UpstreamIdle as exc:
+            raise HTTPError(502, str(exc), "upstream_timeout") from None
         except UpstreamBrokeError as exc:
             raise HTTPError(502, str(exc), "upstream_error") from None
         return watch.outcome(reader, config.max_new_tokens)
@@ -475,7 +497,7 @@ class ProxyService:
 
         ``reply`` learns the answering model at the first chunk and an error before its event is
         sent; ``mark`` turns the records into the ones sent (an escalation's)."""
-        reader = UpstreamStream(response, req.shape)
+        reader = UpstreamStream(response, req.shape, idle=(self.idle_timeout, self.upstream))
         try:
             async for chunk in reader:
                 if reply.model is None and isinstance(chunk.get("model"), str):
@@ -489,8 +511,12 @@ class ProxyService:
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
                 yield R.sse(chunk)
         except UpstreamEventError as exc:  # the upstream's own error event ends the stream
-            reply.error = _event_message(exc.chunk)
+            reply.error = exc.message
             yield R.sse(exc.chunk)
+            return
+        except UpstreamIdle as exc:
+            reply.error = str(exc)
+            yield R.sse(R.error_body(reply.error, "upstream_timeout"))
             return
         except UpstreamBrokeError as exc:
             reply.error = str(exc)
@@ -554,12 +580,6 @@ def _annotated(
     return (mark(records, model) if mark is not None else records), texts, finishes
 
 
-def _event_message(chunk: dict[str, Any]) -> str:
-    """The message of an upstream's error event."""
-    err = chunk.get("error")
-    return str(err.get("message") if isinstance(err, dict) else err)
-
-
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
     return req.num_prompts * req.n
 
@@ -569,30 +589,3 @@ def _short_message(upstream: str, req: CompletionRequest | ChatCompletionRequest
         f"n={req.n}: the upstream server {upstream} answered with {got} of "
         f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
     )
-
-
-def _decorate(
-    choice: dict[str, Any],
-    rec: Uncertainty,
-    text: str,
-    finish: Any,
-    req: CompletionRequest | ChatCompletionRequest,
-) -> None:
-    choice["uncertainty"] = rec.to_json()
-    choice["finish_reason"] = finish
-    req.shape.set_text(choice, text)
-    if not req.wants_logprobs or rec.refused:
-        choice["logprobs"] = None
-
-
-def _as_own_body(data: dict[str, Any], shape: Shape) -> dict[str, Any]:
-    """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
-    import time
-
-    return {
-        "id": data.get("id") or shape.new_id(),
-        "created": data.get("created") or int(time.time()),
-        "model": data.get("model"),
-        "choices": data["choices"],
-        "usage": data.get("usage"),
-    }

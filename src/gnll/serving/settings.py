@@ -43,6 +43,9 @@ class ServeSettings:
         Where the web page's example questions come from (``../shared/data`` layout).
     upstream_timeout:
         Proxy mode: seconds per upstream request (504 past it).
+    upstream_idle_timeout:
+        Proxy mode: seconds a stream from the upstream may send nothing once it has begun (an
+        error event naming the upstream past it; at most ``upstream_timeout``).
     body_timeout:
         Seconds a request body may take to arrive (408 past it: a slow sender holds a connection).
     prompt_format:
@@ -73,6 +76,7 @@ class ServeSettings:
     policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
+    upstream_idle_timeout: float = 30.0
     body_timeout: float = 30.0
     prompt_format: str = "chat"
     tracing: Observer | None = None
@@ -109,6 +113,10 @@ class ServeSettings:
         if self.max_request_bytes < 1024:
             raise ParameterError(
                 "max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}"
+            )
+        if not self.upstream_idle_timeout > 0:
+            raise ParameterError(
+                "upstream_idle_timeout", f"must be > 0 seconds, got {self.upstream_idle_timeout}"
             )
         if not self.body_timeout > 0:
             raise ParameterError("body_timeout", f"must be > 0 seconds, got {self.body_timeout}")

@@ -323,8 +323,8 @@ class ChatShape(Shape):
             )
         )
 
-    def piece_logprobs(self, answer: Answer, offset: int) -> dict[str, Any]:
-        return _dump(self.logprobs(answer, 0))
+    def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:
+        return _dump(self.logprobs(answer, top))
 
     def text_of(self, choice: dict[str, Any]) -> str:
         return str((choice.get("message") or {}).get("content") or "")
@@ -349,8 +349,7 @@ class ChatShape(Shape):
         self, body: dict[str, Any], req: OpenAIRequest, profile: ServerProfile
     ) -> None:
         # Alternatives only where the upstream needs one to report log-probs at all
-        # (llama-cpp-python's chat) or the client asked: an in-process gnll serve streams a request
-        # with alternatives only once its answer has ended.
+        # (llama-cpp-python's chat) or the client asked: they cost the upstream time.
         least = 1 if profile.logprobs_need_top else 0
         body["logprobs"] = True
         if max(req.num_top_logprobs, least):

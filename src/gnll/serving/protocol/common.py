@@ -292,9 +292,9 @@ class Shape(ABC):
         (a record, or its JSON)."""
 
     @abstractmethod
-    def piece_logprobs(self, answer: Answer, offset: int) -> dict[str, Any]:
-        """The log-probs of a streamed piece (``answer``: its tokens), text offsets from
-        ``offset``."""
+    def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:
+        """The log-probs of a streamed piece (``answer``: its tokens, and their alternatives when
+        ``top``), text offsets from ``offset``."""
 
     # -- bodies read and edited (gnll's own or an upstream's) --------------------------------
     @abstractmethod
@@ -304,6 +304,33 @@ class Shape(ABC):
     @abstractmethod
     def set_text(self, choice: dict[str, Any], text: str) -> None:
         """Replace the answer text of one ``choices[i]`` (the policy's text)."""
+
+    def decorate(
+        self,
+        choice: dict[str, Any],
+        record: Uncertainty,
+        text: str,
+        finish: Any,
+        *,
+        keep_logprobs: bool,
+    ) -> None:
+        """Put the record, the policy's text and finish reason on an upstream's ``choice``; drop
+        log-probs the client did not ask for (or that describe a withheld text)."""
+        choice["uncertainty"] = record.to_json()
+        choice["finish_reason"] = finish
+        self.set_text(choice, text)
+        if not keep_logprobs or record.refused:
+            choice["logprobs"] = None
+
+    def own_body(self, data: dict[str, Any]) -> dict[str, Any]:
+        """An upstream body with the fields a replay reads, filled if absent."""
+        return {
+            "id": data.get("id") or self.new_id(),
+            "created": data.get("created") or int(time.time()),
+            "model": data.get("model"),
+            "choices": data["choices"],
+            "usage": data.get("usage"),
+        }
 
     @abstractmethod
     def whole_choice(self, text: str) -> dict[str, Any]:

@@ -233,8 +233,8 @@ class CompletionShape(Shape):
             )
         )
 
-    def piece_logprobs(self, answer: Answer, offset: int) -> dict[str, Any]:
-        lp = _dump(self.logprobs(answer, 0))
+    def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:
+        lp = _dump(self.logprobs(answer, top))
         lp["text_offset"] = [offset + o for o in lp["text_offset"]]
         return lp
 

@@ -55,8 +55,12 @@ async function init() {
     state.config = await getJSON("/ui/api/config");
     const c = state.config;
     $("server-info").textContent = `${c.model} · ${c.mode === "proxy" ? "proxy to " + c.upstream : "in-process"} · policy ${c.policy.policy}`;
+    // Every API the server answers with uncertainty (chat, completions, Responses, Messages).
+    $("server-info").title = `Answers with uncertainty on ${c.apis.join(", ")}`;
     // The rule in use, before any answer: what "abstain" will mean on this server.
-    $("rule").textContent = `Rule in use: policy ${c.policy.policy}; ${c.policy.source}`;
+    $("rule").textContent = c.policy.policy === "annotate"
+      ? "No policy: every answer is sent as it is, with its uncertainty (gnll serve --policy sets one)."
+      : `Rule in use: policy ${c.policy.policy}; ${c.policy.source}`;
     $("task").innerHTML = c.tasks.map((t) => `<option>${t}</option>`).join("");
     await loadExamples();
   } catch (e) {
@@ -243,7 +247,9 @@ function render(q, choice, verdict) {
   // The calibration and its rule are named once, in the rule line under the Ask button.
   $("calibration").textContent = pol.calibrated ? "calibrated (see the rule above)" : "start the server with --calibration FILE for p(correct)";
   const d = $("decision");
-  d.className = "big " + (u.escalated ? "escalated" : u.abstain ? "abstain" : "answer-ok");
+  const none = !u.escalated && (u.abstain === null || u.abstain === undefined);
+  // Without a policy nothing was decided: no verdict colour (green would read as "kept").
+  d.className = "big " + (u.escalated ? "escalated" : none ? "no-policy" : u.abstain ? "abstain" : "answer-ok");
   d.textContent = decisionLabel(u);
   $("policy").textContent = `policy ${pol.policy}`;
   // Under --policy escalate: who answered, and why (the local model's G-NLL, or the failed

@@ -159,10 +159,16 @@ class LiveStream:
         shape: Shape,
         logprobs: bool,
         include_usage: bool = False,
+        top_logprobs: int = 0,
     ) -> None:
         rules = model.stop_rules(stop)
         self.held = [HeldText(model.decode, rules.token_ids, rules.strings) for _ in range(choices)]
         self.n, self.shape, self.logprobs = n, shape, logprobs
+        #: Alternatives per token to send (``top_logprobs``), each choice's as decoded, and how
+        #: many of its tokens the pieces sent so far spell.
+        self.top = top_logprobs
+        self.alts: list[list[dict[str, float]]] = [[] for _ in range(choices)]
+        self.spelled = [0] * choices
         self.include_usage = include_usage
         self.offsets = [0] * choices  # characters of tokens sent per choice (``text_offset``)
         self.base = shape.chunk_base(model.name)
@@ -176,11 +182,14 @@ class LiveStream:
                 out.append(self._chunk(opening))
         return out
 
-    def tokens(self, items: Sequence[tuple[int, int, int, float]]) -> list[str]:
-        """Chunks for one step's ``(prompt, j, token_id, log-prob)`` items."""
+    def tokens(
+        self, items: Sequence[tuple[int, int, int, float, dict[str, float] | None]]
+    ) -> list[str]:
+        """Chunks for one step's ``(prompt, j, token_id, log-prob, alternatives)`` items."""
         out = []
-        for i, j, token, lp in items:
+        for i, j, token, lp, alts in items:
             c = i * self.n + j
+            self.alts[c].append(alts or {})
             out += [self._piece(c, p) for p in self.held[c].push(token, lp)]
         return out
 
@@ -205,8 +214,13 @@ class LiveStream:
     def _piece(self, c: int, piece: Piece) -> str:
         text, tokens, lps = piece
         lp = None
+        start, self.spelled[c] = self.spelled[c], self.spelled[c] + len(tokens)
         if self.logprobs:
-            lp = self.shape.piece_logprobs(Answer(text, None, tokens, lps), self.offsets[c])
+            # The alternatives recorded at each of the piece's decoding steps: the same the whole
+            # answer reports (the decoding loop names them once, for both).
+            alts = self.alts[c][start : start + len(tokens)] if self.top else None
+            part = Answer(text, None, tokens, lps, top_logprobs=alts)
+            lp = self.shape.piece_logprobs(part, self.offsets[c], self.top)
         self.offsets[c] += sum(len(t) for t in tokens)
         return self._chunk(self.shape.piece(c, text, lp))
 

@@ -4,6 +4,7 @@ can read it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -119,9 +120,39 @@ class UpstreamEventError(Exception):
         super().__init__(str(chunk.get("error")))
         self.chunk = chunk
 
+    @property
+    def message(self) -> str:
+        """The event's message."""
+        err = self.chunk.get("error")
+        return str(err.get("message") if isinstance(err, dict) else err)
+
 
 class UpstreamBrokeError(Exception):
     """The upstream's stream broke off (the connection, or a line that is not JSON)."""
+
+
+class UpstreamIdle(Exception):
+    """An upstream stream that went silent for longer than the idle timeout."""
+
+
+async def idle_bounded(response: Any, idle: float, upstream: str) -> AsyncIterator[str]:
+    """The lines of a streamed upstream response; after the first, each must come within ``idle``
+    seconds (:class:`UpstreamIdle` otherwise). The first may take the request's whole timeout:
+    an upstream may queue a request before it answers."""
+    lines = response.aiter_lines()
+    first = True
+    while True:
+        try:
+            line = await (anext(lines) if first else asyncio.wait_for(anext(lines), idle))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise UpstreamIdle(
+                f"upstream {upstream} sent nothing for {idle:g} s in the middle of a stream "
+                "(--upstream_idle_timeout): its engine may have stopped with the connection open"
+            ) from None
+        first = False
+        yield line
 
 
 class UpstreamStream:
@@ -151,8 +182,18 @@ class UpstreamStream:
     (1, True, 'Hi')
     """
 
-    def __init__(self, response: Any, shape: Shape, watch: StreamWatch | None = None) -> None:
+    def __init__(
+        self,
+        response: Any,
+        shape: Shape,
+        watch: StreamWatch | None = None,
+        *,
+        idle: tuple[float, str] | None = None,
+    ) -> None:
         self.response = response
+        #: Seconds a stream may stay silent after its first line, and the upstream it names
+        #: (:class:`UpstreamIdle` past it).
+        self.idle = idle
         self.shape = shape
         self.watch = watch
         #: Each choice so far, by its index.
@@ -177,7 +218,12 @@ class UpstreamStream:
 
     async def _read(self) -> AsyncGenerator[dict[str, Any], None]:
         try:
-            async for line in self.response.aiter_lines():
+            lines = (
+                idle_bounded(self.response, *self.idle)
+                if self.idle is not None
+                else self.response.aiter_lines()
+            )
+            async for line in lines:
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
@@ -281,4 +327,13 @@ class EarlyWatch:
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
         whole.update(shape.whole_choice(text))
-        return {**base, "choices": [whole]}, answer
+        # What was generated until the cut (the trace's tokens included), for clients that bill
+        # per token; the prompt's count only where the upstream said it (vLLM), else null.
+        usage = reader.usage
+        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        cut_usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": self.seen,
+            "total_tokens": None if prompt_tokens is None else int(prompt_tokens) + self.seen,
+        }
+        return {**base, "usage": cut_usage, "choices": [whole]}, answer
