@@ -101,6 +101,7 @@ if [ -z "${GNLL_TEST_NO_INSTALL:-}" ]; then
 fi
 
 python -m ruff check src tests bench
+python scripts/check_tolerances.py tests bench  # no float comparison tighter than its path's tolerance
 python -c "from importlinter.cli import lint_imports_command as c; c()"  # lint-imports: pyproject layers
 python -m mypy  # strict on gnll.serving ([tool.mypy] in pyproject.toml)
 

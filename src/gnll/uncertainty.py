@@ -40,7 +40,6 @@ from gnll.spans import Span, SpanKind, SpanReport, span_nlls
 __all__ = [
     "SPAN_FIELDS",
     "LocalAnswer",
-    "SpanOut",
     "TraceConfidence",
     "Uncertainty",
     "span_columns",
@@ -81,32 +80,6 @@ _OPTIONAL = (
 )
 
 
-class SpanOut(BaseModel):
-    """One span as JSON: a :class:`gnll.spans.Span` (see it for the fields)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    text: str
-    start: int
-    end: int
-    nll: float
-    num_tokens: int
-    straddling: int
-
-    @classmethod
-    def of(cls, span: Span) -> SpanOut:
-        return cls(
-            path=span.path,
-            text=span.text,
-            start=span.start,
-            end=span.end,
-            nll=span.nll,
-            num_tokens=span.num_tokens,
-            straddling=span.straddling,
-        )
-
-
 def span_fields(report: SpanReport | None) -> dict[str, Any]:
     """``spans``, ``spans_kind`` and ``least_certain_span`` (a path) of one answer, as JSON values.
 
@@ -116,7 +89,7 @@ def span_fields(report: SpanReport | None) -> dict[str, Any]:
         return dict.fromkeys(SPAN_FIELDS)
     top = report.least_certain()
     return {
-        "spans": [SpanOut.of(s).model_dump() for s in report.spans],
+        "spans": [s.to_dict() for s in report.spans],
         "spans_kind": report.kind,
         "least_certain_span": top.path if top is not None else None,
     }
@@ -229,7 +202,7 @@ class Uncertainty(BaseModel):
     token_logprobs: list[float] | None = None
     top_logprobs: list[dict[str, float]] | None = None
     refused: bool | None = None
-    spans: list[SpanOut] | None = None
+    spans: list[Span] | None = None
     spans_kind: str | None = None
     least_certain_span: str | None = None
     answered_by: str | None = None
@@ -287,8 +260,8 @@ class LocalAnswer(Uncertainty):
     model: str
 
 
-def _span_outs(report: SpanReport | None) -> list[SpanOut] | None:
-    return None if report is None else [SpanOut.of(s) for s in report.spans]
+def _span_outs(report: SpanReport | None) -> list[Span] | None:
+    return None if report is None else list(report.spans)
 
 
 Uncertainty.model_rebuild()

@@ -215,7 +215,7 @@ def test_split_partitions_every_token_exactly(trace, answer, marker_cuts, lps):
         + math.fsum(s.marker_logprobs)
         + math.fsum(values[s.answer_start :])
     )
-    assert parts == pytest.approx(whole, abs=1e-9)
+    assert parts == pytest.approx(whole, abs=1e-9)  # same path: float64 sums of the same log-probs
 
 
 @settings(max_examples=200, deadline=None)

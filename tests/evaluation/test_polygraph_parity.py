@@ -27,7 +27,7 @@ def test_prr_metrics_equal_lm_polygraphs():
     want = FIXTURE["metrics"]
     assert set(got) == set(want) == {"prr", "prr_0.5", "prr_normalized", "prr_0.5_normalized"}
     for name, value in want.items():
-        assert math.isclose(got[name], value, rel_tol=0, abs_tol=1e-12), name
+        assert math.isclose(got[name], value, rel_tol=0, abs_tol=1e-12), name  # same path: float64 formula on the same log-probs
     # the data set is not degenerate: both classes, and PRR differs from its normalised form
     assert 0 < sum(r["quality"] for r in ROWS) < len(ROWS)
     assert got["prr"] != got["prr_normalized"]
@@ -41,8 +41,8 @@ def test_msp_is_the_sum_including_the_terminator():
         lls = r["greedy_log_likelihoods"]
         answer, terminator = lls[:-1], lls[-1:]
         # LM-Polygraph sums float32 log-probs; gnll sums them in float64
-        assert math.isclose(M.g_nll_eos(answer, terminator), r["msp"], rel_tol=0, abs_tol=1e-5)
-        differ += not math.isclose(M.g_nll(answer), r["msp"], abs_tol=1e-6)
+        assert math.isclose(M.g_nll_eos(answer, terminator), r["msp"], rel_tol=0, abs_tol=1e-5)  # same path: the same log-probs, summed in float32 by LM-Polygraph
+        differ += not math.isclose(M.g_nll(answer), r["msp"], abs_tol=1e-6)  # same path: counts values that differ: a tight tolerance is the strict side
     assert differ == len(ROWS)
     assert M.G_NLL_EOS == "g-nll+eos"
 

@@ -132,11 +132,11 @@ def check_recorded_vllm(proxy, ref):
     ask = [{"role": "user", "content": QUESTION}]
     r = client.chat.completions.create(model="recorded-vllm", messages=ask)
     assert r.choices[0].message.content.strip() == "Paris"
-    assert abs(r.choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6
+    assert abs(r.choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     assert r.choices[0].uncertainty["num_tokens"] == ref["num_tokens"] == 1
     chunks = list(client.chat.completions.create(model="recorded-vllm", messages=ask, stream=True))
     last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
-    assert len(last) == 1 and abs(last[0].choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6
+    assert len(last) == 1 and abs(last[0].choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
 
 
 def check_proxy(proxy, easy, hard):
@@ -148,7 +148,7 @@ def check_proxy(proxy, easy, hard):
     r = raw.parse()
     u = r.choices[0].uncertainty
     assert r.choices[0].message.content == easy.message.content
-    assert abs(u["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
+    assert abs(u["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     assert u["num_tokens"] == easy.uncertainty["num_tokens"] and u["abstain"] is False
     assert r.choices[0].logprobs is None  # the handler asked for them, the client did not
     assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"], rel=1e-5)
@@ -159,7 +159,7 @@ def check_proxy(proxy, easy, hard):
     ).choices[0]
     assert refused.message.content == "I am not confident enough to answer this."
     assert refused.uncertainty["refused"] is True and refused.uncertainty["abstain"] is True
-    assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6
+    assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     assert "spans" in refused.uncertainty and refused.uncertainty["spans"] is None
 
     # a temperature is no way around the refuse policy's decision on the greedy answer
@@ -180,7 +180,7 @@ def check_proxy(proxy, easy, hard):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
     assert text == easy.message.content and len(last) == 1
-    assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
+    assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     chunks = list(
         client.chat.completions.create(
             model="smollm",
@@ -227,7 +227,7 @@ def test_sdk_logger_and_recorded_vllm_answer():
         finally:
             litellm.callbacks = old
         assert response.choices[0].message.content == " Paris"
-        assert seen and abs(seen[0].g_nll - ref["g_nll"]) <= 1e-6
+        assert seen and abs(seen[0].g_nll - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
         assert seen[0].num_tokens == ref["num_tokens"] == 1
 
 
@@ -318,13 +318,13 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
                 assert got.message.content == want.message.content == text
                 assert u["answered_by"] == answered_by
                 assert u["escalated"] is w["escalated"] is (answered_by == "large")
-                assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6)
+                assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6)  # same path: the server's record of the log-probs LiteLLM re-reads
                 assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"])
                 assert raw.headers["x-answered-by"] == answered_by
                 if u["escalated"]:
                     assert u["g_nll"] == pytest.approx(0.75)  # the large answer's own G-NLL
                     local = u["local"]
-                    assert local["g_nll"] == pytest.approx(w["local"]["g_nll"], abs=1e-6)
+                    assert local["g_nll"] == pytest.approx(w["local"]["g_nll"], abs=1e-6)  # same path: the server's record of the log-probs LiteLLM re-reads
                     assert local["g_nll"] == pytest.approx(5.0) and local["abstain"] is True
                     assert local["text"] == w["local"]["text"] == "Maybe Lyon"
                     assert local["model"] == "small"
@@ -342,7 +342,7 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
                 assert streamed == text and len(last) == 1
                 lu = last[0].choices[0].uncertainty
                 assert lu["answered_by"] == answered_by
-                assert lu["g_nll"] == pytest.approx(u["g_nll"], abs=1e-6)
+                assert lu["g_nll"] == pytest.approx(u["g_nll"], abs=1e-6)  # same path: the server's record of the log-probs LiteLLM re-reads
                 assert last[0].choices[0].finish_reason == "stop"
 
             # a sampled answer has no G-NLL to escalate on: it streams live and stays local
@@ -370,7 +370,7 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
             u, w = got.uncertainty, want.uncertainty
             assert u["answered_by"] == "small" and u["escalated"] is w["escalated"] is False
             assert u["escalation_error"] and w["escalation_error"]
-            assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6) and u["abstain"] is True
+            assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6) and u["abstain"] is True  # same path: the server's record of the log-probs LiteLLM re-reads
         # Each answer was scored once, in the call hooks: the success-logging callback logged no
         # ERROR (it scored again, after the log-probs were removed, and raised on every request).
         log = (tmp_path / "litellm.log").read_text()

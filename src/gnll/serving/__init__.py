@@ -15,10 +15,12 @@ live here too (:class:`ServeSettings`, :class:`AbstentionPolicy`, :func:`check_e
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
-from gnll.policy import AbstentionPolicy
+from gnll.policy import AbstentionPolicy, scored_of
+from gnll.serving.observers import Observer
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 
@@ -38,11 +40,14 @@ __all__ = [
 ]
 
 
-def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
-    """Build the FastAPI app around a service (see :mod:`gnll.serving.app`)."""
+def create_app(
+    service: Service, settings: ServeSettings | None = None, *, observers: Sequence[Observer] = ()
+) -> FastAPI:
+    """Build the FastAPI app around a service (see :mod:`gnll.serving.app`); ``observers`` hear of
+    every request's answers after the app's own (:mod:`gnll.serving.observers`)."""
     from gnll.serving.app import create_app as _create
 
-    return _create(service, settings)
+    return _create(service, settings, observers=observers)
 
 
 def check_escalation(
@@ -91,17 +96,21 @@ def build_inprocess_app(
     escalate_to: str | None = None,
     escalate_model: str | None = None,
     escalate_api_key: str | None = None,
+    observers: Sequence[Observer] = (),
 ) -> FastAPI:
     """The app serving an already loaded gnll model with dynamic batching; with ``escalate_to`` (a
     ``/v1`` URL) uncertain answers go to that server instead (:mod:`gnll.serving.cascade`).
 
     Raises :class:`~gnll._util.validation.ParameterError` for an escalation set-up that cannot work
-    (:func:`check_escalation`)."""
+    (:func:`check_escalation`), and for a calibration fitted on other answers than the model's
+    (a reasoning model's are scored after its end-of-reasoning marker: the calibration would never
+    decide). ``observers``: as :func:`create_app`'s."""
     from gnll.serving.engine import BatchingEngine
     from gnll.serving.inprocess import InProcessService
 
     settings = settings or ServeSettings()
     check_escalation(settings, escalate_to)
+    settings.policy.check_scored(scored_of(model))
     engine = BatchingEngine(model, max_batch_prompts=max_batch_prompts, max_wait_ms=max_wait_ms)
     service: Service = InProcessService(model, engine, prompt_format=settings.prompt_format)
     if escalate_to is not None:
@@ -115,7 +124,7 @@ def build_inprocess_app(
             idle_timeout=settings.upstream_idle_timeout,
         )
         service = CascadeService(service, upstream, escalate_model)
-    return create_app(service, settings)
+    return create_app(service, settings, observers=observers)
 
 
 def build_proxy_app(
@@ -127,6 +136,7 @@ def build_proxy_app(
     reasoning: str | None = None,
     escalate_to: str | None = None,
     escalate_model: str | None = None,
+    observers: Sequence[Observer] = (),
 ) -> FastAPI:
     """The app of proxy mode: requests go to the OpenAI-compatible server at ``upstream`` (its
     ``/v1`` URL) and its answers come back with their uncertainty (:mod:`gnll.serving.proxy`).
@@ -138,7 +148,8 @@ def build_proxy_app(
 
     Raises :class:`~gnll._util.validation.ParameterError` for what an upstream cannot do:
     ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself), and for an
-    escalation set-up that cannot work (:func:`check_escalation`).
+    escalation set-up that cannot work (:func:`check_escalation`). ``observers``: as
+    :func:`create_app`'s.
     """
     from gnll.serving.proxy import ProxyService
 
@@ -171,6 +182,6 @@ def build_proxy_app(
             idle_timeout=settings.upstream_idle_timeout,
         )
         service = CascadeService(service, larger, escalate_model)
-    app = create_app(service, settings)
+    app = create_app(service, settings, observers=observers)
     add_forwarded_routes(app, proxy)  # /tokenize, /detokenize: the client may take it for vLLM
     return app

@@ -36,14 +36,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gnll.measures import LogprobError
-from gnll.policy import AbstentionPolicy
+from gnll.policy import AbstentionPolicy, escalated, kept
 from gnll.serving.errors import HTTPError
 from gnll.serving.responses import Mark, Reply, error_body, sse
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 from gnll.serving.streams.replay import stream_chunks
-from gnll.uncertainty import LocalAnswer, Uncertainty
+from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
@@ -134,11 +134,7 @@ class CascadeService:
         reply = await self.local.handle(held, settings)
         local_name = self.local.model_name or ""
         if not any(r.abstain for r in reply.records):
-            kept = [
-                r.model_copy(update={"answered_by": local_name, "escalated": False})
-                for r in reply.records
-            ]
-            return self._finish(req, reply, kept)
+            return self._finish(req, reply, kept(reply.records, local_name))
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
         bound, _ = settings.token_bounds(self.local.mode)
@@ -147,20 +143,22 @@ class CascadeService:
             up_req = up_req.model_copy(update={"max_tokens": bound})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
         assert reply.answers is not None, "a reply with a body lists its answers"
-        local = LocalAnswer.model_validate(
-            reply.records[0].to_json() | {"text": reply.answers[0].text, "model": local_name}
-        )
+        local_text = reply.answers[0].text
 
-        def escalated(records: list[Uncertainty], model: str | None) -> list[Uncertainty]:
+        def answered(records: list[Uncertainty], model: str | None) -> list[Uncertainty]:
             # Every choice's record says who answered instead, and what the local answer was.
-            up_name = model or self.upstream_model or self.upstream.model_name
-            update = {"answered_by": up_name, "escalated": True, "local": local}
-            return [r.model_copy(update=update) for r in records]
+            return escalated(
+                records,
+                answered_by=model or self.upstream_model or self.upstream.model_name,
+                local=reply.records[0],
+                local_text=local_text,
+                local_model=local_name,
+            )
 
         chunks: AsyncGenerator[str, None] | None = None
         first: str | None = None
         try:
-            up = await self.upstream.handle(up_req, up_settings, mark=escalated)
+            up = await self.upstream.handle(up_req, up_settings, mark=answered)
             if up.stream is not None:  # wait for its first chunk: a failure there costs nothing
                 chunks = _async(up.stream)
                 first = await anext(chunks, None)
@@ -189,13 +187,7 @@ class CascadeService:
     ) -> Reply:
         """The local answer, after a failed escalation (``escalation_error`` says why)."""
         log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
-        update = {
-            "answered_by": self.local.model_name or "",
-            "escalated": False,
-            "escalation_error": message,
-        }
-        kept = [r.model_copy(update=update) for r in reply.records]
-        return self._finish(req, reply, kept)
+        return self._finish(req, reply, kept(reply.records, self.local.model_name or "", message))
 
     def _named(self, message: str) -> str:
         """``message``, naming the upstream unless it does already."""

@@ -133,11 +133,12 @@ class InProcessService:
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
-        # Under `refuse` the text is known only when the answer is: such streams are replays.
-        # Alternatives stream live from the decoding loop, which records them at every step.
+        # While the policy holds the answer (refuse) the text is known only when the answer is
+        # decided: such streams are replays. Alternatives stream live from the decoding loop,
+        # which records them at every step.
         if (
             req.stream
-            and settings.policy.mode != "refuse"
+            and not settings.policy.holds(greedy=req.greedy)
             and (not req.num_top_logprobs or self.engine.reports_alternatives)
             and self.streams_live()
         ):

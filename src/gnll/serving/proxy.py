@@ -348,9 +348,9 @@ class ProxyService:
         prompt = req.prompt_text()
         if getattr(req, "echo", False):
             return await self._echo(req, path, body, prompt)
-        # Under refuse, and for a usage count the upstream's stream would not give, the stream is a
-        # replay of a whole upstream response.
-        replay = settings.policy.mode == "refuse" or (
+        # While the policy holds the answer (refuse), and for a usage count the upstream's stream
+        # would not give, the stream is a replay of a whole upstream response.
+        replay = settings.policy.holds(greedy=req.greedy) or (
             req.include_usage and profile.name in NO_STREAM_USAGE
         )
         if req.stream and not replay:

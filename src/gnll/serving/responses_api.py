@@ -24,6 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+from gnll.serving.protocol.common import TokenLogprob
 from gnll.serving.protocol.responses import (
     FunctionCallItem,
     MessageItem,
@@ -34,7 +35,6 @@ from gnll.serving.protocol.responses import (
     ResponseObject,
     ResponsesRequest,
     StreamEvent,
-    TokenLogprob,
     Usage,
 )
 from gnll.serving.responses import Reply

@@ -204,6 +204,18 @@ class Evaluator:
             self.timer.add("load_clusterer", time.perf_counter() - t)
         return self._clusterer
 
+    def clusterer_named(self, name: str) -> Clusterer:
+        """The clusterer with ``auto`` resolved to ``name`` (a :class:`ClusterWork`'s, the driver's
+        choice): a replica whose own resolution would differ (another node, other models on disk)
+        clusters with the driver's."""
+        if self._clusterer is None:
+            self._clusterer_name = name
+        elif name != self._clusterer_name:
+            raise RuntimeError(
+                f"the clusterer in use is {self._clusterer_name!r}, the run's is {name!r}"
+            )
+        return self.clusterer
+
     def _note_component(self, kind: str, info: dict[str, Any]) -> None:
         """Persist a component's ``info()`` the first time it is used (survives interruptions)."""
         if kind in self._noted:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gnll.serving.errors import RequestError
+from gnll.serving.protocol.common import TokenLogprob
 
 #: ``include`` value that asks for the answer's token log-probs on each ``output_text`` part.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -170,19 +171,6 @@ def _item_text(item: dict[str, Any], i: int) -> str:
             )
         texts.append(part.get("text", ""))
     return "".join(texts)
-
-
-class TopLogprob(_Wire):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-
-class TokenLogprob(_Wire):
-    token: str
-    logprob: float
-    bytes: list[int]
-    top_logprobs: list[TopLogprob] = []
 
 
 class OutputText(_Wire):
