@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 
 from gnll.backends.openai.parse import logprob_pairs
-from gnll.backends.reasoning import ReasoningStream
+from gnll.backends.openai.reasoning import ReasoningStream
 from gnll.measures.early import EarlyDecision
 from gnll.policy import Answer
 from gnll.serving.protocol.common import UNBOUNDED
