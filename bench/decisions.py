@@ -156,17 +156,38 @@ def guarantee(p: np.ndarray, y: np.ndarray, alpha: float, splits: int, seed: int
     }
 
 
+def _append(path: Path | None, row: dict[str, Any]) -> None:
+    if path is not None:
+        with path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+
 def run_model(
-    name: str, qs: list[dict[str, Any]], splits: int, seed: int, time_every: int = 1
+    name: str,
+    qs: list[dict[str, Any]],
+    splits: int,
+    seed: int,
+    time_every: int = 1,
+    rows_path: Path | None = None,
+    compute: bool = True,
 ) -> dict[str, Any]:
+    """Decide every question with ``name`` and summarise. ``rows_path``: a JSONL of per-question
+    rows, appended as they come and read back first (a killed run continues; ``compute=False``
+    summarises the rows there are)."""
     from gnll import GenerationConfig, decide, load_model
     from gnll.backends.prompting import instruction_prompt
     from gnll.scoring.decisions import answer_from_logprobs, parse_questions
 
-    model = load_model(name, progress=False)
+    rows: list[dict[str, Any]] = []
+    if rows_path is not None and rows_path.exists():
+        rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    done = {r["k"] for r in rows}
+    if compute:
+        model = load_model(name, progress=False)
     greedy = GenerationConfig.greedy(max_new_tokens=32, stop=("\n",))
-    rows = []
     for k, q in enumerate(qs):
+        if k in done or not compute:
+            continue
         spec = {
             "type": "choice",
             "instructions": INSTRUCTIONS,
@@ -188,6 +209,7 @@ def run_model(
             print(f"{name}: {k + 1}/{len(qs)} questions", file=sys.stderr, flush=True)
         if exact.type == "refusal":
             rows.append({"k": k, "refused": exact.reason})
+            _append(rows_path, rows[-1])
             continue
         first = answer_from_logprobs(
             parsed, [o.first_token_logprob for o in exact.options], method="first-token"
@@ -209,8 +231,15 @@ def run_model(
                 "greedy_s": seconds.get("greedy"),
             }
         )
+        _append(rows_path, rows[-1])
+    rows.sort(key=lambda r: r["k"])
     ok = [r for r in rows if "refused" not in r]
-    out: dict[str, Any] = {"model": name, "questions": len(qs), "refused": len(rows) - len(ok)}
+    out: dict[str, Any] = {
+        "model": name,
+        "questions": len(rows),
+        "questions_asked": len(qs),
+        "refused": len(rows) - len(ok),
+    }
     for method in ("exact", "first"):
         p = np.array([r[f"{method}_p"] for r in ok])
         y = np.array([r[f"{method}_choice"] == r["gold"] for r in ok])
@@ -245,6 +274,17 @@ def main() -> None:
         "--time_every", type=int, default=10, help="time a greedy answer beside every Nth decision"
     )
     ap.add_argument(
+        "--rows",
+        type=Path,
+        default=None,
+        help="per-question rows JSONL (one model): appended as they come, read back on a rerun",
+    )
+    ap.add_argument(
+        "--summarise",
+        action="store_true",
+        help="only summarise the --rows there are (no model is loaded)",
+    )
+    ap.add_argument(
         "--merge",
         nargs="+",
         type=str,
@@ -262,7 +302,10 @@ def main() -> None:
         models = [m for path in args.merge for m in json.loads(Path(path).read_text())["models"]]
     else:
         models = [
-            run_model(m, qs, splits, args.seed, args.time_every) for m in args.models.split(",")
+            run_model(
+                m, qs, splits, args.seed, args.time_every, args.rows, compute=not args.summarise
+            )
+            for m in args.models.split(",")
         ]
     table = []
     for m in models:

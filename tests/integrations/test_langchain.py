@@ -142,3 +142,38 @@ def test_reasoning_trace_in_the_log_probs_is_split_at_its_marker_or_refused_clea
     assert (u["trace_tokens"], u["marker_tokens"], u["trace_nll"]) == (4, 1, pytest.approx(2.0))
     with pytest.raises(ReasoningTokensError, match="reasoning model's trace"):
         llm.score(message(["Let", " me", " think", ".", "Paris"]))
+
+
+@pytest.mark.model
+def test_openai_decisions_get_gnll_exact_probabilities(served, smollm):
+    """LangChain's `OpenAIDecisions` (invoke and ainvoke) against `gnll serve`: the answers are
+    `gnll.decide`'s exact option probabilities."""
+    from langchain_openai.decisions import Choice, OpenAIDecisions, Predicate, Score
+
+    from gnll import decide
+
+    text = "The parcel arrived two weeks late and the box was crushed."
+    request = {
+        "input": text,
+        "questions": {
+            "late": Predicate(instructions="Was the parcel late?"),
+            "topic": Choice(
+                instructions="What is the message about?",
+                choices={"delivery delay": None, "delivery damage": None, "billing": None},
+            ),
+            "anger": Score(instructions="How angry is the writer?", levels=["Calm", "Furious"]),
+        },
+    }
+    runnable = OpenAIDecisions(
+        model="smollm2-135m-instruct", base_url=served.url + "/v1", api_key="x"
+    )
+    ref = decide(smollm, text, [q._to_api(name) for name, q in request["questions"].items()])
+    late, topic, anger = ref.answers
+    for got in (runnable.invoke(request), asyncio.run(runnable.ainvoke(request))):
+        assert got.predicates["late"].probability == pytest.approx(late.probability, abs=1e-4)
+        probs = got.choices["topic"].probabilities
+        for o in topic.options:
+            assert probs[o.value] == pytest.approx(o.probability, abs=1e-4)
+        assert got.choices["topic"].choice == topic.choice
+        assert got.scores["anger"].score == pytest.approx(anger.score, abs=1e-4)
+        assert got.scores["anger"].legend == {0: "Calm", 1: "Furious"}

@@ -385,3 +385,64 @@ def test_escalate_needs_the_larger_model_named(monkeypatch):
     with pytest.raises(ValueError, match="GNLL_ESCALATE_MODEL"):
         UncertaintyHandler(policy="escalate", threshold=1.0).scorer  # noqa: B018
     assert UncertaintyHandler(policy="escalate", threshold=1.0, escalate_model="large").scorer
+
+
+@pytest.mark.model
+@pytest.mark.e2e
+def test_decisions_through_litellm_sdk_and_proxy(served, smollm, tmp_path):
+    """`litellm.decisions` and LiteLLM's proxy (a config that routes `/v1/decisions` to `gnll
+    serve`, called with the openai SDK's `decisions.create`) return gnll's exact probabilities."""
+    import litellm
+
+    from gnll import decide
+
+    text = "The parcel arrived two weeks late and the box was crushed."
+    questions = [
+        {"type": "predicate", "name": "late", "instructions": "Was the parcel late?"},
+        {
+            "type": "choice",
+            "name": "topic",
+            "instructions": "What is the message about?",
+            "choices": [{"value": "delivery delay"}, {"value": "delivery damage"}],
+        },
+    ]
+    ref = decide(smollm, text, questions)
+
+    def check(answers):
+        late, topic = answers
+        assert late.probability == pytest.approx(ref.answers[0].probability, abs=1e-4)
+        assert topic.choice == ref.answers[1].choice
+        got = {o.value: o.probability for o in topic.probabilities}
+        assert got == pytest.approx(
+            {o.value: o.probability for o in ref.answers[1].options}, abs=1e-4
+        )
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    check(
+        litellm.decisions(
+            model="openai/smollm2-135m-instruct",
+            api_base=served.url + "/v1",
+            api_key="unused",
+            input=text,
+            questions=questions,
+        ).answers
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "\n".join(
+            [
+                "model_list:",
+                "  - model_name: gnll-decide",
+                "    litellm_params:",
+                "      model: openai/smollm2-135m-instruct",
+                f"      api_base: {served.url}/v1",
+                "      api_key: unused",
+                "general_settings:",
+                f"  master_key: {KEY}",
+            ]
+        )
+        + "\n"
+    )
+    with LiteLLMProxy(config, tmp_path / "litellm.log") as proxy:
+        d = proxy.client().decisions.create(model="gnll-decide", input=text, questions=questions)
+    check(d.answers)

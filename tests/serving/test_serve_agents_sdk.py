@@ -11,7 +11,8 @@ from agents import Agent, OpenAIResponsesModel, RunHooks, Runner, set_tracing_di
 from openai import AsyncOpenAI
 from serve_helpers import UNSURE, StreamingModel
 
-from gnll.serving import ServeSettings, build_inprocess_app
+from gnll.serving import ServeSettings, build_inprocess_app, create_app
+from gnll.serving.proxy import ProxyService
 from gnll.serving.server import ServerThread
 
 set_tracing_disabled(True)  # the SDK's own tracing exports to OpenAI's servers
@@ -27,10 +28,16 @@ class StepUncertainty(RunHooks):
         self.steps.append([item.uncertainty for item in response.output])
 
 
-@pytest.fixture(scope="module")
-def served():
+@pytest.fixture(scope="module", params=["in-process", "proxy"])
+def served(request):
+    """``gnll serve`` in-process, or the proxy in front of it."""
     with ServerThread(build_inprocess_app(StreamingModel(), ServeSettings(), max_wait_ms=1)) as srv:
-        yield srv
+        if request.param == "in-process":
+            yield srv
+            return
+        service = ProxyService(srv.url + "/v1", timeout=30)
+        with ServerThread(create_app(service, ServeSettings())) as px:
+            yield px
 
 
 @pytest.fixture

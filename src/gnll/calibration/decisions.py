@@ -152,13 +152,25 @@ class DecisionCalibration:
         """Fit every question type that has labelled rows (``labelled_decisions``)."""
         if not data:
             raise ValueError("no labelled, answered decisions to calibrate on")
+        skipped = {}
         for kind, (s, y) in data.items():
             cal = Calibrator(
                 self.method, target_accuracy=1 - self.alpha, target_coverage=None, delta=self.delta
             )
-            cal.fit(s, y)
+            try:
+                cal.fit(s, y)
+            except ValueError as exc:  # e.g. every answer of this type right: nothing to learn
+                skipped[kind] = str(exc)
+                continue
             cal.meta = {"measure": "decision-nll", "question_type": kind}
             self.types[kind] = cal
+        if not self.types:
+            raise ValueError(
+                "no question type could be calibrated: "
+                + "; ".join(f"{k}: {why}" for k, why in skipped.items())
+            )
+        if skipped:
+            self.meta["skipped_types"] = skipped
         return self
 
     def threshold(self, kind: str) -> float | None:

@@ -6,7 +6,8 @@ evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and
 (the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
 replayed and proxied streams), ``uncertainty`` (the abstention policy and the annotation that
 builds each answer's :class:`gnll.uncertainty.Uncertainty` record), ``cascade`` (``--policy
-escalate``), ``responses`` (OpenAI bodies), ``errors``, ``observers`` (who hears of every answered
+escalate``), ``responses`` (OpenAI bodies), ``responses_api`` and ``messages_api`` (``/v1/responses``
+and ``/v1/messages``, answered through the chat path: ``translation``), ``errors``, ``observers`` (who hears of every answered
 request: ``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes,
 auth, limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The option rules of a server
 live here too (:class:`ServeSettings`, :class:`AbstentionPolicy`, :func:`check_escalation`), so
