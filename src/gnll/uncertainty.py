@@ -40,7 +40,6 @@ from gnll.spans import Span, SpanKind, SpanReport, span_nlls
 __all__ = [
     "SPAN_FIELDS",
     "LocalAnswer",
-    "SpanOut",
     "TraceConfidence",
     "Uncertainty",
     "span_columns",
@@ -78,33 +77,10 @@ _OPTIONAL = (
     "reasoning_source",
     "trace_confidence",
     "notes",
+    "tool_calls",
+    "tool_call_error",
+    "structured",
 )
-
-
-class SpanOut(BaseModel):
-    """One span as JSON: a :class:`gnll.spans.Span` (see it for the fields)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    path: str
-    text: str
-    start: int
-    end: int
-    nll: float
-    num_tokens: int
-    straddling: int
-
-    @classmethod
-    def of(cls, span: Span) -> SpanOut:
-        return cls(
-            path=span.path,
-            text=span.text,
-            start=span.start,
-            end=span.end,
-            nll=span.nll,
-            num_tokens=span.num_tokens,
-            straddling=span.straddling,
-        )
 
 
 def span_fields(report: SpanReport | None) -> dict[str, Any]:
@@ -116,7 +92,7 @@ def span_fields(report: SpanReport | None) -> dict[str, Any]:
         return dict.fromkeys(SPAN_FIELDS)
     top = report.least_certain()
     return {
-        "spans": [SpanOut.of(s).model_dump() for s in report.spans],
+        "spans": [s.to_dict() for s in report.spans],
         "spans_kind": report.kind,
         "least_certain_span": top.path if top is not None else None,
     }
@@ -212,6 +188,15 @@ class Uncertainty(BaseModel):
         format (``think``, ``harmony``, ``marker``), how the split was found (``marker``,
         ``token_ids``, ``stream``, ``answer-only``, ``generated``), the trace's DeepConf
         confidences (:class:`TraceConfidence`) and notes on the split.
+    tool_calls, tool_call_error:
+        For an answer to a request with tools: per call, its G-NLL, its function name's NLL, each
+        argument value's NLL and the token indices each part scored (:func:`gnll.toolcalls.call_report`),
+        with the policy's decision on the call; and why an output that tried to call a tool is
+        not a call.
+    structured:
+        For a ``response_format`` JSON answer: how it was decoded (``logprobs``: ``"raw"``, the
+        model's distribution, which every NLL above is; ``constrained_g_nll`` and each field's
+        ``constrained_nll``: renormalised over the tokens the schema allowed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -229,7 +214,7 @@ class Uncertainty(BaseModel):
     token_logprobs: list[float] | None = None
     top_logprobs: list[dict[str, float]] | None = None
     refused: bool | None = None
-    spans: list[SpanOut] | None = None
+    spans: list[Span] | None = None
     spans_kind: str | None = None
     least_certain_span: str | None = None
     answered_by: str | None = None
@@ -252,6 +237,9 @@ class Uncertainty(BaseModel):
     reasoning_source: str | None = None
     trace_confidence: TraceConfidence | None = None
     notes: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_error: str | None = None
+    structured: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")
     def _present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -287,8 +275,8 @@ class LocalAnswer(Uncertainty):
     model: str
 
 
-def _span_outs(report: SpanReport | None) -> list[SpanOut] | None:
-    return None if report is None else [SpanOut.of(s) for s in report.spans]
+def _span_outs(report: SpanReport | None) -> list[Span] | None:
+    return None if report is None else list(report.spans)
 
 
 Uncertainty.model_rebuild()

@@ -33,7 +33,7 @@ def test_top_logprobs_are_the_raw_distributions_most_likely_tokens(smollm):
             assert 1 <= len(top) <= 3 and values == sorted(values, reverse=True)
             first, best = next(iter(top.items()))
             assert first == tok  # greedy: the chosen token is the most likely one
-            assert best == pytest.approx(lp, abs=1e-5)  # the same raw log-prob
+            assert best == pytest.approx(lp, abs=1e-5)  # the same raw log-prob  # same path: the top alternative is the chosen token's own log-prob, read from one row
             assert math.fsum(math.exp(v) for v in values) <= 1 + 1e-6
     assert dec.top_logprobs == {}
 

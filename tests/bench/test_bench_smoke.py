@@ -34,6 +34,7 @@ SCRIPTS = {
     "distributed": ["median_s", "ray_overhead", "scaling_efficiency", "sizing"],
     "early_decisions": ["summary", "per_question"],
     "early_proxy_escalate": ["summary", "per_question"],
+    "decisions": ["summary", "table", "timing", "models"],
 }
 # Small options on top of --quick where the quick default still does more than a smoke test needs.
 EXTRA = {
@@ -41,6 +42,7 @@ EXTRA = {
     "eval_speed": ["--heldout", "2", "--arms", "after,options"],
     "early_decisions": ["--n", "2"],
     "early_proxy_escalate": ["--n", "2", "--start", "0"],
+    "decisions": ["--models", "smollm2-135m-instruct"],
 }
 
 

@@ -125,7 +125,7 @@ def test_save_load_round_trip_and_mismatch_warning(tmp_path):
         warnings.simplefilter("error")
         same = Calibrator.load(path, model="m1", prompt_fingerprint="sha256:aaa")
     grid = np.linspace(0, 6, 50)
-    np.testing.assert_allclose(same.predict_proba(grid), cal.predict_proba(grid), atol=1e-12)
+    np.testing.assert_allclose(same.predict_proba(grid), cal.predict_proba(grid), atol=1e-12)  # same path: the same map, saved and loaded
     np.testing.assert_array_equal(same.abstain(grid), cal.abstain(grid))
     with pytest.warns(CalibrationMismatchWarning, match="model 'm1', used with 'm2'"):
         Calibrator.load(path, model="m2")

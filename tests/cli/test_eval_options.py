@@ -7,6 +7,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from gnll._util.validation import ParameterError
 from gnll.cli.main import app
 from gnll.evaluation.run.config import EvalConfig
 
@@ -28,28 +29,34 @@ BASE = dict(model="m", tasks=["svamp_short"], output_path="x")
 
 
 @pytest.mark.parametrize(
-    ("fields", "message"),
+    ("fields", "param", "message"),
     [
-        ({"measures": ["entropy"]}, "unknown measure"),
-        ({"correctness": ["judge"]}, "needs a judge model"),
-        ({"correctness": ["bleu"]}, "unknown correctness metric"),
-        ({"judge": "a,", "correctness": ["f1"]}, "an empty judge name"),
-        ({"judge": "a,b", "judge_args": [{}, {}, {}]}, "gives 3 ';'-separated sets for 2"),
-        ({"beams": -1}, "--beams and --samples must be >= 0"),
-        ({"temperature": 0.0}, "--temperature must be positive"),
-        ({"limit": 0}, "--limit must be >= 1"),
-        ({"chunk_size": 0}, "--chunk_size must be >= 1"),
-        ({"temperature_scope": "run"}, "--temperature_scope must be one of"),
-        ({"sample_logprobs": "x"}, "--sample_logprobs must be one of"),
-        ({"reference": "beam", "beams": 0}, "--reference beam needs --beams K >= 1"),
-        ({"f1_rule": "x"}, "--f1_rule must be one of"),
+        ({"measures": ["entropy"]}, None, "unknown measure"),
+        ({"correctness": ["judge"]}, "judge", "--judge is needed by correctness metric"),
+        ({"correctness": ["bleu"]}, "correctness", "--correctness has unknown correctness metric"),
+        ({"judge": "a,", "correctness": ["f1"]}, "judge", "--judge 'a,': an empty judge name"),
+        ({"judge": "a,b", "judge_args": [{}, {}, {}]}, "judge_args", "gives 3 ';'-separated"),
+        ({"beams": -1}, "beams", "--beams must be >= 0"),
+        ({"samples": -1}, "samples", "--samples must be >= 0"),
+        ({"temperature": 0.0}, "temperature", "--temperature must be positive"),
+        ({"limit": 0}, "limit", "--limit must be >= 1"),
+        ({"chunk_size": 0}, "chunk_size", "--chunk_size must be >= 1"),
+        ({"temperature_scope": "run"}, "temperature_scope", "--temperature_scope must be one of"),
+        ({"sample_logprobs": "x"}, "sample_logprobs", "--sample_logprobs must be one of"),
+        ({"reference": "beam", "beams": 0}, "reference", "--reference beam needs --beams K >= 1"),
+        ({"f1_rule": "x"}, "f1_rule", "--f1_rule must be one of"),
     ],
 )
-def test_eval_config_raises_what_gnll_eval_reports(fields, message):
-    with pytest.raises(ValueError, match=message):
+def test_eval_config_raises_what_gnll_eval_reports(fields, param, message):
+    """The library names the field (a ParameterError, not a flag); the CLI names its option."""
+    with pytest.raises(ValueError) as caught:
         EvalConfig(**BASE, **fields)
+    if param is not None:
+        assert isinstance(caught.value, ParameterError) and caught.value.param == param
+        assert str(caught.value).startswith(param) and "--" not in str(caught.value)
     res = CliRunner().invoke(app, ["eval", *_flags(fields)])
     assert res.exit_code == 2 and message.split("'")[0][:20] in " ".join(res.output.split())
+    assert message[:40] in " ".join(res.output.replace("│", " ").split())
 
 
 def _flags(fields):

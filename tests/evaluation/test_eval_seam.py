@@ -51,3 +51,32 @@ def test_a_mapper_computing_elsewhere_gives_the_local_run_and_the_driver_loads_n
     components = json.loads((tmp_path / "mapped" / "components.json").read_text())
     assert components["judge"]["name"] == "fake-lm" and components["model"]["name"] == "fake-lm"
     assert components["clusterer"]["clusterer"] == "exact"
+
+
+def test_a_replica_clusters_with_the_clusterer_the_driver_resolved_auto_to(
+    data_dir, tmp_path, monkeypatch
+):
+    """``auto`` is resolved once, on the driver: its cache header records the name, and each
+    ClusterWork carries it, so a replica whose own resolution differs (another node, other
+    models on disk) clusters with the driver's, not its own."""
+    import gnll.semantic
+
+    monkeypatch.setattr(gnll.semantic, "resolve_clusterer_name", lambda name: "exact")
+    driver_cfg = cfg(data_dir, tmp_path / "mapped", clusterer="auto")
+    Evaluator(cfg(data_dir, tmp_path / "local", clusterer="exact"), model=FakeModel()).run()
+    # the replica's node would pick another clusterer (one that cannot even load here)
+    monkeypatch.setattr(gnll.semantic, "resolve_clusterer_name", lambda name: "no-such-clusterer")
+    elsewhere = Evaluator(cfg(data_dir, tmp_path / "scratch", clusterer="auto"), model=FakeModel())
+    assert elsewhere._clusterer_name == "no-such-clusterer"
+
+    def mapper(works):
+        for work in works:
+            yield pickle.loads(pickle.dumps(pickle.loads(pickle.dumps(work)).run(elsewhere)))
+
+    monkeypatch.setattr(gnll.semantic, "resolve_clusterer_name", lambda name: "exact")
+    driver = Evaluator(driver_cfg, map_works=mapper)
+    monkeypatch.setattr("gnll.backends.load_model", _no_loading)
+    driver.run()
+    assert elsewhere.clusterer.info()["clusterer"] == "exact"
+    local = tmp_path / "local" / "samples.jsonl"
+    assert (tmp_path / "mapped" / "samples.jsonl").read_bytes() == local.read_bytes()

@@ -62,7 +62,7 @@ def test_eval_computes_g_nll_eos_per_question(data_dir, tmp_path):
     for r in recs:
         g, m = r["greedy"], r["measures"]
         assert list(m) == ["g-nll", "g-nll+eos"]
-        assert m["g-nll+eos"] == pytest.approx(_expected_eos(g), abs=1e-12)
+        assert m["g-nll+eos"] == pytest.approx(_expected_eos(g), abs=1e-12)  # same path: float64 formula on the same log-probs
         if g["finish_reason"] == "length":  # no terminator: nothing to add (as LM-Polygraph)
             kinds["length"] += 1
             assert m["g-nll+eos"] == m["g-nll"]
@@ -113,7 +113,7 @@ def test_results_record_prr_metrics(data_dir, tmp_path):
             for m, values in mres["measures"].items():
                 want = prr_metrics([r["measures"][m] for r in mine], quality)
                 for key in PRR_KEYS:
-                    assert values[key] == pytest.approx(want[key], abs=1e-12), (task, m, key)
+                    assert values[key] == pytest.approx(want[key], abs=1e-12), (task, m, key)  # same path: float64 formula on the same log-probs
                     checked += 1
                 assert values["auroc"] is not None  # beside AUROC, which is unchanged
     rows = sum(len(tres["metrics"]) for tres in on_disk["tasks"].values())

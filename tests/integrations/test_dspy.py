@@ -87,10 +87,10 @@ def test_field_score_is_the_fields_span_nll(script, adapter, kind):
     else:
         expected = -(lps[6] + lps[7])  # "Par", "is": the markers and newlines are not the field's
     assert pred.answer == "Paris"
-    assert abs(pred.g_nll - expected) <= 1e-9
+    assert abs(pred.g_nll - expected) <= 1e-9  # same path: float64 sums of the log-probs the server sent
     assert pred.g_nll < -sum(lps)  # less than the whole completion's NLL
     assert pred.uncertainty["num_tokens"] == 2 and pred.uncertainty["abstain"] is True
-    assert abs(pred.uncertainty["completion_nll"] - (-sum(lps))) <= 1e-9
+    assert abs(pred.uncertainty["completion_nll"] - (-sum(lps))) <= 1e-9  # same path: float64 sums of the log-probs the server sent
 
 
 def test_refuse_replaces_the_field():
@@ -136,10 +136,10 @@ def test_embedded_model_field_score_matches_the_servers_tokens(smollm):
             logprobs=True,
         ).choices[0]
     u = ref.uncertainty
-    assert abs(pred.uncertainty["completion_nll"] - u["g_nll"]) <= 1e-6
+    assert abs(pred.uncertainty["completion_nll"] - u["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs DSPy re-reads
     text = "".join(u["tokens"])
     span = span_nlls(u["tokens"], u["token_logprobs"], text, [field_segment(text, "answer")])
-    assert abs(pred.g_nll - span.spans[0].nll) <= 1e-6
+    assert abs(pred.g_nll - span.spans[0].nll) <= 1e-6  # same path: float64 sums of the same log-probs
     assert pred.g_nll < u["g_nll"]  # the markers' tokens are not in it
     assert pred.answer and pred.answer in ref.message.content
 
@@ -167,6 +167,6 @@ def test_recorded_vllm_answer_with_markers_and_eos():
         with dspy.context(lm=model, adapter=dspy.ChatAdapter()):
             pred = FieldConfidence("question -> answer", server="vllm")(question="q")
     assert pred.answer == "Paris"
-    assert abs(pred.uncertainty["completion_nll"] - ref["g_nll"]) <= 1e-6
+    assert abs(pred.uncertainty["completion_nll"] - ref["g_nll"]) <= 1e-6  # same path: the proxy's record of the log-probs DSPy re-reads
     assert ref["num_tokens"] == len(tokens)  # the EOS token is not the answer's
-    assert abs(pred.g_nll - -(lps[6] + lps[7])) <= 1e-9
+    assert abs(pred.g_nll - -(lps[6] + lps[7])) <= 1e-9  # same path: float64 sums of the log-probs the server sent

@@ -64,8 +64,8 @@ def test_invoke_batch_stream_astream_match_the_server(served):
         rid = message.response_metadata.get("id")
         ref = by_id[rid] if rid is not None else rec.records[i]
         u = message.response_metadata["uncertainty"]
-        assert abs(u["g_nll"] - ref["g_nll"]) <= 1e-6
-        assert abs(u["ln_g_nll"] - ref["ln_g_nll"]) <= 1e-6
+        assert abs(u["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs the framework re-reads
+        assert abs(u["ln_g_nll"] - ref["ln_g_nll"]) <= 1e-6  # same path: the server's record of the log-probs the framework re-reads
         assert u["num_tokens"] == ref["num_tokens"] and u["decoding"] == "greedy"
         assert u["spans"] == ref["spans"]
     # and the same answers as asking the server directly (greedy was pinned)
@@ -97,7 +97,7 @@ def test_callback_handler_observes_the_same_number(served):
     llm.invoke(QUESTION)
     list(llm.stream(QUESTION))
     assert not handler.errors
-    assert len(seen) == 2 and all(abs(r.g_nll - ref["g_nll"]) <= 1e-6 for r in seen)
+    assert len(seen) == 2 and all(abs(r.g_nll - ref["g_nll"]) <= 1e-6 for r in seen)  # same path: the server's record of the log-probs the framework re-reads
 
 
 def test_recorded_vllm_answer_matches_gnll_serve_upstream():
@@ -112,10 +112,10 @@ def test_recorded_vllm_answer_matches_gnll_serve_upstream():
         )
         llm = with_uncertainty(chat(vllm.url), server="vllm")
         m = llm.invoke(QUESTION)
-        assert abs(m.response_metadata["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6
+        assert abs(m.response_metadata["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs the framework re-reads
         assert m.response_metadata["uncertainty"]["num_tokens"] == ref["num_tokens"] == 1
         chunks = list(llm.stream(QUESTION))
-        assert abs(chunks[-1].response_metadata["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6
+        assert abs(chunks[-1].response_metadata["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs the framework re-reads
         sent = app.state.requests[-1]  # what the adapter asked vLLM for
         assert sent["logprobs"] is True and sent["top_logprobs"] >= 1
         assert sent["temperature"] == 0
@@ -142,3 +142,38 @@ def test_reasoning_trace_in_the_log_probs_is_split_at_its_marker_or_refused_clea
     assert (u["trace_tokens"], u["marker_tokens"], u["trace_nll"]) == (4, 1, pytest.approx(2.0))
     with pytest.raises(ReasoningTokensError, match="reasoning model's trace"):
         llm.score(message(["Let", " me", " think", ".", "Paris"]))
+
+
+@pytest.mark.model
+def test_openai_decisions_get_gnll_exact_probabilities(served, smollm):
+    """LangChain's `OpenAIDecisions` (invoke and ainvoke) against `gnll serve`: the answers are
+    `gnll.decide`'s exact option probabilities."""
+    from langchain_openai.decisions import Choice, OpenAIDecisions, Predicate, Score
+
+    from gnll import decide
+
+    text = "The parcel arrived two weeks late and the box was crushed."
+    request = {
+        "input": text,
+        "questions": {
+            "late": Predicate(instructions="Was the parcel late?"),
+            "topic": Choice(
+                instructions="What is the message about?",
+                choices={"delivery delay": None, "delivery damage": None, "billing": None},
+            ),
+            "anger": Score(instructions="How angry is the writer?", levels=["Calm", "Furious"]),
+        },
+    }
+    runnable = OpenAIDecisions(
+        model="smollm2-135m-instruct", base_url=served.url + "/v1", api_key="x"
+    )
+    ref = decide(smollm, text, [q._to_api(name) for name, q in request["questions"].items()])
+    late, topic, anger = ref.answers
+    for got in (runnable.invoke(request), asyncio.run(runnable.ainvoke(request))):
+        assert got.predicates["late"].probability == pytest.approx(late.probability, abs=1e-4)
+        probs = got.choices["topic"].probabilities
+        for o in topic.options:
+            assert probs[o.value] == pytest.approx(o.probability, abs=1e-4)
+        assert got.choices["topic"].choice == topic.choice
+        assert got.scores["anger"].score == pytest.approx(anger.score, abs=1e-4)
+        assert got.scores["anger"].legend == {0: "Calm", 1: "Furious"}

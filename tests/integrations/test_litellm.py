@@ -132,11 +132,11 @@ def check_recorded_vllm(proxy, ref):
     ask = [{"role": "user", "content": QUESTION}]
     r = client.chat.completions.create(model="recorded-vllm", messages=ask)
     assert r.choices[0].message.content.strip() == "Paris"
-    assert abs(r.choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6
+    assert abs(r.choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     assert r.choices[0].uncertainty["num_tokens"] == ref["num_tokens"] == 1
     chunks = list(client.chat.completions.create(model="recorded-vllm", messages=ask, stream=True))
     last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
-    assert len(last) == 1 and abs(last[0].choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6
+    assert len(last) == 1 and abs(last[0].choices[0].uncertainty["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
 
 
 def check_proxy(proxy, easy, hard):
@@ -148,7 +148,7 @@ def check_proxy(proxy, easy, hard):
     r = raw.parse()
     u = r.choices[0].uncertainty
     assert r.choices[0].message.content == easy.message.content
-    assert abs(u["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
+    assert abs(u["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     assert u["num_tokens"] == easy.uncertainty["num_tokens"] and u["abstain"] is False
     assert r.choices[0].logprobs is None  # the handler asked for them, the client did not
     assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"], rel=1e-5)
@@ -159,7 +159,7 @@ def check_proxy(proxy, easy, hard):
     ).choices[0]
     assert refused.message.content == "I am not confident enough to answer this."
     assert refused.uncertainty["refused"] is True and refused.uncertainty["abstain"] is True
-    assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6
+    assert abs(refused.uncertainty["g_nll"] - hard.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     assert "spans" in refused.uncertainty and refused.uncertainty["spans"] is None
 
     # a temperature is no way around the refuse policy's decision on the greedy answer
@@ -180,7 +180,7 @@ def check_proxy(proxy, easy, hard):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
     assert text == easy.message.content and len(last) == 1
-    assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6
+    assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
     chunks = list(
         client.chat.completions.create(
             model="smollm",
@@ -227,7 +227,7 @@ def test_sdk_logger_and_recorded_vllm_answer():
         finally:
             litellm.callbacks = old
         assert response.choices[0].message.content == " Paris"
-        assert seen and abs(seen[0].g_nll - ref["g_nll"]) <= 1e-6
+        assert seen and abs(seen[0].g_nll - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
         assert seen[0].num_tokens == ref["num_tokens"] == 1
 
 
@@ -318,13 +318,13 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
                 assert got.message.content == want.message.content == text
                 assert u["answered_by"] == answered_by
                 assert u["escalated"] is w["escalated"] is (answered_by == "large")
-                assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6)
+                assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6)  # same path: the server's record of the log-probs LiteLLM re-reads
                 assert float(raw.headers["x-uncertainty-g-nll"]) == pytest.approx(u["g_nll"])
                 assert raw.headers["x-answered-by"] == answered_by
                 if u["escalated"]:
                     assert u["g_nll"] == pytest.approx(0.75)  # the large answer's own G-NLL
                     local = u["local"]
-                    assert local["g_nll"] == pytest.approx(w["local"]["g_nll"], abs=1e-6)
+                    assert local["g_nll"] == pytest.approx(w["local"]["g_nll"], abs=1e-6)  # same path: the server's record of the log-probs LiteLLM re-reads
                     assert local["g_nll"] == pytest.approx(5.0) and local["abstain"] is True
                     assert local["text"] == w["local"]["text"] == "Maybe Lyon"
                     assert local["model"] == "small"
@@ -342,7 +342,7 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
                 assert streamed == text and len(last) == 1
                 lu = last[0].choices[0].uncertainty
                 assert lu["answered_by"] == answered_by
-                assert lu["g_nll"] == pytest.approx(u["g_nll"], abs=1e-6)
+                assert lu["g_nll"] == pytest.approx(u["g_nll"], abs=1e-6)  # same path: the server's record of the log-probs LiteLLM re-reads
                 assert last[0].choices[0].finish_reason == "stop"
 
             # a sampled answer has no G-NLL to escalate on: it streams live and stays local
@@ -370,7 +370,11 @@ def test_proxy_escalates_uncertain_answers_to_the_larger_model(tmp_path):
             u, w = got.uncertainty, want.uncertainty
             assert u["answered_by"] == "small" and u["escalated"] is w["escalated"] is False
             assert u["escalation_error"] and w["escalation_error"]
-            assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6) and u["abstain"] is True
+            assert u["g_nll"] == pytest.approx(w["g_nll"], abs=1e-6) and u["abstain"] is True  # same path: the server's record of the log-probs LiteLLM re-reads
+        # Each answer was scored once, in the call hooks: the success-logging callback logged no
+        # ERROR (it scored again, after the log-probs were removed, and raised on every request).
+        log = (tmp_path / "litellm.log").read_text()
+        assert "LoggingError" not in log and "carries no log-probs" not in log, log[-3000:]
     finally:
         for srv in servers:
             srv.__exit__(None, None, None)
@@ -381,3 +385,64 @@ def test_escalate_needs_the_larger_model_named(monkeypatch):
     with pytest.raises(ValueError, match="GNLL_ESCALATE_MODEL"):
         UncertaintyHandler(policy="escalate", threshold=1.0).scorer  # noqa: B018
     assert UncertaintyHandler(policy="escalate", threshold=1.0, escalate_model="large").scorer
+
+
+@pytest.mark.model
+@pytest.mark.e2e
+def test_decisions_through_litellm_sdk_and_proxy(served, smollm, tmp_path):
+    """`litellm.decisions` and LiteLLM's proxy (a config that routes `/v1/decisions` to `gnll
+    serve`, called with the openai SDK's `decisions.create`) return gnll's exact probabilities."""
+    import litellm
+
+    from gnll import decide
+
+    text = "The parcel arrived two weeks late and the box was crushed."
+    questions = [
+        {"type": "predicate", "name": "late", "instructions": "Was the parcel late?"},
+        {
+            "type": "choice",
+            "name": "topic",
+            "instructions": "What is the message about?",
+            "choices": [{"value": "delivery delay"}, {"value": "delivery damage"}],
+        },
+    ]
+    ref = decide(smollm, text, questions)
+
+    def check(answers):
+        late, topic = answers
+        assert late.probability == pytest.approx(ref.answers[0].probability, abs=1e-4)
+        assert topic.choice == ref.answers[1].choice
+        got = {o.value: o.probability for o in topic.probabilities}
+        assert got == pytest.approx(
+            {o.value: o.probability for o in ref.answers[1].options}, abs=1e-4
+        )
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    check(
+        litellm.decisions(
+            model="openai/smollm2-135m-instruct",
+            api_base=served.url + "/v1",
+            api_key="unused",
+            input=text,
+            questions=questions,
+        ).answers
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "\n".join(
+            [
+                "model_list:",
+                "  - model_name: gnll-decide",
+                "    litellm_params:",
+                "      model: openai/smollm2-135m-instruct",
+                f"      api_base: {served.url}/v1",
+                "      api_key: unused",
+                "general_settings:",
+                f"  master_key: {KEY}",
+            ]
+        )
+        + "\n"
+    )
+    with LiteLLMProxy(config, tmp_path / "litellm.log") as proxy:
+        d = proxy.client().decisions.create(model="gnll-decide", input=text, questions=questions)
+    check(d.answers)

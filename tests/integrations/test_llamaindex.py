@@ -32,13 +32,13 @@ def test_wrapper_keeps_every_token_and_matches_the_server(served):
     r = wrapped.chat(ASK)
     u = r.additional_kwargs["uncertainty"]
     ref = rec.records[-1]
-    assert abs(u["g_nll"] - ref["g_nll"]) <= 1e-6 and u["num_tokens"] == ref["num_tokens"]
+    assert abs(u["g_nll"] - ref["g_nll"]) <= 1e-6 and u["num_tokens"] == ref["num_tokens"]  # same path: the server's record of the log-probs LlamaIndex re-reads
     # LlamaIndex's own list has one entry per position only because top_logprobs >= 1 was asked
     assert len(r.logprobs) == len(r.raw.choices[0].logprobs.content) == u["num_tokens"]
     chunks = list(wrapped.stream_chat(ASK))
     assert len(chunks) > 2
     u = chunks[-1].additional_kwargs["uncertainty"]
-    assert abs(u["g_nll"] - rec.records[-1]["g_nll"]) <= 1e-6
+    assert abs(u["g_nll"] - rec.records[-1]["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LlamaIndex re-reads
     assert chunks[-1].message.content == r.message.content
 
 
@@ -65,7 +65,7 @@ def test_event_handler_observes_chat_and_stream(served):
         dispatcher.event_handlers.remove(handler)
     assert not handler.errors
     assert len(handler.records) == 2
-    assert all(abs(x.g_nll - ref["g_nll"]) <= 1e-6 for x in handler.records)
+    assert all(abs(x.g_nll - ref["g_nll"]) <= 1e-6 for x in handler.records)  # same path: the server's record of the log-probs LlamaIndex re-reads
     assert r.additional_kwargs["uncertainty"]["g_nll"] == handler.records[0].g_nll
 
 
@@ -84,9 +84,9 @@ def test_without_top_logprobs_llamaindex_drops_tokens_and_gnll_does_not():
         wrapped = with_uncertainty(llm(vllm.url, model="served-model"), server="vllm")
         r = wrapped.chat(ASK)
         assert app.state.requests[-1]["top_logprobs"] >= 1
-        assert abs(r.additional_kwargs["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6
+        assert abs(r.additional_kwargs["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LlamaIndex re-reads
         chunks = list(wrapped.stream_chat(ASK))
-        assert abs(chunks[-1].additional_kwargs["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6
+        assert abs(chunks[-1].additional_kwargs["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LlamaIndex re-reads
     from llama_index.llms.openai.utils import from_openai_token_logprobs
     from openai.types.chat import ChatCompletionTokenLogprob
 

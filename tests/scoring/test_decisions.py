@@ -57,7 +57,7 @@ def test_probabilities_sum_to_one_and_nlls_are_gnll_score(tiny, decided):
     for q, a in zip(qs, decided.answers, strict=True):
         assert a.type == q.type
         p = np.array([o.probability for o in a.options])
-        assert abs(p.sum() - 1.0) <= 1e-9
+        assert abs(p.sum() - 1.0) <= 1e-9  # same path: float64 normalisation
         assert 0 < a.mass <= 1
         # each option's NLL is what gnll.score gives that option as the answer to the same messages
         ref = score(
@@ -139,7 +139,7 @@ def test_non_finite_log_probs_refuse_never_a_number():
     a = answer_from_logprobs(q, [-1.0, 0.5])
     assert a.type == "refusal"
     a = answer_from_logprobs(q, [-800.0, -801.0])  # far below float range: still exact in log space
-    assert a.type == "predicate" and abs(a.probability - 1 / (1 + math.exp(-1))) < 1e-12
+    assert a.type == "predicate" and abs(a.probability - 1 / (1 + math.exp(-1))) < 1e-12  # same path: float64 closed form
 
 
 def test_first_token_matching():

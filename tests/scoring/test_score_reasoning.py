@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from fakes import ToyModel
 
-from gnll.backends.base import GenerationConfig
+from gnll.backends.base import BATCH_INVARIANCE_ATOL, GenerationConfig
 from gnll.backends.reasoning_model import ReasoningModel
 from gnll.scoring import score
 from gnll.scoring.rows import Item, to_item
@@ -70,7 +70,7 @@ def test_score_of_the_answer_given_its_trace_is_its_g_nll(smollm):
     res = score_chunk(rm, job, rows)
     assert not res.errors
     for out in res.rows:
-        assert abs(out["nll"] - (-g.logprob)) <= 1e-5
+        assert abs(out["nll"] - (-g.logprob)) <= BATCH_INVARIANCE_ATOL
         assert out["scored"] == "answer"
     # without the trace as context, the same answer has another NLL
     [plain] = score(smollm, ["What is 2+2?"], [answer])

@@ -78,8 +78,8 @@ def test_number_veto_keeps_signs_apart(embedder):
 def test_similarities_order_meanings(clusterer):
     sims = clusterer.similarity_matrix(Q, ["Paris", "The capital is Paris", "Lyon"])
     assert sims.shape == (3, 3)
-    np.testing.assert_allclose(np.diag(sims), 1.0, atol=1e-5)
-    np.testing.assert_allclose(sims, sims.T, atol=1e-6)
+    np.testing.assert_allclose(np.diag(sims), 1.0, atol=1e-5)  # same path: one float32 forward pass, normalised
+    np.testing.assert_allclose(sims, sims.T, atol=1e-6)  # same path: one float32 forward pass, normalised
     assert sims[0, 1] > DEFAULT_EMBEDDING_THRESHOLD > sims[0, 2]
     assert sims[1, 0] > sims[1, 2]
 
@@ -92,7 +92,8 @@ def test_matches_sentence_transformers(embedder):
     st_model = SentenceTransformer(str(find_embedded_minilm()), device="cpu")
     texts = [f"{Q} Paris", "Lyon", "a much longer answer that says the capital is Paris, France"]
     ref = st_model.encode(texts, normalize_embeddings=True)
-    np.testing.assert_allclose(embedder.embed(texts), ref, atol=1e-5)
+    # two pipelines (ours, sentence-transformers): float32 sums in another order
+    np.testing.assert_allclose(embedder.embed(texts), ref, atol=1e-4)
 
 
 @pytest.mark.model

@@ -104,9 +104,9 @@ def test_page_shows_the_apis_tokens_and_g_nll(page_server, browser, tmp_path):
     assert u["prompt_format"] == "instruction"
     assert "Paris" in "".join(texts)
     assert "".join(texts) == "".join(u["tokens"]).lstrip()
-    assert lps == pytest.approx(u["token_logprobs"], abs=1e-9)
+    assert lps == pytest.approx(u["token_logprobs"], abs=1e-9)  # same path: the page shows the record's own log-probs
     assert page.evaluate("window.liveSpans") == len(u["tokens"])  # drawn as they came
-    assert g_shown == pytest.approx(u["g_nll"], abs=5e-5)  # shown with 4 decimals
+    assert g_shown == pytest.approx(u["g_nll"], abs=5e-5)  # shown with 4 decimals  # same path: the page rounds the record's value to 4 decimals
     # Each token's shade is its probability's colour (red at p=0 to green at p=1).
     colours = page.eval_on_selector_all(
         "#answer .tok", "els => els.map(e => getComputedStyle(e).backgroundColor)"

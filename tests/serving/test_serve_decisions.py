@@ -63,7 +63,7 @@ def _check_against_library(answers, reference) -> None:
         assert got.type == ref.type
         probs = got.model_extra["probabilities"] if got.type == "predicate" else got.probabilities
         p = [o["probability"] if isinstance(o, dict) else o.probability for o in probs]
-        assert abs(sum(p) - 1.0) <= 1e-9
+        assert abs(sum(p) - 1.0) <= 1e-9  # same path: float64 normalisation
         nll = [(o if isinstance(o, dict) else o.model_extra)["nll"] for o in probs]
         assert np.allclose(nll, [o.nll for o in ref.options], atol=BATCH_INVARIANCE_ATOL)
 
@@ -170,4 +170,4 @@ def test_proxy_refuses_an_upstream_that_cannot_teacher_force(tiny):
         if a.type == "refusal":
             assert "top 20 alternatives" in a.model_extra["reason"]
         else:
-            assert abs(sum(o["probability"] for o in a.model_extra["probabilities"]) - 1) <= 1e-9
+            assert abs(sum(o["probability"] for o in a.model_extra["probabilities"]) - 1) <= 1e-9  # same path: float64 normalisation

@@ -183,3 +183,27 @@ def test_no_request_of_the_page_fails(page_url):
         finally:
             browser.close()
     assert failed == []
+
+
+def test_no_policy_is_not_a_green_verdict(page_url):
+    """Under annotate nothing is decided: the decision box says "no policy" without a verdict's
+    colour, and the rule line says there is no policy (was "policy annotate; none", in green)."""
+    from playwright.sync_api import sync_playwright
+
+    app = build_inprocess_app(StreamingModel(), ServeSettings(), max_wait_ms=1)
+    with ServerThread(app) as srv, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.goto(srv.url + "/")
+            page.wait_for_function(
+                "document.querySelector('#rule').textContent.length > 0", timeout=30_000
+            )
+            assert page.locator("#rule").inner_text().startswith("No policy")
+            _answer_with(page, "What is the capital of France?")
+            decision = page.locator("#decision")
+            assert decision.inner_text() == "no policy"
+            classes = decision.get_attribute("class") or ""
+            assert "answer-ok" not in classes and "no-policy" in classes
+        finally:
+            browser.close()

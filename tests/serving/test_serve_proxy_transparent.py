@@ -149,6 +149,8 @@ def test_proxy_sends_an_unset_max_tokens_unset_and_takes_the_upstreams_limit(sta
     assert last(seen, "/v1/chat/completions")["max_tokens"] == 2000
     r = httpx.post(px.url + "/v1/completions", json={"model": "small", "prompt": "Q"}, timeout=30)
     assert r.status_code == 200 and "max_tokens" not in last(seen, "/v1/completions")
+    # /health says which limit applies: the upstream's context length, as /v1/models lists it.
+    assert httpx.get(px.url + "/health", timeout=30).json()["max_model_len"] == 2048
 
 
 @pytest.mark.parametrize(
@@ -273,3 +275,112 @@ def test_access_log_has_no_answered_by_without_escalation(caplog):
     finally:
         px.__exit__(None, None, None)
         up.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------- a silent or a dead upstream
+def stalling_upstream() -> FastAPI:
+    """Sends the first chunk of a stream, then nothing with the connection open (vLLM's engine
+    dead behind a live HTTP server)."""
+    import asyncio
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": "small", "owned_by": "vllm"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        async def events():
+            first = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "finish_reason": None,
+            }
+            yield f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'choices': [first]})}\n\n"
+            await asyncio.sleep(20)
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def test_a_silent_upstream_stream_ends_in_an_error_naming_it():
+    with ServerThread(stalling_upstream()) as up:
+        settings = ServeSettings(upstream_idle_timeout=0.5)
+        with ServerThread(build_proxy_app(up.url + "/v1", settings)) as px:
+            r = chat(px, stream=True)
+    events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+    error = events[-1]["error"]
+    assert up.url in error["message"] and "--upstream_idle_timeout" in error["message"]
+    assert "data: [DONE]" not in r.text
+
+
+def test_a_dead_upstream_is_said_at_start():
+    import logging
+
+    said: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = said.append  # type: ignore[method-assign]
+    logger = logging.getLogger("gnll.serve")
+    logger.addHandler(handler)
+    try:
+        with ServerThread(build_proxy_app("http://127.0.0.1:9/v1", ServeSettings())):
+            pass
+    finally:
+        logger.removeHandler(handler)
+    messages = [r.getMessage() for r in said]
+    assert any("http://127.0.0.1:9/v1 is not reachable yet" in m for m in messages), messages
+
+
+# ---------------------------------------------------------------- gnll doctor's messages
+def test_doctor_without_v1_says_to_add_it_and_every_fix_cell_is_filled():
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app as cli
+
+    up, px, _ = started("vllm")
+    try:
+        root = up.url  # the server's root, without its /v1
+        res = CliRunner().invoke(cli, ["doctor", "--base_url", root], env={"COLUMNS": "300"})
+        assert res.exit_code == 1
+        assert f"try --base_url {root}/v1" in " ".join(res.output.split())
+        res = CliRunner().invoke(
+            cli, ["doctor", "--base_url", root, "--model", "small"], env={"COLUMNS": "300"}
+        )
+        assert f"try --base_url {root}/v1" in " ".join(res.output.split())
+        # Against the stand-in (it answers every probe alike): each row's fix is filled in.
+        res = CliRunner().invoke(
+            cli, ["doctor", "--base_url", root + "/v1", "--requests", "1"], env={"COLUMNS": "300"}
+        )
+        rows = [ln for ln in res.output.splitlines() if ln.startswith("│") and "│" in ln[1:]]
+        cells = [[c.strip() for c in ln.strip("│").split("│")] for ln in rows]
+        named = [c for c in cells if c[0]]  # a row's first line names its check
+        assert named and all(c[3] for c in named), res.output
+    finally:
+        px.__exit__(None, None, None)
+        up.__exit__(None, None, None)
+
+
+def test_access_log_of_an_escalated_request_names_who_answered(caplog):
+    """The entry's ``model`` is the local one; ``answered_by`` says the larger model answered."""
+    from gnll.serving import AbstentionPolicy
+
+    bigger = ScriptedModel()
+    bigger.name = "large"
+    large = ServerThread(build_inprocess_app(bigger, ServeSettings(), max_wait_ms=1))
+    with large:
+        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=1.0))
+        app = build_inprocess_app(
+            ScriptedModel(), settings, max_wait_ms=1, escalate_to=large.url + "/v1"
+        )
+        with ServerThread(app) as srv, access_log(caplog):
+            for prompt in ("unsure", "capital?"):
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+                r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+                assert r.status_code == 200, r.text
+    entries = [e for e in access_entries(caplog) if e["path"] == "/v1/chat/completions"]
+    escalated, kept = entries[-2], entries[-1]
+    assert escalated["model"] == "scripted"  # the local model, as before
+    assert escalated["answered_by"] == ["large"] and escalated["escalated"] == [True]
+    assert kept["answered_by"] == ["scripted"] and kept["escalated"] == [False]

@@ -70,9 +70,9 @@ def test_decomposition_matches_enumeration(v: int, t: int) -> None:
         tree = sample_tree(v, t, np.random.default_rng(seed))
         ev = exact_values(tree)
         h, m = _brute(tree)
-        assert ev.entropy == pytest.approx(h, rel=1e-10, abs=1e-10)
-        assert ev.min_entropy == pytest.approx(m, rel=1e-12, abs=1e-12)
-        assert np.exp(enumerate_log_probs(tree)).sum() == pytest.approx(1.0, abs=1e-10)
+        assert ev.entropy == pytest.approx(h, rel=1e-10, abs=1e-10)  # same path: float64 closed form
+        assert ev.min_entropy == pytest.approx(m, rel=1e-12, abs=1e-12)  # same path: float64 closed form
+        assert np.exp(enumerate_log_probs(tree)).sum() == pytest.approx(1.0, abs=1e-10)  # same path: float64 closed form
 
 
 @settings(max_examples=40, deadline=None)
@@ -89,12 +89,12 @@ def test_decomposition_property(v: int, t: int, seed: int, pooled: bool) -> None
     tree = sample_tree(v, t, rng, alphas, leaf_pool=pool)
     ev = exact_values(tree)
     h, m = _brute(tree)
-    assert ev.entropy == pytest.approx(h, rel=1e-9, abs=1e-9)
-    assert ev.min_entropy == pytest.approx(m, rel=1e-9, abs=1e-9)
+    assert ev.entropy == pytest.approx(h, rel=1e-9, abs=1e-9)  # same path: float64 closed form
+    assert ev.min_entropy == pytest.approx(m, rel=1e-9, abs=1e-9)  # same path: float64 closed form
     lp, lq = enumerate_log_probs(tree, 0.5)
     a, b = tree_log_prob_range(tree)
     assert (a, b) == (pytest.approx(lp.min()), pytest.approx(lp.max()))
-    assert tree_max_log_weight(tree, 0.5) == pytest.approx(float(np.max(lp - lq)), abs=1e-9)
+    assert tree_max_log_weight(tree, 0.5) == pytest.approx(float(np.max(lp - lq)), abs=1e-9)  # same path: float64 closed form
 
 
 def test_hand_built_tree_values() -> None:
@@ -128,13 +128,13 @@ def test_leaf_pool_tree_reads_pool_rows() -> None:
     tree = sample_tree(4, 3, rng, leaf_pool=pool)
     rows = tree.next_token_log_probs(2, np.arange(16))
     # Pooled rows are the pool's float32 rows, renormalised in float64.
-    np.testing.assert_allclose(rows, pool.log_probs[tree.leaf_index], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(np.exp(rows).sum(1), 1.0, rtol=0, atol=1e-14)
+    np.testing.assert_allclose(rows, pool.log_probs[tree.leaf_index], rtol=0, atol=1e-5)  # same path: the pool's float32 rows renormalised in float64
+    np.testing.assert_allclose(np.exp(rows).sum(1), 1.0, rtol=0, atol=1e-14)  # same path: float64 normalisation
     assert len(tree.levels) == 2
     h, m = _brute(tree)
     ev = exact_values(tree)
-    assert ev.entropy == pytest.approx(h, abs=1e-9)
-    assert ev.min_entropy == pytest.approx(m, abs=1e-12)
+    assert ev.entropy == pytest.approx(h, abs=1e-9)  # same path: float64 closed form
+    assert ev.min_entropy == pytest.approx(m, abs=1e-12)  # same path: float64 closed form
 
 
 def test_paper_alphas() -> None:
@@ -189,7 +189,7 @@ def test_beam_as_wide_as_prefixes_finds_exact_max(v: int, t: int) -> None:
         tree = sample_tree(v, t, np.random.default_rng(100 + seed))
         lp = enumerate_log_probs(tree)
         res = beam_search(tree, v ** (t - 1))
-        assert res.log_p == pytest.approx(lp.max(), abs=1e-12)
+        assert res.log_p == pytest.approx(lp.max(), abs=1e-12)  # same path: float64 closed form
         # The returned tokens are the argmax sequence (base-V index).
         idx = int(sum(int(y) * v ** (t - 1 - i) for i, y in enumerate(res.tokens)))
         assert idx == int(np.argmax(lp))
@@ -343,7 +343,7 @@ def test_check_tree_failure_rates_respect_delta() -> None:
         # 400 repeats: the observed rate is within binomial noise of a probability <= 0.1.
         assert r["empirical_failure"] <= 0.1 + 3 * math.sqrt(0.09 / 400)
     ent1 = rec["entropy"]["1.0"]
-    assert ent1["log10_c"] == 0.0 and ent1["bias"] == pytest.approx(0.0, abs=1e-12)
+    assert ent1["log10_c"] == 0.0 and ent1["bias"] == pytest.approx(0.0, abs=1e-12)  # same path: float64 closed form
     assert ent1["log10_n_hoeffding"] > math.log10(ent1["n_clt"])  # Hoeffding is conservative
     assert rec["entropy"]["0.5"]["log10_c"] > 0
 
@@ -524,7 +524,7 @@ def test_fig3_examples_are_draws_of_the_appendix_dirichlet_model():
     assert sorted(data) == [20, 100]
     for v, probs in data.items():
         assert probs.shape == (400, v)
-        np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-12)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-12)  # same path: float64 normalisation
         top2 = np.sort(probs, axis=1)[:, -2:].sum(axis=1).mean()
         a = np.sort(paper_alphas(v))[::-1]
         # E[mass of the two alpha-10 tokens] = 20 / sum(alpha); the two largest carry at least that.

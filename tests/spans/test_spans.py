@@ -33,8 +33,8 @@ def logprobs(draw, n: int) -> list[float]:
 def check_partition(report, lps) -> None:
     total = -math.fsum(lps)
     parts = math.fsum([s.nll for s in report.spans] + [report.unassigned_nll])
-    assert abs(parts - total) <= 1e-9
-    assert abs(report.total_nll - total) <= 1e-9
+    assert abs(parts - total) <= 1e-9  # same path: float64 sums of the same log-probs
+    assert abs(report.total_nll - total) <= 1e-9  # same path: float64 sums of the same log-probs
     assert sum(s.num_tokens for s in report.spans) + report.unassigned_tokens == len(lps)
 
 
@@ -207,7 +207,7 @@ def test_gnll_score_spans_sentence_and_json(tmp_path, monkeypatch):
                 assert kind == "json" and "no JSON" in r["spans_error"]
                 continue
             total = sum(s["nll"] for s in r["spans"]) + r["unassigned_nll"]
-            assert total == pytest.approx(r["nll"], abs=1e-9)
+            assert total == pytest.approx(r["nll"], abs=1e-9)  # same path: float64 sums of the same log-probs
             assert r["max_span_nll"] == max(s["nll"] for s in r["spans"])
     assert [s["text"] for s in got[1]["spans"]] == ["Paris", "1", "22"]
     assert [s["path"] for s in got[1]["spans"]] == ["$.city", "$.n[0]", "$.n[1]"]
@@ -239,6 +239,6 @@ def test_gnll_ask_spans(monkeypatch):
     # the span fields sit beside the measures, named as gnll score and gnll serve name them
     assert rec["least_certain_span"] == "$.a" and rec["spans_kind"] == "json"
     total = sum(s["nll"] for s in rec["spans"]) + rec["unassigned_nll"]
-    assert total == pytest.approx(rec["g_nll"], abs=1e-9)
+    assert total == pytest.approx(rec["g_nll"], abs=1e-9)  # same path: float64 sums of the same log-probs
     res = CliRunner().invoke(app, ["ask", "Q?", "--spans", "sentence"])
     assert res.exit_code == 0 and "NLL per sentence" in res.output

@@ -152,13 +152,25 @@ class DecisionCalibration:
         """Fit every question type that has labelled rows (``labelled_decisions``)."""
         if not data:
             raise ValueError("no labelled, answered decisions to calibrate on")
+        skipped = {}
         for kind, (s, y) in data.items():
             cal = Calibrator(
                 self.method, target_accuracy=1 - self.alpha, target_coverage=None, delta=self.delta
             )
-            cal.fit(s, y)
+            try:
+                cal.fit(s, y)
+            except ValueError as exc:  # e.g. every answer of this type right: nothing to learn
+                skipped[kind] = str(exc)
+                continue
             cal.meta = {"measure": "decision-nll", "question_type": kind}
             self.types[kind] = cal
+        if not self.types:
+            raise ValueError(
+                "no question type could be calibrated: "
+                + "; ".join(f"{k}: {why}" for k, why in skipped.items())
+            )
+        if skipped:
+            self.meta["skipped_types"] = skipped
         return self
 
     def threshold(self, kind: str) -> float | None:
@@ -213,6 +225,29 @@ class DecisionCalibration:
         guarantee = self.guarantee(kind)
         assert guarantee is not None
         return Verdict(answer, p_correct, guarantee)
+
+    def apply(self, answer: Any) -> Any:
+        """Calibrate one decision answer (a :class:`gnll.scoring.decisions.DecisionAnswer`) in place:
+        its ``p_correct`` and ``guarantee``, and a refusal below the threshold that says why.
+        Refusals, first-token answers and types this file has no calibration for pass unchanged
+        (the calibration was fitted on exact probabilities)."""
+        if answer.type == "refusal" or answer.method != "exact":
+            return answer
+        p = answer.top_probability
+        verdict = self.verdict(answer.question_type, p) if p is not None else None
+        if verdict is None:
+            return answer
+        answer.extra.update(p_correct=verdict.p_correct, guarantee=verdict.guarantee)
+        if not verdict.answer:
+            t = verdict.guarantee["threshold"]
+            below = (
+                "no threshold is guaranteed for this question type"
+                if t is None
+                else f"the chosen option's probability {p:.4f} is below the calibrated "
+                f"threshold {t:.4f}"
+            )
+            answer.refuse(f"{below}: {verdict.guarantee['statement']}")
+        return answer
 
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:

@@ -56,6 +56,8 @@ def calibration_bins(
         edges = np.linspace(0.0, 1.0, bins + 1)
     elif strategy == "quantile":
         edges = np.unique(np.quantile(p, np.linspace(0.0, 1.0, bins + 1)))
+        if len(edges) < 2:  # every prediction the same (a flat map): one bin, not none
+            edges = np.array([0.0, 1.0])
         edges[0], edges[-1] = 0.0, 1.0
     else:
         raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")

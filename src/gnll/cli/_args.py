@@ -225,6 +225,8 @@ def model_kwargs(
 
         if model not in EMBEDDED_MODELS:
             check_model_source(model, revision=raw.get("revision"), gguf_file=raw.get("gguf_file"))
+    if not raw:  # nothing to type: the backend (torch, for hf) is not imported, as on a Ray driver
+        return {}
     from gnll.backends import load_model
     from gnll.backends.registry import get_backend
 

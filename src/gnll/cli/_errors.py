@@ -211,7 +211,8 @@ def error_boundary(command: Callable[..., Any]) -> Callable[..., Any]:
             line = f"error: {_message(exc)}"
             if hint:
                 line += f"\n  what to do: {hint}"
-            if not debug:
+            if not debug and code == EXIT_FAILURE:
+                # A usage error's one line is the whole story; a failure's traceback may not be.
                 line += "  (--debug shows the traceback)"
             typer.echo(safe_text(scrub(line, secrets)), err=True)
             raise typer.Exit(code) from None
@@ -225,3 +226,21 @@ def error_boundary(command: Callable[..., Any]) -> Callable[..., Any]:
         wrapper.__annotations__ = {**getattr(command, "__annotations__", {}), "debug": DebugOption}
     wrapper.__gnll_boundary__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def flagged(exc: BaseException, flags: dict[str, str] | None = None) -> str:
+    """The message of a library :class:`~gnll._util.validation.ParameterError` with the parameters
+    it names written as options: its leading parameter, and the ``others`` it mentions (``--`` + the
+    name, or ``flags[name]``). Any other error: its message."""
+    import re
+
+    text = str(exc).strip("'\"")
+    param = getattr(exc, "param", None)
+    if not param:
+        return text
+    flags = flags or {}
+    if text.startswith(param):
+        text = flags.get(param, "--" + param) + text[len(param) :]
+    for name in getattr(exc, "others", ()):
+        text = re.sub(rf"(?<![\w'-]){re.escape(name)}\b", flags.get(name, "--" + name), text)
+    return text

@@ -90,11 +90,23 @@ def calibrate(
             "threshold whose cascade accuracy >= --target-accuracy w.p. 1 - delta, and its curve.",
         ),
     ] = False,
+    decisions: Annotated[
+        bool,
+        typer.Option(
+            "--decisions",
+            help="The inputs are labelled `gnll decide` outputs: per question type, P(correct) of "
+            "the chosen option and the threshold whose accuracy >= --target-accuracy w.p. "
+            "1 - delta (for gnll decide/serve --calibration).",
+        ),
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False,
 ) -> None:
     """Fit a monotone map from an uncertainty measure to P(correct), with held-out metrics and thresholds."""
     from rich.console import Console
 
+    if decisions:
+        _calibrate_decisions(inputs, output, target_accuracy, delta, method, model, debug)
+        return
     if cascade:
         from gnll.cli.calibrate_cascade import calibrate_cascade
 
@@ -195,3 +207,47 @@ def _print_summary(console, cal, data, output: Path, plot: Path) -> None:
         rule, why = cal.to_dict()["default_rule"].values()
         console.print(f"default rule (--calibration without --rule): {rule}: {plain(why)}")
     console.print(f"[green]wrote[/] {plain(output)} and {plain(plot)}")
+
+
+def _calibrate_decisions(
+    inputs: list[Path],
+    output: Path,
+    target_accuracy: str,
+    delta: float,
+    method: str,
+    model: str | None,
+    debug: bool,
+) -> None:
+    """``gnll calibrate --decisions``: :class:`gnll.calibration.decisions.DecisionCalibration`."""
+    from rich.console import Console
+
+    from gnll.calibration.decisions import DecisionCalibration, labelled_decisions
+
+    console = Console(stderr=True)
+    target = _opt_float(target_accuracy, "--target-accuracy")
+    if target is None or not 0 < target < 1 or not 0 < delta < 1:
+        raise typer.BadParameter("--decisions needs --target-accuracy and --delta in (0, 1)")
+    try:
+        data, facts = labelled_decisions([str(p) for p in inputs])
+        cal = DecisionCalibration(1 - target, delta, method=method).fit(data)
+    except (FileNotFoundError, ValueError) as exc:
+        if debug:
+            raise
+        console.print(f"[bold red]error:[/] {plain(exc)}", soft_wrap=True)
+        raise typer.Exit(code=2) from exc
+    models = facts["models"]
+    cal.meta.update(
+        model=model or (models[0] if len(models) == 1 else None),
+        data={
+            "sources": [str(p) for p in inputs],
+            "n": {k: int(len(s)) for k, (s, _) in data.items()},
+            "n_correct": {k: int(y.sum()) for k, (_, y) in data.items()},
+            "dropped": facts["dropped"],
+        },
+    )
+    cal.save(output)
+    for kind in cal.types:
+        g = cal.guarantee(kind)
+        assert g is not None
+        console.print(f"{kind}: {plain(g['statement'])}", soft_wrap=True)
+    console.print(f"[green]wrote[/] {plain(output)}")

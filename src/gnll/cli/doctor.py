@@ -56,7 +56,7 @@ def doctor(
         try:
             listed = client.get("/models").get("data") or []
         except (ServerError, ServerUnavailable) as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {exc}{_v1_hint(base_url, exc)}", err=True)
             raise typer.Exit(code=1) from None
         finally:
             client.close()
@@ -87,7 +87,7 @@ def doctor(
             c.name,
             Text(c.verdict.upper(), style=_STYLE[c.verdict]),
             Text(safe_text(c.detail)),
-            Text(safe_text(c.fix)),
+            Text(safe_text(c.fix or ("nothing to fix" if c.verdict in ("pass", "info") else ""))),
         )
     console.print(table)
     failed = [c.name for c in checks if c.verdict == "fail"]
@@ -97,3 +97,15 @@ def doctor(
         )
         raise typer.Exit(code=1)
     console.print("[green]G-NLL from this server is the model's own.[/]")
+
+
+def _v1_hint(base_url: str, exc: Exception) -> str:
+    """What a 404 on ``/models`` most often means: the base URL lacks its ``/v1``.
+
+    >>> _v1_hint("http://h:8000", RuntimeError("http://h:8000/models answered HTTP 404"))
+    '; the OpenAI API is under /v1 on most servers: try --base_url http://h:8000/v1'
+    """
+    url = base_url.rstrip("/")
+    if "404" in str(exc) and not url.endswith("/v1"):
+        return f"; the OpenAI API is under /v1 on most servers: try --base_url {url}/v1"
+    return ""

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from gnll.cli._args import clusterer_kwargs, model_kwargs, parse_csv
-from gnll.cli._errors import plain
+from gnll.cli._errors import flagged, plain
 from gnll.cli._ray import AddressOption, CpusOption, EngineOption, GpusOption, ReplicasOption
 
 __all__ = ["evaluate"]
@@ -383,8 +383,9 @@ def evaluate(
     )
     try:
         cfg = _config(ctx.params)
-    except (KeyError, ValueError) as exc:
-        raise typer.BadParameter(str(exc).strip("'\"")) from exc
+    except (KeyError, ValueError) as exc:  # ParameterError: named as its option
+        fields_to_cli = {v: "--" + k for k, v in _CLI_TO_FIELD.items()}
+        raise typer.BadParameter(flagged(exc, fields_to_cli)) from exc
 
     if engine not in ("local", "ray") or (engine == "ray" and preset is not None):
         raise typer.BadParameter(

@@ -18,7 +18,7 @@ at a terminal, while this is a streaming file job with ``gnll score``'s options 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -47,6 +47,9 @@ from gnll.cli._options import (
 )
 
 __all__ = ["generate"]
+
+if TYPE_CHECKING:
+    from gnll.policy import AbstentionPolicy
 
 
 def generate(
@@ -116,9 +119,9 @@ def generate(
     from gnll.cli._args import clusterer_kwargs, model_kwargs
     from gnll.cli.ask import _calibration
     from gnll.cli.score import check_files
-    from gnll.scoring import ScoreJob
     from gnll.scoring.asking import AskOptionError, check_ask_options
     from gnll.scoring.generating import AskOptions, run_generate_job
+    from gnll.scoring.stream import build_score_job
 
     console = Console(stderr=True)
 
@@ -148,16 +151,15 @@ def generate(
     typer.echo(f"loading {model} ...", err=True)
     lm = load_model(model, progress=progress, **model_kwargs(model_args, model=model))
     cal = _calibration(calibration, lm.name, long, wanted, fmt) if calibration else None
-    refuse, refusal_text, pol = (
-        _refuse_policy(fail, cal, threshold, refusal) if ask_policy else (None, "", None)
-    )
+    pol = _refuse_policy(fail, cal, threshold, refusal) if ask_policy else None
     watched = _early_model(fail, lm, pol, wanted, fmt, early) if pol is not None else None
     clusterer_obj: object = clusterer
     if M.Needs.CLUSTERS in M.requirements(wanted):  # load it once, not once per row
         from gnll.semantic import load_clusterer
 
         clusterer_obj = load_clusterer(clusterer, **clusterer_kwargs(clusterer, clusterer_args))
-    job = ScoreJob(
+    # the one job site of gnll score (its checks and defaults); the calibration is the answers'
+    job = build_score_job(
         input=input,
         output=output,
         input_format=in_fmt,
@@ -181,8 +183,7 @@ def generate(
         calibration=cal,
         logprobs=logprobs,
         prompt_format=fmt,
-        refuse=refuse,
-        refusal=refusal_text,
+        policy=pol,
         early=None if watched is None else watched.facts,
     )
     _report(console, run_generate_job(lm if watched is None else watched, job, opts))
@@ -208,41 +209,42 @@ def _check_policy(
     calibration: str | None,
     refusal: str | None,
 ) -> None:
-    """The ``--policy`` options that make sense together, checked before the model loads."""
+    """The ``--policy`` options, checked before the model loads: ``gnll generate`` takes ``--policy
+    refuse``; the rest are the policy's own rules (:class:`gnll.policy.AbstentionPolicy`)."""
     if mode != "refuse":
         what = f"--policy {mode}" if mode else "--threshold/--refusal/--early without --policy"
         fail(f"{what}: gnll generate takes --policy refuse (with --threshold or --calibration)")
-    if calibration is None and threshold is None:
-        fail("--policy refuse needs --threshold or --calibration FILE to decide by")
-    if calibration is not None and threshold is not None:
-        fail("--threshold cannot be given with --calibration (give one of them)")
-    if calibration is None:  # the library's own checks of the threshold, also before the load
+    from gnll.policy import AbstentionPolicy
+
+    if calibration is None:  # the whole policy, built as it will be
         _refuse_policy(fail, None, threshold, refusal)
+    else:
+        _policy_error(fail, AbstentionPolicy.check_rule, mode, calibrated=True, threshold=threshold)
+
+
+def _policy_error(
+    fail: Callable[..., Any], check: Callable[..., Any], *args: Any, **kw: Any
+) -> Any:
+    """``check(*args, **kw)``, a policy's error said in one line naming the options."""
+    from gnll.cli.serve import _flagged
+
+    try:
+        return check(*args, **kw)
+    except ValueError as exc:  # ParameterError included: one line naming the option
+        fail(_flagged(exc), exc)
 
 
 def _refuse_policy(
     fail: Callable[..., Any], calibrator: Any, threshold: float | None, refusal: str | None
-) -> tuple[Callable[[float, str | None, str], bool | None], str]:
-    """``--policy refuse``: the library's :class:`gnll.serving.AbstentionPolicy` (the validation
-    and the decisions of ``gnll serve --policy refuse``), handed to the scoring layer as a plain
-    callable (scoring sits below serving and cannot import it)."""
-    from gnll.cli.serve import _flagged
-    from gnll.serving import AbstentionPolicy
+) -> AbstentionPolicy:
+    """``--policy refuse``: the library's :class:`gnll.policy.AbstentionPolicy` (the validation
+    and the decisions of ``gnll serve --policy refuse``)."""
+    from gnll.policy import AbstentionPolicy
 
     extra: dict[str, Any] = {"refusal": refusal} if refusal else {}
-    try:
-        pol = AbstentionPolicy(mode="refuse", calibrator=calibrator, threshold=threshold, **extra)
-    except ValueError as exc:  # ParameterError included: one line naming the option
-        fail(_flagged(exc), exc)
-    if pol.calibrator is not None and pol.rule is None and pol.min_p_correct is None:
-        fail(
-            "--calibration: the file has no fitted threshold to refuse by (gnll calibrate fits one)"
-        )
-
-    def refuse(g_nll: float, prompt_format: str | None, scored: str) -> bool | None:
-        return pol.decide(g_nll, prompt_format, scored)[1]
-
-    return refuse, pol.refusal, pol
+    return _policy_error(
+        fail, AbstentionPolicy, mode="refuse", calibrator=calibrator, threshold=threshold, **extra
+    )
 
 
 def _early_model(

@@ -12,7 +12,18 @@ from typing import Annotated, Any
 
 import typer
 
-from gnll.cli import ask, calibrate, doctor, evaluate, generate, score, serve, simulate, table
+from gnll.cli import (
+    ask,
+    calibrate,
+    decide,
+    doctor,
+    evaluate,
+    generate,
+    score,
+    serve,
+    simulate,
+    table,
+)
 from gnll.cli._conventions import Command
 from gnll.cli._errors import error_boundary
 
@@ -58,6 +69,7 @@ command("eval", evaluate.evaluate)
 command("table", table.table)
 command("simulate", simulate.simulate)
 command("score", score.score_command)
+command("decide", decide.decide_command)
 command("generate", generate.generate)
 command("calibrate", calibrate.calibrate)
 command("serve", serve.serve)

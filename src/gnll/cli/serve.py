@@ -87,7 +87,7 @@ def serve(
         typer.Option(
             "--calibration",
             help="A `gnll calibrate` file, or 'auto' (the one shipped for an embedded model): "
-            "p_correct and abstain.",
+            "p_correct and abstain; a `gnll calibrate --decisions` file calibrates /v1/decisions.",
         ),
     ] = None,
     threshold: Annotated[
@@ -135,6 +135,16 @@ def serve(
             "which it is refused/escalated whatever follows (exact: the same decisions). "
             "Default: on when the policy allows it; with --upstream only for --policy escalate "
             "and an upstream that sends usage in streams (a cut answer has no usage).",
+            show_default=False,
+        ),
+    ] = None,
+    tool_argument_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--tool-argument-threshold",
+            "--tool_argument_threshold",
+            help="Under --policy refuse/escalate, also withhold a tool call one of whose argument "
+            "values has an NLL above this (in-process; the call's G-NLL is decided by the policy).",
             show_default=False,
         ),
     ] = None,
@@ -195,6 +205,15 @@ def serve(
     upstream_timeout: Annotated[
         float, typer.Option("--upstream_timeout", "--upstream-timeout")
     ] = 120.0,
+    upstream_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            "--upstream_idle_timeout",
+            "--upstream-idle-timeout",
+            help="Seconds an upstream stream may send nothing once it has begun; past it the "
+            "stream ends in an error event naming the upstream.",
+        ),
+    ] = 30.0,
     reasoning: Annotated[
         str | None,
         typer.Option(
@@ -224,10 +243,11 @@ def serve(
     ] = False,
 ) -> None:
     """Serve /v1/completions and /v1/chat/completions with an `uncertainty` object on every answer."""
-    from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app, check_escalation
+    from gnll.serving import ServeSettings, build_proxy_app, check_escalation
     from gnll.serving.server import configure_logging, listen, serve_forever
 
     with _option_errors():
+        decisions_cal, calibration = _decisions_calibration(calibration)
         if reasoning is not None:
             from gnll.backends.reasoning import reasoning_format
 
@@ -256,9 +276,12 @@ def serve(
             policy=pol,
             data_dir=data_dir,
             upstream_timeout=upstream_timeout,
+            upstream_idle_timeout=upstream_idle_timeout,
             prompt_format=prompt_format,
             tracing=tracing,
             early=early,
+            decisions_calibration=decisions_cal,
+            tool_argument_threshold=tool_argument_threshold,
         )
         check_escalation(settings, escalate_to, upstream=upstream)
         if upstream:
@@ -279,23 +302,10 @@ def serve(
     if upstream:
         what = f"proxy to {upstream}" + (f", escalating to {escalate_to}" if escalate_to else "")
     else:
-        from gnll import load_model
-        from gnll.cli._args import model_kwargs
-
-        kwargs = model_kwargs(model_args, model=model)
-        if reasoning is not None:
-            kwargs["reasoning"] = reasoning
-        if pol.calibrator is not None and kwargs.get("reasoning"):
-            from gnll.calibration import scored_mismatch
-
-            # refused before the model loads: its answers are scored after the marker
-            why = scored_mismatch(pol.calibrator, "answer")
-            if why is not None:
-                typer.echo(f"gnll serve: {why}", err=True)
-                raise typer.Exit(2)
-        lm = load_model(model, **kwargs)
-        application = build_inprocess_app(
-            lm,
+        application, name = _inprocess_app(
+            model,
+            model_args,
+            reasoning,
             settings,
             max_batch_prompts=max_batch_prompts,
             max_wait_ms=batch_wait_ms,
@@ -303,16 +313,55 @@ def serve(
             escalate_model=escalate_model,
             escalate_api_key=upstream_api_key,
         )
-        what = f"{lm.name} in-process" + (f", escalating to {escalate_to}" if escalate_to else "")
+        what = f"{name} in-process" + (f", escalating to {escalate_to}" if escalate_to else "")
+    _banner(what, f"http://{host}:{port}", settings, proxy=bool(upstream), traced_to=traced_to)
+    serve_forever(application, host, port, sock=sock)
+
+
+def _banner(what: str, url: str, settings: Any, *, proxy: bool, traced_to: str | None) -> None:
+    """The start-up line: what is served where, and under which policy."""
     auth = "bearer auth on" if settings.api_key else "no auth"
+    pol = settings.policy
     typer.echo(
-        f"gnll serve: {what} on http://{host}:{port} ({auth}, chat prompts: {prompt_format}, "
-        f"policy {pol.mode}; {pol.source}" + _early_note(settings, proxy=bool(upstream)) + ")",
+        f"gnll serve: {what} on {url} ({auth}, chat prompts: {settings.prompt_format}, "
+        f"policy {pol.mode}; {pol.source}" + _early_note(settings, proxy=proxy) + ")",
         err=True,
     )
     if traced_to:
         typer.echo(f"gnll serve: OpenTelemetry evaluation events to {traced_to}", err=True)
-    serve_forever(application, host, port, sock=sock)
+
+
+def _decisions_calibration(calibration: str | None) -> tuple[Any, str | None]:
+    """``--calibration`` split by what it calibrates: ``(decisions calibration, None)`` for a
+    ``/v1/decisions`` file, ``(None, calibration)`` for a G-NLL one (or none)."""
+    if calibration is None or calibration == "auto":
+        return None, calibration
+    from gnll.calibration.decisions import DecisionCalibration, is_decisions_calibration
+
+    if is_decisions_calibration(calibration):  # for /v1/decisions, not G-NLL answers
+        return DecisionCalibration.load(calibration), None
+    return None, calibration
+
+
+def _inprocess_app(
+    model: str, model_args: str | None, reasoning: str | None, settings: Any, **build: Any
+) -> tuple[Any, str]:
+    """The in-process app and its model's name. The policy checks a reasoning model's calibration
+    before the model loads (its answers are scored after the end-of-reasoning marker)."""
+    from gnll import load_model
+    from gnll.cli._args import model_kwargs
+    from gnll.serving import build_inprocess_app
+
+    kwargs = model_kwargs(model_args, model=model)
+    if reasoning is not None:
+        kwargs["reasoning"] = reasoning
+    if kwargs.get("reasoning"):
+        with _option_errors():
+            settings.policy.check_scored("answer")
+    lm = load_model(model, **kwargs)
+    with _option_errors():  # what the library refuses once the model is known
+        application = build_inprocess_app(lm, settings, **build)
+    return application, lm.name
 
 
 #: The option of each library parameter an error may name (the others are ``--`` + the name).

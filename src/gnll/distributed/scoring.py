@@ -74,6 +74,26 @@ def _score_fields(options: dict[str, Any]) -> list[tuple[str, Any]]:
         fields += [("greedy_answer", pa.string()), ("g_nll", pa.float64())]
     if options.get("calibration") is not None:
         fields += [("p_correct", pa.float64()), ("abstain", pa.bool_())]
+    if options.get("spans"):
+        span = pa.struct(
+            [
+                ("path", pa.string()),
+                ("text", pa.string()),
+                ("start", pa.int64()),
+                ("end", pa.int64()),
+                ("nll", pa.float64()),
+                ("num_tokens", pa.int64()),
+                ("straddling", pa.int64()),
+            ]
+        )
+        fields += [
+            ("spans", pa.list_(span)),
+            ("spans_kind", pa.string()),
+            ("least_certain_span", pa.string()),
+            ("max_span_nll", pa.float64()),
+            ("unassigned_nll", pa.float64()),
+            ("spans_error", pa.string()),
+        ]
     return [*fields, ("error", pa.string())]
 
 
@@ -104,6 +124,7 @@ class ScoreBatches:
             logprobs=bool(options.get("logprobs")),
             with_greedy=bool(options.get("with_greedy")),
             max_new_tokens=options.get("max_new_tokens"),
+            spans=options.get("spans"),
             batch_size=options.get("batch_size"),
             progress=False,
         )
@@ -166,8 +187,10 @@ def score(
     calibration:
         A ``calibration.json`` path or a loaded calibrator: adds ``p_correct`` and ``abstain``.
     **options:
-        ``raw_prompt``, ``verbatim``, ``long``, ``logprobs``, ``with_greedy``, ``max_new_tokens``:
-        as the ``gnll score`` options of the same names.
+        ``raw_prompt``, ``verbatim``, ``long``, ``logprobs``, ``with_greedy``, ``max_new_tokens``,
+        ``spans`` (``"sentence"`` or ``"json"``: each answer's span NLLs, the columns ``spans``,
+        ``spans_kind``, ``least_certain_span``, ``max_span_nll``, ``unassigned_nll`` and
+        ``spans_error``): as the ``gnll score`` options of the same names.
 
     Returns
     -------
@@ -185,6 +208,7 @@ def score(
         "logprobs",
         "with_greedy",
         "max_new_tokens",
+        "spans",
     }
     if unknown:
         raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))}")

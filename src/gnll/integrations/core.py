@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.servers import PROFILES
 from gnll.measures.logprobs import LogprobError
@@ -39,6 +40,7 @@ __all__ = [
     "decoding_of",
     "headers_for",
     "make_policy",
+    "observing_policy",
 ]
 
 _UNSET = object()
@@ -86,6 +88,20 @@ def make_policy(
     if calibration is not None:
         return AbstentionPolicy.from_calibration(calibration, model=model, **kwargs)
     return AbstentionPolicy(threshold=threshold, **kwargs)
+
+
+def observing_policy(policy: AbstentionPolicy | str = "annotate", **options: Any) -> AbstentionPolicy:
+    """:func:`make_policy` for a callback or event handler, which only observes: it sees an answer
+    after the caller got it, so it cannot withhold it (``refuse``, ``escalate``: use the framework's
+    ``with_uncertainty`` wrapper, which holds the answer until it is decided)."""
+    out = make_policy(policy, **options)
+    if out.withholds:
+        raise ParameterError(
+            "policy",
+            f"{out.mode!r}: a callback only observes (it sees each answer after the caller does); "
+            "use with_uncertainty(...) to withhold answers",
+        )
+    return out
 
 
 def decoding_of(temperature: float | None) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import dspy
 
-from gnll.integrations.core import AnswerScorer, make_policy
+from gnll.integrations.core import AnswerScorer, decoding_of, make_policy
 from gnll.policy import AbstentionPolicy
 from gnll.spans import Segment, json_segments, span_nlls
 
@@ -120,14 +120,11 @@ class FieldConfidence(dspy.Module):
             server=server,
             prompt_format=None,  # the adapter's prompt is no gnll format
         )
-        self.lm_kwargs = {
-            "logprobs": True,
-            "top_logprobs": max(1, top_logprobs),
-            "temperature": 0.0,
-        }
+        self.lm_kwargs = self.scorer.policy.pin({}, top_logprobs=top_logprobs)
 
     def forward(self, **kwargs: Any) -> dspy.Prediction:
-        config = {**self.lm_kwargs, **kwargs.pop("config", {})}
+        # a call's own config may change the decoding; the policy pins what it decides on
+        config = self.scorer.policy.pin({**self.lm_kwargs, **kwargs.pop("config", {})})
         pred = self.predict(config=config, **kwargs)
         logprobs = _plain(getattr(pred, "logprobs", None) or pred.get("logprobs"))
         if not logprobs:
@@ -137,13 +134,19 @@ class FieldConfidence(dspy.Module):
             )
         entries = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
         completion = "".join(str(e.get("token", "")) for e in entries)
-        whole = self.scorer.score(completion, {"content": entries}, where="the DSPy completion")
+        whole = self.scorer.score(
+            completion,
+            {"content": entries},
+            decoding=decoding_of(config.get("temperature")),
+            where="the DSPy completion",
+        )
         # the answer tokens (terminator split off as gnll serve does) and their log-probs
         tokens = [str(e.get("token", "")) for e in entries][: whole.uncertainty.num_tokens]
         lps = [float(e["logprob"]) for e in entries][: whole.uncertainty.num_tokens]
         seg = field_segment(completion, self.field)
         span = span_nlls(tokens, lps, completion, [seg]).spans[0]
-        p_correct, abstain = self.scorer.policy.decide(span.nll, None)
+        greedy = whole.uncertainty.decoding == "greedy"  # a sampled answer has no G-NLL to decide
+        p_correct, abstain = self.scorer.policy.decide(span.nll, None) if greedy else (None, None)
         pred.g_nll = span.nll
         pred.uncertainty = {
             "field": self.field,
@@ -156,6 +159,10 @@ class FieldConfidence(dspy.Module):
             "completion_tokens": whole.uncertainty.num_tokens,
         }
         if abstain and self.scorer.policy.mode == "refuse":
+            # nothing of the refused answer stays: the field, its log-probs, the completions
             pred[self.field] = self.scorer.policy.refusal
+            if pred.get("logprobs") is not None:
+                pred["logprobs"] = None
+            pred._completions = None
             pred.uncertainty["refused"] = True
         return pred

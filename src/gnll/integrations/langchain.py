@@ -30,7 +30,13 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import LLMResult
 from langchain_core.runnables import Runnable, RunnableConfig
 
-from gnll.integrations.core import AnswerScorer, Scored, decoding_of, make_policy
+from gnll.integrations.core import (
+    AnswerScorer,
+    Scored,
+    decoding_of,
+    make_policy,
+    observing_policy,
+)
 from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
 
@@ -61,10 +67,9 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
         self.scorer = scorer
         temperature = _temperature(chat_model)
         self.decoding = decoding_of(temperature)
-        pins: dict[str, Any] = {"logprobs": True, "top_logprobs": max(1, int(top_logprobs))}
-        if temperature is None:
-            pins["temperature"] = 0.0  # G-NLL is the greedy answer's; servers default to sampling
-        self.bound = chat_model.bind(**pins)
+        # G-NLL is the greedy answer's (servers default to sampling): the policy pins it
+        given = {} if temperature is None else {"temperature": temperature}
+        self.bound = chat_model.bind(**scorer.policy.pin(given, top_logprobs=int(top_logprobs)))
 
     def __repr__(self) -> str:
         return f"UncertaintyRunnable({self.chat_model!r}, policy={self.scorer.policy.mode!r})"
@@ -121,50 +126,51 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[BaseMessage]:
-        hold = self.scorer.policy.mode == "refuse"  # the refusal is known at the end only
-        whole: Any = None
-        held: list[BaseMessage] = []
-        for chunk in self.bound.stream(input, config, **kwargs):
-            whole = chunk if whole is None else whole + chunk
-            if hold:
-                held.append(chunk)
-            else:
-                yield chunk
-        if whole is None:
-            return
-        scored, closing = self._closing(whole, self._stop(kwargs))
-        yield from self._release(scored, closing, held, hold)
+        whole: list[Any] = [None]
+        chunks = _adding(self.bound.stream(input, config, **kwargs), whole)
+        yield from self.scorer.policy.wrap(
+            chunks, self._settle(whole, self._stop(kwargs)), greedy=self.decoding == "greedy"
+        )
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[BaseMessage]:
-        hold = self.scorer.policy.mode == "refuse"
-        whole: Any = None
-        held: list[BaseMessage] = []
-        async for chunk in self.bound.astream(input, config, **kwargs):
-            whole = chunk if whole is None else whole + chunk
-            if hold:
-                held.append(chunk)
-            else:
-                yield chunk
-        if whole is None:
-            return
-        scored, closing = self._closing(whole, self._stop(kwargs))
-        for out in self._release(scored, closing, held, hold):
+        whole: list[Any] = [None]
+        chunks = _aadding(self.bound.astream(input, config, **kwargs), whole)
+        async for out in self.scorer.policy.awrap(
+            chunks, self._settle(whole, self._stop(kwargs)), greedy=self.decoding == "greedy"
+        ):
             yield out
 
-    @staticmethod
-    def _release(
-        scored: Scored, closing: AIMessageChunk, held: list[BaseMessage], hold: bool
-    ) -> Iterator[BaseMessage]:
-        if scored.refused:
-            yield AIMessageChunk(
-                content=scored.text, response_metadata=closing.response_metadata, id=closing.id
-            )
-            return
-        if hold:
-            yield from held
-        yield closing
+    def _settle(
+        self, whole: list[Any], stop: Sequence[str] | None
+    ) -> Callable[[list[BaseMessage]], list[BaseMessage]]:
+        """What a finished stream sends of its unsent chunks: them and one more chunk with the
+        uncertainty, or under refuse the refusal alone (:meth:`AbstentionPolicy.wrap`)."""
+
+        def settle(unsent: list[BaseMessage]) -> list[BaseMessage]:
+            if whole[0] is None:
+                return []
+            scored, closing = self._closing(whole[0], stop)
+            if scored.refused:
+                meta = closing.response_metadata
+                return [AIMessageChunk(content=scored.text, response_metadata=meta, id=closing.id)]
+            return [*unsent, closing]
+
+        return settle
+
+
+def _adding(chunks: Iterator[Any], whole: list[Any]) -> Iterator[Any]:
+    """``chunks`` as they come, added up in ``whole[0]`` (the message they make)."""
+    for chunk in chunks:
+        whole[0] = chunk if whole[0] is None else whole[0] + chunk
+        yield chunk
+
+
+async def _aadding(chunks: AsyncIterator[Any], whole: list[Any]) -> AsyncIterator[Any]:
+    async for chunk in chunks:
+        whole[0] = chunk if whole[0] is None else whole[0] + chunk
+        yield chunk
 
 
 def with_uncertainty(
@@ -243,10 +249,8 @@ class UncertaintyCallbackHandler(BaseCallbackHandler):
         server: str = "generic",
         prompt_format: str | None = "chat",
     ) -> None:
-        if (policy.mode if isinstance(policy, AbstentionPolicy) else policy) == "refuse":
-            raise ValueError("a callback only observes: use with_uncertainty(...) to refuse")
         self.scorer = AnswerScorer(
-            policy=make_policy(policy, calibration=calibration, threshold=threshold),
+            policy=observing_policy(policy, calibration=calibration, threshold=threshold),
             server=server,
             prompt_format=prompt_format,
         )

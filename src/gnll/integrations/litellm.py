@@ -37,9 +37,10 @@ from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
 
+from gnll._util.validation import ParameterError
 from gnll.integrations.core import AnswerScorer, Scored, decoding_of, headers_for, make_policy
-from gnll.policy import AbstentionPolicy
-from gnll.uncertainty import LocalAnswer, Uncertainty
+from gnll.policy import AbstentionPolicy, escalated, kept
+from gnll.uncertainty import Uncertainty
 
 __all__ = ["UncertaintyHandler", "proxy_handler", "score_response"]
 
@@ -171,7 +172,7 @@ class UncertaintyHandler(CustomLogger):
         """The larger model's answer to the same request, through the proxy's router (the SDK's
         ``litellm.acompletion`` outside a proxy), with log-probs for its own G-NLL."""
         request = {k: data[k] for k in _ESCALATED_FIELDS if data.get(k) is not None}
-        request.update(logprobs=True, top_logprobs=self.top_logprobs, temperature=0.0)
+        request = self.scorer.policy.pin(request, top_logprobs=self.top_logprobs)
         try:
             from litellm.proxy.proxy_server import llm_router
         except ImportError:  # the SDK without the proxy's extras
@@ -194,29 +195,21 @@ class UncertaintyHandler(CustomLogger):
         except Exception as exc:  # noqa: BLE001 - any failure keeps the local answer
             return f"{type(exc).__name__}: {exc}".splitlines()[0]
         text, first = local[0]
-        where = LocalAnswer.model_validate(
-            first.uncertainty.to_json() | {"text": text, "model": local_model}
+        records = escalated(
+            [s.uncertainty for s in scored],
+            answered_by=self.escalate_model or "",
+            local=first.uncertainty,
+            local_text=text,
+            local_model=local_model,
         )
-        name = self.escalate_model or ""
         return up, [
-            Scored(
-                s.uncertainty.model_copy(
-                    update={"answered_by": name, "escalated": True, "local": where}
-                ),
-                s.text,
-                s.finish_reason,
-            )
-            for s in scored
+            Scored(r, s.text, s.finish_reason) for r, s in zip(records, scored, strict=True)
         ]
 
     @staticmethod
     def _kept(scored: list[Scored], local_model: str, error: str | None = None) -> list[Scored]:
-        update: dict[str, Any] = {"answered_by": local_model, "escalated": False}
-        if error is not None:
-            update["escalation_error"] = error
-        return [
-            Scored(s.uncertainty.model_copy(update=update), s.text, s.finish_reason) for s in scored
-        ]
+        records = kept([s.uncertainty for s in scored], local_model, error)
+        return [Scored(r, s.text, s.finish_reason) for r, s in zip(records, scored, strict=True)]
 
     # ------------------------------------------------------------------ proxy hooks
     async def async_pre_call_hook(
@@ -225,18 +218,15 @@ class UncertaintyHandler(CustomLogger):
         """Ask for log-probs (remembering whether the client did) and greedy decoding."""
         if "messages" not in data:  # embeddings, images, ...: nothing to score
             return data
-        if self.scorer.policy.mode == "refuse" and data.get("temperature"):
+        try:
+            pinned = self.scorer.policy.pin(data, top_logprobs=self.top_logprobs)
+        except ParameterError as exc:
             from fastapi import HTTPException
 
-            raise HTTPException(
-                status_code=400,
-                detail="the refuse policy decides on the greedy answer: send temperature 0 or none",
-            )
+            raise HTTPException(status_code=400, detail=exc.problem) from None
         metadata = data.setdefault("metadata", {})
         metadata[_CLIENT_LOGPROBS] = bool(data.get("logprobs"))
-        data["logprobs"] = True
-        data["top_logprobs"] = max(int(data.get("top_logprobs") or 0), self.top_logprobs)
-        data.setdefault("temperature", 0.0)
+        data.update(pinned)  # the proxy reads the dict it passed in
         return data
 
     def _decoding(self, data: dict) -> str:
@@ -295,98 +285,117 @@ class UncertaintyHandler(CustomLogger):
             async for chunk in response:
                 yield chunk
             return
-        mode = self.scorer.policy.mode
+        policy = self.scorer.policy
         # a sampled answer has no G-NLL to escalate on (as in gnll serve): it streams live
         greedy = self._decoding(request_data) == "greedy"
-        hold = mode == "refuse" or (mode == "escalate" and greedy)
         keep = (request_data.get("metadata") or {}).get(_CLIENT_LOGPROBS, True)
         texts: dict[int, list[str]] = {}
         logprobs: dict[int, list[Any]] = {}
         finish: dict[int, Any] = {}
-        held, last = [], None
-        async for chunk in response:
-            last = chunk
-            for choice in _get(chunk, "choices") or []:
-                i = _get(choice, "index", 0) or 0
-                delta = _get(choice, "delta")
-                texts.setdefault(i, []).append(_get(delta, "content") or "")
-                lp = _plain(_get(choice, "logprobs"))
-                if isinstance(lp, dict):
-                    logprobs.setdefault(i, []).extend(lp.get("content") or [])
-                if _get(choice, "finish_reason") is not None:
-                    finish[i] = _get(choice, "finish_reason")
-                    choice.finish_reason = None  # the choice finishes in our last chunk
-                if not keep:
-                    choice.logprobs = None
-            if hold:
-                held.append(chunk)
-            else:
-                yield chunk
-        if last is None:
-            return
-        closing = []
-        for i in sorted(texts):
-            s = self.scorer.score(
-                "".join(texts[i]),
-                {"content": logprobs.get(i, [])},
-                finish_reason=finish.get(i),
-                decoding=self._decoding(request_data),
-                stop=request_data.get("stop"),
-                where=f"choice {i}",
-            )
-            closing.append((i, s))
-        replaced: dict[int, str] = {}  # choice -> the text that replaces the held answer
-        if mode == "escalate":
-            local_model = request_data.get("model") or ""
-            scored = [s for _, s in closing]
-            if not hold or not any(s.uncertainty.abstain for s in scored):
-                scored = self._kept(scored, local_model)
-            else:
-                local = [("".join(texts[i]), s) for i, s in closing]
-                out = await self._escalated(request_data, local_model, local)
-                if isinstance(out, str):
-                    scored = self._kept(scored, local_model, out)
-                else:
-                    _, scored = out
-                    for (i, _), s in zip(closing, scored, strict=True):
-                        replaced[i] = s.text
-                        finish[i] = s.finish_reason
-            closing = [(i, s) for (i, _), s in zip(closing, scored, strict=True)]
-        for i, s in closing:
-            if s.refused:
-                replaced[i] = s.text
-        if hold and not replaced:
-            for chunk in held:
-                yield chunk
-        from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices
+        last: list[Any] = []
 
-        for i, s in closing:
-            content = replaced.get(i)
-            choice = StreamingChoices(
-                index=i, delta=Delta(content=content, role="assistant"), finish_reason=finish.get(i)
-            )
-            choice.uncertainty = s.uncertainty.to_json()
-            yield ModelResponseStream(
-                id=_get(last, "id"),
-                created=_get(last, "created"),
-                model=_get(last, "model"),
-                choices=[choice],
-            )
+        async def taking() -> AsyncGenerator[Any, None]:
+            async for chunk in response:
+                last[:] = [chunk]
+                for choice in _get(chunk, "choices") or []:
+                    i = _get(choice, "index", 0) or 0
+                    delta = _get(choice, "delta")
+                    texts.setdefault(i, []).append(_get(delta, "content") or "")
+                    lp = _plain(_get(choice, "logprobs"))
+                    if isinstance(lp, dict):
+                        logprobs.setdefault(i, []).extend(lp.get("content") or [])
+                    if _get(choice, "finish_reason") is not None:
+                        finish[i] = _get(choice, "finish_reason")
+                        choice.finish_reason = None  # the choice finishes in our last chunk
+                    if not keep:
+                        choice.logprobs = None
+                yield chunk
+
+        async def settle(unsent: list[Any]) -> AsyncGenerator[Any, None]:
+            if not last:
+                return
+            closing = []
+            for i in sorted(texts):
+                s = self.scorer.score(
+                    "".join(texts[i]),
+                    {"content": logprobs.get(i, [])},
+                    finish_reason=finish.get(i),
+                    decoding=self._decoding(request_data),
+                    stop=request_data.get("stop"),
+                    where=f"choice {i}",
+                )
+                closing.append((i, s))
+            replaced: dict[int, str] = {}  # choice -> the text that replaces the held answer
+            if policy.mode == "escalate":
+                local_model = request_data.get("model") or ""
+                scored = [s for _, s in closing]
+                if not policy.holds(greedy=greedy) or not any(
+                    s.uncertainty.abstain for s in scored
+                ):
+                    scored = self._kept(scored, local_model)
+                else:
+                    local = [("".join(texts[i]), s) for i, s in closing]
+                    out = await self._escalated(request_data, local_model, local)
+                    if isinstance(out, str):
+                        scored = self._kept(scored, local_model, out)
+                    else:
+                        _, scored = out
+                        for (i, _), s in zip(closing, scored, strict=True):
+                            replaced[i] = s.text
+                            finish[i] = s.finish_reason
+                closing = [(i, s) for (i, _), s in zip(closing, scored, strict=True)]
+            for i, s in closing:
+                if s.refused:
+                    replaced[i] = s.text
+            if not replaced:  # kept: the held chunks (all under refuse/escalate, else the last)
+                for chunk in unsent:
+                    yield chunk
+            from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices
+
+            for i, s in closing:
+                content = replaced.get(i)
+                choice = StreamingChoices(
+                    index=i,
+                    delta=Delta(content=content, role="assistant"),
+                    finish_reason=finish.get(i),
+                )
+                choice.uncertainty = s.uncertainty.to_json()
+                yield ModelResponseStream(
+                    id=_get(last[0], "id"),
+                    created=_get(last[0], "created"),
+                    model=_get(last[0], "model"),
+                    choices=[choice],
+                )
+
+        async for out in policy.awrap(taking(), settle, greedy=greedy):
+            yield out
 
     # ------------------------------------------------------------------ SDK logger
     def _observe(self, kwargs: dict[str, Any], response: Any) -> None:
         params = kwargs.get("optional_params") or {}
         if not params.get("logprobs") and not kwargs.get("logprobs"):
             return
+        choices = _get(response, "choices") or []
+        if choices and all(_get(c, "uncertainty") is not None for c in choices):
+            # Scored once already, by the proxy's call hooks (which then removed the log-probs
+            # the client did not ask for): record those numbers, never score a second time.
+            for c in choices:
+                self._record(Uncertainty.model_validate(_get(c, "uncertainty")), kwargs)
+            return
+        if choices and all(_get(c, "logprobs") is None for c in choices):
+            return  # the proxy's stream, reassembled without log-probs: scored in its hook
         for s in score_response(
             response,
             self.scorer,
             decoding=decoding_of(params.get("temperature")),
             stop=params.get("stop"),
         ):
-            self.records = [*self.records[-999:], s.uncertainty]
-            if self.on_uncertainty is not None:
-                self.on_uncertainty(s.uncertainty, kwargs)
+            self._record(s.uncertainty, kwargs)
+
+    def _record(self, record: Uncertainty, kwargs: dict[str, Any]) -> None:
+        self.records = [*self.records[-999:], record]
+        if self.on_uncertainty is not None:
+            self.on_uncertainty(record, kwargs)
 
     def log_success_event(self, kwargs, response_obj, start_time, end_time):  # noqa: ANN001
         self._observe(kwargs, response_obj)

@@ -9,7 +9,10 @@ not a field. gnll therefore reads the server's response that LlamaIndex keeps in
 
 - :func:`with_uncertainty` wraps an OpenAI-compatible LLM (``OpenAILike``, ``OpenAI``): log-probs
   on, temperature 0, and ``response.additional_kwargs["uncertainty"]`` on every ``chat``,
-  ``complete``, ``stream_chat`` (on its last response) and their async forms.
+  ``complete``, ``stream_chat`` and ``stream_complete`` (on their last response) and their async
+  forms. Under ``policy="refuse"`` a stream is held until its answer is decided
+  (:meth:`gnll.policy.AbstentionPolicy.wrap`): a refused answer's text never reaches the caller,
+  only the refusal.
 - :class:`UncertaintyEventHandler` is an instrumentation handler (``get_dispatcher().add_event_handler``)
   that scores every ``LLMChatEndEvent`` / ``LLMCompletionEndEvent`` it sees (streams included) and
   puts the same record on the response.
@@ -29,7 +32,7 @@ from llama_index.core.instrumentation.events.llm import (
     LLMCompletionInProgressEvent,
 )
 
-from gnll.integrations.core import AnswerScorer, Scored, make_policy
+from gnll.integrations.core import AnswerScorer, Scored, make_policy, observing_policy
 from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
 
@@ -52,10 +55,16 @@ def _raw_choice(response: Any) -> dict[str, Any] | None:
 
 
 def _chunk_entries(response: Any) -> list[dict[str, Any]]:
-    """The log-prob entries of one streamed chunk (``response.raw`` of a streamed response)."""
+    """The log-prob entries of one streamed chunk (``response.raw`` of a streamed response), in
+    the chat shape (a completions chunk's ``tokens``/``token_logprobs`` become entries)."""
     choice = _raw_choice(response)
     lp = (choice or {}).get("logprobs")
-    return list(lp.get("content") or []) if isinstance(lp, dict) else []
+    if not isinstance(lp, dict):
+        return []
+    if lp.get("content") is None and isinstance(lp.get("tokens"), list):
+        pairs = zip(lp["tokens"], lp.get("token_logprobs") or [], strict=False)
+        return [{"token": t, "logprob": v} for t, v in pairs]
+    return list(lp.get("content") or [])
 
 
 class _Scoring:
@@ -73,7 +82,7 @@ class _Scoring:
             )
         message = getattr(response, "message", None)
         text = message.content if message is not None else getattr(response, "text", "")
-        stream = "delta" in choice
+        stream = "delta" in choice or streamed is not None
         logprobs = {"content": streamed or []} if stream else choice.get("logprobs")
         kwargs: dict[str, Any] = {}
         if "stop_reason" in choice:
@@ -88,13 +97,16 @@ class _Scoring:
 
     def _attach(self, response: Any, scored: Scored) -> Any:
         response.additional_kwargs["uncertainty"] = scored.uncertainty.to_json()
-        if scored.refused:
+        if scored.refused:  # nothing of the refused answer stays: text, last piece, log-probs, raw
             message = getattr(response, "message", None)
             if message is not None:
                 message.content = scored.text
             else:
                 response.text = scored.text
+            if getattr(response, "delta", None) is not None:
+                response.delta = scored.text  # a stream's refusal is its one response
             response.logprobs = None
+            response.raw = None
         return response
 
 
@@ -103,9 +115,8 @@ class UncertaintyLLM(_Scoring):
     anything else goes to the wrapped LLM."""
 
     def __init__(self, llm: Any, scorer: AnswerScorer, *, top_logprobs: int = 1) -> None:
-        self.llm = llm.model_copy(
-            update={"logprobs": True, "top_logprobs": max(1, top_logprobs), "temperature": 0.0}
-        )
+        # greedy whatever the LLM was built with (LlamaIndex's OpenAI defaults to 0.1)
+        self.llm = llm.model_copy(update=scorer.policy.pin({}, top_logprobs=top_logprobs))
         self.scorer = scorer
 
     def __getattr__(self, name: str) -> Any:
@@ -128,26 +139,51 @@ class UncertaintyLLM(_Scoring):
         return self._attach(response, self._score(response))
 
     def stream_chat(self, messages: Any, **kwargs: Any) -> Iterator[Any]:
-        entries: list[dict[str, Any]] = []
-        last = None
-        for response in self.llm.stream_chat(messages, **kwargs):
-            entries += _chunk_entries(response)
-            if last is not None:
-                yield last
-            last = response
-        if last is not None:  # the last response carries the whole answer's uncertainty
-            yield self._attach(last, self._score(last, entries))
+        return self._held(self.llm.stream_chat(messages, **kwargs))
+
+    def stream_complete(self, prompt: str, **kwargs: Any) -> Iterator[Any]:
+        return self._held(self.llm.stream_complete(prompt, **kwargs))
 
     async def astream_chat(self, messages: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        return self._aheld(await self.llm.astream_chat(messages, **kwargs))
+
+    async def astream_complete(self, prompt: str, **kwargs: Any) -> AsyncIterator[Any]:
+        return self._aheld(await self.llm.astream_complete(prompt, **kwargs))
+
+    # A stream's responses go out as they come, the last one carrying the whole answer's
+    # uncertainty; under refuse they are held until the answer is decided (the policy's wrap).
+    def _held(self, stream: Iterator[Any]) -> Iterator[Any]:
         entries: list[dict[str, Any]] = []
-        last = None
-        async for response in await self.llm.astream_chat(messages, **kwargs):
-            entries += _chunk_entries(response)
-            if last is not None:
-                yield last
-            last = response
-        if last is not None:
-            yield self._attach(last, self._score(last, entries))
+        return self.scorer.policy.wrap(_taking(stream, entries), self._settle(entries))
+
+    def _aheld(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        entries: list[dict[str, Any]] = []
+        return self.scorer.policy.awrap(_ataking(stream, entries), self._settle(entries))
+
+    def _settle(self, entries: list[dict[str, Any]]) -> Callable[[list[Any]], list[Any]]:
+        def settle(unsent: list[Any]) -> list[Any]:
+            if not unsent:
+                return []
+            last = unsent[-1]
+            scored = self._score(last, entries)
+            if scored.refused:  # the refusal alone: nothing of the refused answer
+                return [self._attach(last, scored)]
+            return [*unsent[:-1], self._attach(last, scored)]
+
+        return settle
+
+
+def _taking(stream: Iterator[Any], entries: list[dict[str, Any]]) -> Iterator[Any]:
+    """``stream``'s responses, their log-prob entries added to ``entries`` as they pass."""
+    for response in stream:
+        entries += _chunk_entries(response)
+        yield response
+
+
+async def _ataking(stream: AsyncIterator[Any], entries: list[dict[str, Any]]) -> AsyncIterator[Any]:
+    async for response in stream:
+        entries += _chunk_entries(response)
+        yield response
 
 
 def with_uncertainty(
@@ -174,6 +210,9 @@ def with_uncertainty(
 class UncertaintyEventHandler(BaseEventHandler, _Scoring):
     """Score every LLM response LlamaIndex's instrumentation reports (streams included).
 
+    It only observes: a handler sees a response after the caller got it, so ``policy`` is
+    ``annotate`` or ``flag`` (``refuse`` is :func:`with_uncertainty`'s, which holds streams).
+
     Register it with ``llama_index.core.instrumentation.get_dispatcher().add_event_handler(h)``;
     the LLM must be asked for log-probs (``logprobs=True, top_logprobs=1, temperature=0``). Each
     record goes to ``on_uncertainty(record, event)`` and onto the response
@@ -199,7 +238,7 @@ class UncertaintyEventHandler(BaseEventHandler, _Scoring):
     ) -> None:
         super().__init__()
         self.scorer = AnswerScorer(
-            policy=make_policy(policy, calibration=calibration, threshold=threshold),
+            policy=observing_policy(policy, calibration=calibration, threshold=threshold),
             server=server,
             prompt_format=prompt_format,
         )

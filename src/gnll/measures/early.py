@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gnll._util.validation import ParameterError
 from gnll.measures.functions import g_nll
 from gnll.measures.logprobs import check_logprobs
 
@@ -63,16 +64,21 @@ __all__ = [
 MONOTONE_MEASURES: tuple[str, ...] = ("g-nll",)
 
 
-class EarlyDecisionError(ValueError):
+class EarlyDecisionError(ParameterError):
     """A policy or measure on which no decision is exact before the end of the answer.
 
-    ``param`` and ``others`` name the parameters the message mentions (as
-    :class:`gnll._util.validation.ParameterError` does), so a command line can name its options.
+    A :class:`gnll._util.validation.ParameterError`: ``param`` and ``others`` name the parameters
+    the message mentions, so a command line can name its options. Unlike other parameter errors
+    its message is a sentence that need not start with the parameter (``param`` may be ``None``
+    when the cause is the calibration map or the model rather than one parameter).
     """
 
-    def __init__(self, message: str, *, param: str | None = None, others: tuple[str, ...] = ()):
-        super().__init__(message)
-        self.param = param
+    def __init__(
+        self, message: str, *, param: str | None = None, others: tuple[str, ...] = ()
+    ) -> None:
+        ValueError.__init__(self, message)
+        self.param = param  # type: ignore[assignment]
+        self.problem = message
         self.others = others
 
 

@@ -37,7 +37,14 @@ True
 ['<refusal>']
 """
 
-from gnll.policy.abstention import DEFAULT_REFUSAL, MODES, AbstentionPolicy, Mode, annotate
+from gnll.policy.abstention import (
+    DEFAULT_REFUSAL,
+    MODES,
+    AbstentionPolicy,
+    Mode,
+    annotate,
+    scored_of,
+)
 from gnll.policy.answers import (
     Answer,
     Decided,
@@ -66,5 +73,6 @@ __all__ = [
     "headers_for",
     "kept",
     "reasoning_fields",
+    "scored_of",
     "uncertainty_record",
 ]

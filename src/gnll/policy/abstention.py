@@ -36,13 +36,25 @@ if TYPE_CHECKING:
     from gnll.calibration.cascade import CascadeThreshold
     from gnll.uncertainty import Uncertainty
 
-__all__ = ["DEFAULT_REFUSAL", "MODES", "AbstentionPolicy", "Mode", "annotate"]
+__all__ = ["DEFAULT_REFUSAL", "MODES", "AbstentionPolicy", "Mode", "annotate", "scored_of"]
 
 T = TypeVar("T")
 
 Mode = Literal["annotate", "flag", "refuse", "escalate"]
 MODES: tuple[str, ...] = ("annotate", "flag", "refuse", "escalate")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
+
+
+def scored_of(model: object) -> str:
+    """Which tokens a model's G-NLL covers: ``"answer"`` (a reasoning model's answer after its
+    end-of-reasoning marker, given the trace) or ``"output"`` (the whole output). A model (or a
+    wrapper) that declares ``scored`` says it; otherwise a reasoning model's is ``"answer"``."""
+    declared = getattr(model, "scored", None)
+    if declared in ("answer", "output"):
+        return str(declared)
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    return "answer" if isinstance(model, ReasoningModel) else "output"
 
 
 @dataclass
@@ -141,11 +153,18 @@ class AbstentionPolicy:
         if self.source == "none" and self.threshold is not None:
             verb = "escalate" if self.mode == "escalate" else "abstain"
             self.source = f"threshold: {verb} when G-NLL > {self.threshold:g}"
-        if self.mode != "annotate" and not self.active:
+        self.check_rule(self.mode, calibrated=self.calibrator is not None, threshold=self.threshold)
+        if (
+            self.mode in ("refuse", "escalate")
+            and self.calibrator is not None
+            and self.rule is None
+            and self.min_p_correct is None
+        ):
             raise ParameterError(
                 "mode",
-                f"{self.mode!r} needs calibrator or threshold",
-                others=("calibrator", "threshold"),
+                f"{self.mode!r}: the calibration has no fitted threshold to decide by (gnll "
+                "calibrate fits one); give min_p_correct",
+                others=("min_p_correct",),
             )
         useless = self.refuses_everything() if self.mode == "refuse" else None
         if useless:
@@ -157,6 +176,24 @@ class AbstentionPolicy:
             )
         self.check_scored(self.scored)
 
+    @staticmethod
+    def check_rule(mode: str, *, calibrated: bool, threshold: float | None) -> None:
+        """The policy's rules that need no calibration file read: a mode that decides has a rule
+        (a calibration or a threshold), and not both. A command checks its options with it before
+        it loads anything; the policy runs it when it is built."""
+        if calibrated and threshold is not None:
+            raise ParameterError(
+                "threshold",
+                "cannot be given with calibrator (give one of them)",
+                others=("calibrator",),
+            )
+        if mode != "annotate" and not calibrated and threshold is None:
+            raise ParameterError(
+                "mode",
+                f"{mode!r} needs calibrator or threshold",
+                others=("calibrator", "threshold"),
+            )
+
     def check_scored(self, scored: str | None) -> None:
         """Refuse (:class:`ParameterError` naming ``calibrator``) a calibration fitted on other
         answers than a model's ``scored`` ones (``"answer"``: a reasoning model's answer after its
@@ -167,7 +204,9 @@ class AbstentionPolicy:
 
         why = scored_mismatch(self.calibrator, scored)
         if why is not None:
-            raise ParameterError("calibrator", why, others=("scored",))
+            raise ParameterError(
+                "calibrator", f"does not fit this model: {why}", others=("scored",)
+            )
 
     @classmethod
     def from_calibration(
@@ -428,6 +467,13 @@ class AbstentionPolicy:
         ``escalate`` asks a larger model instead)."""
         return self.mode in ("refuse", "escalate") and self.active
 
+    @property
+    def takes_sampled(self) -> bool:
+        """Whether a sampled request (temperature > 0) is served: not under ``refuse``, which
+        decides on the greedy answer's G-NLL (a sampled answer has none, so it would never be
+        refused)."""
+        return not (self.mode == "refuse" and self.active)
+
     def holds(self, *, greedy: bool = True) -> bool:
         """Whether a stream of this answer must be held until the answer is decided: it may be
         withheld, and it is greedy (a sampled answer has no G-NLL, so nothing to decide on)."""
@@ -449,7 +495,7 @@ class AbstentionPolicy:
         """
         out = dict(request)
         temperature = out.get("temperature")
-        if temperature and self.mode == "refuse" and self.active:
+        if temperature and not self.takes_sampled:
             raise ParameterError(
                 "temperature",
                 "the refuse policy decides on the greedy answer: send temperature 0 or none",
@@ -487,19 +533,25 @@ class AbstentionPolicy:
     async def awrap(
         self,
         stream: AsyncIterable[T],
-        settle: Callable[[list[T]], Iterable[T]],
+        settle: Callable[[list[T]], Iterable[T] | AsyncIterable[T]],
         *,
         greedy: bool = True,
     ) -> AsyncIterator[T]:
-        """:meth:`wrap` for an async stream."""
+        """:meth:`wrap` for an async stream (``settle`` may be an async generator: an escalation
+        asks another model before it knows what to send)."""
         held: list[T] = []
         hold = self.holds(greedy=greedy)
         async for piece in stream:
             if held and not hold:
                 yield held.pop()
             held.append(piece)
-        for piece in settle(held):
-            yield piece
+        settled = settle(held)
+        if isinstance(settled, AsyncIterable):
+            async for piece in settled:
+                yield piece
+        else:
+            for piece in settled:
+                yield piece
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -234,7 +234,7 @@ def kept(
 def escalated(
     records: Sequence[Uncertainty],
     *,
-    answered_by: str,
+    answered_by: str | None,
     local: Uncertainty,
     local_text: str,
     local_model: str,

@@ -316,9 +316,9 @@ def ask(
     elif calibration is not None:
         calibration.check(prompt_format=fmt)
     if calibration is not None:  # a reasoning model's G-NLL is its answer's: another number
-        from gnll.backends.reasoning_model import ReasoningModel
+        from gnll.policy import scored_of
 
-        calibration.check(scored="answer" if isinstance(model, ReasoningModel) else "output")
+        calibration.check(scored=scored_of(model))
     calibrated = None if calibration is None else _calibrated_measure(calibration, wanted)
     prompt, raw = prompt_for(question, fmt, long=long)
     how = {"raw_prompt": True} if raw else {}  # models that render every prompt verbatim

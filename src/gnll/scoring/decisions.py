@@ -120,6 +120,8 @@ class OptionScore:
     nll: float
     num_tokens: int
     label: str | None = None
+    #: The option's first token's log-prob (what a single-token method reads), when known.
+    first_token_logprob: float | None = None
 
 
 @dataclass
@@ -539,9 +541,10 @@ def decide(
             lps = [float(np.sum(s.token_logprobs)) for s in ok]
         else:
             lps = [float(s.token_logprobs[0]) for s in ok]
-        answers.append(
-            answer_from_logprobs(
-                q, lps, num_tokens=[s.num_tokens for s in ok], method=method, min_mass=min_mass
-            )
+        answer = answer_from_logprobs(
+            q, lps, num_tokens=[s.num_tokens for s in ok], method=method, min_mass=min_mass
         )
+        for o, s in zip(answer.options, ok, strict=False):  # no options: a refusal
+            o.first_token_logprob = float(s.token_logprobs[0])
+        answers.append(answer)
     return Decision(answers, model.name, scored_tokens=tokens)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gnll.backends.base import ContextOverflow, Model
+from gnll.policy import AbstentionPolicy
 from gnll.scoring.asking import ask, reasoning_columns
 from gnll.scoring.rows import Row
 from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run_score_job
@@ -40,13 +41,10 @@ class AskOptions:
     logprobs: bool = False
     #: How each question is sent (:mod:`gnll.backends.prompting`), as ``gnll ask --prompt_format``.
     prompt_format: str = "instruction"
-    #: A refuse policy (``gnll generate --policy refuse``): ``refuse(g_nll, prompt_format, scored)``
-    #: says whether the answer is refused (``scored``: ``"answer"`` for a reasoning model's answer,
-    #: ``"output"`` else). The CLI passes :meth:`gnll.serving.AbstentionPolicy.decide`'s verdict, so
-    #: the decision is ``gnll serve --policy refuse``'s; ``None``: every answer is written.
-    refuse: Callable[[float, str | None, str], bool | None] | None = None
-    #: The text that replaces a refused answer.
-    refusal: str = ""
+    #: A refuse policy (``gnll generate --policy refuse``): the :class:`gnll.policy.AbstentionPolicy`
+    #: of ``gnll serve --policy refuse``, so the decisions and the refusal text are the server's;
+    #: ``None``: every answer is written.
+    policy: AbstentionPolicy | None = None
     #: With early decisions: the last answer's decision (``decided_at_token``,
     #: ``tokens_generated``, ``tokens_saved``), or ``None`` when it ran to its end.
     early: Callable[[], Mapping[str, Any] | None] | None = None
@@ -84,8 +82,8 @@ def _output_row(
     if opts.logprobs:
         out["tokens"] = list(result.greedy.tokens)
         out["token_logprobs"] = [float(x) for x in result.greedy.token_logprobs]
-    if opts.refuse is not None:
-        _apply_refusal(out, result, opts)
+    if opts.policy is not None:
+        _apply_refusal(out, result, opts.policy, opts)
     return out
 
 
@@ -93,12 +91,13 @@ def _output_row(
 _WITHHELD = ("tokens", "token_logprobs", "trace")
 
 
-def _apply_refusal(out: dict[str, Any], result: Any, opts: AskOptions) -> None:
+def _apply_refusal(
+    out: dict[str, Any], result: Any, policy: AbstentionPolicy, opts: AskOptions
+) -> None:
     """Under a refuse policy: ``refused`` on every row; a refused row's answer text, tokens and
     trace are replaced by the refusal (its ``g_nll``, the value it was decided on, stays)."""
-    assert opts.refuse is not None
     scored = "answer" if result.greedy.reasoning is not None else "output"
-    refused = bool(opts.refuse(result.measures["g-nll"], result.prompt_format, scored))
+    refused = bool(policy.decide(result.measures["g-nll"], result.prompt_format, scored)[1])
     out["refused"] = refused
     facts = opts.early() if opts.early is not None else None
     if facts is not None:  # stopped at the decision token: the rest was never generated
@@ -110,7 +109,7 @@ def _apply_refusal(out: dict[str, Any], result: Any, opts: AskOptions) -> None:
             g_nll_is_lower_bound=True,
         )
     if refused:
-        out["answer"] = opts.refusal
+        out["answer"] = policy.refusal
         for name in _WITHHELD:
             out.pop(name, None)
 

@@ -4,21 +4,25 @@ Layers: this package sits beside ``gnll.cli`` on top of the library (measures, b
 evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and their
 ``GenerationConfig``), ``service`` (the interface of the two modes), ``inprocess`` and ``proxy``
 (the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
-replayed and proxied streams), ``uncertainty`` (the abstention policy and the annotation that
-builds each answer's :class:`gnll.uncertainty.Uncertainty` record), ``cascade`` (``--policy
-escalate``), ``responses`` (OpenAI bodies), ``errors``, ``observers`` (who hears of every answered
-request: ``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes,
-auth, limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The option rules of a server
-live here too (:class:`ServeSettings`, :class:`AbstentionPolicy`, :func:`check_escalation`), so
-``gnll serve`` only parses and prints.
+replayed and proxied streams), ``cascade`` (``--policy escalate``), ``responses`` (OpenAI bodies),
+``responses_api`` and ``messages_api`` (``/v1/responses`` and ``/v1/messages``, answered through
+the chat path: ``translation``), ``errors``, ``observers`` (who hears of every answered request:
+``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes, auth,
+limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The abstention policy and the
+annotation that builds each answer's :class:`gnll.uncertainty.Uncertainty` record are the
+library's (:mod:`gnll.policy`, re-exported here as :class:`AbstentionPolicy`), obeyed by every
+surface alike. The option rules of a server live here too (:class:`ServeSettings`,
+:func:`check_escalation`), so ``gnll serve`` only parses and prints.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gnll._util.validation import ParameterError
-from gnll.policy import AbstentionPolicy
+from gnll.policy import AbstentionPolicy, scored_of
+from gnll.serving.observers import Observer
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
 
@@ -38,11 +42,14 @@ __all__ = [
 ]
 
 
-def create_app(service: Service, settings: ServeSettings | None = None) -> FastAPI:
-    """Build the FastAPI app around a service (see :mod:`gnll.serving.app`)."""
+def create_app(
+    service: Service, settings: ServeSettings | None = None, *, observers: Sequence[Observer] = ()
+) -> FastAPI:
+    """Build the FastAPI app around a service (see :mod:`gnll.serving.app`); ``observers`` hear of
+    every request's answers after the app's own (:mod:`gnll.serving.observers`)."""
     from gnll.serving.app import create_app as _create
 
-    return _create(service, settings)
+    return _create(service, settings, observers=observers)
 
 
 def check_escalation(
@@ -91,17 +98,21 @@ def build_inprocess_app(
     escalate_to: str | None = None,
     escalate_model: str | None = None,
     escalate_api_key: str | None = None,
+    observers: Sequence[Observer] = (),
 ) -> FastAPI:
     """The app serving an already loaded gnll model with dynamic batching; with ``escalate_to`` (a
     ``/v1`` URL) uncertain answers go to that server instead (:mod:`gnll.serving.cascade`).
 
     Raises :class:`~gnll._util.validation.ParameterError` for an escalation set-up that cannot work
-    (:func:`check_escalation`)."""
+    (:func:`check_escalation`), and for a calibration fitted on other answers than the model's
+    (a reasoning model's are scored after its end-of-reasoning marker: the calibration would never
+    decide). ``observers``: as :func:`create_app`'s."""
     from gnll.serving.engine import BatchingEngine
     from gnll.serving.inprocess import InProcessService
 
     settings = settings or ServeSettings()
     check_escalation(settings, escalate_to)
+    settings.policy.check_scored(scored_of(model))
     engine = BatchingEngine(model, max_batch_prompts=max_batch_prompts, max_wait_ms=max_wait_ms)
     service: Service = InProcessService(model, engine, prompt_format=settings.prompt_format)
     if escalate_to is not None:
@@ -109,10 +120,13 @@ def build_inprocess_app(
         from gnll.serving.proxy import ProxyService
 
         upstream = ProxyService(
-            escalate_to, api_key=escalate_api_key, timeout=settings.upstream_timeout
+            escalate_to,
+            api_key=escalate_api_key,
+            timeout=settings.upstream_timeout,
+            idle_timeout=settings.upstream_idle_timeout,
         )
         service = CascadeService(service, upstream, escalate_model)
-    return create_app(service, settings)
+    return create_app(service, settings, observers=observers)
 
 
 def build_proxy_app(
@@ -124,6 +138,7 @@ def build_proxy_app(
     reasoning: str | None = None,
     escalate_to: str | None = None,
     escalate_model: str | None = None,
+    observers: Sequence[Observer] = (),
 ) -> FastAPI:
     """The app of proxy mode: requests go to the OpenAI-compatible server at ``upstream`` (its
     ``/v1`` URL) and its answers come back with their uncertainty (:mod:`gnll.serving.proxy`).
@@ -135,7 +150,8 @@ def build_proxy_app(
 
     Raises :class:`~gnll._util.validation.ParameterError` for what an upstream cannot do:
     ``prompt_format`` ``"instruction"`` (the upstream renders chat requests itself), and for an
-    escalation set-up that cannot work (:func:`check_escalation`).
+    escalation set-up that cannot work (:func:`check_escalation`). ``observers``: as
+    :func:`create_app`'s.
     """
     from gnll.serving.proxy import ProxyService
 
@@ -155,13 +171,19 @@ def build_proxy_app(
         timeout=settings.upstream_timeout,
         server=server,
         reasoning=reasoning,
+        idle_timeout=settings.upstream_idle_timeout,
     )
     service: Service = proxy
     if escalate_to is not None:
         from gnll.serving.cascade import CascadeService
 
-        larger = ProxyService(escalate_to, api_key=api_key, timeout=settings.upstream_timeout)
+        larger = ProxyService(
+            escalate_to,
+            api_key=api_key,
+            timeout=settings.upstream_timeout,
+            idle_timeout=settings.upstream_idle_timeout,
+        )
         service = CascadeService(service, larger, escalate_model)
-    app = create_app(service, settings)
+    app = create_app(service, settings, observers=observers)
     add_forwarded_routes(app, proxy)  # /tokenize, /detokenize: the client may take it for vLLM
     return app

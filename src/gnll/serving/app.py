@@ -32,12 +32,15 @@ from gnll.measures import LogprobError
 from gnll.policy import headers_for
 from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
+from gnll.serving.messages_api import MessagesAPI
 from gnll.serving.metrics import Metrics
 from gnll.serving.observers import AccessLog, Answered, Observer, response_id_of
 from gnll.serving.responses import Reply, error_body, stream_error
+from gnll.serving.responses_api import ResponsesAPI
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
+from gnll.serving.translation import TranslatedAPI
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
@@ -46,10 +49,36 @@ log = logging.getLogger("gnll.serve")
 DEFAULT_MAX_TOKENS_HEADER = "X-Gnll-Default-Max-Tokens"
 
 
+#: The APIs served through the chat-completions path (:mod:`gnll.serving.translation`), by route.
+TRANSLATED: dict[str, TranslatedAPI[Any]] = {
+    api.route: api for api in (ResponsesAPI(), MessagesAPI())
+}
+
+
+def api_name(path: str) -> str:
+    """The API a route serves, as the access log, metrics and ``--otel`` events name it.
+
+    Examples
+    --------
+    >>> api_name("/v1/chat/completions"), api_name("/v1/messages")
+    ('chat.completions', 'messages')
+    """
+    return path.removeprefix("/v1/").strip("/").replace("/", ".")
+
+
 def _error(
-    status: int, message: str, type_: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    code: str | None = None,
+    path: str | None = None,
 ) -> JSONResponse:
-    body = error_body(message, type_, param=param, code=code)
+    api = TRANSLATED.get(path or "")
+    if api is not None:  # /v1/messages answers in Anthropic's envelope
+        body = api.error_body(message, type_, param, code)
+    else:
+        body = error_body(message, type_, param=param, code=code)
     return JSONResponse(body, status_code=status)
 
 
@@ -167,6 +196,8 @@ def create_app(
             return True
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
+        if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
+            scheme, token = "bearer", request.headers["x-api-key"]
         return scheme.lower() == "bearer" and secrets.compare_digest(
             token.strip().encode(), settings.api_key.encode()
         )
@@ -206,13 +237,14 @@ def create_app(
                 401,
                 "missing or wrong API key (send Authorization: Bearer KEY)",
                 "authentication_error",
+                path=path,
             )
         else:
             try:
                 response = await call_next(request)
             except Exception:  # the handler's own errors are answered there; this is a bug
                 log.exception("unhandled error on %s", path)
-                response = _error(500, "internal server error", "server_error")
+                response = _error(500, "internal server error", "server_error", path=path)
         if not request.state.deferred:  # a stream is logged when it ends (see _observed)
             log_request(request, response.status_code, started)
         return response
@@ -220,7 +252,7 @@ def create_app(
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
         request.state.log["error"] = exc.message
-        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code, request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _route_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -229,27 +261,39 @@ def create_app(
             exc.status_code, str(exc.detail)
         )
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, message, kind)
+        return _error(exc.status_code, message, kind, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _query_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err.get("loc", ()))
-        return _error(400, f"invalid request: {where}: {err.get('msg')}", "invalid_request_error")
+        return _error(
+            400,
+            f"invalid request: {where}: {err.get('msg')}",
+            "invalid_request_error",
+            path=request.url.path,
+        )
 
     async def serve(
-        request: Request, model_cls: type[CompletionRequest] | type[ChatCompletionRequest]
+        request: Request,
+        model_cls: type[CompletionRequest] | type[ChatCompletionRequest],
+        api: TranslatedAPI[Any] | None = None,
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
+        asked: Any = None
         try:
-            check_free_text(raw)
+            if api is not None:  # asked as chat completions, answered in the API's own shape
+                asked = api.parse(raw)
+                raw = api.chat_body(asked)
+            # tools and response_format JSON: native chat completions to an in-process model
+            check_free_text(raw, tools=api is None and getattr(service, "serves_tools", False))
             req = model_cls.model_validate(raw)
         except ValidationError as exc:
             message, param = _validation_message(exc)
             raise HTTPError(400, message, "invalid_request_error", param) from None
         except RequestError as exc:
             raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
-        if not req.greedy and settings.policy.mode == "refuse" and settings.policy.active:
+        if not req.greedy and not settings.policy.takes_sampled:
             # G-NLL (and the policy's decision) exists for the greedy answer only.
             raise HTTPError(
                 400,
@@ -269,7 +313,7 @@ def create_app(
         except EngineStopped as exc:
             raise HTTPError(503, str(exc), "server_error") from None
         info = request.state.log
-        info.update(model=service.model_name, stream=req.stream)
+        info.update(model=service.model_name, stream=req.stream, api=api_name(request.url.path))
         if settings.log_prompts:
             info["prompt"] = reply.prompt
             if reply.body is not None:
@@ -277,6 +321,8 @@ def create_app(
                     c.get("text", (c.get("message") or {}).get("content"))
                     for c in reply.body.get("choices", [])
                 ]
+        if api is not None:
+            reply = api.reply(reply, asked, req)
         headers = headers_for(reply.records) if reply.records else {}
         headers.update(reply.headers or {})
         bound, _ = settings.token_bounds(service.mode)
@@ -303,6 +349,15 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await serve(request, ChatCompletionRequest)
+
+    def translated(api: TranslatedAPI[Any]) -> Callable[[Request], Awaitable[Response]]:
+        async def route(request: Request) -> Response:
+            return await serve(request, ChatCompletionRequest, api)
+
+        return route
+
+    for api in TRANSLATED.values():
+        app.post(api.route)(translated(api))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

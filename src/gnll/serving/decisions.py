@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from gnll.backends.base import GenerationConfig, Model, StreamingModel
+from gnll.backends.openai import OpenAICompatModel
 from gnll.scoring.api import ScoringError
 from gnll.scoring.decisions import (
     Decision,
@@ -90,7 +91,7 @@ class DecisionsService:
             if not req.first_token:
                 raise HTTPError(
                     400,
-                    f"the upstream ({_server(model)}) cannot teacher-force: it returns no log-probs "
+                    f"the upstream ({self._server()}) cannot teacher-force: it returns no log-probs "
                     "for prompt tokens (no `echo`/`prompt_logprobs` on /v1/completions), so an "
                     "option's exact probability cannot be computed; serve the model with vLLM or "
                     'in-process, or send "first_token": true for first-token scores (labelled so)',
@@ -98,9 +99,18 @@ class DecisionsService:
                     "model",
                     "cannot_teacher_force",
                 )
+            if not isinstance(model, OpenAICompatModel):
+                raise HTTPError(
+                    400,
+                    f"{model.name} cannot teacher-force and is not an OpenAI-compatible upstream "
+                    "whose first-token scores could be read",
+                    "invalid_request_error",
+                    "first_token",
+                )
             first_token = True
         try:
             if first_token:
+                assert isinstance(model, OpenAICompatModel)
                 decision = await anyio.to_thread.run_sync(
                     _first_token_decision, model, base, questions, req.min_mass
                 )
@@ -121,30 +131,17 @@ class DecisionsService:
             }
         )
 
+    def _server(self) -> str:
+        """What the upstream is (its kind, as the service recognised it)."""
+        facts = self.service.describe()
+        return str(facts.get("server") or facts.get("upstream") or "unknown")
+
     def _calibrated(self, answer: DecisionAnswer) -> DecisionAnswer:
         """The answer with its calibrated P(correct) and guarantee; refused below the threshold."""
-        cal = self.calibration
-        if cal is None or answer.type == "refusal" or answer.method != "exact":
+        if self.calibration is None:
             return answer
-        p = answer.top_probability
-        verdict = cal.verdict(answer.question_type, p) if p is not None else None
-        if verdict is None:
-            return answer
-        answer.extra.update(p_correct=verdict.p_correct, guarantee=verdict.guarantee)
-        if not verdict.answer:
-            t = verdict.guarantee["threshold"]
-            below = (
-                "no threshold is guaranteed for this question type"
-                if t is None
-                else f"the chosen option's probability {p:.4f} is below the calibrated threshold {t:.4f}"
-            )
-            answer.refuse(f"{below}: {verdict.guarantee['statement']}")
-        return answer
-
-
-def _server(model: Model) -> str:
-    profile = getattr(model, "profile", None)
-    return getattr(profile, "name", None) or model.name
+        calibrated: DecisionAnswer = self.calibration.apply(answer)
+        return calibrated
 
 
 def _prompt_tokens(model: Model, base: list[dict[str, str]], questions: list[Any]) -> int:
@@ -160,7 +157,7 @@ def _prompt_tokens(model: Model, base: list[dict[str, str]], questions: list[Any
 
 
 def _first_token_decision(
-    model: Any, base: list[dict[str, str]], questions: list[Any], min_mass: float
+    model: OpenAICompatModel, base: list[dict[str, str]], questions: list[Any], min_mass: float
 ) -> Decision:
     """Decisions from the first answer token's top alternatives (an upstream that cannot
     teacher-force, when the request asks): one one-token greedy request per question."""

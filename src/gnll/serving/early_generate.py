@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gnll.backends.base import Generation, GenerationConfig, Model
 from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures.early import EarlyDecision, EarlyDecisionError
+from gnll.policy import scored_of
 from gnll.serving.engine import BatchingEngine
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class EarlyGreedy:
 
     def __init__(self, engine: BatchingEngine, rule: Callable[[], EarlyDecision]) -> None:
         self.engine, self.model, self.rule = engine, engine.model, rule
+        #: which tokens its G-NLL covers, the model's own (a calibration is checked against it)
+        self.scored = scored_of(engine.model)
         self._facts: list[dict[str, Any] | None] = []
 
     def __getattr__(self, name: str) -> object:  # the rest of the Model: the model's own

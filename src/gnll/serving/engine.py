@@ -69,7 +69,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop | None
     future: asyncio.Future[list[list[Generation]]] | None
     enqueued: float = field(default_factory=time.perf_counter)
-    #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob), ...])`` per decoding step,
+    #: Streaming jobs: ``("tokens", [(prompt, j, token_id, log-prob, alts), ...])`` per step,
     #: then ``("done", generations)`` or ``("error", exception)``.
     events: asyncio.Queue[tuple[str, Any]] | None = None
     #: Set (from the event loop) when nobody waits for the answer any more: the client of a stream
@@ -373,16 +373,22 @@ class BatchingEngine:
         return Decoded(job.result(), job.tops, job.decisions)
 
     def stream(
-        self, prompts: Sequence[str], config: GenerationConfig, *, raw: bool = False
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        *,
+        raw: bool = False,
+        top_logprobs: int = 0,
     ) -> AsyncGenerator[tuple[str, Any], None]:
         """Like :meth:`submit`, as events while decoding runs (called from the event loop).
 
-        Yields ``("tokens", [(prompt, j, token_id, raw log-prob), ...])`` once per decoding step
-        of the job's rows (streaming models only; others decode a whole batch at
-        once), then ``("done", generations)`` as :meth:`submit` returns them. Failures are raised
+        Yields ``("tokens", [(prompt, j, token_id, raw log-prob, alternatives), ...])`` once per
+        decoding step of the job's rows (streaming models only; others decode a whole batch at
+        once; ``alternatives``: the ``top_logprobs`` most likely tokens' log-probs, ``None``
+        when none were asked for in the loop), then ``("done", generations)`` as :meth:`submit` returns them. Failures are raised
         from the iterator; :class:`EngineStopped` is raised here, before anything is queued.
         """
-        job = self._enqueue(prompts, config, raw, stream=True)
+        job = self._enqueue(prompts, config, raw, stream=True, top_k=int(top_logprobs))
         return _events(job)
 
     def _enqueue(
@@ -570,12 +576,12 @@ class BatchingEngine:
             if job.events is not None:  # the loop reports its tokens only when someone listens
                 decoder.on_token = heard
 
-        def heard(tokens: list[tuple[Any, int, int, float]]) -> None:
+        def heard(tokens: list[tuple[Any, int, int, float, dict[str, float] | None]]) -> None:
             # One hand-off per streaming job and step: the event loop wakes once per chunk batch.
-            per_job: dict[int, list[tuple[int, int, int, float]]] = {}
-            for (jid, i), j, token, lp in tokens:
+            per_job: dict[int, list[tuple[int, int, int, float, dict[str, float] | None]]] = {}
+            for (jid, i), j, token, lp, alts in tokens:
                 if jid in open_jobs and open_jobs[jid].job.events is not None:
-                    per_job.setdefault(jid, []).append((i, j, token, lp))
+                    per_job.setdefault(jid, []).append((i, j, token, lp, alts))
             for jid, items in per_job.items():
                 job = open_jobs[jid].job
                 # Only streaming jobs got items, and they are queued ones (with an event loop).

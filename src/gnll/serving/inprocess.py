@@ -26,12 +26,13 @@ from gnll.backends.base import Generation, GenerationConfig, Model, StreamingMod
 from gnll.measures.early import EarlyDecision
 from gnll.policy import Answer, annotate
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.errors import ModelNotFound
+from gnll.serving.errors import ModelNotFound, RequestError
 from gnll.serving.metrics import Metrics
+from gnll.serving.protocol.common import Usage
 from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt
 from gnll.serving.settings import ServeSettings
-from gnll.serving.streams.replay import stream_chunks
+from gnll.serving.streams.replay import sent_answers, stream_chunks
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["InProcessService", "chat_prompt", "to_answer"]
@@ -67,6 +68,8 @@ class InProcessService:
     """Generate answers for requests with a local model through a batching engine."""
 
     mode = "model"
+    #: Chat requests with tools or ``response_format`` JSON are answered (:mod:`gnll.serving.tools`).
+    serves_tools = True
 
     def __init__(
         self,
@@ -132,14 +135,28 @@ class InProcessService:
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
-        from gnll.serving import responses as R
+        if isinstance(req, ChatCompletionRequest):  # tools, JSON: gnll.serving.tools
+            from gnll.serving import tools as T
+            from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
 
-        # Under `refuse` the text is known only when the answer is, and alternatives are known
-        # when a row ends: such streams are replays.
+            chat = req
+            extra = req.model_extra or {}
+            fmt = ResponseFormat.of(extra)
+            wanted = ToolRequest.of(extra)
+            if wanted is not None:
+                if fmt is not None:
+                    raise RequestError("send tools or response_format JSON, not both", "tools")
+                return await T.handle_tools(self, chat, settings, wanted)
+            if fmt is not None:
+                return await T.handle_structured(self, chat, settings, fmt)
+
+        # While the policy holds the answer (refuse) the text is known only when the answer is
+        # decided: such streams are replays. Alternatives stream live from the decoding loop,
+        # which records them at every step.
         if (
             req.stream
-            and settings.policy.mode != "refuse"
-            and not req.num_top_logprobs
+            and not settings.policy.holds(greedy=req.greedy)
+            and (not req.num_top_logprobs or self.engine.reports_alternatives)
             and self.streams_live()
         ):
             return await self._stream(req, settings)
@@ -150,44 +167,23 @@ class InProcessService:
             include_tokens=req.wants_logprobs,
             prompt_format=req.prompt_format(self.prompt_format),
         )
-        if req.is_chat:
-            body = R.chat_body(
-                self.model_name,
-                answers,
-                texts,
-                finishes,
-                records,
-                logprobs=req.wants_logprobs,
-                top_logprobs=req.num_top_logprobs,
-                prompt_tokens=n_prompt,
-            )
-        else:
-            body = R.completion_body(
-                self.model_name,
-                answers,
-                texts,
-                finishes,
-                records,
-                logprobs=req.num_top_logprobs if req.wants_logprobs else None,
-                prompt_tokens=n_prompt,
-            )
-        stream = (
-            stream_chunks(body, answers, chat=req.is_chat, include_usage=req.include_usage)
-            if req.stream
-            else None
+        body = req.shape.body(
+            req, self.model_name, answers, texts, finishes, records, prompt_tokens=n_prompt
         )
-        return Reply(body=body, records=records, stream=stream, prompt=prompt)
+        stream = stream_chunks(body, answers, req.shape, req.include_usage) if req.stream else None
+        answers = sent_answers(body, req.shape)
+        return Reply(body, records, stream, prompt, answers=answers)
 
     async def _stream(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
         """A reply whose chunks go out as the tokens are decoded (:mod:`gnll.serving.streams.live`);
         its ``records`` fill in when the stream ends."""
-        from gnll.serving import responses as R
         from gnll.serving.streams.live import LiveStream, relay
 
         config, prompts, raw = self._plan(req, settings)
-        events = self.engine.stream(prompts, config, raw=raw)
+        # Alternatives are recorded at each decoding step, so they stream with their tokens.
+        events = self.engine.stream(prompts, config, raw=raw, top_logprobs=req.num_top_logprobs)
         # Up to the first decoded step: a request that fails before it (too long a prompt) is
         # answered with an HTTP error, as without streaming.
         first = await anext(events)
@@ -197,9 +193,10 @@ class InProcessService:
             config.stop,
             choices=len(prompts) * n,
             n=n,
-            chat=req.is_chat,
+            shape=req.shape,
             logprobs=req.wants_logprobs,
             include_usage=req.include_usage,
+            top_logprobs=req.num_top_logprobs,
         )
         records: list[Uncertainty] = []
 
@@ -215,7 +212,7 @@ class InProcessService:
             )
             records.extend(recs)
             n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
-            return answers, recs, finishes, R.usage(n_prompt, answers)
+            return answers, recs, finishes, Usage.of(n_prompt, answers).model_dump()
 
         stream = relay(live, events, first, finish)
         return Reply(body=None, records=records, stream=stream, prompt=prompts[0])

@@ -52,6 +52,13 @@ class Metrics:
             "gnll_answer_g_nll", "G-NLL of greedy answers (nats)", buckets=G_NLL_BUCKETS, registry=r
         )
         self.answers = Counter("gnll_answers", "Answers by decoding", ["decoding"], registry=r)
+        self.api_answers = Counter(
+            "gnll_api_answers",
+            "Answers by the API they were asked through (chat.completions, completions, "
+            "responses, messages)",
+            ["api"],
+            registry=r,
+        )
         self.abstentions = Counter(
             "gnll_abstentions", "Greedy answers the policy marked abstain=true", registry=r
         )
@@ -119,6 +126,8 @@ class Metrics:
         """Observe every answer of a request (:mod:`gnll.serving.observers`)."""
         for record in event.records:
             self.observe_answer(record)
+        if event.records:
+            self.api_answers.labels(str(event.entry.get("api", "other"))).inc(len(event.records))
 
     def observe_batch(self, prompts: int, seconds: float) -> None:
         self.batch_size.observe(prompts)

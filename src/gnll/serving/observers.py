@@ -81,10 +81,14 @@ class AccessLog:
 def response_id_of(chunk: str | bytes) -> str | None:
     """The ``id`` of one server-sent-event chunk (``None`` for ``[DONE]`` or an error event)."""
     text = chunk.decode() if isinstance(chunk, bytes) else str(chunk)
+    if text.startswith("event: "):  # a named event (/v1/responses, /v1/messages): its data line
+        text = text.partition("\n")[2]
     if not text.startswith("data: {"):
         return None
     try:
-        value = json.loads(text[6:]).get("id")
+        data = json.loads(text[6:])
     except ValueError:
         return None
+    # the id of a chunk, or of the response / message that a named event carries
+    value = data.get("id") or (data.get("response") or data.get("message") or {}).get("id")
     return value if isinstance(value, str) else None

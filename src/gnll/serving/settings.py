@@ -43,6 +43,9 @@ class ServeSettings:
         Where the web page's example questions come from (``../shared/data`` layout).
     upstream_timeout:
         Proxy mode: seconds per upstream request (504 past it).
+    upstream_idle_timeout:
+        Proxy mode: seconds a stream from the upstream may send nothing once it has begun (an
+        error event naming the upstream past it; at most ``upstream_timeout``).
     body_timeout:
         Seconds a request body may take to arrive (408 past it: a slow sender holds a connection).
     prompt_format:
@@ -63,6 +66,10 @@ class ServeSettings:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
         answer's scores; ``None`` (the default) emits nothing and imports nothing. It is one of the
         observers the app notifies (:mod:`gnll.serving.observers`).
+    tool_argument_threshold:
+        A tool call is also withheld (``--policy refuse``/``escalate``) when one of its argument
+        values' NLL is above this (:func:`gnll.serving.tools.gate_calls`); ``None``: only the
+        call's G-NLL decides.
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -73,10 +80,12 @@ class ServeSettings:
     policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
     data_dir: Path | None = None
     upstream_timeout: float = 120.0
+    upstream_idle_timeout: float = 30.0
     body_timeout: float = 30.0
     prompt_format: str = "chat"
     tracing: Observer | None = None
     early: bool | None = None
+    tool_argument_threshold: float | None = None
     #: A :class:`gnll.calibration.decisions.DecisionCalibration` applied to ``/v1/decisions``.
     decisions_calibration: DecisionCalibration | None = None
 
@@ -109,6 +118,10 @@ class ServeSettings:
         if self.max_request_bytes < 1024:
             raise ParameterError(
                 "max_request_bytes", f"must be >= 1024, got {self.max_request_bytes}"
+            )
+        if not self.upstream_idle_timeout > 0:
+            raise ParameterError(
+                "upstream_idle_timeout", f"must be > 0 seconds, got {self.upstream_idle_timeout}"
             )
         if not self.body_timeout > 0:
             raise ParameterError("body_timeout", f"must be > 0 seconds, got {self.body_timeout}")

@@ -5,8 +5,10 @@ semantic conventions' event for an evaluation of a response) with ``gen_ai.evalu
 "g_nll"`` and the G-NLL as ``gen_ai.evaluation.score.value``, and, when the server is calibrated, a
 second one with ``gen_ai.evaluation.name = "p_correct"``. ``gen_ai.evaluation.score.label`` is the
 decision: ``answer``, ``abstain`` or ``escalate`` (absent without a policy); ``gen_ai.response.id``
-is the response's ``id``, so a tracing backend (Langfuse, Phoenix, any OTLP collector) attaches the
-scores to the generation. A reasoning model's events say that the score is the answer's
+is the response's ``id`` (``resp_…`` on ``/v1/responses``, ``msg_…`` on ``/v1/messages``), so a
+tracing backend (Langfuse, Phoenix, any OTLP collector) attaches the scores to the generation;
+``gnll.api`` names the API the answer was asked through (``chat.completions``, ``completions``,
+``responses``, ``messages``). A reasoning model's events say that the score is the answer's
 (``gnll.scored = "answer"``) and carry the trace's NLL and tokens (``gnll.trace_nll``,
 ``gnll.trace_tokens``) when known. Events go through the OpenTelemetry Logs API in the current context: inside
 an instrumented request they carry its trace and span ids.
@@ -56,8 +58,11 @@ class Emitter:
         provider = logger_provider or _logs.get_logger_provider()
         self.logger = provider.get_logger("gnll.serving")
 
-    def emit(self, records: Iterable[Uncertainty], response_id: str | None) -> int:
-        """One event per score of each greedy answer; returns how many were emitted."""
+    def emit(
+        self, records: Iterable[Uncertainty], response_id: str | None, api: str | None = None
+    ) -> int:
+        """One event per score of each greedy answer; returns how many were emitted. ``api``:
+        the API the answer was asked through (``chat.completions``, ``responses``, ...)."""
         count = 0
         for record in records:
             if record.g_nll is None:  # a sampled answer has no G-NLL to report
@@ -74,6 +79,8 @@ class Emitter:
                     attributes["gen_ai.evaluation.score.label"] = label
                 if response_id:
                     attributes["gen_ai.response.id"] = response_id
+                if api:
+                    attributes["gnll.api"] = api
                 if record.answered_by:
                     attributes["gen_ai.response.model"] = record.answered_by
                 if record.scored is not None:  # a reasoning model: the answer's, given the trace
@@ -93,7 +100,7 @@ class Emitter:
 
     def answered(self, event: Answered) -> None:
         """Emit the events of one request's answers (:mod:`gnll.serving.observers`)."""
-        self.emit(event.records, event.response_id)
+        self.emit(event.records, event.response_id, event.entry.get("api"))
 
 
 def configure_provider() -> str:

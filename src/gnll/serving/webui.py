@@ -42,6 +42,11 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        # Browsers and tools ask for /favicon.ico whatever the page links: the same icon.
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
     @app.get("/ui/api/config")
     async def config() -> dict[str, Any]:
         from gnll.evaluation.data.prompts import BRIEF_SHORT
@@ -53,6 +58,8 @@ def add_routes(app: FastAPI, service: Service, settings: ServeSettings) -> None:
             "instruction": BRIEF_SHORT,
             "stop": STOP,
             "max_tokens": 50,
+            # the routes that answer with uncertainty (the page asks the first)
+            "apis": ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"],
         }
 
     @app.post("/ui/api/judge")

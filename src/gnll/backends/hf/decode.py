@@ -225,10 +225,14 @@ class Decoder:
         self._previous: list[int] | None = None  # the last admitted group's first prompt
         #: Sequences that have ended so far (progress reports count them).
         self.ended_rows = 0
-        #: Hears each step's new tokens, ``[(tag, j, token_id, raw log-prob), ...]`` for every row
-        #: that decoded one (the token that ends a row included), before the row's answer is cut;
-        #: a server streams answers with it. ``None``: nothing to call.
-        self.on_token: Callable[[list[tuple[Hashable, int, int, float]]], None] | None = None
+        #: Hears each step's new tokens, ``[(tag, j, token_id, raw log-prob, alternatives), ...]``
+        #: for every row that decoded one (the token that ends a row included), before the row's
+        #: answer is cut; a server streams answers with it. ``alternatives``: the step's
+        #: ``{token text: raw log-prob}`` as :attr:`top_logprobs` records them (``None`` when
+        #: :attr:`top_k` is 0). ``None``: nothing to call.
+        self.on_token: (
+            Callable[[list[tuple[Hashable, int, int, float, dict[str, float] | None]]], None] | None
+        ) = None
         #: Alternatives per position to record (OpenAI's ``top_logprobs``; 0: none). A finished
         #: prompt's are in :attr:`top_logprobs` under its tag, one list per sequence, one
         #: ``{token text: raw log-prob}`` per answer token.
@@ -381,9 +385,14 @@ class Decoder:
             else:
                 going.append(s)
         if self.on_token is not None:
-            self.on_token(
-                [(slots.rows[s].prompt.tag, slots.rows[s].j, ids[s], lp[s]) for s in slots.live()]
-            )
+            heard = []
+            for s in slots.live():
+                row = slots.rows[s]
+                alts = None
+                if tops is not None:  # named as _finish names them: a stream's equal the answer's
+                    alts = _named(tops[s], row.prompt.stops.tokenizer.decode)
+                heard.append((row.prompt.tag, row.j, ids[s], lp[s], alts))
+            self.on_token(heard)
         # Stop strings that span tokens ("Question:"): decode only the tails of rows still going.
         for stops in {
             id(slots.rows[s].prompt.stops): slots.rows[s].prompt.stops for s in going

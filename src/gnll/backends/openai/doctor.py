@@ -65,7 +65,13 @@ def diagnose(model: OpenAICompatModel, *, requests: int = 16, concurrency: int =
     try:
         served = model.client.get("/models")
     except (ServerUnavailable, ServerError) as exc:
-        return [Check("reachable", "fail", str(exc), "start the server or fix --base_url")]
+        url = model.client.base_url.rstrip("/")
+        fix = (
+            f"the OpenAI API is under /v1 on most servers: try --base_url {url}/v1"
+            if "404" in str(exc) and not url.endswith("/v1")
+            else "start the server or fix --base_url"
+        )
+        return [Check("reachable", "fail", str(exc), fix)]
     ids = [str(m.get("id")) for m in served.get("data") or [] if isinstance(m, dict)]
     if ids and model.name not in ids:
         return [
@@ -140,7 +146,12 @@ def _greedy_check(raws: list[RawTokens]) -> Check:
                     _PIN_FIX,
                 )
     if not any(raw.top1 and raw.top1[0] is not None for raw in raws):
-        return Check("greedy decoding", "warn", "the server reports no alternatives (top_logprobs)")
+        return Check(
+            "greedy decoding",
+            "warn",
+            "the server reports no alternatives (top_logprobs)",
+            "use a server that returns top_logprobs to have greedy decoding checked",
+        )
     return Check("greedy decoding", "pass", "every chosen token is the top-1 token")
 
 
@@ -149,7 +160,12 @@ def _defaults_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callab
     try:
         loose = ask(overrides=pins)
     except (ServerError, ServerUnavailable) as exc:
-        return Check("server defaults", "warn", f"could not send an unpinned request: {exc}")
+        return Check(
+            "server defaults",
+            "warn",
+            f"could not send an unpinned request: {exc}",
+            "rerun gnll doctor; gnll pins greedy decoding on every request anyway",
+        )
     differ = [j for j, (a, b) in enumerate(zip(raws, loose, strict=True)) if a.tokens != b.tokens]
     if differ:
         return Check(
@@ -174,7 +190,7 @@ def _raw_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callable) -
     try:
         sampled = ask(config=hot, top_logprobs=5, seed=7)
     except (ServerError, ServerUnavailable) as exc:
-        return Check("log-probs raw", "warn", f"could not sample: {exc}")
+        return Check("log-probs raw", "warn", f"could not sample: {exc}", "rerun gnll doctor")
     worst, compared, ratios = 0.0, 0, []
     for g, s in zip(raws, sampled, strict=True):
         for t in range(min(len(g.tokens), len(s.tokens))):
@@ -185,7 +201,12 @@ def _raw_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callable) -
             if s.tokens[t] != g.tokens[t]:
                 break  # contexts differ from here on
     if not compared:
-        return Check("log-probs raw", "warn", "the server reports no alternatives to compare")
+        return Check(
+            "log-probs raw",
+            "warn",
+            "the server reports no alternatives to compare",
+            "use a server that returns top_logprobs to have raw log-probs checked",
+        )
     if worst > RAW_TOLERANCE:
         return _processed(model, worst, ratios)
     return Check(
@@ -245,7 +266,10 @@ def _echo_check(model: OpenAICompatModel, gens: list) -> Check:
     p = model.profile
     if not p.echo:
         return Check(
-            "teacher-forced match", "info", f"a {p.name} server cannot echo prompt log-probs"
+            "teacher-forced match",
+            "info",
+            f"a {p.name} server cannot echo prompt log-probs",
+            "none needed for G-NLL; gnll score needs a server that echoes (vLLM)",
         )
     worst, compared, shifted = 0.0, 0, False
     for q, g in zip(PROBES, gens, strict=True):
@@ -263,7 +287,9 @@ def _echo_check(model: OpenAICompatModel, gens: list) -> Check:
         try:
             raw = read_choice((model.client.post("/completions", body).get("choices") or [{}])[0])
         except (ServerError, ServerUnavailable) as exc:
-            return Check("teacher-forced match", "warn", f"echo request failed: {exc}")
+            return Check(
+                "teacher-forced match", "warn", f"echo request failed: {exc}", "rerun gnll doctor"
+            )
         # One generated token follows the echoed prompt, unless generation ended right away.
         for start in (len(raw.tokens) - k - 1, len(raw.tokens) - k):
             if start < 1 or raw.tokens[start : start + k] != g.tokens:
@@ -281,7 +307,10 @@ def _echo_check(model: OpenAICompatModel, gens: list) -> Check:
             break
     if not compared:
         return Check(
-            "teacher-forced match", "warn", "the echoed tokens did not line up with the answers"
+            "teacher-forced match",
+            "warn",
+            "the echoed tokens did not line up with the answers",
+            "check that the server echoes the prompt's own tokens (vLLM: echo with logprobs)",
         )
     note = (
         " (echo reports each log-prob one position late; read from the alternatives)"
@@ -316,6 +345,7 @@ def _terminator_check(model: OpenAICompatModel, gens: list) -> Check:
         "warn",
         f"a {model.profile.name} server does not report the end-of-sequence token's log-prob: "
         "include_terminator=True is unavailable (the default G-NLL excludes it, as the paper does)",
+        "none needed for the default G-NLL; for include_terminator=True use vLLM",
     )
 
 
@@ -324,7 +354,8 @@ def _chat_check(model: OpenAICompatModel) -> Check:
         return Check(
             "chat template",
             "info",
-            "plain prompts: the model name does not look instruction-tuned (pass chat=true if it is)",
+            "plain prompts: the model name does not look instruction-tuned",
+            "pass --chat (gnll doctor) or chat=true in --model_args if the model is instruction-tuned",
         )
     try:
         rendered = model.render_prompt(PROBES[0])

@@ -21,13 +21,8 @@ from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
-from gnll.backends.reasoning import (
-    Label,
-    ReasoningError,
-    ReasoningFormat,
-    ReasoningSplit,
-    split_choice,
-)
+from gnll.backends.openai.reasoning import split_choice
+from gnll.backends.reasoning import Label, ReasoningError, ReasoningFormat, ReasoningSplit
 from gnll.measures.logprobs import LogprobError
 from gnll.measures.logprobs import check_logprobs as _check_logprobs
 
@@ -50,6 +45,26 @@ class RawTokens:
     reasoning: ReasoningSplit | None = None
 
 
+def logprob_pairs(logprobs: Any) -> list[tuple[str, Any]]:
+    """``(token, log-prob)`` of a choice's (or a stream chunk's) ``logprobs``, in the chat shape
+    (``content[]``) or the legacy completions shape (``tokens`` / ``token_logprobs``); none when
+    there are no log-probs.
+
+    Examples
+    --------
+    >>> logprob_pairs({"content": [{"token": " Paris", "logprob": -0.1}]})
+    [(' Paris', -0.1)]
+    >>> logprob_pairs({"tokens": [" Paris"], "token_logprobs": [-0.1]}), logprob_pairs(None)
+    ([(' Paris', -0.1)], [])
+    """
+    if not isinstance(logprobs, dict):
+        return []
+    if isinstance(logprobs.get("content"), list):
+        return [(e.get("token", ""), e.get("logprob")) for e in logprobs["content"]]
+    tokens, values = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or []
+    return list(zip(tokens, values, strict=False))
+
+
 def read_choice(
     choice: dict[str, Any],
     *,
@@ -60,7 +75,7 @@ def read_choice(
     """Normalise one ``choices[i]`` entry of any of the three shapes.
 
     A reasoning model's choice (``message.reasoning`` / ``reasoning_content``, or any choice when
-    ``reasoning`` names the model's format) is split first (:func:`gnll.backends.reasoning.split_choice`):
+    ``reasoning`` names the model's format) is split first (:func:`gnll.backends.openai.reasoning.split_choice`):
     the tokens read are the answer's, the split rides along in :attr:`RawTokens.reasoning`. A
     reasoning response whose log-probs cannot be aligned with its answer is a :class:`ServerError`.
 

@@ -44,8 +44,8 @@ class ServerProfile:
     logprobs_need_top:
         Returns log-probs only when at least one alternative is asked for too (chat
         ``top_logprobs >= 1``, completions ``logprobs >= 1``): llama-cpp-python's chat does, and
-        servers not known otherwise are asked for one. Alternatives are not free: an in-process
-        ``gnll serve`` streams a request that asks for them only once its answer has ended.
+        servers not known otherwise are asked for one. Elsewhere none are asked for: they cost
+        the server time, and G-NLL does not read them.
     echo:
         ``/v1/completions`` returns prompt log-probs with ``echo`` (used by ``gnll doctor`` to compare
         generated log-probs with teacher-forced ones).

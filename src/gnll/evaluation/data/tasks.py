@@ -336,11 +336,32 @@ for _ds in ("triviaqa", "svamp", "nq_open"):
     register_task(Task(f"{_ds}_long", _ds, "long", BRIEF_LONG, 0, 100, ("contains",)))
 
 
+#: Names that select several tasks in a task list (:func:`parse_task_list`).
+TASK_GROUPS = ("all", "short", "long")
+
+
 def get_task(name: str) -> Task:
+    """The registered task ``name``; an unknown name is a :class:`KeyError` that suggests the
+    nearest ones (``svamp`` -> ``svamp_long``, ``svamp_short``) and lists the groups.
+
+    >>> get_task("svamp")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    KeyError: "unknown task 'svamp' (did you mean svamp_long or svamp_short?); known tasks: ..."
+    """
     try:
         return TASKS[name]
     except KeyError:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}") from None
+        raise KeyError(_unknown(name)) from None
+
+
+def _unknown(name: str) -> str:
+    import difflib
+
+    near = [t for t in sorted(TASKS) if t.startswith(f"{name}_")]
+    near = near or difflib.get_close_matches(name, [*TASKS, *TASK_GROUPS], n=2, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    groups = ", ".join(TASK_GROUPS)
+    return f"unknown task {name!r}{hint}; known tasks: {', '.join(sorted(TASKS))}; groups: {groups}"
 
 
 def parse_task_list(spec: str) -> list[Task]:

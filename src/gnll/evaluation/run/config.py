@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll._util.validation import ParameterError
 from gnll.backends.identity import redact
 from gnll.evaluation.data.datasets import resolve_source
 from gnll.evaluation.data.tasks import Task, get_task
@@ -94,11 +95,12 @@ class EvalConfig:
         self.tasks = [get_task(t).name for t in self.tasks]
         self.measures = M.validate(self.measures, paper_order=True)
         if self.judge is not None and not all(self.judges):
-            raise ValueError(f"--judge {self.judge!r}: an empty judge name in the list")
+            raise ParameterError("judge", f"{self.judge!r}: an empty judge name in the list")
         if isinstance(self.judge_args, list | tuple) and len(self.judge_args) != len(self.judges):
-            raise ValueError(
-                f"--judge_args gives {len(self.judge_args)} ';'-separated sets for "
-                f"{len(self.judges)} judge(s): give one set for all or one per judge"
+            raise ParameterError(
+                "judge_args",
+                f"gives {len(self.judge_args)} ';'-separated sets for {len(self.judges)} "
+                "judge(s): give one set for all or one per judge",
             )
         if self.correctness is not None:
             bad = [
@@ -109,11 +111,16 @@ class EvalConfig:
             ]
             if bad:
                 known = (*CORRECTNESS_METRICS, *self.judge_metrics[1:])
-                raise ValueError(f"unknown correctness metric(s) {bad}; choose from {known}")
+                raise ParameterError(
+                    "correctness", f"has unknown correctness metric(s) {bad}; choose from {known}"
+                )
             if "judge" in self.correctness and not self.judge:
-                raise ValueError("correctness 'judge' needs a judge model: give --judge MODEL")
-        if self.beams < 0 or self.samples < 0:
-            raise ValueError("--beams and --samples must be >= 0")
+                raise ParameterError(
+                    "judge", "is needed by correctness metric 'judge' (the model that judges)"
+                )
+        for name in ("beams", "samples"):
+            if getattr(self, name) < 0:
+                raise ParameterError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.samples == 1 and self.needs_samples:
             logger.warning(
                 "--samples 1: sampling-based measures from a single sample are degenerate"
@@ -121,24 +128,25 @@ class EvalConfig:
         if self.temperature is not None and not (
             self.temperature > 0 and math.isfinite(self.temperature)
         ):
-            raise ValueError(f"--temperature must be positive, got {self.temperature}")
+            raise ParameterError("temperature", f"must be positive, got {self.temperature}")
         if self.limit is not None and self.limit < 1:
-            raise ValueError("--limit must be >= 1")
+            raise ParameterError("limit", f"must be >= 1, got {self.limit}")
         if self.chunk_size < 1:
-            raise ValueError("--chunk_size must be >= 1")
-        for name, value, allowed in (
-            ("--temperature_selection", self.temperature_selection, ("per-measure", "shared")),
-            ("--temperature_scope", self.temperature_scope, ("task", "dataset")),
-            ("--sample_logprobs", self.sample_logprobs, ("model", "sampling")),
-            ("--empty_answer", self.empty_answer, ("terminator", "zero")),
-            ("--reference", self.reference, ("greedy", "beam")),
+            raise ParameterError("chunk_size", f"must be >= 1, got {self.chunk_size}")
+        for name, allowed in (
+            ("temperature_selection", ("per-measure", "shared")),
+            ("temperature_scope", ("task", "dataset")),
+            ("sample_logprobs", ("model", "sampling")),
+            ("empty_answer", ("terminator", "zero")),
+            ("reference", ("greedy", "beam")),
         ):
+            value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+                raise ParameterError(name, f"must be one of {allowed}, got {value!r}")
         if self.reference == "beam" and self.beams < 1:
-            raise ValueError("--reference beam needs --beams K >= 1")
+            raise ParameterError("reference", "beam needs beams K >= 1", others=("beams",))
         if self.f1_rule not in F1_RULES:
-            raise ValueError(f"--f1_rule must be one of {F1_RULES}, got {self.f1_rule!r}")
+            raise ParameterError("f1_rule", f"must be one of {F1_RULES}, got {self.f1_rule!r}")
 
     @property
     def needs_beams(self) -> bool:

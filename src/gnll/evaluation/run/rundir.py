@@ -22,10 +22,12 @@ busy
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import shutil
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from filelock import FileLock, Timeout
@@ -152,3 +154,28 @@ def clear_previous_run(out: str | Path, entries: tuple[str, ...]) -> list[str]:
         if written_by_gnll(tmp.name):
             tmp.unlink(missing_ok=True)
     return present
+
+
+def changed_tasks(run_json: Path, out: Path, tasks: Sequence[str]) -> str | None:
+    """What a resume with other ``--tasks`` than the run it continues does, in one line: the tasks
+    it adds, and those it leaves out of ``samples.jsonl``, ``results.json`` and ``table.md``
+    (their work stays in ``tasks/`` and comes back when they are named again); ``None`` when the
+    tasks are the same or no earlier ``run.json`` says what they were."""
+    try:
+        before = list(json.loads(run_json.read_text())["config"]["tasks"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    now = list(tasks)
+    added = [t for t in now if t not in before]
+    left = [t for t in before if t not in now]
+    if not (added or left):
+        return None
+    parts = [f"adding {', '.join(added)}"] if added else []
+    if left:
+        parts.append(
+            f"leaving out {', '.join(left)} (its work stays in {out}/tasks/; pass --tasks "
+            f"{','.join([*before, *added])} to keep it in the results)"
+        )
+    return f"{out} was a run of {','.join(before)}; this resume runs {','.join(now)}: " + (
+        "; ".join(parts)
+    )

@@ -39,7 +39,7 @@ from gnll.evaluation.run.assemble import assemble_record
 from gnll.evaluation.run.cache import atomic_file, write_json_atomic, write_text_atomic
 from gnll.evaluation.run.config import TEMPERATURES, EvalConfig
 from gnll.evaluation.run.progress import SplitProgress, stage_weights
-from gnll.evaluation.run.rundir import RunLock
+from gnll.evaluation.run.rundir import RunLock, changed_tasks
 from gnll.evaluation.run.stages import Chunk, PromptsFailed, Stage, StageResult, TaskStages, Work
 from gnll.evaluation.run.store import (
     FingerprintMismatchError,
@@ -203,6 +203,18 @@ class Evaluator:
             self._clusterer = load_clusterer(name, relation=relation, **self.config.clusterer_args)
             self.timer.add("load_clusterer", time.perf_counter() - t)
         return self._clusterer
+
+    def clusterer_named(self, name: str) -> Clusterer:
+        """The clusterer with ``auto`` resolved to ``name`` (a :class:`ClusterWork`'s, the driver's
+        choice): a replica whose own resolution would differ (another node, other models on disk)
+        clusters with the driver's."""
+        if self._clusterer is None:
+            self._clusterer_name = name
+        elif name != self._clusterer_name:
+            raise RuntimeError(
+                f"the clusterer in use is {self._clusterer_name!r}, the run's is {name!r}"
+            )
+        return self.clusterer
 
     def _note_component(self, kind: str, info: dict[str, Any]) -> None:
         """Persist a component's ``info()`` the first time it is used (survives interruptions)."""
@@ -481,6 +493,9 @@ class Evaluator:
         # One run per directory at a time, for the whole run (released on any exit).
         with RunLock(self.out):
             prepare_output_dir(self.out, resume=cfg.resume, overwrite=cfg.overwrite)
+            said = changed_tasks(self.files.run_json, self.out, cfg.tasks) if cfg.resume else None
+            if said:
+                logger.warning("%s", said)
             runs = [
                 TaskRun.open(self.out, data, fingerprint(cfg, data, self._model_identity()))
                 for data in datas

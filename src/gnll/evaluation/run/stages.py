@@ -72,6 +72,11 @@ class Components(Protocol):
     @property
     def clusterer(self) -> Clusterer: ...
 
+    def clusterer_named(self, name: str) -> Clusterer:
+        """The clusterer, ``auto`` resolved to ``name`` (the driver's choice, which the stage's
+        cache header records), wherever the work runs."""
+        ...
+
     def generate(
         self, model: Model, prompts: list[str], config: GenerationConfig
     ) -> list[list[Generation]]: ...
@@ -154,9 +159,12 @@ class ClusterWork(Work):
 
     questions: list[str]
     answers: list[list[str]]
+    #: The clusterer's name as the driver resolved it (``auto``: the one it picked): a replica
+    #: clusters with the same one, so records and the cache header cannot disagree.
+    clusterer: str
 
     def run(self, comps: Components) -> StageResult:
-        clusterer = comps.clusterer
+        clusterer = comps.clusterer_named(self.clusterer)
         ids = clusterer.cluster_many(self.questions, self.answers)
         records = [
             {**head, "cluster_ids": [int(c) for c in cid]}
@@ -399,6 +407,7 @@ class ClusterStage(Stage):
         clusterer_name: str,
     ):
         self.samples = samples
+        self.clusterer_name = clusterer_name
         header = {
             "stage": "clusters",
             "samples": stable_hash(samples.header),
@@ -412,7 +421,7 @@ class ClusterStage(Stage):
         task = self.run.data.task
         questions = [task.judge_question(chunk.examples[i]) for i in batch]
         answers = [[g.text for g in self.samples.generations(chunk.keys[i])] for i in batch]
-        return ClusterWork(_heads(chunk, batch), questions, answers)
+        return ClusterWork(_heads(chunk, batch), questions, answers, self.clusterer_name)
 
     def cluster_ids(self, key: Key) -> list[int]:
         return list(self.cache.get(key)["cluster_ids"])

@@ -1,4 +1,5 @@
-// gnll serve's page: asks /v1/chat/completions like any client and draws the uncertainty it returns.
+// gnll serve's page: asks /v1/chat/completions (or /v1/responses, /v1/messages) like any client and
+// draws the uncertainty it returns.
 "use strict";
 const $ = (id) => document.getElementById(id);
 const state = { config: null, examples: [], history: [], auth: false };
@@ -55,8 +56,12 @@ async function init() {
     state.config = await getJSON("/ui/api/config");
     const c = state.config;
     $("server-info").textContent = `${c.model} · ${c.mode === "proxy" ? "proxy to " + c.upstream : "in-process"} · policy ${c.policy.policy}`;
+    // Every API the server answers with uncertainty (chat, completions, Responses, Messages).
+    $("server-info").title = `Answers with uncertainty on ${c.apis.join(", ")}`;
     // The rule in use, before any answer: what "abstain" will mean on this server.
-    $("rule").textContent = `Rule in use: policy ${c.policy.policy}; ${c.policy.source}`;
+    $("rule").textContent = c.policy.policy === "annotate"
+      ? "No policy: every answer is sent as it is, with its uncertainty (gnll serve --policy sets one)."
+      : `Rule in use: policy ${c.policy.policy}; ${c.policy.source}`;
     $("task").innerHTML = c.tasks.map((t) => `<option>${t}</option>`).join("");
     await loadExamples();
   } catch (e) {
@@ -113,15 +118,8 @@ async function ask(ev) {
   if (!q) return showError("Type a question or pick one.");
   $("ask").disabled = true;
   try {
-    const r = await fetch("/v1/chat/completions", {
-      method: "POST",
-      headers: headers(),
-      body: JSON.stringify({
-        messages: [{ role: "user", content: q.prompt }],
-        temperature: 0, max_tokens: state.config.max_tokens, stop: state.config.stop,
-        logprobs: true, top_logprobs: 5, stream: true,
-      }),
-    });
+    const [path, request] = apiRequest($("api").value, q.prompt);
+    const r = await fetch(path, { method: "POST", headers: headers(), body: JSON.stringify(request) });
     if (!r.ok) {
       const body = await r.json();
       throw new Error(body.error ? body.error.message : r.statusText);
@@ -133,6 +131,47 @@ async function ask(ev) {
     showError(human(e));
   } finally {
     $("ask").disabled = false;
+  }
+}
+
+// The route and body that ask the question greedily, streamed, through one of the three APIs. The
+// Responses API has no stop sequences (its answer runs to the token limit) and the Messages API no
+// log-probs (its tokens are not shaded); the G-NLL is computed alike.
+function apiRequest(api, prompt) {
+  const c = state.config;
+  const user = [{ role: "user", content: prompt }];
+  if (api === "responses") {
+    return ["/v1/responses", { input: prompt, temperature: 0, max_output_tokens: c.max_tokens,
+      include: ["message.output_text.logprobs"], top_logprobs: 5, stream: true }];
+  }
+  if (api === "messages") {
+    return ["/v1/messages", { messages: user, temperature: 0, max_tokens: c.max_tokens,
+      stop_sequences: c.stop, stream: true }];
+  }
+  return ["/v1/chat/completions", { messages: user, temperature: 0, max_tokens: c.max_tokens,
+    stop: c.stop, logprobs: true, top_logprobs: 5, stream: true }];
+}
+
+// One event of any of the three APIs' streams as what it adds to the answer: its text, its
+// log-prob entries, its finish reason and uncertainty (chunks of chat; named events of the others).
+function piecesOf(data) {
+  if (data.error) throw new Error(data.error.message || String(data.error));
+  if (data.choices) {
+    return data.choices.map((c) => ({ text: (c.delta && c.delta.content) || "",
+      entries: (c.logprobs && c.logprobs.content) || [], finish: c.finish_reason, uncertainty: c.uncertainty }));
+  }
+  switch (data.type) {
+    case "error": throw new Error(data.message || "the stream ended in an error");
+    case "response.output_text.delta": return [{ text: data.delta, entries: data.logprobs || [] }];
+    case "response.output_item.done":
+      return data.item.type === "message" ? [{ text: "", entries: [], uncertainty: data.item.uncertainty }] : [];
+    case "response.completed": case "response.incomplete":
+      return [{ text: "", entries: [], finish: data.response.status === "incomplete" ? "length" : "stop" }];
+    case "content_block_delta":
+      return data.delta.type === "text_delta" ? [{ text: data.delta.text, entries: [] }] : [];
+    case "message_delta":
+      return [{ text: "", entries: [], finish: data.delta.stop_reason, uncertainty: data.uncertainty }];
+    default: return [];
   }
 }
 
@@ -155,12 +194,11 @@ async function readStream(r) {
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const event = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
-      if (!event.startsWith("data: ") || event === "data: [DONE]") continue;
-      const chunk = JSON.parse(event.slice(6));
-      if (chunk.error) throw new Error(chunk.error.message || String(chunk.error));
-      for (const c of chunk.choices || []) {
-        const text = (c.delta && c.delta.content) || "";
-        const entries = (c.logprobs && c.logprobs.content) || [];
+      const line = event.split("\n").find((l) => l.startsWith("data: "));
+      if (!line || line === "data: [DONE]") continue;
+      for (const c of piecesOf(JSON.parse(line.slice(6)))) {
+        const text = c.text;
+        const entries = c.entries;
         choice.logprobs.content.push(...entries);
         if (text) {
           const span = document.createElement("span");
@@ -171,7 +209,7 @@ async function readStream(r) {
           answer.appendChild(span);
           choice.message.content += text;
         }
-        if (c.finish_reason) choice.finish_reason = c.finish_reason;
+        if (c.finish) choice.finish_reason = c.finish;
         if (c.uncertainty) choice.uncertainty = c.uncertainty;
       }
     }
@@ -243,7 +281,9 @@ function render(q, choice, verdict) {
   // The calibration and its rule are named once, in the rule line under the Ask button.
   $("calibration").textContent = pol.calibrated ? "calibrated (see the rule above)" : "start the server with --calibration FILE for p(correct)";
   const d = $("decision");
-  d.className = "big " + (u.escalated ? "escalated" : u.abstain ? "abstain" : "answer-ok");
+  const none = !u.escalated && (u.abstain === null || u.abstain === undefined);
+  // Without a policy nothing was decided: no verdict colour (green would read as "kept").
+  d.className = "big " + (u.escalated ? "escalated" : none ? "no-policy" : u.abstain ? "abstain" : "answer-ok");
   d.textContent = decisionLabel(u);
   $("policy").textContent = `policy ${pol.policy}`;
   // Under --policy escalate: who answered, and why (the local model's G-NLL, or the failed

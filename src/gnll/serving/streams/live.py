@@ -18,14 +18,13 @@ the final chunk with ``finish_reason`` and the ``uncertainty`` object.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Collection, Sequence
 from typing import Any
 
 from gnll.backends.base import StreamingModel
 from gnll.policy import Answer
 from gnll.serving import responses as R
-from gnll.serving.responses import last_piece
+from gnll.serving.protocol.common import Shape
 from gnll.uncertainty import Uncertainty
 
 log = logging.getLogger("gnll.serve")
@@ -142,8 +141,8 @@ class LiveStream:
         Number of choices (prompts x ``n``); choice ``i * n + j`` is sample ``j`` of prompt ``i``.
     n:
         Samples per prompt.
-    chat:
-        Chat chunks (``delta``) or legacy completion chunks (``text``).
+    shape:
+        The API's shape (chat ``delta`` chunks or legacy completion ``text`` chunks).
     logprobs:
         Whether chunks carry their tokens' log-probs.
     include_usage:
@@ -157,39 +156,40 @@ class LiveStream:
         *,
         choices: int,
         n: int,
-        chat: bool,
+        shape: Shape,
         logprobs: bool,
         include_usage: bool = False,
+        top_logprobs: int = 0,
     ) -> None:
         rules = model.stop_rules(stop)
         self.held = [HeldText(model.decode, rules.token_ids, rules.strings) for _ in range(choices)]
-        self.n, self.chat, self.logprobs = n, chat, logprobs
+        self.n, self.shape, self.logprobs = n, shape, logprobs
+        #: Alternatives per token to send (``top_logprobs``), each choice's as decoded, and how
+        #: many of its tokens the pieces sent so far spell.
+        self.top = top_logprobs
+        self.alts: list[list[dict[str, float]]] = [[] for _ in range(choices)]
+        self.spelled = [0] * choices
         self.include_usage = include_usage
         self.offsets = [0] * choices  # characters of tokens sent per choice (``text_offset``)
-        kind = "chat.completion.chunk" if chat else "text_completion"
-        self.base = {
-            "id": R.new_id("chatcmpl" if chat else "cmpl"),
-            "object": kind,
-            "created": int(time.time()),
-            "model": model.name,
-        }
+        self.base = shape.chunk_base(model.name)
 
     def opening(self) -> list[str]:
         """Chat streams open each choice with the assistant's role."""
-        if not self.chat:
-            return []
-        return [
-            self._chunk(
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None}
-            )
-            for i in range(len(self.held))
-        ]
-
-    def tokens(self, items: Sequence[tuple[int, int, int, float]]) -> list[str]:
-        """Chunks for one step's ``(prompt, j, token_id, log-prob)`` items."""
         out = []
-        for i, j, token, lp in items:
+        for i in range(len(self.held)):
+            opening = self.shape.opening(i)
+            if opening is not None:
+                out.append(self._chunk(opening))
+        return out
+
+    def tokens(
+        self, items: Sequence[tuple[int, int, int, float, dict[str, float] | None]]
+    ) -> list[str]:
+        """Chunks for one step's ``(prompt, j, token_id, log-prob, alternatives)`` items."""
+        out = []
+        for i, j, token, lp, alts in items:
             c = i * self.n + j
+            self.alts[c].append(alts or {})
             out += [self._piece(c, p) for p in self.held[c].push(token, lp)]
         return out
 
@@ -205,14 +205,7 @@ class LiveStream:
         out = []
         for c, (answer, rec, finish) in enumerate(zip(answers, records, finishes, strict=True)):
             out += [self._piece(c, p) for p in self.held[c].finish(answer)]
-            last: dict[str, Any] = {
-                "index": c,
-                "logprobs": None,
-                "finish_reason": finish,
-                "uncertainty": rec.to_json(),
-            }
-            last.update(last_piece(self.chat))
-            out.append(self._chunk(last))
+            out.append(self._chunk(self.shape.last(c, finish, rec)))
         if self.include_usage:
             out.append(R.sse({**self.base, "choices": [], "usage": usage}))
         out.append(R.sse("[DONE]"))
@@ -221,20 +214,17 @@ class LiveStream:
     def _piece(self, c: int, piece: Piece) -> str:
         text, tokens, lps = piece
         lp = None
+        start, self.spelled[c] = self.spelled[c], self.spelled[c] + len(tokens)
         if self.logprobs:
-            part = Answer(text, None, tokens, lps)
-            if self.chat:
-                lp = R.chat_logprobs(part, 0)
-            else:
-                lp = R.completion_logprobs(part, 0)
-                lp["text_offset"] = [self.offsets[c] + o for o in lp["text_offset"]]
+            # The alternatives recorded at each of the piece's decoding steps: the same the whole
+            # answer reports (the decoding loop names them once, for both).
+            alts = self.alts[c][start : start + len(tokens)] if self.top else None
+            part = Answer(text, None, tokens, lps, top_logprobs=alts)
+            lp = self.shape.piece_logprobs(part, self.offsets[c], self.top)
         self.offsets[c] += sum(len(t) for t in tokens)
-        choice: dict[str, Any] = {"index": c, "logprobs": lp, "finish_reason": None}
-        choice.update({"delta": {"content": text}} if self.chat else {"text": text})
-        return self._chunk(choice)
+        return self._chunk(self.shape.piece(c, text, lp))
 
     def _chunk(self, choice: dict[str, Any]) -> str:
-        choice.setdefault("finish_reason", None)
         return R.sse({**self.base, "choices": [choice]})
 
 

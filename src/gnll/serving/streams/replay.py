@@ -8,12 +8,15 @@ under ``refuse`` (the upstream is asked without streaming).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gnll.backends.openai.parse import logprob_pairs
 from gnll.policy import Answer
-from gnll.serving.responses import last_piece, new_id, sse
+from gnll.serving.responses import sse
+
+if TYPE_CHECKING:
+    from gnll.serving.protocol.common import Shape
 
 
 def _pieces(answer: Answer, text: str) -> Sequence[tuple[str, int | None]]:
@@ -33,25 +36,8 @@ def _pieces(answer: Answer, text: str) -> Sequence[tuple[str, int | None]]:
     return [(text, None)]
 
 
-def _other_fields(message: dict[str, Any]) -> dict[str, Any]:
-    """A message's fields besides ``role`` and ``content`` (``reasoning``, ``reasoning_content``,
-    ``tool_calls``, vendor fields), as one delta: a replay carries all that a live stream would.
-
-    >>> _other_fields({"role": "assistant", "content": "4", "reasoning": "2+2", "refusal": None})
-    {'reasoning': '2+2'}
-    """
-    extra = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
-    calls = extra.get("tool_calls")
-    if isinstance(calls, list):  # a stream's tool calls carry their position
-        extra["tool_calls"] = [
-            {"index": n, **c} if isinstance(c, dict) and "index" not in c else c
-            for n, c in enumerate(calls)
-        ]
-    return extra
-
-
 def stream_chunks(
-    body: dict[str, Any], answers: Sequence[Answer], *, chat: bool, include_usage: bool = False
+    body: dict[str, Any], answers: Sequence[Answer], shape: Shape, include_usage: bool = False
 ) -> Iterator[str]:
     """Replay a finished response as OpenAI streaming chunks; the uncertainty rides on the last one
     of each choice; a ``choices: []`` usage chunk ends the stream only when ``include_usage``.
@@ -59,59 +45,37 @@ def stream_chunks(
     In-process generation finishes a whole batch before any token is known to the server, so the
     pieces follow each other immediately; the stream still has the shape clients expect.
     """
-    kind = "chat.completion.chunk" if chat else "text_completion"
-    base = {
-        "id": body.get("id") or new_id("chatcmpl" if chat else "cmpl"),
-        "object": kind,
-        "created": body.get("created") or int(time.time()),
-        "model": body.get("model"),
-    }
+    base = shape.chunk_base(body.get("model"), id=body.get("id"), created=body.get("created"))
     for choice, answer in zip(body["choices"], answers, strict=True):
         i = choice["index"]
-        text = choice["message"]["content"] if chat else choice["text"]
+        text = shape.text_of(choice)
         lp = choice.get("logprobs")
-        if chat:
-            yield sse(
-                {
-                    **base,
-                    "choices": [
-                        {
-                            "index": i,
-                            "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            )
-            extra = _other_fields(choice["message"])
-            if extra:  # the reasoning trace (and any other field) precedes the answer, as live
-                c = {"index": i, "delta": extra, "logprobs": None, "finish_reason": None}
-                yield sse({**base, "choices": [c]})
+        opening = shape.opening(i)
+        if opening is not None:
+            yield sse({**base, "choices": [opening]})
+        carried = shape.carried(i, choice)
+        if carried is not None:  # the reasoning trace (and any other field) precedes the answer
+            yield sse({**base, "choices": [carried]})
         pieces = (
             _pieces(answer, text) if not choice["uncertainty"].get("refused") else [(text, None)]
         )
         for piece, t in pieces:
-            piece_lp = None
-            if lp is not None and t is not None:
-                if chat:
-                    piece_lp = {"content": [lp["content"][t]], "refusal": None}
-                else:
-                    piece_lp = {
-                        k: (v[t : t + 1] if isinstance(v, list) else v) for k, v in lp.items()
-                    }
-            delta = {"content": piece} if chat else None
-            c = {"index": i, "logprobs": piece_lp, "finish_reason": None}
-            c.update({"delta": delta} if chat else {"text": piece})
-            yield sse({**base, "choices": [c]})
-        last: dict[str, Any] = {
-            "index": i,
-            "logprobs": None,
-            "finish_reason": choice["finish_reason"],
-            "uncertainty": choice["uncertainty"],
-        }
-        last.update(last_piece(chat))
+            piece_lp = shape.slice_logprobs(lp, t) if lp is not None and t is not None else None
+            yield sse({**base, "choices": [shape.piece(i, piece, piece_lp)]})
+        last = shape.last(i, choice["finish_reason"], choice["uncertainty"])
         yield sse({**base, "choices": [last]})
     if include_usage:
         yield sse({**base, "choices": [], "usage": body.get("usage")})
     yield sse("[DONE]")
+
+
+def sent_answers(body: dict[str, Any], shape: Shape) -> list[Answer]:
+    """The answers of a finished body as it sends them: each choice's text and finish reason, with
+    the tokens its ``logprobs`` list (none when the client did not ask), so that a replay of the
+    body carries them piece by piece."""
+    out = []
+    for choice in body["choices"]:
+        pairs = logprob_pairs(choice.get("logprobs"))
+        tokens, lps = [t for t, _ in pairs], [lp for _, lp in pairs]
+        out.append(Answer(shape.text_of(choice), choice.get("finish_reason"), tokens, lps))
+    return out

@@ -1,0 +1,190 @@
+"""What the two translated APIs share: reading the chat-completions reply they are served from.
+
+``/v1/responses`` (:mod:`gnll.serving.responses_api`) and ``/v1/messages``
+(:mod:`gnll.serving.messages_api`) are served through the chat-completions path of whichever
+service runs (in-process, proxy, cascade): the request becomes a chat-completions request, the
+service answers it with its G-NLL, policy (refuse, escalate, early) and ``uncertainty`` record, and
+the reply is turned into the API's own body or events. So the same question gets the same G-NLL on
+all three APIs, and the policy holds alike.
+
+:class:`ChatDelta` reads one chat-completions stream chunk; :func:`chat_chunks` reads a service's
+stream (strings or bytes, one or several events per piece) as a sequence of parsed chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from gnll.serving.responses import Reply
+    from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+
+#: Response header that says an answer was served through the chat-completions path.
+VIA_HEADER = "X-Gnll-Served-Via"
+VIA = "chat.completions"
+
+
+#: A translated API's typed request.
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+#: A stream of server-sent events, as a service returns it.
+EventStream = Iterator[str] | AsyncIterator[str]
+
+
+class TranslatedAPI(Protocol[RequestT]):
+    """One API gnll serves through the chat-completions path (the app's seam for a new route)."""
+
+    #: The route (``/v1/responses``).
+    route: ClassVar[str]
+    #: The name the access log, metrics and tracing use (``"responses"``).
+    name: ClassVar[str]
+
+    def parse(self, raw: dict[str, Any]) -> RequestT:
+        """The typed request (a pydantic ``ValidationError`` or a ``RequestError`` if invalid)."""
+        ...
+
+    def chat_body(self, request: RequestT) -> dict[str, Any]:
+        """The chat-completions request body that asks the same question."""
+        ...
+
+    def reply(
+        self, reply: Reply, request: RequestT, chat: ChatCompletionRequest | CompletionRequest
+    ) -> Reply:
+        """The chat reply as this API's body or stream (records, headers and status kept)."""
+        ...
+
+    def error_body(
+        self, message: str, type_: str, param: str | None, code: str | None
+    ) -> dict[str, Any]:
+        """This API's error envelope."""
+        ...
+
+
+@dataclass
+class ChatToolCall:
+    """One tool call being read from a chat stream (or body)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class ChatAnswer:
+    """One chat choice, read from a body or accumulated from a stream."""
+
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ChatToolCall] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    uncertainty: dict[str, Any] | None = None
+
+    @classmethod
+    def of_body(cls, body: dict[str, Any]) -> ChatAnswer:
+        """The first choice of a ``chat.completion`` body (the translated APIs ask for one)."""
+        choice = body["choices"][0]
+        message = choice.get("message") or {}
+        calls = [
+            ChatToolCall(
+                k,
+                str(tc.get("id") or ""),
+                str((tc.get("function") or {}).get("name") or ""),
+                str((tc.get("function") or {}).get("arguments") or ""),
+            )
+            for k, tc in enumerate(message.get("tool_calls") or [])
+        ]
+        return cls(
+            content=message.get("content") or "",
+            reasoning=message.get("reasoning") or message.get("reasoning_content"),
+            tool_calls=calls,
+            logprobs=list((choice.get("logprobs") or {}).get("content") or []),
+            finish_reason=choice.get("finish_reason"),
+            uncertainty=choice.get("uncertainty"),
+        )
+
+
+@dataclass
+class ChatDelta:
+    """What one chat stream chunk adds to its (single) choice."""
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    uncertainty: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    id: str | None = None
+    model: str | None = None
+
+    @classmethod
+    def of_chunk(cls, chunk: dict[str, Any]) -> ChatDelta:
+        if "error" in chunk:
+            err = chunk["error"]
+            return cls(error=err if isinstance(err, dict) else {"message": str(err)})
+        out = cls(usage=chunk.get("usage"), id=chunk.get("id"), model=chunk.get("model"))
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            out.content += delta.get("content") or ""
+            out.reasoning += delta.get("reasoning") or delta.get("reasoning_content") or ""
+            out.tool_calls.extend(delta.get("tool_calls") or [])
+            out.logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
+            out.finish_reason = choice.get("finish_reason") or out.finish_reason
+            out.uncertainty = choice.get("uncertainty") or out.uncertainty
+        return out
+
+
+def _events(piece: str | bytes) -> Iterator[dict[str, Any] | None]:
+    """The JSON chunks of one piece of a chat stream (``None`` for ``[DONE]``)."""
+    text = piece.decode() if isinstance(piece, bytes) else piece
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                yield None
+            elif data:
+                yield json.loads(data)
+
+
+async def chat_chunks(stream: EventStream) -> AsyncIterator[ChatDelta]:
+    """The chunks of a service's chat stream, parsed, up to ``[DONE]``; closes the stream at the end
+    (or when the reader stops early: the client left)."""
+    try:
+        if isinstance(stream, AsyncIterator):
+            async for piece in stream:
+                for chunk in _events(piece):
+                    if chunk is None:
+                        return
+                    yield ChatDelta.of_chunk(chunk)
+        else:
+            for piece in stream:
+                for chunk in _events(piece):
+                    if chunk is None:
+                        return
+                    yield ChatDelta.of_chunk(chunk)
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+def event(name: str, data: dict[str, Any]) -> str:
+    """One named server-sent event (the ``anthropic`` SDK dispatches on the ``event:`` line)."""
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
+def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
+    """``(prompt_tokens, completion_tokens)`` of a chat ``usage`` (``None``: nobody counted)."""
+    if not usage:
+        return None
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
