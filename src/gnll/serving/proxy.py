@@ -125,6 +125,9 @@ class ProxyService:
         self.model_name: str | None = None
         #: The model names the upstream lists in ``/v1/models`` (empty until it has answered).
         self.served: list[str] = []
+        #: The upstream model's context length, when ``/v1/models`` says it (vLLM's
+        #: ``max_model_len``): the limit a request's ``max_tokens`` meets upstream.
+        self.max_model_len: int | None = None
 
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
@@ -160,6 +163,8 @@ class ProxyService:
             "model": self.model_name,
             "upstream": self.upstream,
             "server": self.profile.name if self.profile else "unknown",
+            # The token limit that applies (the proxy sets none of its own): vLLM lists it.
+            "max_model_len": self.max_model_len,
         }
 
     async def start(self) -> None:
@@ -195,6 +200,8 @@ class ProxyService:
             self.served = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
             if self.served:
                 self.model_name = self.served[0]
+            lengths = [m.get("max_model_len") for m in data if isinstance(m, dict)]
+            self.max_model_len = next((int(n) for n in lengths if isinstance(n, int)), None)
         return self.profile
 
     def check_request(self, req: CompletionRequest | ChatCompletionRequest) -> None:
