@@ -358,3 +358,27 @@ def test_doctor_without_v1_says_to_add_it_and_every_fix_cell_is_filled():
     finally:
         px.__exit__(None, None, None)
         up.__exit__(None, None, None)
+
+
+def test_access_log_of_an_escalated_request_names_who_answered(caplog):
+    """The entry's ``model`` is the local one; ``answered_by`` says the larger model answered."""
+    from gnll.serving import AbstentionPolicy
+
+    bigger = ScriptedModel()
+    bigger.name = "large"
+    large = ServerThread(build_inprocess_app(bigger, ServeSettings(), max_wait_ms=1))
+    with large:
+        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=1.0))
+        app = build_inprocess_app(
+            ScriptedModel(), settings, max_wait_ms=1, escalate_to=large.url + "/v1"
+        )
+        with ServerThread(app) as srv, access_log(caplog):
+            for prompt in ("unsure", "capital?"):
+                body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
+                r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
+                assert r.status_code == 200, r.text
+    entries = [e for e in access_entries(caplog) if e["path"] == "/v1/chat/completions"]
+    escalated, kept = entries[-2], entries[-1]
+    assert escalated["model"] == "scripted"  # the local model, as before
+    assert escalated["answered_by"] == ["large"] and escalated["escalated"] == [True]
+    assert kept["answered_by"] == ["scripted"] and kept["escalated"] == [False]
