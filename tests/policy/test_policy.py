@@ -93,6 +93,8 @@ def test_pin_asks_for_log_probs_and_greedy_decoding():
         pol.pin({"temperature": 0.7})
     assert caught.value.param == "temperature"
     assert AbstentionPolicy().pin({"temperature": 0.7})["temperature"] == 0.7
+    # the server asks the same question of a typed request (400 under refuse)
+    assert not pol.takes_sampled and AbstentionPolicy(mode="flag", threshold=1.0).takes_sampled
 
 
 def test_decide_an_answer_gives_the_record_and_what_the_caller_sees():

@@ -467,6 +467,13 @@ class AbstentionPolicy:
         ``escalate`` asks a larger model instead)."""
         return self.mode in ("refuse", "escalate") and self.active
 
+    @property
+    def takes_sampled(self) -> bool:
+        """Whether a sampled request (temperature > 0) is served: not under ``refuse``, which
+        decides on the greedy answer's G-NLL (a sampled answer has none, so it would never be
+        refused)."""
+        return not (self.mode == "refuse" and self.active)
+
     def holds(self, *, greedy: bool = True) -> bool:
         """Whether a stream of this answer must be held until the answer is decided: it may be
         withheld, and it is greedy (a sampled answer has no G-NLL, so nothing to decide on)."""
@@ -488,7 +495,7 @@ class AbstentionPolicy:
         """
         out = dict(request)
         temperature = out.get("temperature")
-        if temperature and self.mode == "refuse" and self.active:
+        if temperature and not self.takes_sampled:
             raise ParameterError(
                 "temperature",
                 "the refuse policy decides on the greedy answer: send temperature 0 or none",

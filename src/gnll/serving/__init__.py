@@ -4,14 +4,15 @@ Layers: this package sits beside ``gnll.cli`` on top of the library (measures, b
 evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and their
 ``GenerationConfig``), ``service`` (the interface of the two modes), ``inprocess`` and ``proxy``
 (the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
-replayed and proxied streams), ``uncertainty`` (the abstention policy and the annotation that
-builds each answer's :class:`gnll.uncertainty.Uncertainty` record), ``cascade`` (``--policy
-escalate``), ``responses`` (OpenAI bodies), ``responses_api`` and ``messages_api`` (``/v1/responses``
-and ``/v1/messages``, answered through the chat path: ``translation``), ``errors``, ``observers`` (who hears of every answered
-request: ``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes,
-auth, limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The option rules of a server
-live here too (:class:`ServeSettings`, :class:`AbstentionPolicy`, :func:`check_escalation`), so
-``gnll serve`` only parses and prints.
+replayed and proxied streams), ``cascade`` (``--policy escalate``), ``responses`` (OpenAI bodies),
+``responses_api`` and ``messages_api`` (``/v1/responses`` and ``/v1/messages``, answered through
+the chat path: ``translation``), ``errors``, ``observers`` (who hears of every answered request:
+``metrics`` (Prometheus), the access log, ``tracing`` (OpenTelemetry)), ``app`` (routes, auth,
+limits), ``webui`` (the page at ``/``), ``server`` (uvicorn). The abstention policy and the
+annotation that builds each answer's :class:`gnll.uncertainty.Uncertainty` record are the
+library's (:mod:`gnll.policy`, re-exported here as :class:`AbstentionPolicy`), obeyed by every
+surface alike. The option rules of a server live here too (:class:`ServeSettings`,
+:func:`check_escalation`), so ``gnll serve`` only parses and prints.
 """
 
 from __future__ import annotations

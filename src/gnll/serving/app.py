@@ -292,7 +292,7 @@ def create_app(
             raise HTTPError(400, message, "invalid_request_error", param) from None
         except RequestError as exc:
             raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
-        if not req.greedy and settings.policy.mode == "refuse" and settings.policy.active:
+        if not req.greedy and not settings.policy.takes_sampled:
             # G-NLL (and the policy's decision) exists for the greedy answer only.
             raise HTTPError(
                 400,

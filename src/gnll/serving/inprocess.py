@@ -32,7 +32,7 @@ from gnll.serving.protocol.common import Usage
 from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt
 from gnll.serving.settings import ServeSettings
-from gnll.serving.streams.replay import stream_chunks
+from gnll.serving.streams.replay import sent_answers, stream_chunks
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["InProcessService", "chat_prompt", "to_answer"]
@@ -154,7 +154,8 @@ class InProcessService:
             req, self.model_name, answers, texts, finishes, records, prompt_tokens=n_prompt
         )
         stream = stream_chunks(body, answers, req.shape, req.include_usage) if req.stream else None
-        return Reply(body=body, records=records, stream=stream, prompt=prompt)
+        answers = sent_answers(body, req.shape)
+        return Reply(body, records, stream, prompt, answers=answers)
 
     async def _stream(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
