@@ -8,7 +8,7 @@
 Writes the figure and its numbers (``.json``) next to each other. ``--baseline_run`` is a finished
 ``gnll eval`` run of the same model and task (at least ``--limit`` questions, the same seed): its
 PE ... D-SE scores become the figure's reference lines. ``--average`` draws the mean of earlier
-results (one per model), as the paper's Fig. 2 averages its models. ``--result`` adds a baseline
+results (one per model; gnll's reading of Fig. 2's "Average AUROC"). ``--result`` adds a baseline
 run's lines to an earlier result (made side by side with its ``gnll eval`` run) and redraws it.
 """
 

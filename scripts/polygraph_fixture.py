@@ -16,6 +16,16 @@ LM-Polygraph's greedy text. ``PredictionRejectionArea`` (``prr``, ``prr_0.5``) a
 ``_normalized`` forms are computed exactly as ``UEManager.eval_ue`` does (oracle: the quality
 itself; random: ``get_random_scores``, 1,000 shuffles). Everything goes to
 ``tests/evaluation/data/polygraph_msp.json``.
+
+``--defaults`` records with LM-Polygraph's own defaults instead (``polygraph_msp_defaults.json``):
+``WhiteboxModel(instruct=True)`` (the tokenizer's chat template, each prompt one user turn, as
+gnll renders a plain prompt with ``chat_template=True``) and ``GenerationParameters()`` (no stop
+strings, so only EOS ends an answer). Its greedy decoding masks EOS in steps 1-2
+(``min_new_tokens=2``), so where gnll's unmasked greedy answer ends with EOS at step 1 or 2 the
+two tools generate different answers: ``tests/evaluation/test_polygraph_parity.py`` checks
+``g-nll+eos`` on the answers that agree and counts those that do not. ``--defaults --multiturn``
+gives the few-shot examples as user/assistant turns (``polygraph_msp_multiturn.json``): the answers
+are then short, and EOS often ends them at step 2.
 """
 
 from __future__ import annotations
@@ -34,8 +44,16 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--data_dir", default=None)
-    ap.add_argument("--out", default="tests/evaluation/data/polygraph_msp.json")
+    ap.add_argument("--defaults", action="store_true", help="LM-Polygraph's defaults (see above)")
+    ap.add_argument(
+        "--multiturn", action="store_true", help="with --defaults: few-shot examples as chat turns"
+    )
+    ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.out is None:
+        name = "polygraph_msp_defaults.json" if args.defaults else "polygraph_msp.json"
+        name = name.replace("defaults", "multiturn") if args.multiturn else name
+        args.out = f"tests/evaluation/data/{name}"
 
     from lm_polygraph.estimators import MaximumSequenceProbability
     from lm_polygraph.stat_calculators.greedy_probs import GreedyProbsCalculator
@@ -45,23 +63,36 @@ def main() -> None:
     from lm_polygraph.utils.model import WhiteboxModel
 
     from gnll import load_model
-    from gnll.backends.base import DEFAULT_STOP
+    from gnll.backends.base import DEFAULT_STOP, chat_messages
     from gnll.evaluation.data.tasks import get_task
     from gnll.evaluation.results.correctness import f1_verdict
 
     start = time.time()
-    lm = load_model(args.model, chat_template=False, progress=False)
+    lm = load_model(args.model, chat_template=args.defaults, progress=False)
     td = get_task("triviaqa_short").load(data_dir=args.data_dir)
+    td.fewshot_as_multiturn = args.multiturn  # td.prompt(e) then carries the chat turns
     examples = td.split("eval", args.limit)
     max_new = td.task.max_new_tokens
-    params = GenerationParameters(stop_strings=list(DEFAULT_STOP), allow_newlines=True)
-    wm = WhiteboxModel(lm.model, lm.tokenizer, model_path=args.model, generation_parameters=params)
+    if args.defaults:
+        params, stop_strings = GenerationParameters(), None
+    else:
+        stop_strings = list(DEFAULT_STOP)
+        params = GenerationParameters(stop_strings=stop_strings, allow_newlines=True)
+    wm = WhiteboxModel(
+        lm.model,
+        lm.tokenizer,
+        model_path=args.model,
+        generation_parameters=params,
+        instruct=args.defaults,
+    )
     # Attentions are not needed for MSP (and sdpa attention does not return them).
     calc = GreedyProbsCalculator(output_attentions=False)
     rows = []
     for e in examples:
-        prompt = td.prompt(e)
-        stats = calc({}, [prompt], wm, max_new_tokens=max_new)  # one prompt: no padding
+        prompt = str(td.prompt(e))  # plain text: with instruct=True, one user turn
+        # --multiturn: the few-shot examples as user/assistant turns, as gnll's ChatPrompt
+        chat = chat_messages(td.prompt(e)) if args.multiturn else prompt
+        stats = calc({}, [chat], wm, max_new_tokens=max_new)  # one prompt: no padding
         text = stats["greedy_texts"][0]
         msp = float(MaximumSequenceProbability()(stats)[0])
         verdict = f1_verdict(text, e.answers, e.numeric_answer)
@@ -69,6 +100,8 @@ def main() -> None:
             {
                 "id": str(e.id),
                 "prompt": prompt,
+                **({"messages": chat} if args.multiturn else {}),
+                "input_tokens": [int(t) for t in stats["input_tokens"][0]],
                 "greedy_text": text,
                 "greedy_tokens": [int(t) for t in stats["greedy_tokens"][0]],
                 "greedy_log_likelihoods": [float(x) for x in stats["greedy_log_likelihoods"][0]],
@@ -93,7 +126,10 @@ def main() -> None:
         "model": args.model,
         "task": "triviaqa_short",
         "max_new_tokens": max_new,
-        "stop_strings": list(DEFAULT_STOP),
+        "stop_strings": stop_strings,
+        "instruct": args.defaults,
+        "multiturn": args.multiturn,
+        "eos_token_id": lm.tokenizer.eos_token_id,
         "min_new_tokens": 2,
         "metrics": metrics,
         "rows": rows,

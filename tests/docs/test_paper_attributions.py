@@ -31,6 +31,26 @@ WRONG = [
     ("docs/scoring.md", "the paper's instruction line"),
     ("src/gnll/evaluation/data/prompts.py", "as one user turn (the paper's protocol)"),
     ("docs/simulation.md", "the paper's study: 6 settings x 2,000 distributions"),
+    # issue 50.3: four statements the paper does not make
+    ("docs/evaluation.md", "left out: Eq. (9) sums the answer's tokens"),  # terminator
+    ("docs/evaluation.md", "(the paper's Eq. 9 sums the answer)"),
+    (
+        "src/gnll/measures/functions.py",
+        "gnll's G-NLL, the paper's reading, excludes the terminator",
+    ),
+    ("src/gnll/measures/functions.py", "(Eq. 9 sums the answer's tokens)"),
+    ("docs/evaluation.md", "the authors' own code is not public"),  # it is (App. D)
+    ("docs/evaluation.md", "so both the base and the instruction-tuned 70B model judged"),  # judges
+    ("docs/evaluation.md", "so it judged with both the base and the instruction-tuned 70B model"),
+    ("src/gnll/evaluation/run/presets.py", "so the paper judged with both"),
+    ("README.md", "AUROC, ARA@80 and the significance tests)"),  # "reproduced exactly"
+    # issue 50.1 / 50.6: loose statements
+    ("docs/evaluation.md", "so the two tools' numbers differ on every answer."),
+    ("docs/evaluation.md", "(those two steps are renormalised without EOS)"),
+    ("docs/evaluation.md", "as the paper averages its models"),
+    ("src/gnll/evaluation/figures/ablation.py", "as the paper's Fig. 2 averages its models"),
+    ("docs/evaluation.md", "standard errors of the mean curves are .06-.07"),
+    ("docs/evaluation.md", "the AUROC falls as the beam widens**, on both models"),
 ]
 
 # (file, the attribution that replaced it)
@@ -49,6 +69,28 @@ RIGHT = [
     ("docs/scoring.md", "Farquhar et al.'s instruction line"),
     ("src/gnll/evaluation/data/prompts.py", "gnll's choice: the paper does not say"),
     ("docs/simulation.md", "Fig. 1's design (2,000 different p"),
+    # issue 50.3
+    ("docs/evaluation.md", "left out: gnll's choice, as Farquhar et al.'s code (the paper's Eq. 9"),
+    ("docs/evaluation.md", "to whom the paper credits the MSP"),
+    ("docs/evaluation.md", "gnll's G-NLL leaves the terminator out (gnll's choice, as Farquhar"),
+    (
+        "src/gnll/measures/functions.py",
+        "(gnll's choice, as Farquhar et al.'s code; the paper's Eq. 9",
+    ),
+    (
+        "docs/evaluation.md",
+        "The authors' own code is public (the paper's App. D: github.com/ml-jku/G-NLL) but was not examined here",
+    ),
+    ("docs/evaluation.md", "is gnll's reading of the label, not the paper's statement"),
+    ("docs/evaluation.md", "gnll's reading is a second, instruction-tuned judge"),
+    ("src/gnll/evaluation/run/presets.py", "gnll's reading is"),
+    ("README.md", "among them the significance test (a paired bootstrap: the paper names no test)"),
+    ("README.md", "each sampling-based measure takes its own best held-out temperature"),
+    ("docs/evaluation.md", "chosen per dataset and per measure"),
+    # issue 50.6
+    ("docs/evaluation.md", "the mean over models (gnll's reading: the paper's Fig. 2"),
+    ("docs/evaluation.md", "the sampling axis is gnll's reading"),
+    ("docs/evaluation.md", "The answers are cut at 8 tokens"),
 ]
 
 
@@ -68,5 +110,24 @@ def test_where_the_paper_is_silent_table_names_choice_and_precedent():
     assert "| choice | what gnll does | who else does it that way |" in section
     rows = [r for r in section.split("| ") if r]
     for choice in ("the terminator", "an empty answer", "the prompt text", "prompt format",
-                   "sample log-probs", "the NLI model", "the second judge", "significance test"):  # fmt: skip
+                   "sample log-probs", "the NLI model", "the second judge", "significance test",
+                   "length penalty", "undefined task in an Average", "Fig. 2's sampled"):  # fmt: skip
         assert any(r.startswith(choice) or f" {choice}" in r for r in rows), choice
+
+
+def test_statements_about_the_paper_cite_it_or_say_gnlls_choice():
+    """Every row of the silent table names a precedent or says it is gnll's choice or reading;
+    the README's "Reproduced exactly" line claims only what the paper states (it names no
+    significance test)."""
+    raw = (ROOT / "docs/evaluation.md").read_text(encoding="utf-8")
+    section = raw.split("## Choices where the paper is silent", 1)[1].split("\n## ", 1)[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert len(rows) >= 14
+    sources = ("gnll's choice", "gnll's reading", "Farquhar et al.", "LM-Polygraph",
+               "lm-evaluation-harness", "deviation")  # fmt: skip
+    for row in rows:
+        who = row.strip("| ").split(" | ")[-1]
+        assert any(src in who for src in sources), row
+    readme = text("README.md")
+    exact = readme.split("**Reproduced exactly:**", 1)[1].split("**Differs by design:**", 1)[0]
+    assert "significance" not in exact

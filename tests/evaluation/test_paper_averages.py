@@ -118,3 +118,88 @@ def test_gnll_table_takes_average_rows(tmp_path):
 
     out = CliRunner().invoke(app, ["table", str(tmp_path), "--average_rows", "all"])
     assert out.exit_code == 2 and "unknown average rows 'all'" in out.output
+
+
+# ------------------------------------------------------ issue 50.5: the Average's mechanics
+def _swap_judges(run: dict) -> dict:
+    """The same run, its two judges listed the other way round (`--judge instruct,base`)."""
+    run = json.loads(json.dumps(run))
+    base, instruct = JUDGES.split(",")
+    run["config"]["judge"] = f"{instruct},{base}"
+    for tres in run["tasks"].values():
+        ms = tres["metrics"]
+        if "judge" in ms and "judge2" in ms:
+            ms["judge"], ms["judge2"] = ms["judge2"], ms["judge"]
+    return run
+
+
+@pytest.mark.parametrize("table", ["table1", "table5"])
+def test_the_first_judge_is_a_judge_model_not_a_position(table):
+    """A run listing its judges in the other order still contributes the same judge's rows: the
+    first judge is the model the first judged run lists first. Before, it was each run's first
+    position, and one swapped run moved Table 1's PE Average from .677 to .707 under the heading
+    "the paper's rows" (its instruct rows, valued .900 here, replaced the base judge's)."""
+    runs = _runs(table, "auroc", {"short": [0.9] * 6, "long": [0.9] * 6})
+    runs[2] = _swap_judges(runs[2])
+    text = render_table(runs, sections=["auroc_averaged"])
+    assert _average(text, "AUROC averaged over datasets") == _published(table)
+
+
+def test_a_run_without_the_first_judge_gets_no_average():
+    runs = _runs("table1", "auroc", INSTRUCT)
+    other = json.loads(json.dumps(runs[1]))
+    other["config"]["judge"] = "someone/Else-8B,meta-llama/Llama-3.1-70B-Instruct"
+    runs[1] = other
+    text = render_table(runs, sections=["auroc_averaged"])
+    assert "| **Average**" not in text
+    assert "No overall average: run 2 has no LLM (meta-llama/Llama-3.1-70B) rows" in text
+    # every judge's rows: no first judge needed
+    every = render_table(runs, sections=["auroc_averaged"], average_rows="f1+judges")
+    assert "| **Average**" in every
+
+
+def _undefine_one_task(runs: list[dict], key: str) -> None:
+    """The first run's short F1 row loses one task (a single correctness class): "2 of 3"."""
+    mres = runs[0]["tasks"]["triviaqa_short"]["metrics"]["f1"]
+    for v in mres["measures"].values():
+        v[key] = None
+        if key == "auroc":
+            v["auroc_se"] = None
+    mres["n_correct"], mres["accuracy"] = 0, 0.0
+
+
+def test_the_average_is_the_mean_of_the_printed_rows():
+    """With a row printed "2 of 3", the paper's Average (the mean of its 18 rows) stays .677 ...
+    .721; a mean over task cells gives that row's two tasks less weight than the others' three
+    (PE .680 before)."""
+    runs = _runs("table1", "auroc", INSTRUCT)
+    _undefine_one_task(runs, "auroc")
+    text = render_table(runs, sections=["auroc_averaged"])
+    assert "| 2 of 3 |" in text
+    assert _average(text, "AUROC averaged over datasets") == _published("table1")
+    assert "mean of the printed rows" in text
+
+
+def test_the_ara80_average_is_the_mean_of_the_printed_rows():
+    runs = _runs("table3", "ara80")
+    # the first run's short F1 row: one task without answers (n = 0) is left out of the row
+    runs[0]["tasks"]["triviaqa_short"]["metrics"]["f1"]["n"] = 0
+    text = render_table(runs, sections=["ara80"])
+    assert _average(text, "Rejection accuracy at 80% averaged") == _published("table3")
+
+
+def test_the_overall_test_weighs_rows_as_the_average_does():
+    """The Average's star tests the same weighting: per-task weights (1 / the row's tasks) give a
+    weighted mean difference; equal weights give exactly the unweighted test."""
+    from gnll.evaluation.results.metrics import averaged_paired_test
+
+    c = [1, 1, 1, 0, 0, 0] * 5
+    good, bad = [0, 1, 2, 7, 8, 9] * 5, [9, 8, 7, 2, 1, 0] * 5
+    strata = [("a", c, {"g-nll": good, "pe": bad}), ("b", c, {"g-nll": bad, "pe": good})]
+    plain = averaged_paired_test(strata, n_boot=50)
+    assert averaged_paired_test(strata, n_boot=50, weights=[0.5, 0.5]) == plain
+    assert plain["diff"] == 0.0
+    heavy_a = averaged_paired_test(strata, n_boot=50, weights=[3, 1])
+    assert heavy_a["diff"] == pytest.approx((3 * 1.0 + 1 * -1.0) / 4)
+    with pytest.raises(ValueError, match="one positive weight per task"):
+        averaged_paired_test(strata, n_boot=50, weights=[1])

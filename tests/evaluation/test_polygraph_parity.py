@@ -78,3 +78,77 @@ def test_gnll_greedy_answers_give_lm_polygraphs_msp():
         assert abs(M.g_nll(g.token_logprobs) - r["msp"]) > 1e-6  # the paper's G-NLL differs
     assert exact < 2e-4, exact  # fp32 forward passes of two decoding loops
     assert plain > 1e-3  # the renormalisation matters on this sample
+
+
+# LM-Polygraph's own defaults (``scripts/polygraph_fixture.sh --defaults``): the chat template
+# (``WhiteboxModel(instruct=True)``), no stop strings (only EOS ends an answer), the same 40 prompts
+# each as one user turn; its answers are sentences (all 40 qualities are 0, F1 <= 0.5), so only the
+# MSP is compared. ``--defaults --multiturn``: the few-shot examples as chat turns, so the answers
+# are short and EOS is often the greedy token at step 2, where LM-Polygraph answers otherwise.
+DATA = Path(__file__).parent / "data"
+UNDER_DEFAULTS = ["polygraph_msp_defaults.json"]
+
+
+@pytest.mark.parametrize("name", UNDER_DEFAULTS)
+def test_defaults_fixtures_are_lm_polygraphs_defaults(name):
+    fixture = json.loads((DATA / name).read_text())
+    assert fixture["instruct"] is True and fixture["stop_strings"] is None
+    assert fixture["min_new_tokens"] == 2
+    eos = fixture["eos_token_id"]
+    ends = [r["greedy_tokens"][-1] == eos for r in fixture["rows"]]
+    # unlike the first fixture (every answer ended by "\n"), EOS ends most answers; the rest are cut
+    # at max_new_tokens (no terminator)
+    assert sum(ends) > len(ends) / 2
+    for r, ended in zip(fixture["rows"], ends, strict=True):
+        assert ended or len(r["greedy_tokens"]) == fixture["max_new_tokens"]
+        # EOS is never LM-Polygraph's token at steps 1-2: min_new_tokens=2 masks it there
+        assert eos not in r["greedy_tokens"][:2]
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("name", UNDER_DEFAULTS)
+def test_g_nll_eos_is_lm_polygraphs_msp_under_its_defaults_where_the_answers_agree(name):
+    """gnll, with the chat template and no stop strings, decodes greedily without masking EOS; its
+    answer is LM-Polygraph's wherever EOS is not the greedy token at step 1 or 2, and there
+    ``g_nll_eos`` with the masked steps' EOS log-probs is LM-Polygraph's MSP (the project's
+    log-prob tolerance per token: fp32 passes of two decoding loops, summed over up to 50 tokens).
+    Where EOS is greedy at step 1 or 2 LM-Polygraph generates another answer: those are counted
+    (``eos_at_step_le_2`` in results.json) and must be the only disagreements."""
+    import torch
+
+    from gnll import load_model
+    from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt, GenerationConfig
+
+    fixture = json.loads((DATA / name).read_text())
+    lm = load_model(fixture["model"], chat_template=True, progress=False)
+    config = GenerationConfig.greedy(max_new_tokens=fixture["max_new_tokens"], stop=())
+    rows = fixture["rows"]
+    prompts = [ChatPrompt(r["prompt"], r["messages"]) if "messages" in r else r["prompt"]
+               for r in rows]  # fmt: skip
+    gens = [g[0] for g in lm.generate(prompts, config)]
+    eos = fixture["eos_token_id"]
+    agree, early, worst = 0, 0, 0.0
+    for r, p, g in zip(rows, prompts, gens, strict=True):
+        prompt_ids = lm.encode([p])[0]
+        assert prompt_ids == r["input_tokens"]  # the same chat-templated prompt
+        ours = list(g.token_ids) + list(g.terminator_token_ids)
+        eos_early = g.finish_reason == "eos" and len(g.token_ids) <= 1
+        if ours != r["greedy_tokens"]:
+            assert eos_early, (r["id"], ours[:5], r["greedy_tokens"][:5])
+            assert len(r["greedy_tokens"]) > len(ours)  # LM-Polygraph's answer runs on
+            early += 1
+            continue
+        assert not eos_early
+        agree += 1
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([prompt_ids + r["greedy_tokens"][:1]])).logits[0]
+        eos_lp = torch.log_softmax(logits[-2:].double(), dim=-1)[:, eos].tolist()
+        ours_msp = M.g_nll_eos(g.token_logprobs, g.terminator_logprobs, masked_logprobs=eos_lp)
+        worst = max(worst, abs(ours_msp - r["msp"]) / len(r["greedy_tokens"]))
+    print(
+        f"{name}: agree {agree}, EOS greedy at step <= 2: {early}, max |MSP diff|/token {worst:.2e}"
+    )
+    assert agree + early == len(rows) and agree >= len(rows) / 4
+    assert worst < BATCH_INVARIANCE_ATOL, worst
+    if "multiturn" in name:
+        assert early > 0  # the case LM-Polygraph answers otherwise occurs, and is counted

@@ -168,7 +168,8 @@ def g_nll(token_logprobs: TokenLogprobs) -> float:
 
 
 #: The name of :func:`g_nll_eos`, LM-Polygraph's ``MaximumSequenceProbability`` definition of the
-#: greedy answer's NLL (a named variant: gnll's G-NLL, the paper's reading, excludes the terminator).
+#: greedy answer's NLL (a named variant: gnll's G-NLL excludes the terminator, gnll's choice, as
+#: Farquhar et al.'s code; the paper's Eq. 9 does not say).
 G_NLL_EOS = "g-nll+eos"
 
 
@@ -181,14 +182,22 @@ def g_nll_eos(
 
     This is LM-Polygraph's ``MaximumSequenceProbability``: the negated sum of the greedy sequence's
     log-probs up to and including the token that ended it (the EOS token, or the token(s) of a
-    stop string). gnll's :func:`g_nll` leaves the terminator out (Eq. 9 sums the answer's tokens);
-    the two differ by the terminator's NLL on every answer. An empty answer is its terminator alone
-    (no double counting with the empty-answer rule). LM-Polygraph also generates with
-    ``min_new_tokens=2``: EOS is masked in the first two steps *before* it records the log-probs,
-    so those two steps' distributions are renormalised without EOS; ``masked_logprobs`` (the EOS
-    log-prob at each of those steps) applies the same renormalisation,
-    ``log p - log(1 - p_masked)``. ``scripts/polygraph_fixture.py`` records LM-Polygraph's numbers
-    on the embedded model for ``tests/evaluation/test_polygraph_parity.py``.
+    stop string). gnll's :func:`g_nll` leaves the terminator out (gnll's choice, as Farquhar et
+    al.'s code; the paper's Eq. 9 does not say); the two differ by the terminator's NLL on every
+    answer that has one (an answer cut by ``max_new_tokens`` has none). An empty answer is its
+    terminator alone (no double counting with the empty-answer rule).
+
+    LM-Polygraph generates with ``min_new_tokens=2``: EOS is masked in the first two steps
+    *before* the token is chosen and the log-probs are recorded. ``masked_logprobs`` (the EOS
+    log-prob at each of those steps) renormalises them, ``log p - log(1 - p_masked)``; LM-Polygraph
+    leaves EOS the row's smallest finite logit, so its exact value is ``log p - log(1 - p_masked +
+    p_min)``, the same to within the least likely token's probability. **Parity needs EOS not to be
+    the greedy token at step 1 or 2**: where it is (an empty answer, or one token ended by EOS),
+    LM-Polygraph cannot choose it and generates another, longer answer, so no renormalisation of
+    this answer's log-probs gives its MSP (``gnll eval`` counts such answers, ``eos_at_step_le_2``
+    in ``results.json``). ``scripts/polygraph_fixture.py`` records LM-Polygraph's numbers on the
+    embedded model for ``tests/evaluation/test_polygraph_parity.py``, with gnll's stop strings and
+    with LM-Polygraph's own defaults (chat template, EOS only).
 
     Parameters
     ----------

@@ -17,7 +17,7 @@ The figure's reference lines are the paper's sampling-based baselines (PE, LN-PE
 "with their optimal hyperparameter settings": their scores come from a ``gnll eval`` run of the same
 model and task (:func:`baseline_scores`, its per-measure held-out temperatures and its clusterer),
 evaluated against the same greedy answers' correctness. :func:`average_ablations` averages several
-runs (models) into one figure, as the paper's Fig. 2 averages its models.
+runs (models) into one figure (gnll's reading of the caption's "Average AUROC", paper.tex:595).
 
 Example
 -------
@@ -28,6 +28,7 @@ figure (both embedded models, baselines, averaged).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,7 @@ def add_baselines(
 
 
 def average_ablations(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of several ablations (models or runs), as the paper's Fig. 2 averages its models.
+    """The mean of several ablations (models or runs): gnll's reading of Fig. 2's "Average AUROC".
 
     Every AUROC is the mean over the runs that have it for all of them (an estimator or candidate
     count missing from one run is left out); standard errors combine as sqrt(sum SE^2) / k.
@@ -200,6 +201,28 @@ def average_ablations(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+#: Colour and dash pattern of each baseline line (PE, LN-PE, SE, LN-SE, D-SE), apart from the
+#: estimator curves' default colours.
+BASELINE_STYLES = (
+    ("#555555", (0, (6, 2))),
+    ("#8c564b", (0, (1, 1.5))),
+    ("#0e7c86", (0, (4, 1.5, 1, 1.5))),
+    ("#8a7f00", (0, (2.5, 2.5))),
+    ("#c2249f", (0, (7, 1.5, 1, 1.5, 1, 1.5))),
+)
+
+
+def _spread(values: Sequence[float], gap: float) -> list[float]:
+    """Label heights for ``values``: each at its value, pushed apart to at least ``gap``."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    last = -math.inf
+    for i in order:
+        out[i] = max(values[i], last + gap)
+        last = out[i]
+    return out
+
+
 def plot_ablation(result: dict[str, Any], path: str | Path, title: str = "") -> Path:
     """AUROC against the number of candidates, one line per estimator (greedy a single point)."""
     import matplotlib
@@ -217,14 +240,25 @@ def plot_ablation(result: dict[str, Any], path: str | Path, title: str = "") -> 
             else {"marker": "o"}
         )
         ax.plot(xs, ys, label="greedy (G-NLL)" if name == "greedy" else name, **style)
-    # The baselines use N samples at their own best temperature whatever the x axis says: lines.
-    grey = plt.get_cmap("Greys")
-    for i, (m, value) in enumerate((result.get("baselines") or {}).items()):
-        if value is None:
-            continue
-        ax.axhline(
-            value, color=grey(0.35 + 0.12 * i), lw=1.0, ls=(0, (4, 1 + i)), label=M.get(m).label
-        )
+    # The baselines use N samples at their own best temperature whatever the x axis says: lines,
+    # each its own colour and dash pattern, labelled at the right edge (spread apart where lines
+    # nearly coincide), so that overlapping lines stay identifiable.
+    lines = [(m, v) for m, v in (result.get("baselines") or {}).items() if v is not None]
+    if lines:
+        xmax = max((int(k) for curve in result["auroc"].values() for k in curve), default=1)
+        ax.set_xlim(right=xmax + 1.6)
+        for (m, value), (color, dash) in zip(lines, BASELINE_STYLES, strict=False):
+            ax.axhline(value, color=color, lw=1.1, ls=dash, label=M.get(m).label)
+        for (m, value), y in zip(lines, _spread([v for _m, v in lines], 0.013), strict=True):
+            color = BASELINE_STYLES[[n for n, _v in lines].index(m) % len(BASELINE_STYLES)][0]
+            ax.annotate(
+                f"{M.get(m).label} {value:.3f}".replace("0.", ".", 1),
+                xy=(xmax + 0.2, y),
+                fontsize=7,
+                color=color,
+                va="center",
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.6},
+            )
     ax.set_xlabel("candidates (beam width / samples)")
     ax.set_ylabel("AUROC")
     ax.set_title(title or f"{result['task']}, n={result['n']}: NLL of one sequence")

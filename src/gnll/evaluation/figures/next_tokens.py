@@ -106,7 +106,11 @@ def plot_next_tokens(data: Sequence[dict[str, Any]], path: str | Path, title: st
             ax.set_ylim(0, 1)
             ax.set_title(f"t={c + 1}: {labels[0]!s}", fontsize=8)
             if c == 0:
-                ax.set_ylabel(f"{d['answer'][:18]!r}\nG-NLL {d['g_nll']:.2f}", fontsize=8)
+                # the G-NLL of the tokens drawn: of the whole answer only if it ended within them
+                n = len(d["steps"])
+                ax.set_ylabel(
+                    f"{d['answer'][:18]!r}\nG-NLL of {n} tokens {d['g_nll']:.2f}", fontsize=8
+                )
     fig.suptitle(title or "p(y_t | x, y_<t) along the greedy answer (orange: greedy token)")
     fig.tight_layout()
     path = Path(path)

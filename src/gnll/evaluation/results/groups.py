@@ -23,7 +23,9 @@ __all__ = [
     "defined",
     "duplicates",
     "enough_per_class",
+    "first_judge",
     "iter_rows",
+    "judge_mismatch",
     "metric_label",
     "overall_keys",
 ]
@@ -96,6 +98,41 @@ def check_average_rows(rows: str | None) -> str | None:
     return rows
 
 
+def first_judge(
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> str | None:
+    """The label (``LLM (model)``) of the first judge the first judged run lists, or ``None``."""
+    for key, rows in groups.items():
+        if any(judge_index(m) == 0 for _t, m, _r in rows):
+            return key[3]
+    return None
+
+
+def judge_mismatch(
+    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
+) -> str | None:
+    """Why "F1 and the first judge" cannot span these runs, or ``None`` when it can.
+
+    The first judge is a judge *model* (:func:`first_judge`), so a run listing the same judges in
+    another order still contributes that model's rows; a judged run without that model has no row
+    to contribute, and averaging its other judge in its place would mix two judges' rows.
+    """
+    first = first_judge(groups)
+    if first is None:
+        return None
+    judged: dict[int, set[str]] = {}
+    for (run, _model, _mode, label), rows in groups.items():
+        if any(judge_index(m) is not None for _t, m, _r in rows):
+            judged.setdefault(run, set()).add(label)
+    lacking = [run for run, labels in judged.items() if first not in labels]
+    if not lacking:
+        return None
+    return (
+        f"run {lacking[0] + 1} has no {first} rows, the first judge of the first judged run; "
+        "give every run that judge (or `--average_rows f1+judges`)"
+    )
+
+
 def overall_keys(
     groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
     rows: str = "f1+judge",
@@ -103,14 +140,17 @@ def overall_keys(
     """The groups an overall average spans: the rows of the paper metrics named by ``rows``.
 
     ``rows`` is a key of :data:`AVERAGE_ROWS`: ``"f1+judge"`` counts F1 and the first judge (the
-    paper's Table 1 and Table 5 Averages: 18 rows, the base-model judge "LLM" only), ``"f1+judges"``
+    paper's Table 1 and Table 5 Averages: 18 rows, the judge behind their "LLM" rows), ``"f1+judges"``
     F1 and every judge (its Table 3 Average: 30 rows, "LLM" and "LLM-Instruct"). With one judge both
-    are the same rows. Contains is not a paper metric: where a paper metric scores the same run and
-    generation length its rows stay out, so a task scored under F1 and Contains is not counted
-    twice. A run and length scored by Contains alone (no judge for long answers) contributes its
-    first metric.
+    are the same rows. The first judge is a judge model, the first one the first judged run lists
+    (:func:`first_judge`): a run that lists the same judges in another order counts the same
+    model's rows (:func:`judge_mismatch` says when a run lacks it). Contains is not a paper metric:
+    where a paper metric scores the same run and generation length its rows stay out, so a task
+    scored under F1 and Contains is not counted twice. A run and length scored by Contains alone
+    (no judge for long answers) contributes its first metric.
     """
     check_average_rows(rows)
+    first = first_judge(groups)
     by_length: dict[tuple[int, str, str], list[tuple[int, str, str, str]]] = {}
     for key in groups:
         by_length.setdefault((key[0], key[1], key[2]), []).append(key)
@@ -118,8 +158,13 @@ def overall_keys(
     for keys in by_length.values():
         paper = [k for k in keys if any(_is_paper(m) for _t, m, _r in groups[k])]
         if rows == "f1+judge":
-            paper = [k for k in paper if any(_is_paper(m, judges=1) for _t, m, _r in groups[k])]
-        out += paper or keys[:1]
+            paper = [
+                k
+                for k in paper
+                if any(m == "f1" or (judge_index(m) is not None and k[3] == first)
+                       for _t, m, _r in groups[k])
+            ]  # fmt: skip
+        out += paper or [k for k in keys[:1] if not any(_is_paper(m) for _t, m, _r in groups[k])]
     return out
 
 

@@ -40,7 +40,9 @@ __all__ = [
     "paired_bootstrap_test",
     "prediction_rejection_area",
     "prr_metrics",
+    "prr_order_dependent",
     "rejection_accuracy",
+    "tie_averaged_prr",
 ]
 
 
@@ -124,6 +126,7 @@ def averaged_paired_test(
     n_boot: int = 1000,
     seed: int = 0,
     alpha: float = 0.05,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, Any]:
     """Paired bootstrap test of G-NLL against the best baseline on an AUROC *averaged over tasks*.
 
@@ -134,7 +137,9 @@ def averaged_paired_test(
     AUROC(reference) - AUROC(best baseline). The best baseline is the one with the highest mean
     AUROC on the full data. Resamples in which some task has a single class are skipped. The
     one-sided p-value is ``(1 + #{diff <= 0}) / (1 + #resamples)``, as in
-    :func:`paired_bootstrap_test`.
+    :func:`paired_bootstrap_test`. ``weights`` (one per task; default equal) makes every mean a
+    weighted one: an overall Average that weighs each table row once gives each task 1 / (its
+    row's number of tasks).
 
     >>> c = [1, 1, 1, 0, 0, 0] * 5
     >>> good, bad = [0, 1, 2, 7, 8, 9] * 5, [5, 0, 9, 1, 8, 2] * 5
@@ -163,17 +168,26 @@ def averaged_paired_test(
     if any(math.isnan(v) for vals in points.values() for v in vals):
         out["note"] = "a task has a single correctness class: its AUROC is undefined"
         return out
-    mean = {m: float(np.mean(v)) for m, v in points.items()}
+    if weights is None:  # equal weights, summed then divided (the numbers of earlier runs)
+        w, scale = np.ones(len(strata)), float(len(strata))
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != (len(strata),) or not np.all(w > 0):
+            raise ValueError(f"weights: one positive weight per task ({len(strata)}): {weights!r}")
+        w, scale = w / w.sum(), 1.0
+    mean = {
+        m: float(np.mean(v)) if weights is None else float(np.dot(w, v)) for m, v in points.items()
+    }
     best = max(present, key=lambda m: mean[m])
     total = np.zeros(n_boot)
-    for key, c, ms in strata:
+    for wi, (key, c, ms) in zip(w, strata, strict=True):
         cc = np.asarray(c, dtype=np.float64)
         idx = _bootstrap_indices(len(cc), n_boot, seed_from(seed, key))
         y = (cc[idx] < 0.5).astype(np.float64)
         a = np.asarray(ms[reference], dtype=np.float64)[idx]
         b = np.asarray(ms[best], dtype=np.float64)[idx]
-        total += _auroc_batch(y, a) - _auroc_batch(y, b)  # NaN where a resample has one class
-    d = total[np.isfinite(total)] / len(strata)
+        total += wi * (_auroc_batch(y, a) - _auroc_batch(y, b))  # NaN: a resample of one class
+    d = total[np.isfinite(total)] / scale
     p = (1 + int(np.sum(d <= 0))) / (1 + len(d))
     out.update(
         {
@@ -350,8 +364,18 @@ def prr_metrics(
     ``(prr - random) / (oracle - random)``, where *oracle* ranks by the quality itself and *random*
     is the mean over ``n_random`` random rankings (LM-Polygraph's ``get_random_scores``: a
     ``np.random.seed(42)`` stream shuffling ``arange(n)``, reproduced here without touching numpy's
-    global state). Answers whose uncertainty or quality is not finite are left out first, as its
-    ``UEManager`` does. ``quality`` is higher-is-better (e.g. correctness 0/1).
+    global state). Non-finite values are treated as LM-Polygraph's ``UEManager`` treats them: an
+    answer whose quality is NaN is left out (and the oracle and random rankings are those of the
+    answers kept), while a non-finite *uncertainty* is kept and clipped, NaN and -inf to -1e7 (the
+    most certain), +inf to +1e7. So uncertainties (0.1, NaN, 0.5, 0.3, 0.7, 0.2) with qualities
+    (1, 0, 1, 0, 0, 1) give ``prr`` 0.4611 and ``prr_normalized`` -0.1054, as LM-Polygraph 0.7.0
+    does (leaving the NaN answer out would give 0.8033 and 0.7574). An infinite quality is refused.
+    ``quality`` is higher-is-better (e.g. correctness 0/1).
+
+    With tied uncertainties the PRR depends on the order of the records: the answers are sorted
+    by uncertainty with numpy's default (unstable) sort, as LM-Polygraph's, so a tie between a
+    right and a wrong answer is broken by position. :func:`tie_averaged_prr` is the same area with
+    every tie at its expected value, which no reordering changes.
 
     >>> m = prr_metrics([0.1, 0.9, 0.5, 0.3], [1, 0, 1, 0])
     >>> sorted(m)
@@ -361,8 +385,10 @@ def prr_metrics(
     q = np.asarray(quality, dtype=float)
     if ue.shape != q.shape:
         raise ValueError(f"{len(ue)} uncertainties but {len(q)} qualities")
-    keep = np.isfinite(ue) & np.isfinite(q)
-    ue, q = ue[keep], q[keep]
+    if np.isinf(q).any():
+        raise ValueError("prr_metrics: a quality is infinite")
+    keep = ~np.isnan(q)  # UEManager's _delete_nans: NaN qualities out, uncertainties clipped
+    ue, q = np.nan_to_num(ue[keep], nan=-1e7, neginf=-1e7, posinf=1e7), q[keep]
     out: dict[str, float] = {}
     for name, max_rejection in (("prr", 1.0), ("prr_0.5", 0.5)):
         value = prediction_rejection_area(ue, q, max_rejection)
@@ -373,3 +399,57 @@ def prr_metrics(
             (value - random) / (oracle - random) if oracle != random else value
         )
     return out
+
+
+def tie_averaged_prr(
+    uncertainty: Sequence[float], quality: Sequence[float], max_rejection: float = 1.0
+) -> dict[str, float]:
+    """The PRR of :func:`prediction_rejection_area` with tied uncertainties at their expected
+    value, and its normalised form: the same numbers whatever the order of the records.
+
+    Within a group of tied uncertainties the kept answers' quality is the group's mean (as ARA@80
+    and AURAC treat ties, :func:`accuracy_curve`), which is the mean of LM-Polygraph's PRR over
+    every order of the tied answers. Normalised with the oracle ranking and the *exact* mean of a
+    random ranking (the mean quality at every level), not 1,000 seeded shuffles, whose estimate
+    also moves with the record order. Not an LM-Polygraph number: gnll's order-invariant
+    companion for measures with ties (D-SE). Non-finite values as :func:`prr_metrics`.
+
+    >>> round(tie_averaged_prr([0.0, 0.0, 1.0], [1, 0, 0])["prr"], 4)  # (1/2 + 1/2 + 1/3) / 3
+    0.4444
+    """
+    ue = np.asarray(uncertainty, dtype=float)
+    q = np.asarray(quality, dtype=float)
+    if ue.shape != q.shape:
+        raise ValueError(f"{len(ue)} uncertainties but {len(q)} qualities")
+    if np.isinf(q).any():
+        raise ValueError("tie_averaged_prr: a quality is infinite")
+    keep = ~np.isnan(q)
+    ue, q = np.nan_to_num(ue[keep], nan=-1e7, neginf=-1e7, posinf=1e7), q[keep]
+    n = len(ue)
+    r = int(max_rejection * n)
+    if n == 0 or r == 0:
+        raise ValueError(f"PRR needs answers to reject (n={n}, max_rejection={max_rejection})")
+    qn = _minmax(q)
+    curve = accuracy_curve(qn, ue)  # mean quality of the k least uncertain, ties averaged
+    value = float(np.mean(curve[n - r :]))
+    oracle = prediction_rejection_area(-q, q, max_rejection)
+    random = float(np.mean(qn))  # a random ranking keeps the mean quality at every level
+    normalized = (value - random) / (oracle - random) if oracle != random else value
+    return {"prr": value, "prr_normalized": normalized}
+
+
+def prr_order_dependent(uncertainty: Sequence[float], quality: Sequence[float]) -> bool:
+    """Whether LM-Polygraph's PRR of these answers can change with their order: some tie in
+    uncertainty joins answers of different quality (after :func:`prr_metrics`' clipping).
+
+    >>> prr_order_dependent([0.1, 0.1, 0.5], [1, 0, 1]), prr_order_dependent([0.1, 0.1], [1, 1])
+    (True, False)
+    """
+    ue = np.asarray(uncertainty, dtype=float)
+    q = np.asarray(quality, dtype=float)
+    keep = ~np.isnan(q)
+    ue, q = np.nan_to_num(ue[keep], nan=-1e7, neginf=-1e7, posinf=1e7), q[keep]
+    order = np.lexsort((q, ue))
+    u, qq = ue[order], q[order]
+    same = u[1:] == u[:-1]
+    return bool(np.any(same & (qq[1:] != qq[:-1])))

@@ -4,7 +4,8 @@
 greedy answers, and per measure its AUROC with bootstrap standard error, ARA@80, AURAC, the mean
 number of generated tokens it needs per question and LM-Polygraph's PRR numbers (``prr``,
 ``prr_0.5`` and their ``_normalized`` forms, :func:`~gnll.evaluation.results.metrics.prr_metrics`
-with correctness as the quality); the paired bootstrap test of G-NLL against the best
+with correctness as the quality) with gnll's order-invariant companions (:data:`PRR_TIE_KEYS`);
+for ``g-nll+eos``, ``eos_at_step_le_2``, the answers on which it is not LM-Polygraph's MSP; the paired bootstrap test of G-NLL against the best
 sampling-based measure; the sampling temperature and how it was chosen; agreement between correctness
 metrics; and the full configuration with seeds and library versions. It is deterministic: run it twice
 (or resume an interrupted run) and the file is byte-identical.
@@ -31,10 +32,17 @@ from gnll.evaluation.results.groups import (
     defined,
     overall_keys,
 )
-from gnll.evaluation.results.metrics import averaged_paired_test, evaluate_measures, prr_metrics
+from gnll.evaluation.results.metrics import (
+    averaged_paired_test,
+    evaluate_measures,
+    prr_metrics,
+    prr_order_dependent,
+    tie_averaged_prr,
+)
 
 __all__ = [
     "PRR_KEYS",
+    "PRR_TIE_KEYS",
     "SCHEMA",
     "ReportOptions",
     "averaged_significance",
@@ -71,6 +79,7 @@ def read_rows(samples_path: str | Path) -> dict[str, list[dict[str, Any]]]:
                 "correct": {m: v.get("correct") for m, v in r["correctness"].items()},
                 "measures": r["measures"],
                 "cost": r.get("cost_tokens", {}),
+                "eos_early": _eos_early(r.get("greedy")),
             }
         )
     return rows
@@ -126,6 +135,7 @@ def averaged_significance(
     seed = cfg.get("seed", 0) if seed is None else seed
     out: dict[str, Any] = {"groups": {}, "overall_rows": average_rows}
     overall: list[tuple[str, list[float], dict]] | None = []
+    weights: list[float] = []  # each row once, as the table's Average weighs it
     groups = average_groups(results_list)
     in_overall = set(overall_keys(groups, average_rows))
     for (i, model, mode, label), rows in groups.items():
@@ -138,8 +148,11 @@ def averaged_significance(
         out["groups"][f"{i}|{mode}|{label}"] = averaged_paired_test(group, n_boot=n_boot, seed=seed)
         if overall is not None and (i, model, mode, label) in in_overall:
             overall += group
+            weights += [1 / len(group)] * len(group)
     if overall and len(in_overall) > 1:
-        out["overall"] = averaged_paired_test(overall, n_boot=n_boot, seed=seed)
+        # equal rows test as before (bit for bit); rows of different sizes weigh each row once
+        w = None if len(set(weights)) == 1 else weights
+        out["overall"] = averaged_paired_test(overall, n_boot=n_boot, seed=seed, weights=w)
     return out
 
 
@@ -153,6 +166,33 @@ def _prr(uncertainty: Sequence[float], correct: Sequence[float]) -> dict[str, fl
         return dict.fromkeys(PRR_KEYS)
     values = prr_metrics(uncertainty, correct)
     return {k: values[k] for k in PRR_KEYS}
+
+
+#: gnll's order-invariant companions of the PRR (``None`` below two decided questions):
+#: ``prr_order_dependent`` says whether LM-Polygraph's PRR of the measure can change with the order
+#: of the records (a tie joins a right and a wrong answer), ``prr_tie_averaged`` and
+#: ``prr_normalized_tie_averaged`` are the PRR with ties at their expected value.
+PRR_TIE_KEYS = ("prr_order_dependent", "prr_tie_averaged", "prr_normalized_tie_averaged")
+
+
+def _prr_ties(uncertainty: Sequence[float], correct: Sequence[float]) -> dict[str, Any]:
+    if len(correct) < 2:
+        return dict.fromkeys(PRR_TIE_KEYS)
+    tied = tie_averaged_prr(uncertainty, correct)
+    return {
+        "prr_order_dependent": prr_order_dependent(uncertainty, correct),
+        "prr_tie_averaged": tied["prr"],
+        "prr_normalized_tie_averaged": tied["prr_normalized"],
+    }
+
+
+def _eos_early(greedy: dict[str, Any] | None) -> bool:
+    """Whether a greedy answer ended with an EOS token at generation step 1 or 2 (empty, or one
+    token and EOS): there LM-Polygraph, which masks EOS in those steps (``min_new_tokens=2``),
+    generates a different, longer answer, so ``g-nll+eos`` is not its MSP."""
+    if not greedy:
+        return False
+    return greedy.get("finish_reason") == "eos" and len(greedy.get("token_ids") or []) <= 1
 
 
 @dataclass(frozen=True)
@@ -205,6 +245,12 @@ def build_results(
             for m in names:
                 res["measures"][m]["mean_tokens"] = mean_tokens[m]
                 res["measures"][m].update(_prr(scores[m], correct))
+                res["measures"][m].update(_prr_ties(scores[m], correct))
+            if M.G_NLL_EOS in names:  # where LM-Polygraph's MSP is of another answer
+                decided = [row for row in trs if row["correct"].get(metric) is not None]
+                res["measures"][M.G_NLL_EOS]["eos_at_step_le_2"] = sum(
+                    row["eos_early"] for row in decided
+                )
             metrics_out[metric] = res
         agreements = {}
         judged = [m for m in meta["correctness"] if judge_index(m) is not None]

@@ -7,90 +7,27 @@ AURAC, the chosen temperatures and the agreement between correctness metrics.
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gnll import measures as M
+from gnll.evaluation.results.averaged import ara80_averaged, auroc_averaged
+from gnll.evaluation.results.cells import SMALL_ROWS, fmt, header, row_cells, undefined
+from gnll.evaluation.results.cells import columns_of as _columns
 from gnll.evaluation.results.correctness import judge_index
 from gnll.evaluation.results.groups import (
-    AVERAGE_ROWS,
-    MIN_PER_CLASS,
     PAPER_AVERAGE_ROWS,
     average_groups,
     check_average_rows,
-    defined,
     duplicates,
     enough_per_class,
     iter_rows,
     metric_label,
-    overall_keys,
-)
-
-#: The table note on rows too small for a standard error or a star.
-SMALL_ROWS = (
-    f"± and `*` are printed only for rows with at least {MIN_PER_CLASS} correct and "
-    f"{MIN_PER_CLASS} incorrect answers (an averaged row: in every task it averages); with fewer, "
-    "the bootstrap standard error collapses and the test is not meaningful."
 )
 
 __all__ = ["DEFAULT_SECTIONS", "SECTIONS", "render_table"]
-
-
-def _undefined(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _fmt(x: float | None) -> str:
-    if _undefined(x):
-        return "–"
-    s = f"{x:.3f}"
-    return s[1:] if s.startswith("0.") else ("-" + s[2:] if s.startswith("-0.") else s)
-
-
-def _columns(results_list: Sequence[dict[str, Any]]) -> tuple[str, ...]:
-    """The measure columns: :data:`gnll.measures.ORDER`, then each variant some run computed."""
-    have = {
-        m
-        for res in results_list
-        for tres in res["tasks"].values()
-        for mres in (tres.get("metrics") or {}).values()
-        for m in mres.get("measures") or {}
-    }
-    return M.ORDER + tuple(m for m in M.VARIANTS if m in have)
-
-
-def _row_cells(
-    values: dict[str, float | None],
-    ses: dict[str, float | None] | None,
-    star: bool,
-    columns: Sequence[str] = M.ORDER,
-) -> list[str]:
-    present = {m: v for m, v in values.items() if v is not None}
-    best = max((round(v, 3) for v in present.values()), default=None)
-    cells = []
-    for m in columns:
-        v = values.get(m)
-        if v is None:
-            cells.append("–")
-            continue
-        txt = _fmt(v)
-        if ses is not None and ses.get(m) is not None:
-            txt += f" ± {_fmt(ses[m])}"
-        if best is not None and round(v, 3) == best:
-            txt = f"**{txt}**"
-        if star and m == "g-nll":
-            txt += "\\*"
-        cells.append(txt)
-    return cells
-
-
-def _header(first: Sequence[str], columns: Sequence[str] = M.ORDER) -> list[str]:
-    head = list(first) + [M.get(m).label for m in columns]
-    return ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
 
 
 def _pool_source(tres: dict[str, Any]) -> str:
@@ -216,7 +153,7 @@ def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
     )
     out += ["", SMALL_ROWS, ""]
     columns = _columns(results_list)
-    out += _header(["Model", "Task", "Metric", "n", "Acc."], columns)
+    out += header(["Model", "Task", "Metric", "n", "Acc."], columns)
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m]["auroc"] for m in ms}
@@ -224,12 +161,12 @@ def _auroc(results_list: Sequence[dict[str, Any]], significance: dict[str, Any])
         ses = {m: ms[m]["auroc_se"] for m in ms} if enough else None
         star = enough and bool(mres.get("significance", {}).get("significant"))
         cells = _task_cells(res, task, metric, mres)
-        out.append("| " + " | ".join(cells + _row_cells(values, ses, star, columns)) + " |")
+        out.append("| " + " | ".join(cells + row_cells(values, ses, star, columns)) + " |")
     return out
 
 
 def _task_cells(res: dict[str, Any], task: str, metric: str, mres: dict[str, Any]) -> list[str]:
-    return [res["model"], task, metric_label(metric, res), str(mres["n"]), _fmt(mres["accuracy"])]
+    return [res["model"], task, metric_label(metric, res), str(mres["n"]), fmt(mres["accuracy"])]
 
 
 def _run_significance(results_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -245,122 +182,31 @@ def _run_significance(results_list: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return significance
 
 
-def _rows_title(section: str, rows: str) -> str:
-    """The row set of a table's overall Average, for its heading: named, and whether it is the paper's."""
-    paper = PAPER_AVERAGE_ROWS[section]
-    which = "the paper's rows for this table" if rows == paper else f"the paper's: {paper}"
-    return f"Average over {rows}, {AVERAGE_ROWS[rows]}; {which}"
-
-
-def _auroc_averaged(
+def _per_task(
     results_list: Sequence[dict[str, Any]],
-    significance: dict[str, Any],
-    rows: str = PAPER_AVERAGE_ROWS["auroc_averaged"],
+    key: str,
+    title: str,
+    note: str,
+    mark: tuple[str, str] | None = None,
 ) -> list[str]:
-    """AUROC averaged over datasets, as in the paper's Table 1 (rows: model / length / metric).
+    """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric.
 
-    One group per run x generation length x metric (two runs of one model stay separate rows),
-    then the overall **Average** over the row set ``rows`` (:data:`~gnll.evaluation.results.groups.
-    AVERAGE_ROWS`) when more than one group counts towards it.
+    ``mark``: (a measure's boolean field, a sign) appended to the cells whose field is true.
     """
-    groups = average_groups(results_list)
-    out = ["", f"## AUROC averaged over datasets (↑; {_rows_title('auroc_averaged', rows)})", ""]
-    out.append(
-        "Mean over the tasks in the row (± combined standard error, sqrt(sum SE²)/k); tasks "
-        "whose AUROC is undefined (a single correctness class) are left out. `*`: G-NLL "
-        "significantly better than the best sampling-based measure of the row (one-sided paired "
-        "bootstrap of the averaged AUROC, questions resampled within each task, p < 0.05). The "
-        "overall **Average** is the mean over the rows of F1 and the first judge, as the paper's "
-        "Table 1 and Table 5 average their 18 rows (F1 and the base-model judge; `gnll table "
-        "--average_rows f1+judges` counts every judge); Contains rows stay out where a paper "
-        "metric scores the same run and length (a task is not counted twice for F1 and Contains). "
-        + SMALL_ROWS
-    )
-    out.append("")
-    columns = _columns(results_list)
-    out += _header(["Model", "Gen.", "Metric", "#tasks"], columns)
-    all_vals: dict[str, list[float]] = defaultdict(list)
-    all_ses: dict[str, list[float]] = defaultdict(list)
-    in_overall = overall_keys(groups, rows)
-    overall_enough = True
-    for (run, model, mode, label), full_rows in groups.items():
-        counted = (run, model, mode, label) in in_overall
-        full = [mres for _t, _m, mres in full_rows]
-        # Tasks whose AUROCs are undefined (all answers right or all wrong) are left out of the mean.
-        lst = [x for x in full if defined(x)]
-        enough = all(enough_per_class(x) for x in lst)
-        if counted:
-            overall_enough = overall_enough and enough
-        vals, ses = {}, {}
-        for m in columns:
-            a = [x["measures"][m]["auroc"] for x in lst if m in x["measures"]]
-            s = [x["measures"][m]["auroc_se"] for x in lst if m in x["measures"]]
-            if a and len(a) == len(lst):
-                vals[m] = sum(a) / len(a)
-                if counted:
-                    all_vals[m] += a
-                if all(v is not None for v in s):
-                    ses[m] = math.sqrt(sum(v * v for v in s)) / len(s)
-                    if counted:
-                        all_ses[m] += s
-        n_txt = str(len(lst)) if len(lst) == len(full) else f"{len(lst)} of {len(full)}"
-        star = bool(significance["groups"].get(f"{run}|{mode}|{label}", {}).get("significant"))
-        cells = _row_cells(vals, ses if enough else None, star and enough, columns)
-        out.append("| " + " | ".join([model, mode, label, n_txt] + cells) + " |")
-    if len(in_overall) > 1:
-        if duplicates(results_list):
-            out += ["", "(No overall average: some runs hold the same model and task.)"]
-        else:
-            # The overall test counts only when it was run over these same rows.
-            tested_rows = significance.get("overall_rows", PAPER_AVERAGE_ROWS["auroc_averaged"])
-            tested = overall_keys(groups, tested_rows) == in_overall
-            if tested:
-                out += _overall_average(
-                    in_overall, all_vals, all_ses, significance, overall_enough, columns
-                )
-            else:
-                sig = {k: v for k, v in significance.items() if k != "overall"}
-                out += _overall_average(
-                    in_overall, all_vals, all_ses, sig, overall_enough, columns
-                )[:1]
-                out += ["", f"(Overall average not tested: its test spans {tested_rows}.)"]
-    return out
-
-
-def _overall_average(
-    in_overall: Sequence[tuple[int, str, str, str]],
-    all_vals: dict[str, list[float]],
-    all_ses: dict[str, list[float]],
-    significance: dict[str, Any],
-    enough: bool = True,
-    columns: Sequence[str] = M.ORDER,
-) -> list[str]:
-    n_rows = max((len(v) for v in all_vals.values()), default=0)
-    vals = {m: sum(v) / len(v) for m, v in all_vals.items() if len(v) == n_rows}
-    ses = {
-        m: math.sqrt(sum(x * x for x in s)) / len(s) for m, s in all_ses.items() if len(s) == n_rows
-    }
-    star = enough and bool((significance.get("overall") or {}).get("significant"))
-    metrics = " / ".join(dict.fromkeys(k[3] for k in in_overall))
-    cells = ["**Average**", "", metrics, str(n_rows)] + _row_cells(
-        vals, ses if enough else None, star, columns
-    )
-    out = ["| " + " | ".join(cells) + " |"]
-    if "overall" not in significance:
-        out += ["", "(Overall average not tested: `gnll table` needs each run's samples.jsonl.)"]
-    return out
-
-
-def _per_task(results_list: Sequence[dict[str, Any]], key: str, title: str, note: str) -> list[str]:
-    """One column per measure of ``key`` (``ara80``, ``aurac``) for every model, task and metric."""
     out = ["", f"## {title}", "", note, ""]
     columns = _columns(results_list)
-    out += _header(["Model", "Task", "Metric", "n", "Acc."], columns)
+    out += header(["Model", "Task", "Metric", "n", "Acc."], columns)
     for res, task, _tres, metric, mres in iter_rows(results_list):
         ms = mres["measures"]
         values = {m: ms[m].get(key) for m in ms}  # runs recorded before PRR lack it
-        cells = _task_cells(res, task, metric, mres)
-        out.append("| " + " | ".join(cells + _row_cells(values, None, False, columns)) + " |")
+        cells = row_cells(values, None, False, columns)
+        if mark is not None:
+            field, sign = mark
+            cells = [
+                c + sign if m in ms and ms[m].get(field) and c != "–" else c
+                for m, c in zip(columns, cells, strict=True)
+            ]
+        out.append("| " + " | ".join(_task_cells(res, task, metric, mres) + cells) + " |")
     return out
 
 
@@ -372,55 +218,7 @@ def _ara80(
     """Rejection accuracy at 80% per task, then averaged over datasets (the paper's Table 3)."""
     note = "Accuracy on the 80% of questions with the lowest uncertainty (ties at expected value)."
     out = _per_task(results_list, "ara80", "Rejection accuracy at 80% (↑)", note)
-    return out + _ara80_averaged(results_list, average_groups(results_list), rows)
-
-
-def _ara80_averaged(
-    results_list: Sequence[dict[str, Any]],
-    groups: dict[tuple[int, str, str, str], list[tuple[str, str, dict[str, Any]]]],
-    rows: str = PAPER_AVERAGE_ROWS["ara80"],
-) -> list[str]:
-    """The paper's Table 3: ARA@80 averaged over the datasets of each model x length x metric, and
-    its overall Average over the row set ``rows`` (:func:`overall_keys`; the paper's: every judge)."""
-    title = f"the paper's Table 3; {_rows_title('ara80', rows)}"
-    out = ["", f"## Rejection accuracy at 80% averaged over datasets (↑, {title})", ""]
-    out.append(
-        "Mean ARA@80 over the tasks in the row, as the paper prints it (plus the mean accuracy). "
-        "**Average**: the mean over the rows of F1 and every judge, as the paper's Table 3 "
-        "averages its 30 rows (F1, LLM and LLM-Instruct), unlike its AUROC tables."
-    )
-    out.append("")
-    columns = _columns(results_list)
-    out += _header(["Model", "Gen.", "Metric", "#tasks", "Acc."], columns)
-    in_overall = overall_keys(groups, rows)
-    every: dict[str, list[float]] = defaultdict(list)
-    every_acc: list[float] = []
-    n_cells = 0
-    for key, rows in groups.items():
-        _run, model, mode, label = key
-        lst = [mres for _t, _m, mres in rows if mres.get("n")]
-        vals = {}
-        for m in columns:
-            a = [x["measures"][m]["ara80"] for x in lst if m in x["measures"]]
-            if a and len(a) == len(lst) and all(v is not None for v in a):
-                vals[m] = sum(a) / len(a)
-                if key in in_overall:
-                    every[m] += a
-        acc = [x["accuracy"] for x in lst if x.get("accuracy") is not None]
-        if key in in_overall:
-            every_acc += acc
-            n_cells += len(lst)
-        cells = [model, mode, label, str(len(lst)), _fmt(sum(acc) / len(acc) if acc else None)]
-        out.append("| " + " | ".join(cells + _row_cells(vals, None, False, columns)) + " |")
-    if len(in_overall) > 1 and duplicates(results_list):
-        out += ["", "(No overall average: some runs hold the same model and task.)"]
-    elif len(in_overall) > 1:
-        vals = {m: sum(v) / len(v) for m, v in every.items() if len(v) == n_cells}
-        acc_txt = _fmt(sum(every_acc) / len(every_acc) if every_acc else None)
-        labels = " / ".join(dict.fromkeys(k[3] for k in in_overall))
-        cells = ["**Average**", "", labels, str(n_cells), acc_txt]
-        out.append("| " + " | ".join(cells + _row_cells(vals, None, False, columns)) + " |")
-    return out
+    return out + ara80_averaged(results_list, average_groups(results_list), rows)
 
 
 def _aurac(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -> list[str]:
@@ -436,7 +234,33 @@ def _prr(results_list: Sequence[dict[str, Any]], significance: dict[str, Any]) -
         "(PRR − random) / (oracle − random), 1 for the oracle ranking, 0 for a random one "
         "(`results.json` also has `prr`, `prr_0.5` and `prr_0.5_normalized`)."
     )
-    return _per_task(results_list, "prr_normalized", "Normalised PRR (↑, LM-Polygraph's)", note)
+    note += (
+        " **†**: the measure has tied scores across right and wrong answers (D-SE's few distinct "
+        "values, for instance), and LM-Polygraph breaks such ties by the order of the records, so "
+        "this number changes when the same answers come in another order; the next table is "
+        "order-invariant."
+    )
+    out = _per_task(
+        results_list,
+        "prr_normalized",
+        "Normalised PRR (↑, LM-Polygraph's)",
+        note,
+        mark=("prr_order_dependent", "†"),
+    )
+    if not any(
+        "prr_normalized_tie_averaged" in v
+        for _r, _t, _tr, _m, mres in iter_rows(results_list)
+        for v in mres["measures"].values()
+    ):
+        return out  # a run recorded before the tie-averaged PRR
+    tied = (
+        "gnll's companion, not LM-Polygraph's: the same normalised PRR with tied scores at their "
+        "expected value (the mean over every order of the records) and the exact random "
+        "baseline, so the same answers give the same number in any order; equal to the one "
+        "above, up to the random baseline's estimate, for a measure without †."
+    )
+    title = "Normalised PRR, ties averaged (↑, order-invariant)"
+    return out + _per_task(results_list, "prr_normalized_tie_averaged", title, tied)
 
 
 def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str:
@@ -446,7 +270,7 @@ def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str
     if how == "heldout":
         how = f"held-out, {sel.get('mode', 'shared')}"
     if sel.get("single_class") or (
-        cand and all(_undefined(c.get("mean_auroc")) for c in cand.values())
+        cand and all(undefined(c.get("mean_auroc")) for c in cand.values())
     ):
         how = "default (held-out AUROC undefined)"
     chosen = (
@@ -454,7 +278,7 @@ def _temperature_row(res: dict[str, Any], task: str, sel: dict[str, Any]) -> str
     )
     detail = "; ".join(
         f"T={t}: "
-        + ", ".join(f"{M.get(m).label} {_fmt(a)}" for m, a in (c.get("auroc") or {}).items())
+        + ", ".join(f"{M.get(m).label} {fmt(a)}" for m, a in (c.get("auroc") or {}).items())
         for t, c in cand.items()
     )
     return f"| {res['model']} | {task} | {chosen} | {how} | {detail or '–'} |"
@@ -491,7 +315,7 @@ def _agreement(results_list: Sequence[dict[str, Any]], significance: dict[str, A
     """Agreement rate and Cohen's kappa between correctness metrics (absent with one metric)."""
     agree = [
         f"| {res['model']} | {task} | {pair.replace('_vs_', ' vs ')} | {a['n']} | "
-        f"{_fmt(a['agreement'])} | {_fmt(a['kappa'])} |"
+        f"{fmt(a['agreement'])} | {fmt(a['kappa'])} |"
         for res in results_list
         for task, tres in res["tasks"].items()
         for pair, a in (tres.get("agreement") or {}).items()
@@ -520,7 +344,7 @@ Section = Callable[[Sequence[dict[str, Any]], dict[str, Any]], list[str]]
 SECTIONS: dict[str, Section] = {
     "notes": _header_notes,
     "auroc": _auroc,
-    "auroc_averaged": _auroc_averaged,
+    "auroc_averaged": auroc_averaged,
     "ara80": _ara80,
     "aurac": _aurac,
     "temperature": _temperatures,

@@ -45,9 +45,10 @@ PAPER_MODELS = (
     "tiiuae/falcon-mamba-7b",
     "tiiuae/falcon-mamba-7b-instruct",
 )
-#: "Llama-3.1 with 70 billion parameters as LLM-as-a-judge" (Sec. 5). Table 3 has separate "LLM" and
-#: "LLM-Instruct" rows with different values, so the paper judged with both: the base model ("LLM")
-#: and the instruction-tuned one ("LLM-Instruct"). Each gets its own rows, labelled by judge.
+#: "Llama-3.1 with 70 billion parameters as LLM-as-a-judge" (Sec. 5, App. D). Table 3 has separate
+#: "LLM" and "LLM-Instruct" rows with different values and names no second judge; gnll's reading is
+#: that the instruction-tuned model judged the "LLM-Instruct" rows (the label could also mean an
+#: instruction-style prompt). Each judge gets its own rows, labelled by judge.
 PAPER_JUDGES = ("meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.1-70B-Instruct")
 PAPER_JUDGE = ",".join(PAPER_JUDGES)
 _ALL_TASKS = [
