@@ -49,12 +49,8 @@ def scored_of(model: object) -> str:
     """Which tokens a model's G-NLL covers: ``"answer"`` (a reasoning model's answer after its
     end-of-reasoning marker, given the trace) or ``"output"`` (the whole output). A model (or a
     wrapper) that declares ``scored`` says it; otherwise a reasoning model's is ``"answer"``."""
-    declared = getattr(model, "scored", None)
-    if declared in ("answer", "output"):
-        return str(declared)
-    from gnll.backends.reasoning_model import ReasoningModel
-
-    return "answer" if isinstance(model, ReasoningModel) else "output"
+    declared = getattr(model, "scored", None)  # every Model declares it (Model.scored)
+    return str(declared) if declared in ("answer", "output") else "output"
 
 
 @dataclass
