@@ -80,8 +80,8 @@ def test_auto_call_is_parsed_and_each_part_sums_its_tokens(servers):
     assert arg["path"] == "city" and arg["text"] == "Paris"
     # the tokens the record names spell the value, and its NLL is theirs
     assert "Paris" in "".join(TOKENS[k] for k in arg["token_indices"])
-    assert math.isclose(arg["nll"], -sum(LPS[k] for k in arg["token_indices"]), abs_tol=1e-12)
-    assert math.isclose(rec["g_nll"], -sum(LPS[k] for k in rec["token_indices"]), abs_tol=1e-12)
+    assert math.isclose(arg["nll"], -sum(LPS[k] for k in arg["token_indices"]), abs_tol=1e-12)  # same path: float64 sums of the same log-probs
+    assert math.isclose(rec["g_nll"], -sum(LPS[k] for k in rec["token_indices"]), abs_tol=1e-12)  # same path: float64 sums of the same log-probs
     assert choice.uncertainty["g_nll"] == pytest.approx(-sum(LPS))
 
 
@@ -121,3 +121,19 @@ def test_argument_over_its_threshold_withholds_the_call_without_leaking_it(serve
     assert rec["tool_calls"][0]["arguments_over_threshold"] == ["city"]
     assert rec["tool_calls"][0]["abstain"] is False  # the call's G-NLL alone passes
     assert last["finish_reason"] == "stop"
+
+
+def test_metrics_and_access_log_count_calls_without_argument_texts(servers, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="gnll.serve.access"):
+        for srv in servers:
+            _client(srv).chat.completions.create(model="calling", messages=USER, tools=TOOLS)
+    metrics = [httpx.get(srv.url + "/metrics").text for srv in servers]
+    assert 'gnll_tool_calls_total{outcome="sent"}' in metrics[0]
+    assert 'gnll_tool_calls_total{outcome="withheld"}' in metrics[1]
+    assert "gnll_tool_call_max_argument_nll_count" in metrics[0]
+    entries = [json.loads(r.message) for r in caplog.records if '"tool_calls"' in r.message]
+    assert len(entries) == 2
+    assert [e["tool_calls"][0][0]["withheld"] for e in entries] == [False, True]
+    assert all("Paris" not in json.dumps(e["tool_calls"]) for e in entries)
