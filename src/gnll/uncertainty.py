@@ -77,6 +77,9 @@ _OPTIONAL = (
     "reasoning_source",
     "trace_confidence",
     "notes",
+    "tool_calls",
+    "tool_call_error",
+    "structured",
 )
 
 
@@ -185,6 +188,15 @@ class Uncertainty(BaseModel):
         format (``think``, ``harmony``, ``marker``), how the split was found (``marker``,
         ``token_ids``, ``stream``, ``answer-only``, ``generated``), the trace's DeepConf
         confidences (:class:`TraceConfidence`) and notes on the split.
+    tool_calls, tool_call_error:
+        For an answer to a request with tools: per call, its G-NLL, its function name's NLL, each
+        argument value's NLL and the token indices each part scored (:func:`gnll.toolcalls.call_report`),
+        with the policy's decision on the call; and why an output that tried to call a tool is
+        not a call.
+    structured:
+        For a ``response_format`` JSON answer: how it was decoded (``logprobs``: ``"raw"``, the
+        model's distribution, which every NLL above is; ``constrained_g_nll`` and each field's
+        ``constrained_nll``: renormalised over the tokens the schema allowed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -225,6 +237,9 @@ class Uncertainty(BaseModel):
     reasoning_source: str | None = None
     trace_confidence: TraceConfidence | None = None
     notes: list[str] | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_error: str | None = None
+    structured: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")
     def _present(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

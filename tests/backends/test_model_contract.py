@@ -131,3 +131,68 @@ def test_callers_do_not_reach_around_the_contract(package):
         if reach.search(line)
     ]
     assert hits == []
+
+
+#: The concrete model classes of the backends: what a model is, callers learn from its declared
+#: capabilities (``capabilities.reasoning``, ``Model.scored``, ``Model.answer_decoder``), never
+#: from its class.
+CONCRETE = ("ReasoningModel", "HFModel", "OpenAICompatModel", "EmbeddedModel")
+#: Known exceptions, each a backend-specific feature (not a question of what a model is):
+#: the next-token figure reads the hf forward pass; /v1/decisions' first-token fallback reads
+#: an OpenAI-compatible upstream's top log-probs.
+ASKED_BY_DESIGN = {
+    "evaluation/figures/next_tokens.py": "HFModel",
+    "serving/decisions.py": "OpenAICompatModel",
+}
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "serving",
+        "cli",
+        "evaluation",
+        "scoring",
+        "distributed",
+        "semantic",
+        "calibration",
+        "integrations",
+        "policy",
+    ],
+)
+def test_callers_never_ask_a_models_concrete_class(package):
+    asks = re.compile(rf"(isinstance\([^)]*\b|cast\(\s*)({'|'.join(CONCRETE)})\b")
+    hits = [
+        f"{path.relative_to(SRC)}:{i}"
+        for path in (SRC / package).rglob("*.py")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if (m := asks.search(line))
+        and ASKED_BY_DESIGN.get(str(path.relative_to(SRC))) != m.group(2)
+    ]
+    assert hits == []
+
+
+def test_a_reasoning_model_declares_what_it_is():
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    class Plain(Model):
+        name, capabilities = "plain", Capabilities(streaming=False)
+
+        def generate(self, prompts, config=None, **kw):
+            raise NotImplementedError
+
+        def score(self, *a, **kw):
+            raise NotImplementedError
+
+        def render_prompt(self, p):
+            return str(p)
+
+    plain = Plain()
+    thinker = ReasoningModel(plain, "harmony")
+    assert (plain.capabilities.reasoning, plain.scored, plain.answer_decoder()) == (
+        None,
+        "output",
+        None,
+    )
+    assert (thinker.capabilities.reasoning, thinker.scored) == ("harmony", "answer")
+    assert thinker.answer_decoder() is None  # the model it wraps has no decoding loop

@@ -18,15 +18,13 @@ from hypothesis import strategies as st
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
+from gnll.backends.openai.reasoning import ReasoningStream, responses_answer_choice, split_choice
 from gnll.backends.reasoning import (
     HARMONY,
     THINK,
     ReasoningError,
     ReasoningSplit,
-    ReasoningStream,
     reasoning_format,
-    responses_answer_choice,
-    split_choice,
     split_tokens,
 )
 

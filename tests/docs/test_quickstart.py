@@ -84,6 +84,8 @@ def test_quickstart_marks_a_runnable_block_for_every_job():
         "client.messages.create",
         "client.messages.stream",
         "Runner.run_sync",
+        "tools=[calculator]",
+        "response_format=",
     ):
         assert command in text, f"no runnable block of docs/quickstart.md runs {command!r}"
     assert any(b.lang == "python" and b.file is None for b in blocks)

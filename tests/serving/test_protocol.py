@@ -81,3 +81,65 @@ def test_chat_chunks_validate_and_keep_openais_key_order():
     assert last["choices"][0]["delta"] == {}
     assert COMPLETIONS.opening(0) is None
     assert COMPLETIONS.piece_logprobs(ANSWER, 7)["text_offset"] == [7, 11]
+
+
+def _source(name: str) -> str:
+    return (SERVING / name).read_text()
+
+
+def test_the_proxy_reads_server_sent_events_in_one_place():
+    """One reader (with an optional watch) serves the proxy's live relay and its early decisions."""
+    places = [SERVING / "proxy.py", SERVING / "cascade.py", *(SERVING / "streams").glob("*.py")]
+    readers = [
+        p.name
+        for p in places
+        if "aiter_lines" in p.read_text() or 'startswith("data:")' in p.read_text()
+    ]
+    assert readers == ["upstream.py"]
+
+
+def test_the_cascade_never_parses_json_or_sse_text():
+    """It gets typed answers, the answering model and a stream's error from the reply."""
+    cascade = _source("cascade.py")
+    assert "import json" not in cascade and "json.loads" not in cascade
+    assert "'\"uncertainty\"' in" not in cascade  # no sniffing of a chunk's text
+    assert not re.search(r"\bstream_error\(", cascade)
+
+
+def test_the_one_reader_stops_where_its_watch_says_and_closes_the_upstream():
+    import asyncio
+
+    from gnll.serving.streams.upstream import UpstreamStream
+
+    class Response:
+        closed = False
+        sent = 0
+
+        async def aiter_lines(self):
+            for i in range(5):
+                self.sent += 1
+                yield f'data: {{"id": "x", "choices": [{{"index": 0, "text": "{i}"}}]}}'
+            yield "data: [DONE]"
+
+        async def aclose(self):
+            self.closed = True
+
+    class StopAtTwo:
+        seen = 0
+
+        def see(self, acc, choice):
+            self.seen += 1
+
+        @property
+        def done(self):
+            return self.seen >= 2
+
+    async def read():
+        response = Response()
+        reader = UpstreamStream(response, COMPLETIONS, StopAtTwo())
+        got = [c async for c in reader]
+        return got, reader, response
+
+    got, reader, response = asyncio.run(read())
+    assert len(got) == 2 and response.sent == 2 and response.closed
+    assert not reader.finished and reader.choices[0].choice()["text"] == "01"

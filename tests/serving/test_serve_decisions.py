@@ -170,4 +170,4 @@ def test_proxy_refuses_an_upstream_that_cannot_teacher_force(tiny):
         if a.type == "refusal":
             assert "top 20 alternatives" in a.model_extra["reason"]
         else:
-            assert abs(sum(o["probability"] for o in a.model_extra["probabilities"]) - 1) <= 1e-9  # same path: float64 normalisation
+            assert abs(sum(o["probability"] for o in a.model_dump()["probabilities"]) - 1) <= 1e-9  # same path: float64 normalisation

@@ -19,6 +19,7 @@ import pytest
 import serve_helpers
 from serve_helpers import LONG, ScriptedModel, StreamingModel
 
+from gnll.backends.base import BATCH_INVARIANCE_ATOL
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, build_proxy_app
 from gnll.serving.server import ServerThread
 
@@ -97,3 +98,32 @@ def test_an_escalation_to_gnll_serve_streams_live(monkeypatch):
     assert at_first < TOKENS // 2, at_first
     final = [c for ch in chunks for c in ch["choices"] if c.get("uncertainty")]
     assert final[0]["uncertainty"]["escalated"] is True
+
+
+def test_the_hf_decoding_loop_streams_the_alternatives_of_its_whole_answer(tiny_llama):
+    """The real decoding loop (a tiny random Llama, no weights read): the alternatives streamed
+    with each token are the ones the non-streamed answer reports, token for token."""
+    from gnll import load_model
+
+    model = load_model(str(tiny_llama()), progress=False, chat_template=True)
+    body = ask("What is the capital of France?", logprobs=True, top_logprobs=3, max_tokens=12)
+    with ServerThread(build_inprocess_app(model, ServeSettings(), max_wait_ms=1)) as srv:
+        whole = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120).json()
+        with httpx.stream(
+            "POST", srv.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=120
+        ) as r:
+            chunks = [json.loads(x[6:]) for x in r.iter_lines() if x.startswith("data: {")]
+    entries = [
+        e
+        for ch in chunks
+        for c in ch["choices"]
+        for e in (c.get("logprobs") or {}).get("content") or []
+    ]
+    want = whole["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [e["token"] for e in want] and want
+    for got, exp in zip(entries, want, strict=True):
+        assert [a["token"] for a in got["top_logprobs"]] == [
+            a["token"] for a in exp["top_logprobs"]
+        ]
+        for a, b in zip(got["top_logprobs"], exp["top_logprobs"], strict=True):
+            assert a["logprob"] == pytest.approx(b["logprob"], abs=BATCH_INVARIANCE_ATOL)

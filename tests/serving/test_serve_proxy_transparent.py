@@ -149,6 +149,8 @@ def test_proxy_sends_an_unset_max_tokens_unset_and_takes_the_upstreams_limit(sta
     assert last(seen, "/v1/chat/completions")["max_tokens"] == 2000
     r = httpx.post(px.url + "/v1/completions", json={"model": "small", "prompt": "Q"}, timeout=30)
     assert r.status_code == 200 and "max_tokens" not in last(seen, "/v1/completions")
+    # /health says which limit applies: the upstream's context length, as /v1/models lists it.
+    assert httpx.get(px.url + "/health", timeout=30).json()["max_model_len"] == 2048
 
 
 @pytest.mark.parametrize(

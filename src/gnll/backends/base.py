@@ -336,6 +336,10 @@ class Capabilities:
         The model is a :class:`StreamingModel`: it runs a decoding loop that prompts can join
         while it runs and that reports tokens as they are decoded (``gnll serve`` batches requests
         continuously and streams live with it).
+    reasoning:
+        The reasoning format (:mod:`gnll.backends.reasoning`: ``"think"``, ``"harmony"``,
+        ``"marker"``) of a model that reasons before it answers; ``None``: its output is its
+        answer. Callers ask this (and :attr:`Model.scored`), never the model's class.
 
     Examples
     --------
@@ -350,6 +354,7 @@ class Capabilities:
     sampling_logprobs: bool = True
     top_logprobs: int = 0
     streaming: bool = False
+    reasoning: str | None = None
 
     def missing(self, needs: Sequence[str]) -> list[str]:
         """The capabilities among ``needs`` (attribute names) that this backend lacks."""
@@ -429,6 +434,33 @@ class Model(ABC):
     capabilities: Capabilities = Capabilities(
         beams=False, scoring=False, terminator=False, sampling_logprobs=False
     )
+
+    @property
+    def scored(self) -> Literal["answer", "output"]:
+        """Which tokens this model's G-NLL covers: ``"answer"`` (a reasoning model's answer after
+        its end-of-reasoning marker, given the trace) or ``"output"`` (the whole output). A
+        calibration is fitted on one of the two and is checked against it."""
+        return "answer" if self.capabilities.reasoning else "output"
+
+    def answer_decoder(self) -> StreamingModel | None:
+        """The decoding loop that decodes this model's answers apart from the rest of its output
+        (a reasoning model's answer phase, after its trace), when a caller's loop may decode
+        them (:meth:`generate_answers`); ``None``: none."""
+        return None
+
+    def generate_answers(
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        answer: Callable[[list[str], GenerationConfig], list[list[Generation]]],
+        *,
+        raw_prompt: bool = False,
+    ) -> list[list[Generation]]:
+        """:meth:`generate`, the answer phase decoded by ``answer`` (contexts and configuration
+        in, one list of generations per context out): the declared hook through which ``gnll
+        serve`` and ``gnll generate`` run a model's answers through their own decoding loop. Only
+        a model with an :meth:`answer_decoder` has an answer phase of its own."""
+        raise NotImplementedError(f"{self.name} has no answer phase of its own")
 
     @abstractmethod
     def generate(

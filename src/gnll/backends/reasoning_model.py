@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from gnll.backends.base import Generation, GenerationConfig, Model, ScoredAnswer
+from gnll.backends.base import Generation, GenerationConfig, Model, ScoredAnswer, StreamingModel
 from gnll.backends.reasoning import ReasoningFormat, ReasoningSplit, reasoning_format
 
 __all__ = ["ReasoningModel"]
@@ -73,7 +73,9 @@ class ReasoningModel(Model):
         )
         self.separator = separator
         self.name = model.name
-        self.capabilities = replace(model.capabilities, beams=False, streaming=False)
+        self.capabilities = replace(
+            model.capabilities, beams=False, streaming=False, reasoning=self.fmt.name
+        )
 
     def __repr__(self) -> str:
         return f"ReasoningModel({self.model!r}, {self.fmt.name!r})"
@@ -106,6 +108,20 @@ class ReasoningModel(Model):
         config = GenerationConfig.greedy(max_new_tokens=self.trace_budget, stop=(self.fmt.text,))
         out = self.model.generate(heads, config, raw_prompt=True, batch_size=batch_size)
         return [g[0] for g in out]
+
+    def answer_decoder(self) -> StreamingModel | None:
+        """The wrapped model's decoding loop (when it has one): it decodes the answer phase."""
+        return cast(StreamingModel, self.model) if self.model.capabilities.streaming else None
+
+    def generate_answers(
+        self,
+        prompts: Sequence[str],
+        config: GenerationConfig,
+        answer: Callable[[list[str], GenerationConfig], list[list[Generation]]],
+        *,
+        raw_prompt: bool = False,
+    ) -> list[list[Generation]]:
+        return self.generate(prompts, config, raw_prompt=raw_prompt, answer=answer)
 
     def generate(
         self,

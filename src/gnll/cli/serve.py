@@ -138,6 +138,16 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    tool_argument_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--tool-argument-threshold",
+            "--tool_argument_threshold",
+            help="Under --policy refuse/escalate, also withhold a tool call one of whose argument "
+            "values has an NLL above this (in-process; the call's G-NLL is decided by the policy).",
+            show_default=False,
+        ),
+    ] = None,
     prompt_format: Annotated[
         str,
         typer.Option(
@@ -271,6 +281,7 @@ def serve(
             tracing=tracing,
             early=early,
             decisions_calibration=decisions_cal,
+            tool_argument_threshold=tool_argument_threshold,
         )
         check_escalation(settings, escalate_to, upstream=upstream)
         if upstream:

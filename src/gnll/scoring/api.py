@@ -129,9 +129,7 @@ def score(
     rendered = [prompt_for(p, prompt_format, long=long) for p in prompts]
     raw = rendered[0][1]  # one format, so one raw flag for all
     texts = [p for p, _ in rendered]
-    from gnll.backends.reasoning_model import ReasoningModel
-
-    reasoning = isinstance(model, ReasoningModel)
+    reasoning = model.capabilities.reasoning is not None
     if traces is not None:
         if len(traces) != len(answers):
             raise ValueError(f"{len(traces)} traces but {len(answers)} answers")

@@ -226,9 +226,7 @@ def _score_items(
 
 def is_reasoning(model: Model) -> bool:
     """A model that reasons before it answers (``--model_args reasoning=think``)."""
-    from gnll.backends.reasoning_model import ReasoningModel
-
-    return isinstance(model, ReasoningModel)
+    return model.capabilities.reasoning is not None
 
 
 def _message(e: Exception) -> str:

@@ -285,7 +285,8 @@ def create_app(
             if api is not None:  # asked as chat completions, answered in the API's own shape
                 asked = api.parse(raw)
                 raw = api.chat_body(asked)
-            check_free_text(raw)
+            # tools and response_format JSON: native chat completions to an in-process model
+            check_free_text(raw, tools=api is None and getattr(service, "serves_tools", False))
             req = model_cls.model_validate(raw)
         except ValidationError as exc:
             message, param = _validation_message(exc)

@@ -31,16 +31,14 @@ upstream, and no choice is given a ``finish_reason``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gnll.backends.openai.parse import logprob_pairs
 from gnll.measures import LogprobError
-from gnll.policy import AbstentionPolicy, Answer, escalated, kept
+from gnll.policy import AbstentionPolicy, escalated, kept
 from gnll.serving.errors import HTTPError
-from gnll.serving.responses import Reply, error_body, sse, stream_error
+from gnll.serving.responses import Mark, Reply, error_body, sse
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.service import Service
 from gnll.serving.settings import ServeSettings
@@ -60,6 +58,18 @@ class Upstream(Service, Protocol):
     :class:`~gnll.serving.service.Service` that also names its server."""
 
     upstream: str
+
+    async def handle(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        *,
+        mark: Mark | None = None,
+    ) -> Reply:
+        """As :meth:`Service.handle`; ``mark`` turns the records into the ones sent, given the
+        model that answered, before any is sent (in the body, a replay or a live stream's last
+        chunks)."""
+        ...
 
 
 class CascadeService:
@@ -122,11 +132,9 @@ class CascadeService:
             return await self.local.handle(req, settings)
         held = req.model_copy(update={"stream": False})
         reply = await self.local.handle(held, settings)
-        assert reply.body is not None, "a request that is not streamed has a body"
-        body = reply.body
         local_name = self.local.model_name or ""
         if not any(r.abstain for r in reply.records):
-            return self._finish(req, body, kept(reply.records, local_name), reply.prompt)
+            return self._finish(req, reply, kept(reply.records, local_name))
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
         bound, _ = settings.token_bounds(self.local.mode)
@@ -134,10 +142,23 @@ class CascadeService:
             # The larger model answers within the bound the local answer had (gnll's default).
             up_req = up_req.model_copy(update={"max_tokens": bound})
         up_settings = dataclasses.replace(settings, policy=AbstentionPolicy(), early=False)
+        assert reply.answers is not None, "a reply with a body lists its answers"
+        local_text = reply.answers[0].text
+
+        def answered(records: list[Uncertainty], model: str | None) -> list[Uncertainty]:
+            # Every choice's record says who answered instead, and what the local answer was.
+            return escalated(
+                records,
+                answered_by=model or self.upstream_model or self.upstream.model_name,
+                local=reply.records[0],
+                local_text=local_text,
+                local_model=local_name,
+            )
+
         chunks: AsyncGenerator[str, None] | None = None
         first: str | None = None
         try:
-            up = await self.upstream.handle(up_req, up_settings)
+            up = await self.upstream.handle(up_req, up_settings, mark=answered)
             if up.stream is not None:  # wait for its first chunk: a failure there costs nothing
                 chunks = _async(up.stream)
                 first = await anext(chunks, None)
@@ -145,47 +166,28 @@ class CascadeService:
             if chunks is not None:
                 await chunks.aclose()
             message = exc.message if isinstance(exc, HTTPError) else str(exc)
-            return self._fallback(req, body, reply, message)
-        if chunks is not None and (first is None or stream_error(first) is not None):
+            return self._fallback(req, reply, message)
+        if chunks is not None and (first is None or up.error is not None):
             await chunks.aclose()
-            said = (stream_error(first) if first is not None else None) or "it sent an empty stream"
-            return self._fallback(req, body, reply, self._named(said))
-        model = up.body.get("model") if up.body is not None else _chunk_model(first)
-        up_name = model or self.upstream_model or self.upstream.model_name
-        def answered(records: list[Uncertainty]) -> list[Uncertainty]:
-            return escalated(
-                records,
-                answered_by=up_name,
-                local=reply.records[0],
-                local_text=req.shape.text_of(body["choices"][0]),
-                local_model=local_name,
-            )
-
+            return self._fallback(req, reply, self._named(up.error or "it sent an empty stream"))
         if chunks is None:
-            assert up.body is not None, "a request that is not streamed has a body"
-            return self._finish(req, up.body, answered(up.records), reply.prompt)
-        assert first is not None
-        records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
-        stream = self._live(first, chunks, up.records, answered, records)
+            return Reply(body=up.body, records=up.records, prompt=reply.prompt)
+        up_name = up.model or self.upstream_model or self.upstream.model_name
+        stream = self._live(first, chunks, up)
         return Reply(
             body=None,
-            records=records,
+            records=up.records,  # filled when the stream ends (for metrics)
             stream=stream,
             prompt=reply.prompt,
             headers={"X-Answered-By": str(up_name)},
         )
 
     def _fallback(
-        self,
-        req: CompletionRequest | ChatCompletionRequest,
-        body: dict[str, Any],
-        reply: Reply,
-        message: str,
+        self, req: CompletionRequest | ChatCompletionRequest, reply: Reply, message: str
     ) -> Reply:
         """The local answer, after a failed escalation (``escalation_error`` says why)."""
         log.warning("escalation to %s failed: %s", self.upstream.upstream, message)
-        records = kept(reply.records, self.local.model_name or "", message)
-        return self._finish(req, body, records, reply.prompt)
+        return self._finish(req, reply, kept(reply.records, self.local.model_name or "", message))
 
     def _named(self, message: str) -> str:
         """``message``, naming the upstream unless it does already."""
@@ -193,59 +195,39 @@ class CascadeService:
         return message if url in message else f"upstream {url}: {message}"
 
     async def _live(
-        self,
-        first: str,
-        chunks: AsyncGenerator[str, None],
-        up_records: list[Uncertainty],
-        answered: Callable[[list[Uncertainty]], list[Uncertainty]],
-        out: list[Uncertainty],
+        self, first: str | None, chunks: AsyncGenerator[str, None], up: Reply
     ) -> AsyncIterator[str]:
-        """The upstream's stream as it comes, each choice's record in its last chunk made the
-        escalation's; an error event after the first chunk names the upstream."""
-
-        async def each() -> AsyncIterator[str]:
-            yield first
-            async for chunk in chunks:
-                yield chunk
-
+        """The upstream's stream as it comes (its records already the escalation's); an error
+        event after the first chunk names the upstream."""
         try:
-            async for chunk in each():
-                said = stream_error(chunk)
-                if said is not None:
-                    log.warning("escalation to %s broke off: %s", self.upstream.upstream, said)
-                    message = f"the escalated answer broke off: {self._named(said)}"
+            chunk = first
+            while chunk is not None:
+                if up.error is not None:
+                    log.warning("escalation to %s broke off: %s", self.upstream.upstream, up.error)
+                    message = f"the escalated answer broke off: {self._named(up.error)}"
                     yield sse(error_body(message, "upstream_error"))
                     return
-                if '"uncertainty"' in chunk and chunk.startswith("data: {"):
-                    # The proxy fills its records just before it sends the chunks that carry them.
-                    if not out:
-                        out.extend(answered(up_records))
-                    data = json.loads(chunk[6:])
-                    for c in data.get("choices") or []:
-                        if "uncertainty" in c:
-                            c["uncertainty"] = out[c.get("index", 0)].to_json()
-                    chunk = sse(data)
                 yield chunk
+                chunk = await anext(chunks, None)
         finally:
             await chunks.aclose()
 
     @staticmethod
     def _finish(
-        req: CompletionRequest | ChatCompletionRequest,
-        body: dict[str, Any],
-        records: list[Uncertainty],
-        prompt: str | None,
+        req: CompletionRequest | ChatCompletionRequest, reply: Reply, records: list[Uncertainty]
     ) -> Reply:
+        """The local reply with ``records`` (who answered), replayed when the request streams."""
+        assert reply.body is not None and reply.answers is not None, "a held reply has a body"
+        body = reply.body
         for choice, rec in zip(body["choices"], records, strict=True):
             choice["uncertainty"] = rec.to_json()
         stream = None
         if req.stream:
             # A streamed request is replayed exactly as any finished answer is (one shape for every
             # policy: a usage chunk only when ``include_usage`` asks for it).
-            answers = [_answer_of(c, req) for c in body["choices"]]
-            stream = stream_chunks(body, answers, req.shape, req.include_usage)
+            stream = stream_chunks(body, reply.answers, req.shape, req.include_usage)
         return Reply(
-            body=None if req.stream else body, records=records, stream=stream, prompt=prompt
+            body=None if req.stream else body, records=records, stream=stream, prompt=reply.prompt
         )
 
 
@@ -262,19 +244,3 @@ async def _async(stream: Iterator[str] | AsyncIterator[str]) -> AsyncGenerator[s
     else:
         for chunk in stream:
             yield chunk
-
-
-def _chunk_model(chunk: str | None) -> str | None:
-    """The ``model`` of one server-sent-event chunk, if it names one."""
-    if chunk is None or not chunk.startswith("data: {"):
-        return None
-    model = json.loads(chunk[6:]).get("model")
-    return model if isinstance(model, str) else None
-
-
-def _answer_of(choice: dict[str, Any], req: CompletionRequest | ChatCompletionRequest) -> Answer:
-    """A finished choice as an :class:`Answer`, with the tokens its ``logprobs`` list (when the
-    request asked for them), so that a replayed stream carries them piece by piece."""
-    pairs = logprob_pairs(choice.get("logprobs"))
-    tokens, lps = [t for t, _ in pairs], [lp for _, lp in pairs]
-    return Answer(req.shape.text_of(choice), choice.get("finish_reason"), tokens, lps)

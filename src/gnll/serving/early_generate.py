@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gnll.backends.base import Generation, GenerationConfig, Model
-from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures.early import EarlyDecision, EarlyDecisionError
 from gnll.policy import scored_of
 from gnll.serving.engine import BatchingEngine
@@ -43,7 +42,7 @@ def early_greedy(
     if not engine.decides_early:
         what = (
             f"{model.name} (the model it reasons with)"
-            if isinstance(model, ReasoningModel)
+            if model.capabilities.reasoning
             else model.name
         )
         raise EarlyDecisionError(f"{what} has no decoding loop to stop (the hf backend's)")

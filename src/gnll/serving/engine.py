@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
-from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures.early import EarlyDecision
 from gnll.serving.errors import RequestError
 from gnll.serving.streams.live import HeldText
@@ -261,8 +260,7 @@ class BatchingEngine:
         #: A reasoning model whose answers a decoding loop can stop (its own model has one): the
         #: trace is the model's own, the answer phase runs through :meth:`_drive` with the watches.
         self._answerer: StreamingModel | None = None
-        if isinstance(model, ReasoningModel) and model.model.capabilities.streaming:
-            self._answerer = cast(StreamingModel, model.model)
+        self._answerer = model.answer_decoder()
         self.batches = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -669,7 +667,7 @@ class BatchingEngine:
         before the answer starts), the answer phase runs through :meth:`_drive` with the
         watches, so only answer tokens, released after the end-of-reasoning marker, count.
         Sets each job's :attr:`_Job.decisions`."""
-        model = cast(ReasoningModel, self.model)
+        model = self.model
         lm = self._answerer
         assert lm is not None
         config, raw = jobs[0].config, jobs[0].raw
@@ -690,8 +688,8 @@ class BatchingEngine:
             return outs
 
         prompts = [p for job in jobs for p in job.prompts]
-        return model.generate(
-            prompts, config, raw_prompt=raw and model.capabilities.chat, answer=answer
+        return model.generate_answers(
+            prompts, config, answer, raw_prompt=raw and model.capabilities.chat
         )
 
     def _generate(

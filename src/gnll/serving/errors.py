@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 
 class RequestError(ValueError):
     """A request gnll cannot serve as asked (HTTP 400, with this message and the parameter)."""
@@ -38,3 +41,28 @@ class ModelNotFound(HTTPError):
             "model",
             "model_not_found",
         )
+
+
+def upstream_error(text: str) -> dict[str, Any]:
+    """The upstream's OpenAI error object (``param``, ``code``), or an empty dict."""
+    try:
+        err = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return {}
+    return err if isinstance(err, dict) else {}
+
+
+def upstream_message(text: str) -> str:
+    """The message of an upstream's error body (its OpenAI envelope, a ``detail``, or the text)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return text.strip()[:500]
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:500]
+    if err:
+        return str(err)[:500]
+    return (
+        str(data.get("detail") or data.get("message") or text) if isinstance(data, dict) else text
+    )[:500]

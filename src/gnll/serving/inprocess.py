@@ -26,13 +26,13 @@ from gnll.backends.base import Generation, GenerationConfig, Model, StreamingMod
 from gnll.measures.early import EarlyDecision
 from gnll.policy import Answer, annotate
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.errors import ModelNotFound
+from gnll.serving.errors import ModelNotFound, RequestError
 from gnll.serving.metrics import Metrics
 from gnll.serving.protocol.common import Usage
 from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, chat_prompt
 from gnll.serving.settings import ServeSettings
-from gnll.serving.streams.replay import stream_chunks
+from gnll.serving.streams.replay import sent_answers, stream_chunks
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["InProcessService", "chat_prompt", "to_answer"]
@@ -68,6 +68,8 @@ class InProcessService:
     """Generate answers for requests with a local model through a batching engine."""
 
     mode = "model"
+    #: Chat requests with tools or ``response_format`` JSON are answered (:mod:`gnll.serving.tools`).
+    serves_tools = True
 
     def __init__(
         self,
@@ -133,6 +135,21 @@ class InProcessService:
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
     ) -> Reply:
         """Answer a request: the response body (or its stream) and the uncertainty records."""
+        if isinstance(req, ChatCompletionRequest):  # tools, JSON: gnll.serving.tools
+            from gnll.serving import tools as T
+            from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
+
+            chat = req
+            extra = req.model_extra or {}
+            fmt = ResponseFormat.of(extra)
+            wanted = ToolRequest.of(extra)
+            if wanted is not None:
+                if fmt is not None:
+                    raise RequestError("send tools or response_format JSON, not both", "tools")
+                return await T.handle_tools(self, chat, settings, wanted)
+            if fmt is not None:
+                return await T.handle_structured(self, chat, settings, fmt)
+
         # While the policy holds the answer (refuse) the text is known only when the answer is
         # decided: such streams are replays. Alternatives stream live from the decoding loop,
         # which records them at every step.
@@ -154,7 +171,8 @@ class InProcessService:
             req, self.model_name, answers, texts, finishes, records, prompt_tokens=n_prompt
         )
         stream = stream_chunks(body, answers, req.shape, req.include_usage) if req.stream else None
-        return Reply(body=body, records=records, stream=stream, prompt=prompt)
+        answers = sent_answers(body, req.shape)
+        return Reply(body, records, stream, prompt, answers=answers)
 
     async def _stream(
         self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings

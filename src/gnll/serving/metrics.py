@@ -96,6 +96,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.tool_calls = Counter(
+            "gnll_tool_calls",
+            "Tool calls of in-process answers, by outcome (sent, or withheld by the policy)",
+            ["outcome"],
+            registry=r,
+        )
+        self.tool_argument_nll = Histogram(
+            "gnll_tool_call_max_argument_nll",
+            "Each tool call's least certain argument value's NLL (nats)",
+            buckets=G_NLL_BUCKETS,
+            registry=r,
+        )
         self._decided = 0
         self._abstained = 0
 
@@ -115,6 +127,10 @@ class Metrics:
             self.early_tokens_saved.inc(max(0, early.tokens_saved or 0))
         if record.g_nll is not None:
             self.g_nll.observe(record.g_nll)
+        for call in record.tool_calls or []:
+            self.tool_calls.labels("withheld" if call.get("withheld") else "sent").inc()
+            if call.get("max_argument_nll") is not None:
+                self.tool_argument_nll.observe(call["max_argument_nll"])
         if record.abstain is not None:
             self._decided += 1
             if record.abstain:

@@ -61,6 +61,20 @@ def uncertainty_fields(records: Sequence[Uncertainty]) -> dict[str, Any]:
         "num_tokens": [r.num_tokens for r in records],
         "abstain": [r.abstain for r in records],
     }
+    if any(r.tool_calls for r in records):  # names and numbers; argument texts are never logged
+        fields["tool_calls"] = [
+            [
+                {
+                    "name": c["name"],
+                    "g_nll": c["g_nll"],
+                    "least_certain_argument": c["least_certain_argument"],
+                    "max_argument_nll": c["max_argument_nll"],
+                    "withheld": c.get("withheld"),
+                }
+                for c in r.tool_calls or []
+            ]
+            for r in records
+        ]
     if any(r.answered_by is not None for r in records):
         fields["answered_by"] = [r.answered_by for r in records]
         fields["escalated"] = [bool(r.escalated) for r in records]

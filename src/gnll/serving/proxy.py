@@ -27,7 +27,6 @@ that says so.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -36,19 +35,29 @@ import httpx
 
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model
-from gnll.backends.openai.parse import logprob_pairs
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
 from gnll.measures import LogprobError
 from gnll.policy import Answer, annotate
 from gnll.policy.choices import choice_answer
 from gnll.serving import responses as R
-from gnll.serving.errors import HTTPError, ModelNotFound, RequestError
-from gnll.serving.protocol.common import Shape
-from gnll.serving.responses import Reply
-from gnll.serving.schemas import UNBOUNDED, ChatCompletionRequest, CompletionRequest
+from gnll.serving.errors import (
+    HTTPError,
+    ModelNotFound,
+    RequestError,
+    upstream_error,
+    upstream_message,
+)
+from gnll.serving.responses import Mark, Reply
+from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
-from gnll.serving.streams.replay import stream_chunks
-from gnll.serving.streams.upstream import StreamedChoice
+from gnll.serving.streams.replay import sent_answers, stream_chunks
+from gnll.serving.streams.upstream import (
+    EarlyWatch,
+    UpstreamBrokeError,
+    UpstreamEventError,
+    UpstreamIdle,
+    UpstreamStream,
+)
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -116,6 +125,9 @@ class ProxyService:
         self.model_name: str | None = None
         #: The model names the upstream lists in ``/v1/models`` (empty until it has answered).
         self.served: list[str] = []
+        #: The upstream model's context length, when ``/v1/models`` says it (vLLM's
+        #: ``max_model_len``): the limit a request's ``max_tokens`` meets upstream.
+        self.max_model_len: int | None = None
 
     def __repr__(self) -> str:
         return f"ProxyService(upstream={self.upstream!r})"
@@ -135,7 +147,7 @@ class ProxyService:
             ok = response.status_code < 400
             if not ok:
                 upstream["error"] = (
-                    _upstream_message(response.text) or f"HTTP {response.status_code}"
+                    upstream_message(response.text) or f"HTTP {response.status_code}"
                 )
         except httpx.HTTPError as exc:
             ok, upstream["error"] = False, f"cannot reach it: {exc or type(exc).__name__}"
@@ -151,6 +163,8 @@ class ProxyService:
             "model": self.model_name,
             "upstream": self.upstream,
             "server": self.profile.name if self.profile else "unknown",
+            # The token limit that applies (the proxy sets none of its own): vLLM lists it.
+            "max_model_len": self.max_model_len,
         }
 
     async def start(self) -> None:
@@ -186,6 +200,8 @@ class ProxyService:
             self.served = [str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")]
             if self.served:
                 self.model_name = self.served[0]
+            lengths = [m.get("max_model_len") for m in data if isinstance(m, dict)]
+            self.max_model_len = next((int(n) for n in lengths if isinstance(n, int)), None)
         return self.profile
 
     def check_request(self, req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -270,14 +286,14 @@ class ProxyService:
         if response.status_code >= 400:
             text = (await response.aread()).decode(errors="replace")
             await response.aclose()
-            message = _upstream_message(text) or f"HTTP {response.status_code}"
+            message = upstream_message(text) or f"HTTP {response.status_code}"
             status = response.status_code if response.status_code < 500 else 502
             raise HTTPError(
                 status,
                 f"upstream {url} answered {response.status_code}: {message}",
                 "upstream_error" if status == 502 else "invalid_request_error",
-                param=_upstream_error(text).get("param") if status < 500 else None,
-                code=_upstream_error(text).get("code") if status < 500 else None,
+                param=upstream_error(text).get("param") if status < 500 else None,
+                code=upstream_error(text).get("code") if status < 500 else None,
             )
         return response
 
@@ -322,8 +338,14 @@ class ProxyService:
         return body
 
     async def handle(
-        self, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        *,
+        mark: Mark | None = None,
     ) -> Reply:
+        """The upstream's answer with its records; ``mark`` (an escalation's) turns the records
+        into the ones sent, given the model that answered, before any is sent."""
         default, limit = settings.token_bounds(self.mode)
         config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
         profile = await self._detect()
@@ -340,9 +362,10 @@ class ProxyService:
         )
         if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
-            records: list[Uncertainty] = []  # filled when the stream ends (for metrics)
-            stream = self._relay(response, req, settings, profile, config, records)
-            return Reply(body=None, records=records, stream=stream, prompt=prompt)
+            # Its records fill in when the stream ends (for metrics), its model at the first chunk.
+            reply = Reply(body=None, records=[], prompt=prompt)
+            reply.stream = self._relay(response, req, settings, profile, config, reply, mark)
+            return reply
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
@@ -366,20 +389,19 @@ class ProxyService:
             answers = [decided]
         else:
             answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
-        records, texts, finishes = annotate(
-            answers,
-            settings.policy,
-            include_tokens=req.wants_logprobs,
-            source="upstream",
-            prompt_format=req.prompt_format("chat"),
-        )
+        model = data.get("model") if isinstance(data.get("model"), str) else None
+        records, texts, finishes = _annotated(answers, req, settings, mark, model)
         for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            _decorate(choice, rec, text, finish, req)
+            req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
         if req.stream:  # a replay: the answer is known before its first piece is sent
-            own = _as_own_body(data, req.shape)
+            own = req.shape.own_body(data)
             replayed = stream_chunks(own, answers, req.shape, req.include_usage)
-            return Reply(body=data, records=records, stream=replayed, prompt=prompt)
-        return Reply(body=data, records=records, prompt=prompt)
+            return Reply(
+                data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
+            )
+        return Reply(
+            data, records, None, prompt, model=model, answers=sent_answers(data, req.shape)
+        )
 
     async def _echo(
         self,
@@ -430,90 +452,21 @@ class ProxyService:
             if profile.name == "vllm":
                 streamed["stream_options"]["continuous_usage_stats"] = True
         response = await self._send("POST", path, streamed, stream=True)
-        acc, last = StreamedChoice(req.shape), {}
-        usage: Any = None
-        tokens: list[str] = []
-        lps: list[float] = []
-        seen = 0  # tokens received, trace included
+        watch = EarlyWatch(rule)
+        reader = UpstreamStream(response, req.shape, watch, idle=(self.idle_timeout, self.upstream))
         try:
-            async for line in idle_bounded(response, self.idle_timeout, self.upstream):
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if isinstance(chunk, dict) and "error" in chunk:
-                    raise HTTPError(
-                        502, f"upstream {self.upstream} failed: {chunk['error']}", "upstream_error"
-                    )
-                if chunk.get("usage") is not None:
-                    usage = chunk["usage"]
-                if not chunk.get("choices"):
-                    continue
-                last = chunk
-                for choice in chunk.get("choices") or []:
-                    acc.add(choice)
-                    pairs = logprob_pairs(choice.get("logprobs"))
-                    first, seen = seen, seen + len(pairs)
-                    if choice.get("finish_reason"):
-                        continue  # the end: the decision is the whole answer's
-                    # A reasoning model's trace and end-of-reasoning marker are context, not
-                    # answer: the running G-NLL starts at the answer's first token.
-                    start = acc.labeller.answer_start if acc.labeller.reasoning else 0
-                    for j, (tok, lp) in enumerate(pairs):
-                        if start is None or first + j < start:
-                            continue
-                        tokens.append(tok)
-                        lps.append(lp)
-                        rule.skip()
-                        rule.release([lp])
-                if rule.decided:
-                    break  # closing the response below disconnects from the upstream
+            async for _ in reader:
+                pass
+        except UpstreamEventError as exc:
+            error = exc.chunk["error"]
+            raise HTTPError(
+                502, f"upstream {self.upstream} failed: {error}", "upstream_error"
+            ) from None
         except UpstreamIdle as exc:
             raise HTTPError(502, str(exc), "upstream_timeout") from None
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            raise HTTPError(502, f"upstream stream broke off: {exc}", "upstream_error") from None
-        finally:
-            await response.aclose()
-        base = {
-            "id": last.get("id") or req.shape.new_id(),
-            "object": req.shape.object,
-            "created": last.get("created"),
-            "model": last.get("model"),
-            "usage": None,
-        }
-        if not rule.decided:
-            return {**base, "usage": usage, "choices": [{"index": 0, **acc.choice()}]}, None
-        t = rule.decision.at_token or 0
-        text = "".join(tokens[:t])
-        answer = Answer(
-            text=text,
-            finish_reason="stop",
-            tokens=tokens[:t],
-            token_logprobs=lps[:t],
-            decoding="greedy",
-            measured_logprobs=lps[:t] or [0.0],
-            early={
-                "decided_at_token": t,
-                "tokens_generated": rule.generated,
-                # Unknown when the upstream's own limit applies (no max_tokens asked or set).
-                "tokens_saved": None
-                if config.max_new_tokens == UNBOUNDED
-                else config.max_new_tokens - rule.generated,
-            },
-        )
-        whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        whole.update(req.shape.whole_choice(text))
-        # What was generated until the cut (the trace's tokens included), for clients that bill
-        # per token; the prompt's count only where the upstream said it (vLLM), else null.
-        prompt_tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-        cut_usage = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": seen,
-            "total_tokens": None if prompt_tokens is None else int(prompt_tokens) + seen,
-        }
-        return {**base, "usage": cut_usage, "choices": [whole]}, answer
+        except UpstreamBrokeError as exc:
+            raise HTTPError(502, str(exc), "upstream_error") from None
+        return watch.outcome(reader, config.max_new_tokens)
 
     def _answer(
         self,
@@ -544,31 +497,19 @@ class ProxyService:
         settings: ServeSettings,
         profile: ServerProfile,
         config: GenerationConfig,
-        out: list[Uncertainty],
+        reply: Reply,
+        mark: Mark | None,
     ) -> AsyncIterator[str]:
-        """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty."""
-        acc: dict[int, StreamedChoice] = {}
-        last: dict[str, Any] = {}
-        usage: dict[str, Any] | None = None  # the upstream's usage chunk goes out last
-        finished = False
+        """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty.
+
+        ``reply`` learns the answering model at the first chunk and an error before its event is
+        sent; ``mark`` turns the records into the ones sent (an escalation's)."""
+        reader = UpstreamStream(response, req.shape, idle=(self.idle_timeout, self.upstream))
         try:
-            async for line in idle_bounded(response, self.idle_timeout, self.upstream):
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    finished = True
-                    break
-                chunk = json.loads(payload)
-                if isinstance(chunk, dict) and "error" in chunk:
-                    yield R.sse(chunk)  # the upstream's own error event ends the stream
-                    return
-                last = chunk
-                if not chunk.get("choices") and chunk.get("usage") is not None:
-                    usage = chunk
-                    continue
+            async for chunk in reader:
+                if reply.model is None and isinstance(chunk.get("model"), str):
+                    reply.model = chunk["model"]
                 for choice in chunk.get("choices") or []:
-                    acc.setdefault(choice.get("index", 0), StreamedChoice(req.shape)).add(choice)
                     # A choice finishes once, in our last chunk (which carries the uncertainty):
                     # a client that stops at the first finish_reason would never see it.
                     choice["finish_reason"] = None
@@ -576,81 +517,74 @@ class ProxyService:
                         choice["logprobs"] = None
                     choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
                 yield R.sse(chunk)
-        except UpstreamIdle as exc:
-            yield R.sse(R.error_body(str(exc), "upstream_timeout"))
+        except UpstreamEventError as exc:  # the upstream's own error event ends the stream
+            reply.error = exc.message
+            yield R.sse(exc.chunk)
             return
-        except (httpx.HTTPError, json.JSONDecodeError) as exc:
-            yield R.sse(R.error_body(f"upstream stream broke off: {exc}", "upstream_error"))
+        except UpstreamIdle as exc:
+            reply.error = str(exc)
+            yield R.sse(R.error_body(reply.error, "upstream_timeout"))
+            return
+        except UpstreamBrokeError as exc:
+            reply.error = str(exc)
+            yield R.sse(R.error_body(str(exc), "upstream_error"))
             return
         finally:
-            await response.aclose()
-        if not finished:  # the connection closed cleanly, but before the stream's end
-            yield R.sse(
-                R.error_body(f"upstream {self.upstream} ended the stream early", "upstream_error")
-            )
+            await reader.aclose()
+        acc = reader.choices
+        if not reader.finished:  # the connection closed cleanly, but before the stream's end
+            reply.error = f"upstream {self.upstream} ended the stream early"
+            yield R.sse(R.error_body(reply.error, "upstream_error"))
             return
         cut = [i for i in sorted(acc) if acc[i].finish_reason is None]
         if cut:
             hint = CUT_STREAM_HINT.get(profile.name, "it cut the answer short")
             said = sum(len(t) for t in acc[cut[0]].text)
-            message = (
+            reply.error = (
                 f"upstream {self.upstream} ended the stream of choice {cut[0]} without a "
                 f"finish_reason after {said} characters: the answer was cut short ({hint})"
             )
-            yield R.sse(R.error_body(message, "upstream_error"))
+            yield R.sse(R.error_body(reply.error, "upstream_error"))
             return
         if len(acc) < _expected_choices(req):
-            message = _short_message(self.upstream, req, len(acc))
-            yield R.sse(R.error_body(message, "invalid_request_error", param="n"))
+            reply.error = _short_message(self.upstream, req, len(acc))
+            yield R.sse(R.error_body(reply.error, "invalid_request_error", param="n"))
             return
         try:
             answers = [
                 self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
                 for i in sorted(acc)
             ]
-            records, _, finishes = annotate(
-                answers,
-                settings.policy,
-                include_tokens=req.wants_logprobs,
-                source="upstream",
-                prompt_format=req.prompt_format("chat"),
-            )
+            records, _, finishes = _annotated(answers, req, settings, mark, reply.model)
         except LogprobError as exc:
-            yield R.sse(R.error_body(str(exc), "upstream_error"))
+            reply.error = str(exc)
+            yield R.sse(R.error_body(reply.error, "upstream_error"))
             return
-        out.extend(records)
-        base = {k: last.get(k) for k in ("id", "object", "created", "model")}
+        reply.records.extend(records)
+        base = {k: reader.last.get(k) for k in ("id", "object", "created", "model")}
         for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
             yield R.sse({**base, "choices": [req.shape.last(i, finish, rec)]})
-        if usage is not None and req.include_usage:
-            yield R.sse(usage)
+        if reader.usage_chunk is not None and req.include_usage:
+            yield R.sse(reader.usage_chunk)
         yield R.sse("[DONE]")
 
 
-class UpstreamIdle(Exception):
-    """An upstream stream that went silent for longer than the idle timeout."""
-
-
-async def idle_bounded(response: httpx.Response, idle: float, upstream: str) -> AsyncIterator[str]:
-    """The lines of a streamed upstream response; after the first, each must come within ``idle``
-    seconds (:class:`UpstreamIdle` otherwise). The first may take the request's whole timeout:
-    an upstream may queue a request before it answers."""
-    import asyncio
-
-    lines = response.aiter_lines()
-    first = True
-    while True:
-        try:
-            line = await (anext(lines) if first else asyncio.wait_for(anext(lines), idle))
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise UpstreamIdle(
-                f"upstream {upstream} sent nothing for {idle:g} s in the middle of a stream "
-                "(--upstream_idle_timeout): its engine may have stopped with the connection open"
-            ) from None
-        first = False
-        yield line
+def _annotated(
+    answers: list[Answer],
+    req: CompletionRequest | ChatCompletionRequest,
+    settings: ServeSettings,
+    mark: Mark | None,
+    model: str | None,
+) -> tuple[list[Uncertainty], list[str], list[str | None]]:
+    """The records (as sent: ``mark``ed), texts and finish reasons of an upstream's answers."""
+    records, texts, finishes = annotate(
+        answers,
+        settings.policy,
+        include_tokens=req.wants_logprobs,
+        source="upstream",
+        prompt_format=req.prompt_format("chat"),
+    )
+    return (mark(records, model) if mark is not None else records), texts, finishes
 
 
 def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
@@ -662,54 +596,3 @@ def _short_message(upstream: str, req: CompletionRequest | ChatCompletionRequest
         f"n={req.n}: the upstream server {upstream} answered with {got} of "
         f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
     )
-
-
-def _upstream_error(text: str) -> dict[str, Any]:
-    """The upstream's OpenAI error object (``param``, ``code``), or an empty dict."""
-    try:
-        err = json.loads(text).get("error")
-    except (ValueError, AttributeError):
-        return {}
-    return err if isinstance(err, dict) else {}
-
-
-def _upstream_message(text: str) -> str:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()[:500]
-    err = data.get("error") if isinstance(data, dict) else None
-    if isinstance(err, dict):
-        return str(err.get("message") or err)[:500]
-    if err:
-        return str(err)[:500]
-    return (
-        str(data.get("detail") or data.get("message") or text) if isinstance(data, dict) else text
-    )[:500]
-
-
-def _decorate(
-    choice: dict[str, Any],
-    rec: Uncertainty,
-    text: str,
-    finish: Any,
-    req: CompletionRequest | ChatCompletionRequest,
-) -> None:
-    choice["uncertainty"] = rec.to_json()
-    choice["finish_reason"] = finish
-    req.shape.set_text(choice, text)
-    if not req.wants_logprobs or rec.refused:
-        choice["logprobs"] = None
-
-
-def _as_own_body(data: dict[str, Any], shape: Shape) -> dict[str, Any]:
-    """An upstream body with the fields :func:`.stream_chunks` reads, filled if absent."""
-    import time
-
-    return {
-        "id": data.get("id") or shape.new_id(),
-        "created": data.get("created") or int(time.time()),
-        "model": data.get("model"),
-        "choices": data["choices"],
-        "usage": data.get("usage"),
-    }

@@ -8,14 +8,14 @@ shape (:mod:`gnll.serving.protocol`); streams are put together in :mod:`gnll.ser
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnll.policy import Answer
 from gnll.serving.protocol.common import new_id
 
-__all__ = ["Answer", "Reply", "error_body", "new_id", "sse", "stream_error"]
+__all__ = ["Answer", "Mark", "Reply", "error_body", "new_id", "sse", "stream_error"]
 
 if TYPE_CHECKING:
     from gnll.uncertainty import Uncertainty
@@ -33,6 +33,18 @@ class Reply:
     #: Headers of a live stream whose records are only known at its end (``X-Answered-By`` of an
     #: escalated answer streamed as the larger model produces it).
     headers: dict[str, str] | None = None
+    #: The model that answered, as the answer names it (a live stream's: set at its first chunk).
+    model: str | None = None
+    #: Why a live stream ended in an error event (set before the event is sent), else ``None``.
+    error: str | None = None
+    #: The answers as the body sends them (the policy's text, the log-probs it lists), when the
+    #: body is known: what a service that holds this reply replays or keeps of it.
+    answers: list[Answer] | None = None
+
+
+#: Turns a reply's records into the ones sent, given the model that answered (the escalation
+#: cascade's: who answered, and the local answer it replaces).
+Mark = Callable[[list["Uncertainty"], "str | None"], list["Uncertainty"]]
 
 
 def error_body(

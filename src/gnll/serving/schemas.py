@@ -51,8 +51,13 @@ __all__ = [
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls")
 
 
-def check_free_text(data: dict[str, Any]) -> None:
-    """Refuse (400) a raw request body that asks for something other than a free-text answer."""
+def check_free_text(data: dict[str, Any], *, tools: bool = False) -> None:
+    """Refuse (400) a raw request body that asks for something other than a free-text answer.
+
+    ``tools``: the service answers chat requests with tools and ``response_format`` JSON
+    (the in-process model: :mod:`gnll.serving.tools`); they are checked there."""
+    if tools and "messages" in data:
+        return
     for name in UNSUPPORTED:
         value = data.get(name)
         if value and value != "none":  # an empty list, false or "none" asks for nothing

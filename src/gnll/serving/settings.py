@@ -66,6 +66,10 @@ class ServeSettings:
         A :class:`gnll.serving.tracing.Emitter` (``--otel``): OpenTelemetry events of every
         answer's scores; ``None`` (the default) emits nothing and imports nothing. It is one of the
         observers the app notifies (:mod:`gnll.serving.observers`).
+    tool_argument_threshold:
+        A tool call is also withheld (``--policy refuse``/``escalate``) when one of its argument
+        values' NLL is above this (:func:`gnll.serving.tools.gate_calls`); ``None``: only the
+        call's G-NLL decides.
     """
 
     api_key: str | None = field(default_factory=lambda: os.environ.get("GNLL_API_KEY") or None)
@@ -81,6 +85,7 @@ class ServeSettings:
     prompt_format: str = "chat"
     tracing: Observer | None = None
     early: bool | None = None
+    tool_argument_threshold: float | None = None
     #: A :class:`gnll.calibration.decisions.DecisionCalibration` applied to ``/v1/decisions``.
     decisions_calibration: DecisionCalibration | None = None
 

@@ -23,6 +23,7 @@ from gnll.backends.base import (
     ScoredAnswer,
     chat_messages,
 )
+from gnll.backends.constrained import ConstrainedGeneration
 from gnll.backends.hf.beam import beam_search
 from gnll.backends.hf.decode import Decoder, decode, refillable
 from gnll.backends.hf.hf_generate import generate_batch, neutralise_generation_config
@@ -459,6 +460,24 @@ class HFModel(Model):
     @cached_property
     def _answer_end_ids(self) -> frozenset[int]:
         return answer_end_ids(self.tokenizer, self.stop_rules(DEFAULT_STOP))
+
+    def generate_constrained(
+        self, prompt: str, grammar: str, *, max_new_tokens: int, raw_prompt: bool = False
+    ) -> ConstrainedGeneration:
+        """Greedy decoding under a grammar (:mod:`gnll.backends.hf.constrained`; needs
+        llguidance): the raw and the constrained log-probs of each token."""
+        from gnll.backends.hf.constrained import generate_constrained
+
+        [ids] = self.encode([prompt], raw_prompt=raw_prompt)
+        self.check_context([ids], max_new_tokens)
+        return generate_constrained(
+            self.model,
+            self.tokenizer,
+            ids,
+            grammar,
+            max_new_tokens=max_new_tokens,
+            eos_ids=self.eos_ids,
+        )
 
     def score_tokens(
         self, prompts: Sequence[str], token_ids: Sequence[Sequence[int]]

@@ -21,13 +21,8 @@ from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
-from gnll.backends.reasoning import (
-    Label,
-    ReasoningError,
-    ReasoningFormat,
-    ReasoningSplit,
-    split_choice,
-)
+from gnll.backends.openai.reasoning import split_choice
+from gnll.backends.reasoning import Label, ReasoningError, ReasoningFormat, ReasoningSplit
 from gnll.measures.logprobs import LogprobError
 from gnll.measures.logprobs import check_logprobs as _check_logprobs
 
@@ -80,7 +75,7 @@ def read_choice(
     """Normalise one ``choices[i]`` entry of any of the three shapes.
 
     A reasoning model's choice (``message.reasoning`` / ``reasoning_content``, or any choice when
-    ``reasoning`` names the model's format) is split first (:func:`gnll.backends.reasoning.split_choice`):
+    ``reasoning`` names the model's format) is split first (:func:`gnll.backends.openai.reasoning.split_choice`):
     the tokens read are the answer's, the split rides along in :attr:`RawTokens.reasoning`. A
     reasoning response whose log-probs cannot be aligned with its answer is a :class:`ServerError`.
 

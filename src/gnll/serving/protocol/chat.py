@@ -340,7 +340,7 @@ class ChatShape(Shape):
         return {"content": [logprobs["content"][t]], "refusal": None}
 
     def delta_texts(self, choice: dict[str, Any]) -> tuple[str, str | None]:
-        from gnll.backends.reasoning import reasoning_text
+        from gnll.backends.openai.reasoning import reasoning_text
 
         delta = choice.get("delta") or {}
         return delta.get("content") or "", reasoning_text(delta) or ""

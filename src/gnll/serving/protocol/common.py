@@ -305,6 +305,33 @@ class Shape(ABC):
     def set_text(self, choice: dict[str, Any], text: str) -> None:
         """Replace the answer text of one ``choices[i]`` (the policy's text)."""
 
+    def decorate(
+        self,
+        choice: dict[str, Any],
+        record: Uncertainty,
+        text: str,
+        finish: Any,
+        *,
+        keep_logprobs: bool,
+    ) -> None:
+        """Put the record, the policy's text and finish reason on an upstream's ``choice``; drop
+        log-probs the client did not ask for (or that describe a withheld text)."""
+        choice["uncertainty"] = record.to_json()
+        choice["finish_reason"] = finish
+        self.set_text(choice, text)
+        if not keep_logprobs or record.refused:
+            choice["logprobs"] = None
+
+    def own_body(self, data: dict[str, Any]) -> dict[str, Any]:
+        """An upstream body with the fields a replay reads, filled if absent."""
+        return {
+            "id": data.get("id") or self.new_id(),
+            "created": data.get("created") or int(time.time()),
+            "model": data.get("model"),
+            "choices": data["choices"],
+            "usage": data.get("usage"),
+        }
+
     @abstractmethod
     def whole_choice(self, text: str) -> dict[str, Any]:
         """What a whole response's choice holds besides ``index`` / ``finish_reason`` /

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gnll.backends.openai.parse import logprob_pairs
 from gnll.policy import Answer
 from gnll.serving.responses import sse
 
@@ -66,3 +67,15 @@ def stream_chunks(
     if include_usage:
         yield sse({**base, "choices": [], "usage": body.get("usage")})
     yield sse("[DONE]")
+
+
+def sent_answers(body: dict[str, Any], shape: Shape) -> list[Answer]:
+    """The answers of a finished body as it sends them: each choice's text and finish reason, with
+    the tokens its ``logprobs`` list (none when the client did not ask), so that a replay of the
+    body carries them piece by piece."""
+    out = []
+    for choice in body["choices"]:
+        pairs = logprob_pairs(choice.get("logprobs"))
+        tokens, lps = [t for t, _ in pairs], [lp for _, lp in pairs]
+        out.append(Answer(shape.text_of(choice), choice.get("finish_reason"), tokens, lps))
+    return out

@@ -1,0 +1,294 @@
+"""Tool calls in a model's output: the documented tool prompt, the call format and its grammar, the
+parse, and where in each call the doubt sits.
+
+A model whose chat template has no tool section (SmolLM2's and Gemma-3's have none) is told about the
+tools by :func:`tool_system_prompt` and calls one by writing, for each call, a JSON object between
+tags (the format Hermes-style templates use)::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+:func:`parse_output` reads such an output strictly (each block one JSON object with a known
+``name`` and an ``arguments`` object; anything else is no call). :func:`call_grammar` is the
+same format as a Lark grammar with JSON schemas (llguidance's dialect), for constrained decoding
+when the request *requires* a call.
+
+**The partition.** Every output token goes to exactly one part (:func:`gnll.spans.assign_tokens`):
+a call's function name (inside its quotes), one argument value (a leaf of ``arguments``, a string's
+content inside its quotes), the rest of that call's JSON (keys, quotes, punctuation: its
+``structure``), or outside every call (tags, white space, text: ``outside``). So each call's
+``g_nll`` is ``name_nll + sum(argument nlls) + structure_nll``, and the calls' ``g_nll`` plus the
+outside NLL is the whole output's.
+
+>>> out = '<tool_call>\\n{"name": "f", "arguments": {"x": 2}}\\n</tool_call>'
+>>> [(c.name, c.arguments) for c in parse_output(out, ["f"]).calls]
+[('f', {'x': 2})]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gnll.spans import Segment, assign_tokens, json_segments
+
+__all__ = [
+    "CALL_CLOSE",
+    "CALL_OPEN",
+    "ParsedCall",
+    "ParsedOutput",
+    "call_grammar",
+    "call_report",
+    "json_grammar",
+    "parse_output",
+    "render_call",
+    "tool_system_prompt",
+]
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+_BLOCK = re.compile(re.escape(CALL_OPEN) + r"\n?(.*?)\n?" + re.escape(CALL_CLOSE), re.S)
+
+
+def tool_system_prompt(tools: Sequence[Mapping[str, Any]], system: str = "") -> str:
+    """The system message that tells a model without a tool-aware template about ``tools``.
+
+    ``tools`` are OpenAI tool definitions (``{"type": "function", "function": {...}}``); ``system``
+    is the request's own system message, kept first.
+    """
+    listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    text = (
+        "You can call functions. They are listed below as JSON, one per line, between <tools> and "
+        f"</tools>:\n<tools>\n{listed}\n</tools>\n"
+        "To call a function, answer with a JSON object "
+        '{"name": <function name>, "arguments": <the arguments as a JSON object>} between '
+        f"{CALL_OPEN} and {CALL_CLOSE} tags, one block per call, and nothing else:\n"
+        f'{CALL_OPEN}\n{{"name": "example_function", "arguments": {{"x": 1}}}}\n{CALL_CLOSE}\n'
+        "To answer without calling a function, answer in plain text."
+    )
+    return f"{system}\n\n{text}" if system else text
+
+
+def render_call(name: str, arguments: str | Mapping[str, Any]) -> str:
+    """One call as the documented format writes it (an assistant turn that called a tool)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f'{CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{CALL_CLOSE}'
+
+
+#: JSON as ``json.dumps`` writes it (``", "`` and ``": "``, no other white space): one spelling of
+#: each value, so the grammar leaves the model no choice that is only layout.
+_LAYOUT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False}
+
+
+def _strict(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """An object schema that does not say otherwise allows no properties it does not list."""
+    out = dict(schema)
+    if out.get("type") == "object" and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _schema(fn: Mapping[str, Any]) -> dict[str, Any]:
+    params = _strict(fn.get("parameters") or {"type": "object", "properties": {}})
+    return {
+        "x-guidance": _LAYOUT,
+        "type": "object",
+        "properties": {"name": {"const": fn["name"]}, "arguments": params},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def call_grammar(functions: Sequence[Mapping[str, Any]], *, parallel: bool = False) -> str:
+    """A Lark grammar (llguidance's dialect: ``%json`` embeds a JSON schema) for output that is one
+    call (or, with ``parallel``, one or more calls) of one of ``functions`` in the documented
+    format, its arguments valid under the function's ``parameters`` schema.
+
+    ``functions`` are the ``function`` objects of the tools the call may name.
+    """
+    if not functions:
+        raise ValueError("a call grammar needs at least one function")
+    alts = " | ".join(f"fn{i}" for i in range(len(functions)))
+    rules = "\n".join(
+        f"fn{i}: %json {json.dumps(_schema(fn), ensure_ascii=False)}"
+        for i, fn in enumerate(functions)
+    )
+    repeat = ' ("\\n" block)*' if parallel else ""
+    return (
+        f"start: block{repeat}\n"
+        f'block: "{CALL_OPEN}\\n" call "\\n{CALL_CLOSE}"\n'
+        f"call: {alts}\n{rules}\n"
+    )
+
+
+def json_grammar(schema: Mapping[str, Any] | None = None) -> str:
+    """A Lark grammar for one JSON value under ``schema`` (``None``: any JSON object)."""
+    body = {"x-guidance": _LAYOUT, **(dict(schema) if schema is not None else {"type": "object"})}
+    return f"start: %json {json.dumps(body, ensure_ascii=False)}\n"
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One call found in an output: its parts as character ranges of the output."""
+
+    name: str
+    arguments: dict[str, Any]
+    #: The exact text of the arguments object, as the model wrote it.
+    arguments_text: str
+    #: ``output[start:end]`` is the call's JSON object.
+    start: int
+    end: int
+    #: The function name inside its quotes.
+    name_segment: Segment
+    #: The arguments' leaf values (paths relative to ``arguments``: ``"city"``, ``"dims[0]"``).
+    argument_segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True)
+class ParsedOutput:
+    """An output split into text and calls (``calls`` empty: a plain answer)."""
+
+    content: str
+    calls: tuple[ParsedCall, ...] = field(default_factory=tuple)
+    #: Why a block that looked like a call is not one (``None``: nothing was dropped).
+    error: str | None = None
+
+
+def _parse_block(text: str, start: int, end: int, names: Sequence[str]) -> ParsedCall:
+    body = text[start:end]
+    lead = len(body) - len(body.lstrip())
+    body = body.strip()
+    start += lead
+    end = start + len(body)
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"a tool call is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict) or set(obj) != {"name", "arguments"}:
+        raise ValueError('a tool call must be an object with exactly "name" and "arguments"')
+    name, args = obj["name"], obj["arguments"]
+    if not isinstance(name, str) or name not in names:
+        raise ValueError(f"a tool call names no known function: {name!r}")
+    if not isinstance(args, dict):
+        raise ValueError(f"the arguments of {name} are not a JSON object")
+    segs = json_segments(body)
+    name_seg = next(s for s in segs if s.path == "$.name")
+    arg_segs = tuple(
+        Segment(start + s.start, start + s.end, s.path[len("$.arguments") :].lstrip("."))
+        for s in segs
+        if s.path.startswith(("$.arguments.", "$.arguments["))
+    )
+    # the arguments object's own text: from the value after "arguments": to its closing brace
+    m = re.search(r'"arguments"\s*:\s*', body)
+    assert m is not None  # json.loads saw the key
+    _, stop = json.JSONDecoder().raw_decode(body, m.end())
+    return ParsedCall(
+        name=name,
+        arguments=args,
+        arguments_text=body[m.end() : stop],
+        start=start,
+        end=end,
+        name_segment=Segment(start + name_seg.start, start + name_seg.end, "name"),
+        argument_segments=arg_segs,
+    )
+
+
+def parse_output(text: str, names: Sequence[str]) -> ParsedOutput:
+    """The calls in ``text`` (the documented format), strictly: every ``<tool_call>`` block must be
+    one JSON object ``{"name": known, "arguments": {...}}``, or the output is a plain answer and
+    ``error`` says why. Text outside the blocks is the ``content``.
+    """
+    blocks = list(_BLOCK.finditer(text))
+    if not blocks:
+        if CALL_OPEN in text:
+            return ParsedOutput(text, (), f"a {CALL_OPEN} block is not closed by {CALL_CLOSE}")
+        return ParsedOutput(text)
+    calls = []
+    try:
+        for m in blocks:
+            calls.append(_parse_block(text, m.start(1), m.end(1), names))
+    except ValueError as exc:
+        return ParsedOutput(text, (), str(exc))
+    content = _BLOCK.sub("", text)
+    error = None
+    if CALL_OPEN in content:  # a block cut off (max_tokens) or left open: not a call, not text
+        content = content[: content.index(CALL_OPEN)]
+        error = f"a {CALL_OPEN} block is not closed by {CALL_CLOSE} (dropped)"
+    return ParsedOutput(content.strip(), tuple(calls), error)
+
+
+def _nll(lps: Sequence[float], ks: Sequence[int]) -> float:
+    return 0.0 - math.fsum(lps[k] for k in ks)
+
+
+def call_report(
+    tokens: Sequence[str],
+    token_logprobs: Sequence[float],
+    text: str,
+    calls: Sequence[ParsedCall],
+    *,
+    constrained_logprobs: Sequence[float] | None = None,
+) -> list[dict[str, Any]]:
+    """Per call: its G-NLL, its function name's NLL, each argument value's NLL over that value's
+    tokens only, and the indices of the tokens each part scored (see the module's partition).
+
+    ``constrained_logprobs``: the same tokens' log-probs renormalised over the tokens a grammar
+    allowed (constrained decoding); each part then also has its ``constrained_nll``. The other
+    NLLs are always the model's raw distribution's.
+    """
+    if len(tokens) != len(token_logprobs):
+        raise ValueError(f"{len(tokens)} tokens but {len(token_logprobs)} log-probs")
+    regions = [Segment(c.start, c.end, str(i)) for i, c in enumerate(calls)]
+    in_call, _ = assign_tokens(tokens, text, regions)
+    fine: list[Segment] = []
+    for c in calls:
+        fine.append(c.name_segment)
+        fine.extend(c.argument_segments)
+    part, crossing = assign_tokens(tokens, text, fine)
+    lps = list(token_logprobs)
+    clps = list(constrained_logprobs) if constrained_logprobs is not None else None
+    out: list[dict[str, Any]] = []
+    base = 0
+    for i, c in enumerate(calls):
+        own = [k for k, n in enumerate(in_call) if n == i]
+        segs = [c.name_segment, *c.argument_segments]
+        members = [[k for k in own if part[k] == base + j] for j in range(len(segs))]
+        base += len(segs)
+        used = {k for ks in members for k in ks}
+        structure = [k for k in own if k not in used]
+
+        def piece(ks: list[int], seg: Segment | None = None) -> dict[str, Any]:
+            d: dict[str, Any] = {"nll": _nll(lps, ks), "num_tokens": len(ks), "token_indices": ks}
+            if seg is not None:
+                d = {"path": seg.path, "text": text[seg.start : seg.end], **d}
+                d["straddling"] = sum(crossing[k] for k in ks)
+            if clps is not None:
+                d["constrained_nll"] = _nll(clps, ks)
+            return d
+
+        args = [piece(ks, s) for s, ks in zip(c.argument_segments, members[1:], strict=True)]
+        top = max(args, key=lambda a: a["nll"], default=None)
+        rec = {
+            "index": i,
+            "name": c.name,
+            "g_nll": _nll(lps, own),
+            "num_tokens": len(own),
+            "token_indices": own,
+            "name_nll": piece(members[0])["nll"],
+            "name_tokens": members[0],
+            "arguments": args,
+            "structure_nll": _nll(lps, structure),
+            "structure_tokens": structure,
+            "least_certain_argument": top["path"] if top is not None else None,
+            "max_argument_nll": top["nll"] if top is not None else None,
+        }
+        if clps is not None:
+            rec["constrained_g_nll"] = _nll(clps, own)
+            rec["constrained_name_nll"] = _nll(clps, members[0])
+        out.append(rec)
+    return out

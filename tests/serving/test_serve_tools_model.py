@@ -1,0 +1,243 @@
+"""Tool calls and structured outputs of in-process ``gnll serve`` on the real SmolLM2, through the
+official openai SDK: the calls, their per-argument NLLs against a teacher-forced score of the same
+output, streams, and the gate that withholds a call without leaking it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt
+from gnll.policy import AbstentionPolicy
+from gnll.serving import ServeSettings, build_inprocess_app
+from gnll.serving.server import ServerThread
+from gnll.toolcalls import call_grammar, tool_system_prompt
+
+pytestmark = pytest.mark.model
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Compute a op b",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer"},
+                    "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
+                    "b": {"type": "integer"},
+                },
+                "required": ["a", "op", "b"],
+            },
+        },
+    },
+]
+QUESTION = "What is the weather in Paris?"
+KW = {"temperature": 0, "max_tokens": 64, "parallel_tool_calls": False}
+
+
+def _serve(model, **settings):
+    srv = ServerThread(build_inprocess_app(model, ServeSettings(**settings)))
+    srv.__enter__()
+    srv.client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    return srv
+
+
+@pytest.fixture(scope="module")
+def served(smollm):
+    srv = _serve(smollm)
+    yield srv
+    srv.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def required(served, smollm):
+    return served.client.chat.completions.create(
+        model=smollm.name,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=TOOLS,
+        tool_choice="required",
+        logprobs=True,
+        **KW,
+    )
+
+
+def test_required_call_comes_back_as_openai_tool_calls(required):
+    choice = required.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.type == "function" and call.function.name in ("get_weather", "calculator")
+    args = json.loads(call.function.arguments)
+    rec = choice.uncertainty["tool_calls"][0]
+    assert rec["id"] == call.id and rec["name"] == call.function.name
+    assert {a["path"] for a in rec["arguments"]} == set(args)
+
+
+def test_per_call_and_per_argument_nlls_equal_a_teacher_forced_score(required, smollm):
+    """The output's tokens scored teacher-forced after the same prompt: the call's G-NLL, the name's
+    and each argument value's NLL, summed over the token indices the record names, agree."""
+    choice = required.choices[0]
+    u = choice.uncertainty
+    prompt = ChatPrompt.of(
+        [
+            {"role": "system", "content": tool_system_prompt(TOOLS)},
+            {"role": "user", "content": QUESTION},
+        ]
+    )
+    text = "".join(u["tokens"])
+    [ref] = smollm.score([prompt], [text])
+    if list(ref.tokens) == u["tokens"]:  # `gnll score` of the output text tokenises it alike
+        lps = np.asarray(ref.token_logprobs)
+    else:  # a grammar may choose a non-canonical tokenisation: score those very tokens
+        grammar = call_grammar([t["function"] for t in TOOLS])
+        gen = smollm.generate_constrained(prompt, grammar, max_new_tokens=KW["max_tokens"])
+        assert gen.tokens == u["tokens"]
+        lps = smollm.score_tokens([prompt], [gen.token_ids])[0]
+    assert len(lps) == len(u["token_logprobs"])
+    rec = u["tool_calls"][0]
+
+    def nll(ks):
+        return -float(np.sum(lps[ks])) if ks else 0.0
+
+    assert rec["g_nll"] == pytest.approx(nll(rec["token_indices"]), abs=BATCH_INVARIANCE_ATOL)
+    assert rec["name_nll"] == pytest.approx(nll(rec["name_tokens"]), abs=BATCH_INVARIANCE_ATOL)
+    for a in rec["arguments"]:
+        assert a["nll"] == pytest.approx(nll(a["token_indices"]), abs=BATCH_INVARIANCE_ATOL)
+    # the parts partition the call
+    parts = rec["name_tokens"] + rec["structure_tokens"]
+    parts += [k for a in rec["arguments"] for k in a["token_indices"]]
+    assert sorted(parts) == rec["token_indices"]
+    # the argument's tokens spell its value
+    for a in rec["arguments"]:
+        assert a["text"] in "".join(u["tokens"][k] for k in a["token_indices"])
+    assert u["g_nll"] == pytest.approx(-float(np.sum(lps)), abs=BATCH_INVARIANCE_ATOL)
+
+
+def test_stream_spells_the_same_call(served, smollm, required):
+    stream = served.client.chat.completions.create(
+        model=smollm.name,
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=TOOLS,
+        tool_choice="required",
+        stream=True,
+        **KW,
+    )
+    name, args, finish, unc = None, "", None, None
+    for ev in stream:
+        for c in ev.choices:
+            for tc in c.delta.tool_calls or []:
+                name = name or tc.function.name
+                args += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+            unc = getattr(c, "uncertainty", None) or unc
+    [call] = required.choices[0].message.tool_calls
+    assert (name, args, finish) == (call.function.name, call.function.arguments, "tool_calls")
+    assert unc["tool_calls"][0]["g_nll"] == pytest.approx(
+        required.choices[0].uncertainty["tool_calls"][0]["g_nll"], abs=BATCH_INVARIANCE_ATOL
+    )
+
+
+def test_named_tool_choice_calls_that_function(served, smollm):
+    r = served.client.chat.completions.create(
+        model=smollm.name,
+        messages=[{"role": "user", "content": "What is 17 times 23?"}],
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+        **KW,
+    )
+    [call] = r.choices[0].message.tool_calls
+    assert call.function.name == "calculator"
+    assert set(json.loads(call.function.arguments)) == {"a", "op", "b"}
+
+
+def test_json_schema_answer_reports_raw_and_constrained_nlls(served, smollm):
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string"}},
+        "required": ["capital"],
+    }
+    r = served.client.chat.completions.create(
+        model=smollm.name,
+        messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        **KW,
+    )
+    choice = r.choices[0]
+    value = json.loads(choice.message.content)
+    assert set(value) == {"capital"}
+    s = choice.uncertainty["structured"]
+    assert s["logprobs"] == "raw" and s["type"] == "json_schema"
+    [field] = s["fields"]
+    assert field["path"] == "$.capital"
+    # renormalising over the allowed tokens can only raise a token's probability
+    assert 0.0 <= field["constrained_nll"] <= field["nll"] + BATCH_INVARIANCE_ATOL
+    assert s["constrained_g_nll"] <= choice.uncertainty["g_nll"] + BATCH_INVARIANCE_ATOL
+
+
+@pytest.fixture(scope="module")
+def gated(smollm):
+    """Two gates: every call's G-NLL is above threshold 0; and a threshold no call reaches, with an
+    argument threshold every value's NLL is above."""
+    a = _serve(smollm, policy=AbstentionPolicy(mode="refuse", threshold=0.0))
+    b = _serve(
+        smollm,
+        policy=AbstentionPolicy(mode="refuse", threshold=1e6),
+        tool_argument_threshold=-1.0,
+    )
+    yield a, b
+    a.__exit__(None, None, None)
+    b.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_withheld_call_leaks_no_byte(gated, required, smollm, which, stream):
+    srv = gated[which]
+    [call] = required.choices[0].message.tool_calls
+    body = {
+        "model": smollm.name,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "stream": stream,
+        "logprobs": True,
+        **KW,
+    }
+    raw = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300).text
+    assert call.function.arguments not in raw  # the arguments never reach the client
+    assert '"tool_calls": [{"id"' not in raw and '"tool_calls":[{"id"' not in raw
+    assert '"arguments": "' not in raw and "token_logprobs" not in raw
+    events = (
+        [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: {")]
+        if stream
+        else [json.loads(raw)]
+    )
+    last = events[-1]["choices"][0]
+    rec = last["uncertainty"]
+    assert rec["refused"] is True and rec["tool_calls"][0]["withheld"] is True
+    assert all("text" not in a for a in rec["tool_calls"][0]["arguments"])
+    if which == 1:
+        assert rec["tool_calls"][0]["arguments_over_threshold"]
+    text = (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        if stream
+        else last["message"]["content"]
+    )
+    assert "withheld" in text and call.function.name in text
