@@ -48,3 +48,49 @@ def test_greedy_answers_are_finite_and_their_nll_is_the_sum(served):
     assert again.tokens == first.tokens
     pairs = zip(again.token_logprobs, first.token_logprobs, strict=True)
     assert max(abs(a - b) for a, b in pairs) <= BATCH_INVARIANCE_ATOL
+
+
+def test_gnll_doctor_passes_every_check(served):
+    from gnll.backends.openai.doctor import diagnose
+
+    checks = {c.name: c for c in diagnose(served, requests=4, concurrency=2)}
+    verdicts = {name: c.verdict for name, c in checks.items()}
+    assert {v for v in verdicts.values()} <= {"pass", "info"}, verdicts
+    for name in (
+        "reachable", "log-probs returned", "greedy decoding", "server defaults", "log-probs raw",
+        "teacher-forced match", "terminator reported", "chat template", "deterministic",
+        "concurrent streams",
+    ):  # fmt: skip
+        assert verdicts[name] == "pass", checks[name]
+    assert "vllm server" in checks["reachable"].detail
+
+
+def test_gnll_doctor_names_a_server_started_with_processed_logprobs(vllm_processed_server):
+    """``--logprobs-mode processed_logprobs`` (what TRL and open-instruct tell users to run): the
+    raw check fails, recognises the tempered log-probs (at temperature 2 the gaps between
+    alternatives halve) and names the flag and its fix; everything else about the server passes."""
+    from typer.testing import CliRunner
+
+    from gnll.backends.openai.doctor import diagnose
+    from gnll.cli.main import app
+
+    model = load_model(
+        vllm_processed_server.model, backend="openai", base_url=vllm_processed_server.base_url
+    )
+    checks = {c.name: c for c in diagnose(model, requests=2, concurrency=2)}
+    raw = checks["log-probs raw"]
+    assert raw.verdict == "fail", raw
+    assert "shrink to 0.50 of the greedy ones" in raw.detail, raw.detail
+    assert "--logprobs-mode processed_logprobs" in raw.detail
+    assert "restart vLLM without --logprobs-mode processed_logprobs" in raw.fix
+    assert "--logprobs-mode raw_logprobs" in raw.fix
+    failed = [name for name, c in checks.items() if c.verdict == "fail"]
+    assert failed == ["log-probs raw"], checks
+    # the command says so too, and exits 1
+    result = CliRunner().invoke(
+        app,
+        ["doctor", "--base_url", vllm_processed_server.base_url, "--requests", "2"],
+        env={"COLUMNS": "400"},
+    )
+    assert result.exit_code == 1, result.output
+    assert "processed_logprobs" in result.output
