@@ -254,6 +254,53 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
 
+async def _handled(
+    service: Service, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+) -> Reply:
+    """The service's reply, its errors as HTTP errors."""
+    try:
+        return await service.handle(req, settings)
+    except RequestError as exc:
+        raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
+    except LogprobError as exc:
+        raise HTTPError(502 if service.mode == "proxy" else 500, str(exc), "server_error") from None
+    except EngineStopped as exc:
+        raise HTTPError(503, str(exc), "server_error") from None
+
+
+def _request_of(
+    raw: dict[str, Any],
+    model_cls: type[CompletionRequest] | type[ChatCompletionRequest],
+    api: TranslatedAPI[Any] | None,
+    service: Service,
+    settings: ServeSettings,
+) -> tuple[CompletionRequest | ChatCompletionRequest, Any]:
+    """The typed request of a body (and a translated API's own request), or a 400."""
+    asked: Any = None
+    try:
+        if api is not None:  # asked as chat completions, answered in the API's own shape
+            asked = api.parse(raw)
+            raw = api.chat_body(asked)
+        # tools and response_format JSON: native chat completions to an in-process model
+        check_free_text(raw, tools=api is None and getattr(service, "serves_tools", False))
+        req = model_cls.model_validate(raw)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise HTTPError(400, message, "invalid_request_error", param) from None
+    except RequestError as exc:
+        raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
+    if not req.greedy and not settings.policy.takes_sampled:
+        # G-NLL (and the policy's decision) exists for the greedy answer only.
+        raise HTTPError(
+            400,
+            "temperature > 0 is not served under --policy refuse: the policy decides on the "
+            "greedy answer's G-NLL",
+            "invalid_request_error",
+            "temperature",
+        )
+    return req, asked
+
+
 def create_app(
     service: Service,
     settings: ServeSettings | None = None,
@@ -298,38 +345,8 @@ def create_app(
         api: TranslatedAPI[Any] | None = None,
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
-        asked: Any = None
-        try:
-            if api is not None:  # asked as chat completions, answered in the API's own shape
-                asked = api.parse(raw)
-                raw = api.chat_body(asked)
-            # tools and response_format JSON: native chat completions to an in-process model
-            check_free_text(raw, tools=api is None and getattr(service, "serves_tools", False))
-            req = model_cls.model_validate(raw)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            raise HTTPError(400, message, "invalid_request_error", param) from None
-        except RequestError as exc:
-            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
-        if not req.greedy and not settings.policy.takes_sampled:
-            # G-NLL (and the policy's decision) exists for the greedy answer only.
-            raise HTTPError(
-                400,
-                "temperature > 0 is not served under --policy refuse: the policy decides on the "
-                "greedy answer's G-NLL",
-                "invalid_request_error",
-                "temperature",
-            )
-        try:
-            reply: Reply = await service.handle(req, settings)
-        except RequestError as exc:
-            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
-        except LogprobError as exc:
-            raise HTTPError(
-                502 if service.mode == "proxy" else 500, str(exc), "server_error"
-            ) from None
-        except EngineStopped as exc:
-            raise HTTPError(503, str(exc), "server_error") from None
+        req, asked = _request_of(raw, model_cls, api, service, settings)
+        reply = await _handled(service, req, settings)
         info = request.state.log
         info.update(model=service.model_name, stream=req.stream, api=api_name(request.url.path))
         if settings.log_prompts:
