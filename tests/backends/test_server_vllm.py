@@ -94,3 +94,40 @@ def test_gnll_doctor_names_a_server_started_with_processed_logprobs(vllm_process
     )
     assert result.exit_code == 1, result.output
     assert "processed_logprobs" in result.output
+
+
+@pytest.mark.model
+def test_gnll_score_through_vllm_equals_the_hf_backend(vllm_server, tmp_path):
+    """``gnll score`` (teacher-forced NLL of given answers: vLLM's /tokenize + echo on token ids)
+    through the real server and in-process: the same NLL within the documented tolerance per
+    token, the same greedy verdicts."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    rows = [
+        {"question": "What is the capital of France?", "answer": "Paris"},
+        {"question": "What is the capital of France?", "answer": "The capital of France is Paris."},
+        {"question": "What is the capital of France?", "answer": "Lyon, I think."},
+        {"question": "Who wrote Hamlet?", "answer": "William Shakespeare"},
+        {"question": "How many legs does a spider have?", "answer": "Eight."},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = {}
+    for name, extra in (
+        ("vllm", ["--model_args", f"backend=openai,base_url={vllm_server.base_url}"]),
+        ("hf", []),
+    ):
+        dst = tmp_path / f"{name}.jsonl"
+        result = CliRunner().invoke(app, ["score", "-i", str(src), "-o", str(dst), *extra])
+        assert result.exit_code == 0, result.output
+        out[name] = [json.loads(line) for line in dst.read_text().split("\n") if line]
+    for v, h in zip(out["vllm"], out["hf"], strict=True):
+        assert not v.get("error") and not h.get("error"), (v, h)
+        assert v["num_tokens"] == h["num_tokens"] > 0
+        assert v["nll"] == pytest.approx(h["nll"], abs=h["num_tokens"] * BATCH_INVARIANCE_ATOL)
+        assert v["is_greedy"] == h["is_greedy"]
+    assert {r["is_greedy"] for r in out["hf"]} == {True, False}  # both kinds of answer
