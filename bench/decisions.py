@@ -44,7 +44,7 @@ import common
 import numpy as np
 
 MODELS = ("smollm2-135m-instruct", "gemma-3-270m")
-ALPHAS = (0.2, 0.3, 0.4, 0.5)
+ALPHAS = (0.5, 0.6, 0.7, 0.75)
 DELTA = 0.1
 SPLITS = 200
 INSTRUCTIONS = "Which option answers the question correctly?"

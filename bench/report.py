@@ -41,6 +41,7 @@ ORDER = [
     "early_decisions",
     "early_proxy_escalate",
     "early_inprocess_escalate",
+    "decisions",
 ]
 TITLES = {
     "overhead": "1. Overhead of scoring (greedy, gnll vs plain `model.generate`)",
@@ -66,6 +67,8 @@ TITLES = {
     "end of the answer (issue 37)",
     "early_proxy_escalate": "Proxy-mode escalation (llama.cpp SmolLM2 -> llama.cpp Gemma-3-270M): "
     "the client's time to the first escalated token, early vs at the end of the answer (issue 37)",
+    "decisions": "Decisions: exact option probabilities vs first-token ones, calibration and the "
+    "guarantee (issue 48)",
     "early_inprocess_escalate": "In-process cascade (gnll serve --model SmolLM2 -> llama.cpp "
     "Gemma-3-270M) at the calibrated threshold: the client's time to the first escalated token, "
     "early vs at the end of the answer (issue 37)",
@@ -533,6 +536,36 @@ def _proxy_escalate_reading(s: dict[str, Any]) -> list[str]:
     ]
 
 
+def decisions(r: dict[str, Any]) -> list[str]:
+    s = r["summary"]
+    per_model = ", ".join(
+        f"{m['model']} {m['questions']} of {m.get('questions_asked', m['questions'])}"
+        for m in r["models"]
+    )
+    out = [
+        f"{s['n']} four-option questions generated from the embedded TriviaQA and SVAMP samples "
+        f"(gold answer + three other questions' answers, seed {s['seed']}); questions decided: "
+        f"{per_model}. One `gnll.decide` call per question gives both methods (same forward pass): "
+        "**exact** (every token of every option) and **first-token** (each option's first token "
+        "only). AUROC/ECE of the chosen option's probability as P(correct); *calibrated*: "
+        "isotonic/Platt on -log p, held-out by 5-fold CV. Violations: share of "
+        f"{s['splits']} random 50/50 calibration/test splits on which the Learn-then-Test threshold "
+        f"(accuracy >= 1 - a w.p. >= 1 - {s['delta']}) had test accuracy among answered below 1 - a "
+        "(must be <= delta); coverage: mean share of test questions answered.",
+        "",
+        common.table(r["table"]),
+        "",
+        "Time per decision (all four options, one call) vs one greedy answer to the same question "
+        "(instruction prompt, up to 32 tokens), interleaved, on every tenth question; the share of "
+        "questions with a multi-token option, and with two options that share their first token "
+        "(the first-token method cannot tell those apart):",
+        "",
+        common.table(r["timing"]),
+        "",
+    ]
+    return out
+
+
 def stop_split(r: dict[str, Any]) -> list[str]:
     longest = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in r["summary"].items())
     return [
@@ -623,6 +656,7 @@ RENDER = {
     "early_decisions": early_decisions,
     "early_proxy_escalate": early_proxy_escalate,
     "early_inprocess_escalate": early_inprocess_escalate,
+    "decisions": decisions,
 }
 
 

@@ -95,9 +95,14 @@ def summary(args: argparse.Namespace) -> None:
 
     result = json.loads(Path(args.result).read_text())
     correct = dict(zip(map(str, result["ids"]), result["correct"], strict=True))
-    for path in args.summary.split(","):
-        rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line]
-        ids = [r["id"] for r in rows]
+    runs = {
+        path: {r["id"]: r for r in map(json.loads, Path(path).read_text().splitlines())}
+        for path in args.summary.split(",")
+    }
+    common = set.intersection(*(set(r) for r in runs.values()))
+    ids = [str(i) for i in result["ids"] if str(i) in common]  # the questions every file has
+    for path, by_id in runs.items():
+        rows = [by_id[i] for i in ids]
         y = [correct[i] for i in ids]
         curve = {}
         for w in rows[0]["nll"]:
@@ -108,6 +113,17 @@ def summary(args: argparse.Namespace) -> None:
             f"{int(sum(y))} correct; AUROC (SE) per width: {curve}"
         )
     print(f"committed (length_penalty 0, all {result['n']}):", result["auroc"]["beam search"])
+    if len(runs) == 2:  # per question: where the two searches' most likely beams differ
+        a, b = (list(r.values()) for r in runs.values())
+        first, second = ({r["id"]: r for r in x} for x in (a, b))
+        for w in a[0]["nll"]:
+            d = [first[i]["nll"][w] - second[i]["nll"][w] for i in ids]
+            # 1e-3: above the two decoding paths' float noise (1e-4 per token, documented)
+            higher = sum(x > 1e-3 for x in d)
+            lower = sum(x < -1e-3 for x in d)
+            print(
+                f"width {w}: NLL higher in the first file on {higher}, lower on {lower} of {len(d)}"
+            )
 
 
 def main() -> None:

@@ -24,8 +24,9 @@ strings, so only EOS ends an answer). Its greedy decoding masks EOS in steps 1-2
 (``min_new_tokens=2``), so where gnll's unmasked greedy answer ends with EOS at step 1 or 2 the
 two tools generate different answers: ``tests/evaluation/test_polygraph_parity.py`` checks
 ``g-nll+eos`` on the answers that agree and counts those that do not. ``--defaults --multiturn``
-gives the few-shot examples as user/assistant turns (``polygraph_msp_multiturn.json``): the answers
-are then short, and EOS often ends them at step 2.
+gives the few-shot examples as user/assistant turns (``polygraph_msp_multiturn.json``);
+``--defaults --prompt TEXT`` (repeatable) records prompts of one's own (``polygraph_msp_prompts.json``),
+e.g. yes/no questions whose unmasked greedy answer is one token and EOS.
 """
 
 from __future__ import annotations
@@ -48,11 +49,18 @@ def main() -> None:
     ap.add_argument(
         "--multiturn", action="store_true", help="with --defaults: few-shot examples as chat turns"
     )
+    ap.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="with --defaults: record these prompts (quality 0) instead of TriviaQA's",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.out is None:
         name = "polygraph_msp_defaults.json" if args.defaults else "polygraph_msp.json"
         name = name.replace("defaults", "multiturn") if args.multiturn else name
+        name = name.replace("defaults", "prompts") if args.prompt else name
         args.out = f"tests/evaluation/data/{name}"
 
     from lm_polygraph.estimators import MaximumSequenceProbability
@@ -88,17 +96,20 @@ def main() -> None:
     # Attentions are not needed for MSP (and sdpa attention does not return them).
     calc = GreedyProbsCalculator(output_attentions=False)
     rows = []
-    for e in examples:
-        prompt = str(td.prompt(e))  # plain text: with instruct=True, one user turn
+    items = [(str(e.id), td.prompt(e), e) for e in examples]
+    if args.prompt:  # prompts of one's own, e.g. ones whose greedy answer ends with EOS at step 2
+        items = [(f"p{i}", p, None) for i, p in enumerate(args.prompt)]
+    for qid, full, e in items:
+        prompt = str(full)  # plain text: with instruct=True, one user turn
         # --multiturn: the few-shot examples as user/assistant turns, as gnll's ChatPrompt
-        chat = chat_messages(td.prompt(e)) if args.multiturn else prompt
+        chat = chat_messages(full) if args.multiturn else prompt
         stats = calc({}, [chat], wm, max_new_tokens=max_new)  # one prompt: no padding
         text = stats["greedy_texts"][0]
         msp = float(MaximumSequenceProbability()(stats)[0])
-        verdict = f1_verdict(text, e.answers, e.numeric_answer)
+        correct = e is not None and f1_verdict(text, e.answers, e.numeric_answer).correct
         rows.append(
             {
-                "id": str(e.id),
+                "id": qid,
                 "prompt": prompt,
                 **({"messages": chat} if args.multiturn else {}),
                 "input_tokens": [int(t) for t in stats["input_tokens"][0]],
@@ -106,7 +117,7 @@ def main() -> None:
                 "greedy_tokens": [int(t) for t in stats["greedy_tokens"][0]],
                 "greedy_log_likelihoods": [float(x) for x in stats["greedy_log_likelihoods"][0]],
                 "msp": msp,
-                "quality": float(bool(verdict.correct)),
+                "quality": float(bool(correct)),
             }
         )
     ue = np.array([r["msp"] for r in rows])

@@ -197,6 +197,17 @@ def vllm_server(request, tmp_path_factory):
     return shared_server(_vllm_root(request.config))
 
 
+@pytest.fixture(scope="session")
+def vllm_processed_server(request, tmp_path_factory):
+    """A second vLLM server, started with ``--logprobs-mode processed_logprobs`` (what RL stacks
+    run): log-probs after temperature and the other sampling processors."""
+    from vllm_helpers import shared_server
+
+    tmp_path_factory.getbasetemp()
+    root = _vllm_root(request.config)
+    return shared_server(root, "processed_logprobs", logprobs_mode="processed_logprobs")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput") or os.environ.get("GNLL_TEST_VLLM_ROOT"):
         return  # a worker: the controller stops the shared servers once every worker is done

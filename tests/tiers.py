@@ -54,7 +54,7 @@ WEIGHT_FIXTURES = frozenset(
     }
 )
 # Session fixtures that start (or share) a real vLLM server: requesting one needs the vllm marker.
-VLLM_FIXTURES = frozenset({"vllm_server"})
+VLLM_FIXTURES = frozenset({"vllm_server", "vllm_processed_server"})
 # Programs whose start costs seconds (an interpreter with torch, a server, a browser).
 HEAVY_PROGRAMS = ("python", "gnll", "llama", "node", "chrom", "playwright", "uvicorn")
 

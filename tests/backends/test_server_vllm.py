@@ -48,3 +48,86 @@ def test_greedy_answers_are_finite_and_their_nll_is_the_sum(served):
     assert again.tokens == first.tokens
     pairs = zip(again.token_logprobs, first.token_logprobs, strict=True)
     assert max(abs(a - b) for a, b in pairs) <= BATCH_INVARIANCE_ATOL
+
+
+def test_gnll_doctor_passes_every_check(served):
+    from gnll.backends.openai.doctor import diagnose
+
+    checks = {c.name: c for c in diagnose(served, requests=4, concurrency=2)}
+    verdicts = {name: c.verdict for name, c in checks.items()}
+    assert {v for v in verdicts.values()} <= {"pass", "info"}, verdicts
+    for name in (
+        "reachable", "log-probs returned", "greedy decoding", "server defaults", "log-probs raw",
+        "teacher-forced match", "terminator reported", "chat template", "deterministic",
+        "concurrent streams",
+    ):  # fmt: skip
+        assert verdicts[name] == "pass", checks[name]
+    assert "vllm server" in checks["reachable"].detail
+
+
+def test_gnll_doctor_names_a_server_started_with_processed_logprobs(vllm_processed_server):
+    """``--logprobs-mode processed_logprobs`` (what TRL and open-instruct tell users to run): the
+    raw check fails, recognises the tempered log-probs (at temperature 2 the gaps between
+    alternatives halve) and names the flag and its fix; everything else about the server passes."""
+    from typer.testing import CliRunner
+
+    from gnll.backends.openai.doctor import diagnose
+    from gnll.cli.main import app
+
+    model = load_model(
+        vllm_processed_server.model, backend="openai", base_url=vllm_processed_server.base_url
+    )
+    checks = {c.name: c for c in diagnose(model, requests=2, concurrency=2)}
+    raw = checks["log-probs raw"]
+    assert raw.verdict == "fail", raw
+    assert "shrink to 0.50 of the greedy ones" in raw.detail, raw.detail
+    assert "--logprobs-mode processed_logprobs" in raw.detail
+    assert "restart vLLM without --logprobs-mode processed_logprobs" in raw.fix
+    assert "--logprobs-mode raw_logprobs" in raw.fix
+    failed = [name for name, c in checks.items() if c.verdict == "fail"]
+    assert failed == ["log-probs raw"], checks
+    # the command says so too, and exits 1
+    result = CliRunner().invoke(
+        app,
+        ["doctor", "--base_url", vllm_processed_server.base_url, "--requests", "2"],
+        env={"COLUMNS": "400"},
+    )
+    assert result.exit_code == 1, result.output
+    assert "processed_logprobs" in result.output
+
+
+@pytest.mark.model
+def test_gnll_score_through_vllm_equals_the_hf_backend(vllm_server, tmp_path):
+    """``gnll score`` (teacher-forced NLL of given answers: vLLM's /tokenize + echo on token ids)
+    through the real server and in-process: the same NLL within the documented tolerance per
+    token, the same greedy verdicts."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from gnll.cli.main import app
+
+    rows = [
+        {"question": "What is the capital of France?", "answer": "Paris"},
+        {"question": "What is the capital of France?", "answer": "The capital of France is Paris."},
+        {"question": "What is the capital of France?", "answer": "Lyon, I think."},
+        {"question": "Who wrote Hamlet?", "answer": "William Shakespeare"},
+        {"question": "How many legs does a spider have?", "answer": "Eight."},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = {}
+    for name, extra in (
+        ("vllm", ["--model_args", f"backend=openai,base_url={vllm_server.base_url}"]),
+        ("hf", []),
+    ):
+        dst = tmp_path / f"{name}.jsonl"
+        result = CliRunner().invoke(app, ["score", "-i", str(src), "-o", str(dst), *extra])
+        assert result.exit_code == 0, result.output
+        out[name] = [json.loads(line) for line in dst.read_text().split("\n") if line]
+    for v, h in zip(out["vllm"], out["hf"], strict=True):
+        assert not v.get("error") and not h.get("error"), (v, h)
+        assert v["num_tokens"] == h["num_tokens"] > 0
+        assert v["nll"] == pytest.approx(h["nll"], abs=h["num_tokens"] * BATCH_INVARIANCE_ATOL)
+        assert v["is_greedy"] == h["is_greedy"]
+    assert {r["is_greedy"] for r in out["hf"]} == {True, False}  # both kinds of answer

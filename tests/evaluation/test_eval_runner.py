@@ -299,7 +299,7 @@ def test_resume_after_kill_gives_identical_results(data_dir, tmp_path):
 def test_config_validation():
     with pytest.raises(ValueError, match="unknown measure"):
         EvalConfig(model="m", tasks=["svamp_short"], output_path="x", measures=["entropy"])
-    with pytest.raises(ValueError, match="needs a judge"):
+    with pytest.raises(ValueError, match="judge is needed by correctness metric"):
         EvalConfig(model="m", tasks=["svamp_short"], output_path="x", correctness=["judge"])
     c = EvalConfig(
         model="m", tasks=["svamp_short"], output_path="x", measures=["g-nll", "bs-msp"], beams=0

@@ -168,5 +168,5 @@ def test_reference_beam_judges_the_top_beam_and_scores_it(data_dir, tmp_path):
     assert differ > 0  # the test means something: the top beam is not the greedy answer
     table = (tmp_path / "b" / "table.md").read_text()
     assert "Reference answer: the most likely of the K beams" in table
-    with pytest.raises(ValueError, match="--reference beam needs"):
+    with pytest.raises(ValueError, match="reference beam needs beams"):
         cfg(data_dir, tmp_path / "x", reference="beam", beams=0)

@@ -83,10 +83,16 @@ def test_gnll_greedy_answers_give_lm_polygraphs_msp():
 # LM-Polygraph's own defaults (``scripts/polygraph_fixture.sh --defaults``): the chat template
 # (``WhiteboxModel(instruct=True)``), no stop strings (only EOS ends an answer), the same 40 prompts
 # each as one user turn; its answers are sentences (all 40 qualities are 0, F1 <= 0.5), so only the
-# MSP is compared. ``--defaults --multiturn``: the few-shot examples as chat turns, so the answers
-# are short and EOS is often the greedy token at step 2, where LM-Polygraph answers otherwise.
+# MSP is compared. ``--defaults --multiturn``: the few-shot examples as chat turns (16 questions).
+# Neither has an answer with EOS greedy at step 1 or 2 (SmolLM2's shortest are 4 tokens), so
+# ``--defaults --prompt ...`` records four prompts of one's own, two of which gnll answers "no"
+# and EOS: the case where LM-Polygraph, masking EOS, generates another answer.
 DATA = Path(__file__).parent / "data"
-UNDER_DEFAULTS = ["polygraph_msp_defaults.json"]
+UNDER_DEFAULTS = [
+    "polygraph_msp_defaults.json",
+    "polygraph_msp_multiturn.json",
+    "polygraph_msp_prompts.json",
+]
 
 
 @pytest.mark.parametrize("name", UNDER_DEFAULTS)
@@ -150,5 +156,5 @@ def test_g_nll_eos_is_lm_polygraphs_msp_under_its_defaults_where_the_answers_agr
     )
     assert agree + early == len(rows) and agree >= len(rows) / 4
     assert worst < BATCH_INVARIANCE_ATOL, worst
-    if "multiturn" in name:
-        assert early > 0  # the case LM-Polygraph answers otherwise occurs, and is counted
+    if "prompts" in name:  # two yes/no prompts: gnll answers "no" and EOS (step 2)
+        assert early == 2  # LM-Polygraph, which cannot stop there, answers "no, the sky is ..."

@@ -80,8 +80,8 @@ def test_auto_call_is_parsed_and_each_part_sums_its_tokens(servers):
     assert arg["path"] == "city" and arg["text"] == "Paris"
     # the tokens the record names spell the value, and its NLL is theirs
     assert "Paris" in "".join(TOKENS[k] for k in arg["token_indices"])
-    assert math.isclose(arg["nll"], -sum(LPS[k] for k in arg["token_indices"]), abs_tol=1e-12)
-    assert math.isclose(rec["g_nll"], -sum(LPS[k] for k in rec["token_indices"]), abs_tol=1e-12)
+    assert math.isclose(arg["nll"], -sum(LPS[k] for k in arg["token_indices"]), abs_tol=1e-12)  # same path: float64 sums of the same log-probs
+    assert math.isclose(rec["g_nll"], -sum(LPS[k] for k in rec["token_indices"]), abs_tol=1e-12)  # same path: float64 sums of the same log-probs
     assert choice.uncertainty["g_nll"] == pytest.approx(-sum(LPS))
 
 

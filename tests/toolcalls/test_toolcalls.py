@@ -77,14 +77,14 @@ def test_call_parts_partition_the_call_and_the_output(size):
         flat = sorted(k for p in parts for k in p)
         assert flat == rec["token_indices"]  # the parts partition the call: no token twice
         total = rec["name_nll"] + rec["structure_nll"] + sum(a["nll"] for a in rec["arguments"])
-        assert math.isclose(total, rec["g_nll"], abs_tol=1e-9)
-        assert math.isclose(rec["constrained_g_nll"], rec["g_nll"] / 2, abs_tol=1e-9)
+        assert math.isclose(total, rec["g_nll"], abs_tol=1e-9)  # same path: float64 sums of the same log-probs
+        assert math.isclose(rec["constrained_g_nll"], rec["g_nll"] / 2, abs_tol=1e-9)  # same path: float64 sums of the same log-probs
         seen += flat
     outside = [k for k in range(len(tokens)) if k not in seen]
     assert len(seen) == len(set(seen))
     whole = -sum(lps)
     calls_nll = sum(r["g_nll"] for r in report)
-    assert math.isclose(calls_nll - sum(lps[k] for k in outside), whole, abs_tol=1e-9)
+    assert math.isclose(calls_nll - sum(lps[k] for k in outside), whole, abs_tol=1e-9)  # same path: float64 sums of the same log-probs
     # a single-character tokenizer puts exactly the value's characters in each argument
     if size == 1:
         assert [a["text"] for a in report[0]["arguments"]] == ["New York", "12", "true"]

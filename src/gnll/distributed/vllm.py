@@ -1,13 +1,13 @@
 """gnll's arithmetic on ``ray.data.llm``'s vLLM processor: score given answers, or generate greedily.
 
-A GPU cluster that already runs ``build_llm_processor(vLLMEngineProcessorConfig(...))`` keeps its
+A GPU cluster that already runs ``build_processor(vLLMEngineProcessorConfig(...))`` keeps its
 vLLM stage; these processors put gnll around it::
 
-    from ray.data.llm import build_llm_processor, vLLMEngineProcessorConfig
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
     from gnll.distributed.vllm import VllmScoring
 
     gs = VllmScoring.from_pretrained("Qwen/Qwen2.5-7B-Instruct")
-    proc = build_llm_processor(
+    proc = build_processor(
         vLLMEngineProcessorConfig(model_source="Qwen/Qwen2.5-7B-Instruct", tensor_parallel_size=2),
         preprocess=gs.preprocess, postprocess=gs.postprocess)
     proc(ray.data.read_parquet("logs/")).write_parquet("scored/")

@@ -37,24 +37,19 @@ True
 ['<refusal>']
 """
 
-from gnll.policy.abstention import (
-    DEFAULT_REFUSAL,
-    MODES,
-    AbstentionPolicy,
-    Mode,
-    annotate,
-    scored_of,
-)
+from gnll.policy.abstention import DEFAULT_REFUSAL, MODES, AbstentionPolicy, Mode
 from gnll.policy.answers import (
     Answer,
     Decided,
     add_early,
+    annotate,
     answer_spans,
     apply_policy,
     escalated,
     headers_for,
     kept,
     reasoning_fields,
+    scored_of,
     uncertainty_record,
 )
 

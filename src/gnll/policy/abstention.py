@@ -11,7 +11,6 @@ from collections.abc import (
     Iterable,
     Iterator,
     Mapping,
-    Sequence,
 )
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,23 +33,14 @@ from gnll.policy.answers import (
 if TYPE_CHECKING:
     from gnll.calibration import Calibrator
     from gnll.calibration.cascade import CascadeThreshold
-    from gnll.uncertainty import Uncertainty
 
-__all__ = ["DEFAULT_REFUSAL", "MODES", "AbstentionPolicy", "Mode", "annotate", "scored_of"]
+__all__ = ["DEFAULT_REFUSAL", "MODES", "AbstentionPolicy", "Mode"]
 
 T = TypeVar("T")
 
 Mode = Literal["annotate", "flag", "refuse", "escalate"]
 MODES: tuple[str, ...] = ("annotate", "flag", "refuse", "escalate")
 DEFAULT_REFUSAL = "I am not confident enough to answer this."
-
-
-def scored_of(model: object) -> str:
-    """Which tokens a model's G-NLL covers: ``"answer"`` (a reasoning model's answer after its
-    end-of-reasoning marker, given the trace) or ``"output"`` (the whole output). A model (or a
-    wrapper) that declares ``scored`` says it; otherwise a reasoning model's is ``"answer"``."""
-    declared = getattr(model, "scored", None)  # every Model declares it (Model.scored)
-    return str(declared) if declared in ("answer", "output") else "output"
 
 
 @dataclass
@@ -592,20 +582,3 @@ def _rule_text(policy: AbstentionPolicy) -> str:
         f" ({what} >= {t.target:g} with probability {1 - t.delta:g}: "
         f"answer when G-NLL <= {t.threshold:.3g})"
     )
-
-
-def annotate(
-    answers: Sequence[Answer],
-    policy: AbstentionPolicy,
-    *,
-    include_tokens: bool,
-    source: str = "model",
-    prompt_format: str | None = None,
-) -> tuple[list[Uncertainty], list[str], list[str | None]]:
-    """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``
-    (:meth:`AbstentionPolicy.decide` of each)."""
-    out = [
-        policy.decide(a, prompt_format, include_tokens=include_tokens, source=source)
-        for a in answers
-    ]
-    return [d.uncertainty for d in out], [d.text for d in out], [d.finish_reason for d in out]

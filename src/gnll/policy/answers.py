@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Answer",
+    "annotate",
+    "scored_of",
     "Decided",
     "add_early",
     "answer_spans",
@@ -263,3 +265,28 @@ def add_early(record: Uncertainty, facts: dict[str, Any]) -> Uncertainty:
             "withheld": "the rest of the answer: never generated",
         }
     )
+
+
+def scored_of(model: object) -> str:
+    """Which tokens a model's G-NLL covers: ``"answer"`` (a reasoning model's answer after its
+    end-of-reasoning marker, given the trace) or ``"output"`` (the whole output). A model (or a
+    wrapper) declares it (``Model.scored``); an object that does not is ``"output"``."""
+    declared = getattr(model, "scored", None)  # every Model declares it (Model.scored)
+    return str(declared) if declared in ("answer", "output") else "output"
+
+
+def annotate(
+    answers: Sequence[Answer],
+    policy: AbstentionPolicy,
+    *,
+    include_tokens: bool,
+    source: str = "model",
+    prompt_format: str | None = None,
+) -> tuple[list[Uncertainty], list[str], list[str | None]]:
+    """Uncertainty records, client-visible texts and finish reasons of answers under ``policy``
+    (:meth:`AbstentionPolicy.decide` of each)."""
+    out = [
+        policy.decide(a, prompt_format, include_tokens=include_tokens, source=source)
+        for a in answers
+    ]
+    return [d.uncertainty for d in out], [d.text for d in out], [d.finish_reason for d in out]

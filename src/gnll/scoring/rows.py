@@ -166,6 +166,8 @@ class Item:
     #: A reasoning model's trace (the row's ``trace`` or ``reasoning`` field): context the answer
     #: is scored after, not part of it.
     trace: str | None = None
+    #: The functions a tool-call answer names (its ``tool_calls`` column is reported per call).
+    tool_names: list[str] | None = None
 
 
 def to_item(
@@ -184,6 +186,12 @@ def to_item(
     answer = row.get("answer")
     if answer is None:
         return "missing field 'answer'"
+    original = row
+    calls: list[str] | None = None
+    if isinstance(answer, (dict, list)):  # a JSON object, or a tool call (gnll.toolcalls)
+        answer, calls = structured_answer(answer)
+        if calls is not None and row.get("tools") and isinstance(row.get("messages"), list):
+            row = {**row, "messages": _with_tools(row["messages"], row["tools"])}
     if not isinstance(answer, str):
         return f"field 'answer' must be a string, got {type(answer).__name__}"
     if not answer.strip():
@@ -196,7 +204,55 @@ def to_item(
     )
     if isinstance(item, Item) and trace_field is not None:
         item.trace = row[trace_field]
+    if isinstance(item, Item):
+        item.row, item.tool_names = original, calls  # the output row keeps the row as given
     return item
+
+
+def _call_of(c: Any) -> tuple[str, Any] | None:
+    if isinstance(c, dict) and isinstance(c.get("function"), dict):  # OpenAI's tool_calls[i]
+        c = c["function"]
+    if isinstance(c, dict) and set(c) == {"name", "arguments"} and isinstance(c["name"], str):
+        return c["name"], c["arguments"]
+    return None
+
+
+def structured_answer(answer: dict[str, Any] | list[Any]) -> tuple[Any, list[str] | None]:
+    """A row's ``answer`` given as JSON: a tool call (``{"name", "arguments"}``, OpenAI's
+    ``tool_calls`` list, or a message with ``tool_calls``) as the documented call blocks, with the
+    functions it names; any other JSON object as its text (``json.dumps``), with ``None``.
+
+    >>> structured_answer({"name": "f", "arguments": {"x": 1}})[0].splitlines()[1]
+    '{"name": "f", "arguments": {"x": 1}}'
+    >>> structured_answer({"city": "Paris"})
+    ('{"city": "Paris"}', None)
+    """
+    from gnll.toolcalls import render_call
+
+    items = (
+        answer.get("tool_calls") if isinstance(answer, dict) and "tool_calls" in answer else answer
+    )
+    listed = items if isinstance(items, list) else [items]
+    calls = [_call_of(c) for c in listed]
+    if listed and all(c is not None for c in calls):
+        pairs = [c for c in calls if c is not None]
+        return "\n".join(render_call(n, a) for n, a in pairs), [n for n, _ in pairs]
+    if isinstance(answer, dict):
+        return json.dumps(answer, ensure_ascii=False), None
+    return answer, None
+
+
+def _with_tools(messages: list[Any], tools: Any) -> list[Any]:
+    """``messages`` with the documented tool prompt as their system message (as ``gnll serve``
+    renders a request with tools)."""
+    from gnll.toolcalls import tool_system_prompt
+
+    system = ""
+    rest = list(messages)
+    if rest and isinstance(rest[0], dict) and rest[0].get("role") in ("system", "developer"):
+        system = str(rest.pop(0).get("content") or "")
+    tools = json.loads(tools) if isinstance(tools, str) else tools
+    return [{"role": "system", "content": tool_system_prompt(tools, system)}, *rest]
 
 
 def _to_item(

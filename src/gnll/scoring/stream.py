@@ -268,6 +268,11 @@ def _output_row(
         row["token_logprobs"] = [float(x) for x in s.token_logprobs]
     if job.spans:
         row.update(span_columns(s.tokens, s.token_logprobs, s.text, job.spans))  # type: ignore[arg-type]
+    if item.tool_names is not None:  # a tool-call answer: each call's and argument's NLL
+        from gnll.toolcalls import call_report, parse_output
+
+        parsed = parse_output(s.text, item.tool_names)
+        row["tool_calls"] = call_report(s.tokens, list(s.token_logprobs), s.text, parsed.calls)
     if job.with_greedy:
         row["greedy_answer"] = None if greedy is None else greedy.text
         # the greedy answer's measured log-probs: an empty answer counts its stop token's

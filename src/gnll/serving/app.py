@@ -156,6 +156,151 @@ async def _observed(
         done(response_id, sent, error)
 
 
+def _authorised(settings: ServeSettings, request: Request) -> bool:
+    """Whether ``request`` carries the server's API key (any request, when there is none)."""
+    if not settings.api_key:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
+        scheme, token = "bearer", request.headers["x-api-key"]
+    return scheme.lower() == "bearer" and secrets.compare_digest(
+        token.strip().encode(), settings.api_key.encode()
+    )
+
+
+def _add_access(
+    app: FastAPI, settings: ServeSettings, metrics: Metrics
+) -> Callable[[Request, int, float], None]:
+    """The access middleware (API key, the access log, request metrics); returns the function
+    that logs a request (a stream is logged when it ends)."""
+
+    def log_request(request: Request, status: int, started: float) -> None:
+        seconds = time.perf_counter() - started
+        path = request.url.path
+        endpoint = (
+            path
+            if path.startswith("/v1/") or path in ("/health", "/live", "/metrics", "/")
+            else "other"
+        )
+        metrics.observe_request(endpoint, status, seconds)
+        entry = {
+            "event": "request",
+            "id": request.state.log.pop("id", uuid.uuid4().hex[:12]),
+            "method": request.method,
+            "path": path,
+            "status": status,
+            "seconds": round(seconds, 4),
+            **request.state.log,
+        }
+        access_log.info(json.dumps(entry, ensure_ascii=False))
+
+    @app.middleware("http")
+    async def access(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        started = time.perf_counter()
+        request.state.log = {}
+        request.state.started = started
+        request.state.deferred = False
+        path = request.url.path
+        protected = path.startswith(("/v1/", "/metrics", "/ui/api", "/tokenize", "/detokenize"))
+        if protected and not _authorised(settings, request):
+            response: Response = _error(
+                401,
+                "missing or wrong API key (send Authorization: Bearer KEY)",
+                "authentication_error",
+                path=path,
+            )
+        else:
+            try:
+                response = await call_next(request)
+            except Exception:  # the handler's own errors are answered there; this is a bug
+                log.exception("unhandled error on %s", path)
+                response = _error(500, "internal server error", "server_error", path=path)
+        if not request.state.deferred:  # a stream is logged when it ends (see _observed)
+            log_request(request, response.status_code, started)
+        return response
+
+    return log_request
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's envelope: the services' own, unknown routes, invalid queries."""
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
+        request.state.log["error"] = exc.message
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code, request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _route_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes and methods: OpenAI's envelope, not FastAPI's {"detail": ...}.
+        message = {404: f"no route {request.method} {request.url.path}"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, message, kind, path=request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _query_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return _error(
+            400,
+            f"invalid request: {where}: {err.get('msg')}",
+            "invalid_request_error",
+            path=request.url.path,
+        )
+
+
+async def _handled(
+    service: Service, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
+) -> Reply:
+    """The service's reply, its errors as HTTP errors."""
+    try:
+        return await service.handle(req, settings)
+    except RequestError as exc:
+        raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
+    except LogprobError as exc:
+        raise HTTPError(502 if service.mode == "proxy" else 500, str(exc), "server_error") from None
+    except EngineStopped as exc:
+        raise HTTPError(503, str(exc), "server_error") from None
+
+
+def _request_of(
+    raw: dict[str, Any],
+    model_cls: type[CompletionRequest] | type[ChatCompletionRequest],
+    api: TranslatedAPI[Any] | None,
+    service: Service,
+    settings: ServeSettings,
+) -> tuple[CompletionRequest | ChatCompletionRequest, Any]:
+    """The typed request of a body (and a translated API's own request), or a 400."""
+    asked: Any = None
+    try:
+        if api is not None:  # asked as chat completions, answered in the API's own shape
+            asked = api.parse(raw)
+            raw = api.chat_body(asked)
+        # tools and response_format JSON: native chat completions to an in-process model
+        check_free_text(raw, tools=getattr(service, "serves_tools", False))
+        req = model_cls.model_validate(raw)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise HTTPError(400, message, "invalid_request_error", param) from None
+    except RequestError as exc:
+        raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
+    if not req.greedy and not settings.policy.takes_sampled:
+        # G-NLL (and the policy's decision) exists for the greedy answer only.
+        raise HTTPError(
+            400,
+            "temperature > 0 is not served under --policy refuse: the policy decides on the "
+            "greedy answer's G-NLL",
+            "invalid_request_error",
+            "temperature",
+        )
+    return req, asked
+
+
 def create_app(
     service: Service,
     settings: ServeSettings | None = None,
@@ -191,88 +336,8 @@ def create_app(
     app = FastAPI(title="gnll serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
 
-    def authorised(request: Request) -> bool:
-        if not settings.api_key:
-            return True
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
-            scheme, token = "bearer", request.headers["x-api-key"]
-        return scheme.lower() == "bearer" and secrets.compare_digest(
-            token.strip().encode(), settings.api_key.encode()
-        )
-
-    def log_request(request: Request, status: int, started: float) -> None:
-        seconds = time.perf_counter() - started
-        path = request.url.path
-        endpoint = (
-            path
-            if path.startswith("/v1/") or path in ("/health", "/live", "/metrics", "/")
-            else "other"
-        )
-        metrics.observe_request(endpoint, status, seconds)
-        entry = {
-            "event": "request",
-            "id": request.state.log.pop("id", uuid.uuid4().hex[:12]),
-            "method": request.method,
-            "path": path,
-            "status": status,
-            "seconds": round(seconds, 4),
-            **request.state.log,
-        }
-        access_log.info(json.dumps(entry, ensure_ascii=False))
-
-    @app.middleware("http")
-    async def access(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        request.state.log = {}
-        request.state.started = started
-        request.state.deferred = False
-        path = request.url.path
-        protected = path.startswith(("/v1/", "/metrics", "/ui/api", "/tokenize", "/detokenize"))
-        if protected and not authorised(request):
-            response: Response = _error(
-                401,
-                "missing or wrong API key (send Authorization: Bearer KEY)",
-                "authentication_error",
-                path=path,
-            )
-        else:
-            try:
-                response = await call_next(request)
-            except Exception:  # the handler's own errors are answered there; this is a bug
-                log.exception("unhandled error on %s", path)
-                response = _error(500, "internal server error", "server_error", path=path)
-        if not request.state.deferred:  # a stream is logged when it ends (see _observed)
-            log_request(request, response.status_code, started)
-        return response
-
-    @app.exception_handler(HTTPError)
-    async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:
-        request.state.log["error"] = exc.message
-        return _error(exc.status, exc.message, exc.type, exc.param, exc.code, request.url.path)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _route_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # Unknown routes and methods: OpenAI's envelope, not FastAPI's {"detail": ...}.
-        message = {404: f"no route {request.method} {request.url.path}"}.get(
-            exc.status_code, str(exc.detail)
-        )
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(exc.status_code, message, kind, path=request.url.path)
-
-    @app.exception_handler(RequestValidationError)
-    async def _query_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        return _error(
-            400,
-            f"invalid request: {where}: {err.get('msg')}",
-            "invalid_request_error",
-            path=request.url.path,
-        )
+    log_request = _add_access(app, settings, metrics)
+    _add_error_handlers(app)
 
     async def serve(
         request: Request,
@@ -280,38 +345,8 @@ def create_app(
         api: TranslatedAPI[Any] | None = None,
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
-        asked: Any = None
-        try:
-            if api is not None:  # asked as chat completions, answered in the API's own shape
-                asked = api.parse(raw)
-                raw = api.chat_body(asked)
-            # tools and response_format JSON: native chat completions to an in-process model
-            check_free_text(raw, tools=getattr(service, "serves_tools", False))
-            req = model_cls.model_validate(raw)
-        except ValidationError as exc:
-            message, param = _validation_message(exc)
-            raise HTTPError(400, message, "invalid_request_error", param) from None
-        except RequestError as exc:
-            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
-        if not req.greedy and not settings.policy.takes_sampled:
-            # G-NLL (and the policy's decision) exists for the greedy answer only.
-            raise HTTPError(
-                400,
-                "temperature > 0 is not served under --policy refuse: the policy decides on the "
-                "greedy answer's G-NLL",
-                "invalid_request_error",
-                "temperature",
-            )
-        try:
-            reply: Reply = await service.handle(req, settings)
-        except RequestError as exc:
-            raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
-        except LogprobError as exc:
-            raise HTTPError(
-                502 if service.mode == "proxy" else 500, str(exc), "server_error"
-            ) from None
-        except EngineStopped as exc:
-            raise HTTPError(503, str(exc), "server_error") from None
+        req, asked = _request_of(raw, model_cls, api, service, settings)
+        reply = await _handled(service, req, settings)
         info = request.state.log
         info.update(model=service.model_name, stream=req.stream, api=api_name(request.url.path))
         if settings.log_prompts:

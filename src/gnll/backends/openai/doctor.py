@@ -7,6 +7,7 @@ not affect the default G-NLL.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ TOLERANCE = 1e-3
 #: llama.cpp computes a reused prefix's last token alone (quantised activations) and a fresh one in a
 #: batch, measured up to ~0.05 apart. Tempering at T=2 moves them by several tenths.
 RAW_TOLERANCE = 0.15
+#: The temperature of the raw check's sampled requests.
+HOT = 2.0
 ECHO_TOLERANCE = 0.15
 
 _PIN_FIX = (
@@ -179,19 +182,22 @@ def _raw_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callable) -
     """Raw log-probs do not depend on the request's temperature; tempered ones move a lot.
 
     Compared: every alternative both responses report at positions whose context is the same (up to
-    the first token where the sampled answer leaves the greedy one).
+    the first token where the sampled answer leaves the greedy one). Tempered log-probs have a
+    signature of their own: at temperature T the gaps between the alternatives of one position are
+    the raw gaps divided by T (``log_softmax(z / T)``), which names the cause.
     """
-    hot = GenerationConfig.sample(1, temperature=2.0, max_new_tokens=16, seed=0)
+    hot = GenerationConfig.sample(1, temperature=HOT, max_new_tokens=16, seed=0)
     try:
         sampled = ask(config=hot, top_logprobs=5, seed=7)
     except (ServerError, ServerUnavailable) as exc:
         return Check("log-probs raw", "warn", f"could not sample: {exc}", "rerun gnll doctor")
-    worst, compared = 0.0, 0
+    worst, compared, ratios = 0.0, 0, []
     for g, s in zip(raws, sampled, strict=True):
         for t in range(min(len(g.tokens), len(s.tokens))):
-            for tok, lp in s.tops[t].items():
-                if tok in g.tops[t]:
-                    worst, compared = max(worst, abs(g.tops[t][tok] - lp)), compared + 1
+            both = [tok for tok in s.tops[t] if tok in g.tops[t]]
+            for tok in both:
+                worst, compared = max(worst, abs(g.tops[t][tok] - s.tops[t][tok])), compared + 1
+            ratios.extend(_gap_ratios(g.tops[t], s.tops[t], both))
             if s.tokens[t] != g.tokens[t]:
                 break  # contexts differ from here on
     if not compared:
@@ -202,18 +208,57 @@ def _raw_check(model: OpenAICompatModel, raws: list[RawTokens], ask: Callable) -
             "use a server that returns top_logprobs to have raw log-probs checked",
         )
     if worst > RAW_TOLERANCE:
-        return Check(
-            "log-probs raw",
-            "fail",
-            f"the same token in the same context has log-probs {worst:.3g} apart at temperature 0 "
-            "and 2: the server reports processed (tempered/truncated) log-probs",
-            "vLLM: --logprobs-mode raw_logprobs (the default); llama.cpp: do not use "
-            "post_sampling_probs",
-        )
+        return _processed(model, worst, ratios)
     return Check(
         "log-probs raw",
         "pass",
-        f"temperature-independent: {compared} log-probs at temperature 0 and 2 within {worst:.1e}",
+        f"temperature-independent: {compared} log-probs at temperature 0 and {HOT:g} within "
+        f"{worst:.1e}",
+    )
+
+
+def _gap_ratios(cold: dict, hot: dict, both: list) -> list[float]:
+    """At one position: (gap between two alternatives at T=HOT) / (their gap at T=0), for the
+    alternatives far enough apart that the ratio is not noise."""
+    if len(both) < 2:
+        return []
+    ref = max(both, key=lambda tok: cold[tok])
+    return [
+        (hot[ref] - hot[tok]) / (cold[ref] - cold[tok])
+        for tok in both
+        if cold[ref] - cold[tok] > 0.5
+    ]
+
+
+def _processed(model: OpenAICompatModel, worst: float, ratios: list[float]) -> Check:
+    tempered = bool(ratios) and abs(statistics.median(ratios) - 1 / HOT) < 0.05
+    how = (
+        f"at temperature {HOT:g} the gaps between alternatives shrink to "
+        f"{statistics.median(ratios):.2f} of the greedy ones (1/{HOT:g}): the log-probs are "
+        "tempered by the request's temperature"
+        if tempered
+        else "the server reports processed (tempered/truncated) log-probs"
+    )
+    detail = (
+        f"the same token in the same context has log-probs {worst:.3g} apart at temperature 0 and "
+        f"{HOT:g}; {how}"
+    )
+    if model.profile.name == "vllm":
+        return Check(
+            "log-probs raw",
+            "fail",
+            f"{detail}: this vLLM server runs with --logprobs-mode processed_logprobs (log-probs "
+            "after temperature, penalties and top-k/top-p), so sampled answers' log-probs are not "
+            "the model's",
+            "restart vLLM without --logprobs-mode processed_logprobs: its default, --logprobs-mode "
+            "raw_logprobs, reports the model's own log-probs",
+        )
+    return Check(
+        "log-probs raw",
+        "fail",
+        detail,
+        "vLLM: --logprobs-mode raw_logprobs (the default); llama.cpp: do not use "
+        "post_sampling_probs",
     )
 
 

@@ -184,36 +184,20 @@ class Evaluator:
     @property
     def clusterer(self) -> Clusterer:
         if self._clusterer is None:
-            from gnll.semantic import AUTO_NAMES, load_clusterer, takes_option
+            from gnll.evaluation.run.stages import load_run_clusterer
 
             t = time.perf_counter()
-            name = self.config.clusterer
-            relation = self.config.semantic_relation
-            if name in AUTO_NAMES:
-                # The name was resolved once at start-up so the cache fingerprint cannot drift.
-                name = self._clusterer_name
-                if relation is not None and not takes_option(name, "relation"):
-                    logger.warning(
-                        "--semantic_relation %s ignored: 'auto' chose the %s clusterer, which has "
-                        "no entailment relation (pass --clusterer nli or llm to use it)",
-                        relation,
-                        name,
-                    )
-                    relation = None
-            self._clusterer = load_clusterer(name, relation=relation, **self.config.clusterer_args)
+            # `auto` was resolved once at start-up so the cache fingerprint cannot drift
+            self._clusterer = load_run_clusterer(self.config, self._clusterer_name)
             self.timer.add("load_clusterer", time.perf_counter() - t)
         return self._clusterer
 
     def clusterer_named(self, name: str) -> Clusterer:
-        """The clusterer with ``auto`` resolved to ``name`` (a :class:`ClusterWork`'s, the driver's
-        choice): a replica whose own resolution would differ (another node, other models on disk)
-        clusters with the driver's."""
-        if self._clusterer is None:
-            self._clusterer_name = name
-        elif name != self._clusterer_name:
-            raise RuntimeError(
-                f"the clusterer in use is {self._clusterer_name!r}, the run's is {name!r}"
-            )
+        """The clusterer with ``auto`` resolved to ``name`` (a :class:`ClusterWork`'s: the driver's
+        choice, so a replica whose own resolution differs clusters with the driver's)."""
+        if self._clusterer is not None and name != self._clusterer_name:
+            raise RuntimeError(f"the clusterer in use is {self._clusterer_name!r}, not {name!r}")
+        self._clusterer_name = name
         return self.clusterer
 
     def _note_component(self, kind: str, info: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ resumed run reproduces an uninterrupted one whatever was cut off and however it 
 from __future__ import annotations
 
 import json
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ __all__ = [
 JUDGE_CONFIG = GenerationConfig.greedy(max_new_tokens=8, stop=("\n",))
 
 Key = tuple[str, int]
+logger = logging.getLogger(__name__)
 
 
 class Components(Protocol):
@@ -171,6 +173,26 @@ class ClusterWork(Work):
             for head, cid in zip(self.heads, ids, strict=True)
         ]
         return StageResult(records, {}, "clusterer", clusterer.info())
+
+
+def load_run_clusterer(cfg: EvalConfig, resolved: str) -> Clusterer:
+    """The run's clusterer: ``cfg.clusterer``, or for ``auto`` the ``resolved`` name (what the
+    cache header records); ``--semantic_relation`` is dropped with a warning when ``auto`` chose a
+    clusterer without one."""
+    from gnll.semantic import AUTO_NAMES, load_clusterer, takes_option
+
+    name, relation = cfg.clusterer, cfg.semantic_relation
+    if name in AUTO_NAMES:
+        name = resolved
+        if relation is not None and not takes_option(name, "relation"):
+            logger.warning(
+                "--semantic_relation %s ignored: 'auto' chose the %s clusterer, which has "
+                "no entailment relation (pass --clusterer nli or llm to use it)",
+                relation,
+                name,
+            )
+            relation = None
+    return load_clusterer(name, relation=relation, **cfg.clusterer_args)
 
 
 @dataclass
