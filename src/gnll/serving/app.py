@@ -282,7 +282,7 @@ def _request_of(
             asked = api.parse(raw)
             raw = api.chat_body(asked)
         # tools and response_format JSON: native chat completions to an in-process model
-        check_free_text(raw, tools=api is None and getattr(service, "serves_tools", False))
+        check_free_text(raw, tools=getattr(service, "serves_tools", False))
         req = model_cls.model_validate(raw)
     except ValidationError as exc:
         message, param = _validation_message(exc)

@@ -316,7 +316,9 @@ class ChatShape(Shape):
             )
         )
 
-    def last(self, index: int, finish: str | None, record: Any) -> dict[str, Any]:
+    def last(
+        self, index: int, finish: str | None, record: Uncertainty | dict[str, Any] | None
+    ) -> dict[str, Any]:
         return _dump(
             ChunkChoice(
                 index=index, logprobs=None, finish_reason=finish, uncertainty=record, delta=Delta()

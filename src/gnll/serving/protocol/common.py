@@ -287,7 +287,9 @@ class Shape(ABC):
         """The chunk choice of one piece of text."""
 
     @abstractmethod
-    def last(self, index: int, finish: str | None, record: Any) -> dict[str, Any]:
+    def last(
+        self, index: int, finish: str | None, record: Uncertainty | dict[str, Any] | None
+    ) -> dict[str, Any]:
         """The last chunk choice of a choice: its finish reason and its ``uncertainty``
         (a record, or its JSON)."""
 
@@ -310,7 +312,7 @@ class Shape(ABC):
         choice: dict[str, Any],
         record: Uncertainty,
         text: str,
-        finish: Any,
+        finish: str | None,
         *,
         keep_logprobs: bool,
     ) -> None:

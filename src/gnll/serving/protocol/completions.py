@@ -226,7 +226,9 @@ class CompletionShape(Shape):
             CompletionChunkChoice(index=index, logprobs=logprobs, finish_reason=None, text=text)
         )
 
-    def last(self, index: int, finish: str | None, record: Any) -> dict[str, Any]:
+    def last(
+        self, index: int, finish: str | None, record: Uncertainty | dict[str, Any] | None
+    ) -> dict[str, Any]:
         return _dump(
             CompletionChunkChoice(
                 index=index, logprobs=None, finish_reason=finish, uncertainty=record, text=""

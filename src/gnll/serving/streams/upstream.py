@@ -101,6 +101,18 @@ class StreamedChoice:
         return out
 
 
+class LineSource(Protocol):
+    """An open streamed response, read line by line (an ``httpx.Response``)."""
+
+    def aiter_lines(self) -> AsyncIterator[str]:
+        """The body's lines as they arrive."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close the connection (the upstream sees the client leave)."""
+        ...
+
+
 class StreamWatch(Protocol):
     """What :class:`UpstreamStream` tells about each choice as it arrives (the proxy's exact early
     decision, :class:`~gnll.serving.proxy.EarlyWatch`)."""
@@ -135,7 +147,7 @@ class UpstreamIdle(Exception):
     """An upstream stream that went silent for longer than the idle timeout."""
 
 
-async def idle_bounded(response: Any, idle: float, upstream: str) -> AsyncIterator[str]:
+async def idle_bounded(response: LineSource, idle: float, upstream: str) -> AsyncIterator[str]:
     """The lines of a streamed upstream response; after the first, each must come within ``idle``
     seconds (:class:`UpstreamIdle` otherwise). The first may take the request's whole timeout:
     an upstream may queue a request before it answers."""
@@ -184,7 +196,7 @@ class UpstreamStream:
 
     def __init__(
         self,
-        response: Any,
+        response: LineSource,
         shape: Shape,
         watch: StreamWatch | None = None,
         *,
