@@ -59,8 +59,11 @@ async function init() {
     // Every API the server answers with uncertainty (chat, completions, Responses, Messages).
     $("server-info").title = `Answers with uncertainty on ${c.apis.join(", ")}`;
     // The rule in use, before any answer: what "abstain" will mean on this server.
+    // Under annotate nothing is decided, but a calibration still gives P(correct): name it.
     $("rule").textContent = c.policy.policy === "annotate"
-      ? "No policy: every answer is sent as it is, with its uncertainty (gnll serve --policy sets one)."
+      ? "No policy: every answer is sent as it is, with its uncertainty" +
+        (c.policy.calibrated ? ` and P(correct) from ${c.policy.source}` : "") +
+        " (gnll serve --policy sets one)."
       : `Rule in use: policy ${c.policy.policy}; ${c.policy.source}`;
     $("task").innerHTML = c.tasks.map((t) => `<option>${t}</option>`).join("");
     await loadExamples();
