@@ -42,6 +42,9 @@ ModelArgsOption = Annotated[
 ]
 
 # The file jobs (``score``, ``generate``): rows streamed from a file to a file, resumable.
+InputFileOption = Annotated[
+    str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
+]
 OutputFileOption = Annotated[
     str, typer.Option("--output", "-o", help=".jsonl or .csv file, or - for stdout (JSONL).")
 ]

@@ -23,6 +23,7 @@ from gnll.cli._options import (
     ChunkSizeOption,
     ErrorsOption,
     FormatOption,
+    InputFileOption,
     ModelArgsOption,
     ModelOption,
     OutputFileOption,
@@ -36,9 +37,7 @@ __all__ = ["decide_command"]
 
 
 def decide_command(
-    input: Annotated[
-        str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
-    ],
+    input: InputFileOption,
     output: OutputFileOption,
     model: ModelOption = "smollm2-135m-instruct",
     model_args: ModelArgsOption = None,

@@ -26,6 +26,7 @@ from gnll.cli._options import (
     ChunkSizeOption,
     ErrorsOption,
     FormatOption,
+    InputFileOption,
     LogprobsOption,
     ModelArgsOption,
     ModelOption,
@@ -97,9 +98,7 @@ def check_files(
 
 
 def score_command(
-    input: Annotated[
-        str, typer.Option("--input", "-i", help="JSONL/CSV/Parquet file, or - for stdin (JSONL).")
-    ],
+    input: InputFileOption,
     output: OutputFileOption,
     model: ModelOption = "smollm2-135m-instruct",
     model_args: ModelArgsOption = None,
