@@ -14,6 +14,8 @@ llguidance is an optional dependency (``pip install gnll[structured]``).
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +49,39 @@ def _unpacked(mask: torch.Tensor, vocab: int) -> torch.Tensor:
     return out
 
 
+#: Shortest shared prompt prefix worth keeping the KV cache of: below it, re-encoding costs little.
+MIN_SHARED_PREFIX = 64
+
+
+def _prompt_cache(model: Any, prompt_ids: Sequence[int]) -> tuple[DynamicCache, list[int]]:
+    """A KV cache already holding a prefix of ``prompt_ids``, and the prompt tokens still to feed.
+
+    Requests under a grammar share long prompt prefixes (every tool call carries the same tool
+    prompt, hundreds of tokens, before a short question), and encoding them is most of a call's
+    cost on a CPU. The model keeps one snapshot (``_gnll_prompt_prefix``): the last prompt and the
+    cache of the prefix it shares with the prompt before it. A prompt starting with that prefix
+    starts from a copy of the snapshot (never the snapshot itself: decoding appends to its cache).
+    """
+    ids = tuple(prompt_ids)
+    last, prefix, snapshot = getattr(model, "_gnll_prompt_prefix", ((), (), None))
+    if snapshot is not None and len(prefix) < len(ids) and ids[: len(prefix)] == prefix:
+        model._gnll_prompt_prefix = (ids, prefix, snapshot)
+        return copy.deepcopy(snapshot), list(ids[len(prefix) :])
+    shared = 0
+    for a, b in zip(last, ids[:-1], strict=False):  # at least one token left to feed
+        if a != b:
+            break
+        shared += 1
+    cache = DynamicCache(config=model.config)
+    if shared < MIN_SHARED_PREFIX:
+        model._gnll_prompt_prefix = (ids, prefix, snapshot)
+        return cache, list(ids)
+    head = torch.tensor([list(ids[:shared])], dtype=torch.long, device=model.device)
+    model(input_ids=head, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model._gnll_prompt_prefix = (ids, ids[:shared], copy.deepcopy(cache))
+    return cache, list(ids[shared:])
+
+
 @torch.inference_mode()
 def generate_constrained(
     model: Any,
@@ -57,7 +92,14 @@ def generate_constrained(
     max_new_tokens: int,
     eos_ids: set[int],
 ) -> ConstrainedGeneration:
-    """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas)."""
+    """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas).
+
+    Where the grammar allows exactly one token (the tags, the JSON punctuation and keys of a call:
+    most of its tokens), that token is the greedy choice whatever the logits, so a run of them is
+    fed in one forward pass with the token chosen before it; their log-probs are read from that
+    pass's rows. Same tokens and log-probs as one pass per token, a fraction of the passes. A
+    prompt prefix shared with the previous call is not encoded again (:func:`_prompt_cache`).
+    """
     import llguidance
     import llguidance.torch as lt
 
@@ -66,22 +108,58 @@ def generate_constrained(
     if matcher.is_error():
         raise ValueError(f"the grammar cannot be used: {matcher.get_error()}")
     mask = lt.allocate_token_bitmask(1, llg.vocab_size)
-    cache = DynamicCache(config=model.config)
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
+    cache, feed = _prompt_cache(model, prompt_ids)
     out_ids: list[int] = []
     raw: list[float] = []
     con: list[float] = []
     finish, terminator = "length", []
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
-        logp = torch.log_softmax(logits.double(), dim=-1)
+
+    def allowed_now(vocab: int) -> torch.Tensor:
         lt.fill_next_token_bitmask(matcher, mask, 0)
-        allowed = logp.masked_fill(~_unpacked(mask[0], logp.shape[0]), float("-inf"))[None, :]
-        tok = int(torch.argmax(allowed[0]))
-        if not torch.isfinite(allowed[0, tok]):
+        return _unpacked(mask[0], vocab)
+
+    def forced_run(vocab: int) -> list[int]:
+        """The tokens the grammar forces from here on (consumed), up to the token budget."""
+        run: list[int] = []
+        while len(out_ids) + len(run) < max_new_tokens and not matcher.is_stopped():
+            allowed = allowed_now(vocab)
+            if int(allowed.sum()) != 1:
+                break
+            tok = int(torch.argmax(allowed.to(torch.uint8)))
+            if tok in eos_ids:  # the end is decided where every other choice is: below
+                break
+            if not matcher.consume_token(tok):
+                raise ValueError(f"the grammar refused its own token: {matcher.get_error()}")
+            run.append(tok)
+        return run
+
+    vocab = int(model.get_output_embeddings().weight.shape[0])
+    forced = forced_run(vocab)
+    while True:
+        ids = torch.tensor([feed + forced], dtype=torch.long, device=model.device)
+        logits = model(
+            input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=len(forced) + 1
+        ).logits[0]
+        logp_rows = torch.log_softmax(logits.double(), dim=-1)
+        for row, tok in zip(logp_rows, forced, strict=False):
+            lp = float(row[tok])
+            if not math.isfinite(lp):
+                raise ValueError("the grammar allows no token here")
+            out_ids.append(tok)
+            raw.append(lp)
+            con.append(0.0)  # the only allowed token: probability 1 under the grammar
+        if matcher.is_stopped():
+            finish = "stop"
+            break
+        if len(out_ids) >= max_new_tokens:
+            break
+        logp = logp_rows[-1]
+        allowed = logp.masked_fill(~allowed_now(logp.shape[0]), float("-inf"))
+        tok = int(torch.argmax(allowed))
+        if not torch.isfinite(allowed[tok]):
             raise ValueError("the grammar allows no token here")
         lp = float(logp[tok])
-        norm = float(torch.logsumexp(allowed[0], dim=-1))
+        norm = float(torch.logsumexp(allowed, dim=-1))
         if tok in eos_ids:
             finish, terminator = "stop", [tok]
             break
@@ -93,7 +171,9 @@ def generate_constrained(
         if matcher.is_stopped():
             finish = "stop"
             break
-        ids = torch.tensor([[tok]], dtype=torch.long, device=model.device)
+        if len(out_ids) >= max_new_tokens:
+            break
+        feed, forced = [tok], forced_run(vocab)
     tokens = [tokenizer.decode([t]) for t in out_ids]
     return ConstrainedGeneration(
         text=tokenizer.decode(out_ids),
