@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from gnll.serving.schemas import ChatCompletionRequest
     from gnll.serving.settings import ServeSettings
 
-__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages"]
+__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages", "withhold"]
 
 #: One constrained decode at a time per process: it runs beside the engine's thread on the same
 #: weights, and two of them would only share the cores.
@@ -130,6 +130,28 @@ def gate_calls(
         decided["withheld"] = blocked and policy.mode in ("refuse", "escalate")
         out.append(decided)
     return out
+
+
+def withhold(
+    record: Uncertainty, decided: list[dict[str, Any]], refusal: str, error: str | None = None
+) -> tuple[dict[str, Any], Uncertainty]:
+    """The assistant message and the record of an answer whose calls the gate withheld: the
+    message says which function's call was withheld; the record keeps each call's numbers, not
+    what it would have sent (no argument texts, tokens, log-probs or spans). In-process and
+    through the proxy alike."""
+    message = {"role": "assistant", "content": _withheld_text(decided, refusal), "refusal": None}
+    return message, record.model_copy(
+        update={
+            "tool_calls": [_without_text(c) for c in decided],
+            "tool_call_error": error,
+            "refused": True,
+            "tokens": None,
+            "token_logprobs": None,
+            "top_logprobs": None,
+            "spans": None,
+            "least_certain_span": None,
+        }
+    )
 
 
 def _withheld_text(calls: list[dict[str, Any]], refusal: str) -> str:
@@ -244,24 +266,8 @@ async def handle_tools(
         finish = "tool_calls" if answer.finish_reason != "length" else "length"
         record = record.model_copy(update=update)
     elif withheld:
-        message = {
-            "role": "assistant",
-            "content": _withheld_text(decided, settings.policy.refusal),
-            "refusal": None,
-        }
+        message, record = withhold(record, decided, settings.policy.refusal, parsed.error)
         finish = "stop"
-        update["tool_calls"] = [_without_text(c) for c in decided]
-        record = record.model_copy(
-            update={
-                **update,
-                "refused": True,
-                "tokens": None,
-                "token_logprobs": None,
-                "top_logprobs": None,
-                "spans": None,
-                "least_certain_span": None,
-            }
-        )
     else:
         message = {"role": "assistant", "content": text, "refusal": None}
         record = record.model_copy(update=update)
@@ -359,7 +365,9 @@ def _replay(body: dict[str, Any], include_usage: bool) -> Any:
         return sse({**base, "choices": [c]})
 
     def events() -> Any:
-        yield chunk({"role": "assistant", "content": ""})
+        # The output's log-probs (calls included; none for a withheld call) ride on the first
+        # chunk: the whole answer is known before any piece goes out.
+        yield chunk({"role": "assistant", "content": ""}, logprobs=choice.get("logprobs"))
         if message.get("content"):
             yield chunk({"content": message["content"]})
         for delta in tool_call_deltas(message):

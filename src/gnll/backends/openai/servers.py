@@ -51,6 +51,11 @@ class ServerProfile:
         generated log-probs with teacher-forced ones).
     capabilities:
         What the backend can compute through this server.
+    structured_logprobs:
+        Which distribution the log-probs of an answer decoded under a grammar (a JSON
+        ``response_format``, a required tool call) are: ``"raw"`` (the model's own, the grammar
+        not applied: vLLM's default ``--logprobs-mode raw_logprobs``), ``"constrained"``
+        (renormalised over what the grammar allows) or ``"unknown"`` (not established here).
     """
 
     name: str
@@ -64,6 +69,7 @@ class ServerProfile:
     echo: bool = False
     logprobs_need_top: bool = True
     capabilities: Capabilities = field(default_factory=Capabilities)
+    structured_logprobs: str = "unknown"
 
 
 def _caps(*, scoring: bool, terminator: bool, top_logprobs: int) -> Capabilities:
@@ -92,6 +98,7 @@ PROFILES: dict[str, ServerProfile] = {
         eos_logprob=True,
         logprobs_need_top=False,
         capabilities=_caps(scoring=True, terminator=True, top_logprobs=20),
+        structured_logprobs="raw",
     ),
     "llama-cpp-python": ServerProfile(
         name="llama-cpp-python",
@@ -138,6 +145,7 @@ PROFILES: dict[str, ServerProfile] = {
         supports_n=True,
         logprobs_need_top=False,
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
+        structured_logprobs="raw",
     ),
     "generic": ServerProfile(
         name="generic",
