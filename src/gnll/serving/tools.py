@@ -12,12 +12,14 @@ A chat request with ``tools`` (and ``tool_choice`` other than ``"none"``):
 - each call's uncertainty (its G-NLL, its name's NLL, each argument value's NLL, the tokens each
   scored: :func:`gnll.toolcalls.call_report`) is in ``uncertainty.tool_calls``.
 
-**The gate** (:func:`gate_calls`). Under ``--policy refuse`` (and ``escalate``, which in-process has
-no larger model to ask for a call and so withholds it too), the policy decides on each call: on the
-call's G-NLL, and on each argument value's NLL against ``--tool-argument-threshold``. A withheld
-call never reaches the client: the response has no ``tool_calls`` (a stream holds every delta
-until the decision, as a finished answer is replayed), and the assistant message says which call
-was withheld, with the call's uncertainty record (without its text or tokens).
+**The gate** (:func:`gate_calls`). Under ``--policy refuse`` and ``escalate`` the policy decides on
+each call: on the call's G-NLL, and on each argument value's NLL against
+``--tool-argument-threshold``. A withheld call never reaches the client: the response has no
+``tool_calls`` (a stream holds every delta until the decision, as a finished answer is replayed),
+and the assistant message says which call was withheld, with the call's uncertainty record
+(without its text or tokens). The record abstains when a call does, so the escalation cascade
+(:mod:`gnll.serving.cascade`) asks the larger model for the call; the reply's ``replay`` replays
+either model's call.
 
 A request with ``response_format`` ``json_object`` or ``json_schema`` is decoded under the JSON
 (schema) grammar; its record's ``structured`` has both the raw and the constrained NLLs.
@@ -61,7 +63,14 @@ if TYPE_CHECKING:
     from gnll.serving.schemas import ChatCompletionRequest
     from gnll.serving.settings import ServeSettings
 
-__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages", "withhold"]
+__all__ = [
+    "gate_calls",
+    "handle_structured",
+    "handle_tools",
+    "render_messages",
+    "replay_body",
+    "withhold",
+]
 
 #: One constrained decode at a time per process: it runs beside the engine's thread on the same
 #: weights, and two of them would only share the cores.
@@ -255,6 +264,13 @@ async def handle_tools(
     )
     withheld = any(c["withheld"] for c in decided)
     update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": parsed.error}
+    if decided and any(
+        c["abstain"] is not None or c["arguments_over_threshold"] is not None for c in decided
+    ):
+        # An output with calls abstains when one of its calls does (what a cascade escalates).
+        update["abstain"] = any(
+            bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided
+        )
     if calls and not withheld:
         ids = [call_id() for _ in calls]
         for c, i in zip(decided, ids, strict=True):
@@ -349,11 +365,21 @@ def _reply(
         ],
         "usage": Usage.of(n_prompt, [answer]).model_dump(),
     }
-    stream = _replay(body, req.include_usage) if req.stream else None
-    return Reply(body=body, records=[record], stream=stream, prompt=prompt)
+    stream = replay_body(body, req.include_usage) if req.stream else None
+    # What a cascade keeps of the local reply: the text the client is sent (a withheld call's
+    # message, never the call), and the replay that carries the tool-call deltas.
+    sent = Answer(message.get("content") or "", finish, [], [], completion_tokens=0)
+    return Reply(
+        body=body,
+        records=[record],
+        stream=stream,
+        prompt=prompt,
+        answers=[sent],
+        replay=replay_body,
+    )
 
 
-def _replay(body: dict[str, Any], include_usage: bool) -> Any:
+def replay_body(body: dict[str, Any], include_usage: bool) -> Any:
     """The finished response as stream chunks: nothing goes out before the decision (the whole
     answer is known first), then the text, the tool-call deltas and the uncertainty."""
     base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
