@@ -49,6 +49,7 @@ __all__ = [
     "parse_output",
     "render_call",
     "tool_chat_template",
+    "tool_conversation",
     "tool_system_prompt",
 ]
 
@@ -80,6 +81,40 @@ def render_call(name: str, arguments: str | Mapping[str, Any]) -> str:
     """One call as the documented format writes it (an assistant turn that called a tool)."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return f'{CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{CALL_CLOSE}'
+
+
+def tool_conversation(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, str]]:
+    """A conversation as plain ``{role, content}`` turns for a template without a tool section:
+    with ``tools``, the tool prompt (:func:`tool_system_prompt`) joins the leading system (and
+    ``developer``) messages; earlier calls (an assistant message's ``tool_calls``) are written in
+    the documented format and tool results are user turns in ``<tool_response>`` tags
+    (templates without a tool role accept them). ``content`` is each message's text (``None``:
+    empty). What ``gnll serve`` renders in-process and ``gnll score`` scores after.
+    """
+    turns: list[dict[str, str]] = []
+    system = ""
+    for m in messages:
+        role, text = str(m.get("role")), str(m.get("content") or "")
+        if role in ("system", "developer") and not turns and tools is not None:
+            system = f"{system}\n\n{text}".strip()
+            continue
+        if role == "assistant" and m.get("tool_calls"):
+            blocks = [
+                render_call(c["function"]["name"], c["function"].get("arguments") or "{}")
+                for c in m["tool_calls"]
+            ]
+            turns.append(
+                {"role": "assistant", "content": "\n".join(([text] if text else []) + blocks)}
+            )
+        elif role == "tool":
+            turns.append({"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"})
+        else:
+            turns.append({"role": "system" if role == "developer" else role, "content": text})
+    if tools is not None:
+        turns.insert(0, {"role": "system", "content": tool_system_prompt(tools, system)})
+    return turns
 
 
 #: JSON as ``json.dumps`` writes it (``", "`` and ``": "``, no other white space): one spelling of

@@ -98,7 +98,7 @@ def tool_choice_answer(
     from gnll.backends.reasoning import token_pieces
     from gnll.toolcalls import locate_calls
 
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message: dict[str, Any] = choice["message"] if isinstance(choice.get("message"), dict) else {}
     lp = choice.get("logprobs")
     entries = lp.get("content") if isinstance(lp, dict) else None
     if not isinstance(entries, list):

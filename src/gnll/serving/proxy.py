@@ -441,9 +441,11 @@ class ProxyService:
             return Reply(
                 data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
             )
-        return Reply(
-            data, records, None, prompt, model=model, answers=sent_answers(data, req.shape)
-        )
+        sent = sent_answers(data, req.shape)
+        reply = Reply(data, records, None, prompt, model=model, answers=sent)
+        if special is not None:  # a held tool reply (a cascade's) replays its calls' deltas
+            reply.replay = lambda body, usage: stream_chunks(body, sent, req.shape, usage)
+        return reply
 
     async def _echo(
         self,

@@ -28,7 +28,7 @@ from gnll.policy import Answer, annotate
 from gnll.policy.choices import tool_choice_answer
 from gnll.serving.errors import HTTPError
 from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
-from gnll.serving.tools import gate_calls, withhold
+from gnll.serving.tools import calls_abstain, gate_calls, withhold
 from gnll.toolcalls import call_report
 
 if TYPE_CHECKING:
@@ -76,6 +76,19 @@ class ProxyTools:
         tools, fmt = ToolRequest.of(extra), ResponseFormat.of(extra)
         return None if tools is None and fmt is None else cls(tools, fmt)
 
+    @property
+    def grammar(self) -> bool:
+        """Whether the upstream decodes the answer under its grammar: a JSON format, a required
+        or named call, or (vLLM) the call of a ``strict`` tool."""
+        if self.fmt is not None:
+            return True
+        assert self.tools is not None
+        return self.tools.required or any(t.function.strict for t in self.tools.tools)
+
+    def logprobs(self, profile: ServerProfile) -> str:
+        """Which distribution the upstream's log-probs of this answer are."""
+        return profile.structured_logprobs if self.grammar else "raw"
+
     def describe(self) -> str:
         """What the request asked, for an upstream's refusal of it."""
         if self.tools is not None:
@@ -97,7 +110,9 @@ class ProxyTools:
     ) -> Decided:
         """Score and decide one upstream choice. ``ordinary``: reads the choice as a free-text
         answer (what a choice without calls is)."""
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message: dict[str, Any] = (
+            choice["message"] if isinstance(choice.get("message"), dict) else {}
+        )
         if self.tools is not None and message.get("tool_calls"):
             return self._calls(choice, req, settings, profile, config, where)
         answer = ordinary()
@@ -151,7 +166,7 @@ class ProxyTools:
 
     def _structured(self, record: Uncertainty, profile: ServerProfile) -> dict[str, Any]:
         assert self.fmt is not None
-        out: dict[str, Any] = {"type": self.fmt.type, "logprobs": profile.structured_logprobs}
+        out: dict[str, Any] = {"type": self.fmt.type, "logprobs": self.logprobs(profile)}
         if record.spans is not None and record.spans_kind == "json" and not record.refused:
             out["fields"] = [{"path": s.path, "nll": s.nll} for s in record.spans]
         return out
@@ -182,6 +197,7 @@ class ProxyTools:
             source="upstream",
             prompt_format=_FORMAT,
         )
+        record = self._which(record, profile)
         report = call_report(answer.tokens, answer.token_logprobs, answer.text, calls)
         decided = gate_calls(
             settings.policy,
@@ -189,6 +205,9 @@ class ProxyTools:
             argument_threshold=settings.tool_argument_threshold,
             prompt_format=_FORMAT,
         )
+        abstain = calls_abstain(decided)
+        if abstain is not None:  # what a cascade escalates (gnll.serving.cascade)
+            record = record.model_copy(update={"abstain": abstain})
         if any(c["withheld"] for c in decided):
             message, record = withhold(record, decided, settings.policy.refusal)
             return Decided(answer, record, message["content"], "stop", message)
@@ -198,6 +217,12 @@ class ProxyTools:
                 c["id"] = sent["id"]  # the record names the call the client gets
         record = record.model_copy(update={"tool_calls": decided})
         return Decided(answer, record, None, choice.get("finish_reason"))
+
+    def _which(self, record: Uncertainty, profile: ServerProfile) -> Uncertainty:
+        """The record saying which distribution its numbers are (the upstream's grammar)."""
+        return record.model_copy(
+            update={"structured": {"type": "tool_calls", "logprobs": self.logprobs(profile)}}
+        )
 
 
 def apply(choice: dict[str, Any], decided: Decided, *, keep_logprobs: bool) -> None:

@@ -53,8 +53,7 @@ from gnll.toolcalls import (
     call_report,
     json_grammar,
     parse_output,
-    render_call,
-    tool_system_prompt,
+    tool_conversation,
 )
 from gnll.uncertainty import Uncertainty
 
@@ -64,6 +63,7 @@ if TYPE_CHECKING:
     from gnll.serving.settings import ServeSettings
 
 __all__ = [
+    "calls_abstain",
     "gate_calls",
     "handle_structured",
     "handle_tools",
@@ -78,35 +78,14 @@ _CONSTRAINED = threading.Lock()
 
 
 def render_messages(req: ChatCompletionRequest, tools: ToolRequest | None) -> list[dict[str, str]]:
-    """The conversation as plain ``{role, content}`` turns for the model's template: the tool
-    prompt joins the system message, earlier calls are written in the documented format and tool
-    results are user turns in ``<tool_response>`` tags (templates without a tool role accept them)."""
-    turns: list[dict[str, str]] = []
-    system = ""
-    for m in req.messages:
-        extra = m.model_extra or {}
-        if m.role in ("system", "developer") and not turns and tools is not None:
-            system = f"{system}\n\n{m.text()}".strip()
-            continue
-        if m.role == "assistant" and extra.get("tool_calls"):
-            blocks = [
-                render_call(c["function"]["name"], c["function"].get("arguments") or "{}")
-                for c in extra["tool_calls"]
-            ]
-            text = "\n".join(([m.text()] if m.text() else []) + blocks)
-            turns.append({"role": "assistant", "content": text})
-        elif m.role == "tool":
-            turns.append(
-                {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
-            )
-        else:
-            role = "system" if m.role == "developer" else m.role
-            turns.append({"role": role, "content": m.text()})
-    if tools is not None:
-        turns.insert(
-            0, {"role": "system", "content": tool_system_prompt(tools.tool_dicts(), system)}
-        )
-    return turns
+    """The conversation as plain ``{role, content}`` turns for the model's template
+    (:func:`gnll.toolcalls.tool_conversation`: the tool prompt joins the system message, earlier
+    calls in the documented format, tool results as user turns in ``<tool_response>`` tags)."""
+    messages = [
+        {"role": m.role, "content": m.text(), "tool_calls": (m.model_extra or {}).get("tool_calls")}
+        for m in req.messages
+    ]
+    return tool_conversation(messages, tools.tool_dicts() if tools is not None else None)
 
 
 def gate_calls(
@@ -139,6 +118,16 @@ def gate_calls(
         decided["withheld"] = blocked and policy.mode in ("refuse", "escalate")
         out.append(decided)
     return out
+
+
+def calls_abstain(decided: list[dict[str, Any]]) -> bool | None:
+    """Whether an output abstains because of its calls (one of them is blocked: what a cascade
+    escalates); ``None`` when nothing decided on them."""
+    if not any(
+        c["abstain"] is not None or c["arguments_over_threshold"] is not None for c in decided
+    ):
+        return None
+    return any(bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided)
 
 
 def withhold(
@@ -264,13 +253,8 @@ async def handle_tools(
     )
     withheld = any(c["withheld"] for c in decided)
     update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": parsed.error}
-    if decided and any(
-        c["abstain"] is not None or c["arguments_over_threshold"] is not None for c in decided
-    ):
-        # An output with calls abstains when one of its calls does (what a cascade escalates).
-        update["abstain"] = any(
-            bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided
-        )
+    if calls_abstain(decided) is not None:
+        update["abstain"] = calls_abstain(decided)
     if calls and not withheld:
         ids = [call_id() for _ in calls]
         for c, i in zip(decided, ids, strict=True):

@@ -56,10 +56,13 @@ class ServerProfile:
     capabilities:
         What the backend can compute through this server.
     structured_logprobs:
-        Which distribution the log-probs of an answer decoded under a grammar (a JSON
-        ``response_format``, a required tool call) are: ``"raw"`` (the model's own, the grammar
-        not applied: vLLM's default ``--logprobs-mode raw_logprobs``), ``"constrained"``
-        (renormalised over what the grammar allows) or ``"unknown"`` (not established here).
+        Which distribution the log-probs of an answer decoded under the server's grammar (a JSON
+        ``response_format``, a required or named tool call, a ``strict`` tool's call) are:
+        ``"raw"`` (the model's own, the grammar not applied), ``"constrained"`` (after the
+        grammar's mask: renormalised over the tokens it allowed; a forced token reports 0) or
+        ``"unknown"`` (not established here). Measured on vLLM 0.32's CPU build with its default
+        ``--logprobs-mode raw_logprobs``: constrained (teacher forcing without the grammar gives
+        the raw ones; they agree where no grammar applies).
     """
 
     name: str
@@ -104,7 +107,7 @@ PROFILES: dict[str, ServerProfile] = {
         logprobs_need_top=False,
         responses_logprobs=True,
         capabilities=_caps(scoring=True, terminator=True, top_logprobs=20),
-        structured_logprobs="raw",
+        structured_logprobs="constrained",
     ),
     "llama-cpp-python": ServerProfile(
         name="llama-cpp-python",
