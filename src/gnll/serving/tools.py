@@ -19,7 +19,10 @@ each call: on the call's G-NLL, and on each argument value's NLL against
 and the assistant message says which call was withheld, with the call's uncertainty record
 (without its text or tokens). The record abstains when a call does, so the escalation cascade
 (:mod:`gnll.serving.cascade`) asks the larger model for the call; the reply's ``replay`` replays
-either model's call.
+either model's call. With early decisions on, decoding stops at the token where a call's (or an
+argument's) running NLL crosses its threshold (:mod:`gnll.toolwatch`: :func:`call_rule` makes
+the decoding loops' rule), and every finished output is read by the same watch, so stopping
+there and decoding to the end decide alike.
 
 A request with ``response_format`` ``json_object`` or ``json_schema`` is decoded under the JSON
 (schema) grammar; its record's ``structured`` has both the raw and the constrained NLLs.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,6 +40,7 @@ import anyio
 
 from gnll.backends.base import ChatPrompt
 from gnll.backends.constrained import ConstrainedGeneration, ConstrainedModel
+from gnll.measures.early import EarlyDecisionError
 from gnll.policy import AbstentionPolicy, Answer, annotate
 from gnll.serving.errors import RequestError
 from gnll.serving.protocol.chat import ChatShape
@@ -56,6 +61,7 @@ from gnll.toolcalls import (
     render_call,
     tool_system_prompt,
 )
+from gnll.toolwatch import ToolCallDecision
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -134,8 +140,48 @@ def gate_calls(
     return out
 
 
+def call_rule(
+    settings: ServeSettings, tools: ToolRequest, prompt_format: str
+) -> Callable[[], ToolCallDecision] | None:
+    """A maker of exact early decisions on the calls of an output (:mod:`gnll.toolwatch`), or
+    ``None`` when the policy withholds no call, or its rule cannot decide before the end (a
+    calibrated map that is not monotone)."""
+    policy = settings.policy
+    if policy.mode not in ("refuse", "escalate") or not policy.active:
+        return None
+    try:
+        policy.check_monotone()
+    except EarlyDecisionError:
+        return None
+
+    def abstains(g: float) -> bool:
+        return bool(policy.decide(g, prompt_format)[1])  # what gate_calls asks of the policy
+
+    return lambda: ToolCallDecision(
+        abstains,
+        action=policy.mode,
+        argument_threshold=settings.tool_argument_threshold,
+        max_calls=None if tools.parallel_tool_calls else 1,
+    )
+
+
+def _facts(rule: ToolCallDecision, max_tokens: int) -> dict[str, Any]:
+    """An early decision's facts, as the decoding loop reports them (``EarlyStop.facts``)."""
+    d = rule.decision
+    return {
+        "decided_at_token": d.at_token,
+        "tokens_generated": rule.generated,
+        "tokens_saved": max_tokens - rule.generated,
+        "action": d.action,
+    }
+
+
 def _withheld_text(calls: list[dict[str, Any]], refusal: str) -> str:
-    names = ", ".join(f"{c['name']} (call {c['index']})" for c in calls if c["withheld"])
+    names = ", ".join(
+        f"{c['name'] or 'a function not yet named'} (call {c['index']})"
+        for c in calls
+        if c["withheld"]
+    )
     return f"{refusal} The tool call was withheld: {names}."
 
 
@@ -146,7 +192,12 @@ def _without_text(call: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _constrained(
-    service: InProcessService, prompt: str, grammar: str, max_tokens: int, param: str
+    service: InProcessService,
+    prompt: str,
+    grammar: str,
+    max_tokens: int,
+    param: str,
+    watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
     model = service.model
     if not isinstance(model, ConstrainedModel):
@@ -159,7 +210,9 @@ async def _constrained(
 
     def run() -> ConstrainedGeneration:
         with _CONSTRAINED:
-            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
+            if watch is None:
+                return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
+            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens, watch=watch)
 
     try:
         return await anyio.to_thread.run_sync(run)
@@ -203,18 +256,39 @@ async def handle_tools(
         default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit
     )
     prompt = ChatPrompt.of(render_messages(req, tools))
+    fmt = "chat"  # the messages (tool prompt included) through the model's chat template
+    rule = call_rule(settings, tools, fmt)
+    early = rule if rule is not None and settings.decides_early else None
     constrained: list[float] | None = None
     if tools.required:
         grammar = call_grammar(
             tools.allowed_functions(),
             parallel=tools.parallel_tool_calls and tools.tool_choice == "required",
         )
-        gen = await _constrained(service, prompt, grammar, config.max_new_tokens, "tool_choice")
+        live = early() if early is not None else None
+        gen = await _constrained(
+            service,
+            prompt,
+            grammar,
+            config.max_new_tokens,
+            "tool_choice",
+            watch=live.push_token if live is not None else None,
+        )
         answer, constrained = _answer(gen), gen.constrained_logprobs
+        if gen.finish_reason == "decided" and live is not None:
+            answer.early = _facts(live, config.max_new_tokens)
     else:
-        decoded = await service.engine.decode([prompt], config, raw=False)
-        answer = to_answer(decoded.generations[0][0], "greedy")
-    fmt = "chat"  # the messages (tool prompt included) through the model's chat template
+        decoded = await service.engine.decode([prompt], config, raw=False, early=early)
+        facts = decoded.decisions[0][0] if decoded.decisions else None
+        answer = to_answer(decoded.generations[0][0], "greedy", early=facts)
+    # The decision on the tokens the client would get, read as they were decoded: the same
+    # whether decoding stopped at it or ran to the end (a call attempt it withholds is withheld
+    # even when the model would not have completed it).
+    watch = rule().watch if rule is not None else None
+    if watch is not None:
+        for tok, lp in zip(answer.tokens, answer.token_logprobs, strict=True):
+            if watch.push(tok, lp):
+                break
     parsed = parse_output(answer.text, tools.names)
     calls = parsed.calls
     # An output with calls is decided per call (gate_calls), not refused as a whole.
@@ -233,6 +307,18 @@ async def handle_tools(
         argument_threshold=settings.tool_argument_threshold,
         prompt_format=fmt,
     )
+    if watch is not None and watch.decided_call is not None:
+        n = watch.decided_call
+        if n < len(decided):
+            decided[n]["withheld"] = True
+        else:  # a call stopped at its decision (or broken off): the watch's record of it
+            part = watch.report()[n]
+            p, _ = settings.policy.decide(part["g_nll"], fmt)
+            decided.append({**part, "p_correct": p, "withheld": True})
+    if answer.early is not None:
+        for c in decided:
+            if c["withheld"]:
+                c["early"] = True  # decided before the call was complete: its NLLs so far
     withheld = any(c["withheld"] for c in decided)
     update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": parsed.error}
     if decided and any(
