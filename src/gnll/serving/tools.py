@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from gnll.serving.schemas import ChatCompletionRequest
     from gnll.serving.settings import ServeSettings
 
-__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages"]
+__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages", "replay_body"]
 
 #: One constrained decode at a time per process: it runs beside the engine's thread on the same
 #: weights, and two of them would only share the cores.
@@ -274,11 +274,21 @@ def _reply(
         ],
         "usage": Usage.of(n_prompt, [answer]).model_dump(),
     }
-    stream = _replay(body, req.include_usage) if req.stream else None
-    return Reply(body=body, records=[record], stream=stream, prompt=prompt)
+    stream = replay_body(body, req.include_usage) if req.stream else None
+    # What a cascade keeps of the local reply: the text the client is sent (a withheld call's
+    # message, never the call), and the replay that carries the tool-call deltas.
+    sent = Answer(message.get("content") or "", finish, [], [], completion_tokens=0)
+    return Reply(
+        body=body,
+        records=[record],
+        stream=stream,
+        prompt=prompt,
+        answers=[sent],
+        replay=replay_body,
+    )
 
 
-def _replay(body: dict[str, Any], include_usage: bool) -> Any:
+def replay_body(body: dict[str, Any], include_usage: bool) -> Any:
     """The finished response as stream chunks: nothing goes out before the decision (the whole
     answer is known first), then the text, the tool-call deltas and the uncertainty."""
     base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
