@@ -8,7 +8,7 @@ takes the calls out of the text (vLLM: ``--enable-auto-tool-choice --tool-call-p
 is found in that output (:func:`gnll.policy.choices.tool_choice_answer`) and gets the same record
 as in-process (:func:`gnll.toolcalls.call_report`: the call's G-NLL, its name's NLL, each argument
 value's NLL over its own tokens, the tokens each part scored), and the same gate decides it
-(:func:`gnll.serving.tools.gate_calls`): a withheld call never reaches the client (under
+(:func:`gnll.policy.tools.decide_tool_answer`): a withheld call never reaches the client (under
 ``refuse`` the upstream is asked without streaming and a stream is a replay of the decided body).
 
 An answer without calls is an ordinary answer. A JSON ``response_format`` answer is an ordinary
@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gnll.policy import Answer, annotate
 from gnll.policy.choices import tool_choice_answer
+from gnll.policy.tools import decide_tool_answer
 from gnll.serving.errors import HTTPError
 from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
-from gnll.serving.tools import calls_abstain, gate_calls, withhold
-from gnll.toolcalls import call_report
 
 if TYPE_CHECKING:
     from gnll.backends.base import GenerationConfig
@@ -188,34 +187,25 @@ class ProxyTools:
             decoding="greedy" if req.greedy else "sampled",
             where=where,
         )
-        # An output with calls is decided per call (gate_calls), not refused as a whole.
-        policy = replace(settings.policy, mode="annotate")
-        [record], _, _ = annotate(
-            [answer],
-            policy,
-            include_tokens=req.wants_logprobs,
-            source="upstream",
-            prompt_format=_FORMAT,
-        )
-        record = self._which(record, profile)
-        report = call_report(answer.tokens, answer.token_logprobs, answer.text, calls)
-        decided = gate_calls(
+        decided = decide_tool_answer(
+            answer,
+            calls,
             settings.policy,
-            report,
             argument_threshold=settings.tool_argument_threshold,
             prompt_format=_FORMAT,
+            include_tokens=req.wants_logprobs,
+            source="upstream",
         )
-        abstain = calls_abstain(decided)
-        if abstain is not None:  # what a cascade escalates (gnll.serving.cascade)
-            record = record.model_copy(update={"abstain": abstain})
-        if any(c["withheld"] for c in decided):
-            message, record = withhold(record, decided, settings.policy.refusal)
-            return Decided(answer, record, message["content"], "stop", message)
+        record = self._which(decided.record, profile)
+        if decided.withheld:  # nothing of the calls goes out: the policy's message instead
+            message = {"role": "assistant", "content": decided.text, "refusal": None}
+            return Decided(answer, record, decided.text, decided.finish_reason, message)
         upstream = choice["message"]["tool_calls"]
-        for c, sent in zip(decided, upstream, strict=True):
-            if isinstance(sent, dict) and sent.get("id"):
-                c["id"] = sent["id"]  # the record names the call the client gets
-        record = record.model_copy(update={"tool_calls": decided})
+        calls_sent = [
+            {**c, "id": sent["id"]} if isinstance(sent, dict) and sent.get("id") else c
+            for c, sent in zip(decided.calls, upstream, strict=True)
+        ]  # the record names the calls the client gets
+        record = record.model_copy(update={"tool_calls": calls_sent})
         return Decided(answer, record, None, choice.get("finish_reason"))
 
     def _which(self, record: Uncertainty, profile: ServerProfile) -> Uncertainty:
