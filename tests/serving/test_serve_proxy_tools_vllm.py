@@ -150,10 +150,16 @@ def _check_constrained(rec: dict, reported: list[float], raw: np.ndarray) -> Non
     def nll(ks: list[int]) -> float:
         return -float(np.sum(lps[ks])) if ks else 0.0
 
-    assert rec["g_nll"] == pytest.approx(nll(rec["token_indices"]), abs=1e-9)  # same numbers
-    assert rec["name_nll"] == pytest.approx(nll(rec["name_tokens"]), abs=1e-9)  # same numbers
+    assert rec["g_nll"] == pytest.approx(
+        nll(rec["token_indices"]), abs=1e-9
+    )  # same path: sums of the log-probs vLLM reported
+    assert rec["name_nll"] == pytest.approx(
+        nll(rec["name_tokens"]), abs=1e-9
+    )  # same path: sums of the log-probs vLLM reported
     for a in rec["arguments"]:
-        assert a["nll"] == pytest.approx(nll(a["token_indices"]), abs=1e-9)  # same numbers
+        assert a["nll"] == pytest.approx(
+            nll(a["token_indices"]), abs=1e-9
+        )  # same path: sums of the log-probs vLLM reported
     ks = rec["token_indices"]
     assert np.all(lps[ks] >= raw[ks] - BATCH_INVARIANCE_ATOL)
     assert np.any(lps[ks] > raw[ks] + 1.0)  # not the raw distribution
