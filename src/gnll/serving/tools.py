@@ -164,9 +164,7 @@ async def _constrained(
         with _CONSTRAINED:
             if watch is None:
                 return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
-            return lm.generate_constrained(
-                prompt, grammar, max_new_tokens=max_tokens, watch=watch
-            )
+            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens, watch=watch)
 
     try:
         return await anyio.to_thread.run_sync(run)
