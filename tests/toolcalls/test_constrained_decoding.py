@@ -153,6 +153,35 @@ def test_a_prompt_that_does_not_share_the_prefix_is_encoded_whole(tiny_llama):
         np.testing.assert_allclose(g.token_logprobs, raw, atol=BATCH_INVARIANCE_ATOL, rtol=0)
 
 
+def test_a_watch_stops_the_batched_path_at_the_token_the_reference_stops_at(tiny_llama):
+    # a decision at a grammar-forced token (inside a run fed in one pass) and at a chosen one
+    hf = load_model(str(tiny_llama(max_position_embeddings=2048)), progress=False, device="cpu")
+    grammar = call_grammar([t["function"] for t in TOOLS])
+    [prompt] = hf.encode([tool_system_prompt(TOOLS) + "\nQ: 2+2?\nA:"], raw_prompt=True)
+    ids, raw, _, _ = reference(hf.model, hf.tokenizer, prompt, grammar, 30, hf.eos_ids)
+    for k in (3, 9, 17, 24):
+        seen: list[tuple[str, float]] = []
+
+        def watch(text: str, lp: float, seen: list[tuple[str, float]] = seen, k: int = k) -> bool:
+            seen.append((text, lp))
+            return len(seen) == k
+
+        g = constrained.generate_constrained(
+            hf.model,
+            hf.tokenizer,
+            prompt,
+            grammar,
+            max_new_tokens=30,
+            eos_ids=hf.eos_ids,
+            watch=watch,
+        )
+        assert g.finish_reason == "decided" and g.token_ids == ids[:k]
+        assert [t for t, _ in seen] == [hf.tokenizer.decode([t]) for t in ids[:k]]
+        np.testing.assert_allclose(
+            [lp for _, lp in seen], raw[:k], atol=BATCH_INVARIANCE_ATOL, rtol=0
+        )
+
+
 @pytest.mark.model
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
 def test_batched_path_on_the_embedded_models(name):

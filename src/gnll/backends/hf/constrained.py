@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,8 +91,13 @@ def generate_constrained(
     *,
     max_new_tokens: int,
     eos_ids: set[int],
+    watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
     """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas).
+
+    ``watch`` sees each token's text and raw log-prob as it is decoded; when it returns ``True``
+    (an exact early decision: :mod:`gnll.toolwatch`) decoding stops there, with finish reason
+    ``"decided"``.
 
     Where the grammar allows exactly one token (the tags, the JSON punctuation and keys of a call:
     most of its tokens), that token is the greedy choice whatever the logits, so a run of them is
@@ -148,6 +153,11 @@ def generate_constrained(
             out_ids.append(tok)
             raw.append(lp)
             con.append(0.0)  # the only allowed token: probability 1 under the grammar
+            if watch is not None and watch(tokenizer.decode([tok]), lp):
+                finish = "decided"
+                break
+        if finish == "decided":
+            break
         if matcher.is_stopped():
             finish = "stop"
             break
@@ -168,6 +178,9 @@ def generate_constrained(
         out_ids.append(tok)
         raw.append(lp)
         con.append(min(0.0, lp - norm))
+        if watch is not None and watch(tokenizer.decode([tok]), lp):
+            finish = "decided"
+            break
         if matcher.is_stopped():
             finish = "stop"
             break
