@@ -10,9 +10,9 @@ import pytest
 import torch
 
 pytest.importorskip("llguidance")
-from conftest import tiny_tokenizer  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 
+from conftest import tiny_tokenizer  # noqa: E402
 from gnll.backends.hf.constrained import _llg_tokenizer, generate_constrained  # noqa: E402
 from gnll.toolcalls import call_grammar  # noqa: E402
 

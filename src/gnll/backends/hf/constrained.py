@@ -26,7 +26,7 @@ llguidance is an optional dependency (``pip install gnll[structured]``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -75,9 +75,15 @@ def generate_constrained(
     *,
     max_new_tokens: int,
     eos_ids: set[int],
+    watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
     """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas), in
-    the tokenizer's canonical tokens (the module)."""
+    the tokenizer's canonical tokens (the module).
+
+    ``watch`` sees each token's text and raw log-prob once it is final (a token is final when the
+    next one is chosen without taking it back, or when decoding ends); when it returns ``True``
+    (an exact early decision: :mod:`gnll.toolwatch`) the output stops at that token, with finish
+    reason ``"decided"``."""
     import llguidance
     import llguidance.torch as lt
 
@@ -98,6 +104,10 @@ def generate_constrained(
     rewinds = 0
     finish, terminator = "length", []
     state: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def seen(k: int) -> bool:
+        return watch is not None and watch(tokenizer.decode([out_ids[k]]), raw[k])
+
     while len(out_ids) < max_new_tokens:
         if state is None:
             logits = model(input_ids=feed, past_key_values=cache, use_cache=True).logits[0, -1]
@@ -141,10 +151,19 @@ def generate_constrained(
         con.append(min(0.0, lp - norm))
         states.append(state)
         state = None
+        # the token before this one can no longer be taken back: the watch reads it now
+        if len(out_ids) >= 2 and seen(len(out_ids) - 2):
+            out_ids.pop()  # the output stops at the deciding token
+            raw.pop()
+            con.pop()
+            finish = "decided"
+            break
         if matcher.is_stopped():
             finish = "stop"
             break
         feed = torch.tensor([[tok]], dtype=torch.long, device=model.device)
+    if finish != "decided" and out_ids and seen(len(out_ids) - 1):
+        finish, terminator = "decided", []  # decided at the last token, before what ended it
     tokens = [tokenizer.decode([t]) for t in out_ids]
     canonical = list(llg.tokenize_bytes(llg.decode_bytes(out_ids))) == out_ids
     return ConstrainedGeneration(
