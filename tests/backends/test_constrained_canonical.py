@@ -74,3 +74,36 @@ def test_the_grammars_greedy_output_is_in_canonical_tokens_with_their_log_probs(
     logp = torch.log_softmax(model.logits, dim=-1)
     assert gen.token_logprobs == [float(logp[t]) for t in gen.token_ids]  # same path: these very log-probs
     assert all(c <= 0.0 for c in gen.constrained_logprobs)
+
+
+def test_an_early_decision_watch_reads_each_final_token_once():
+    """A token taken back (to decode its pair canonically) is not read by the watch: it reads the
+    output's tokens once each, in order, and a decision stops the output at its token."""
+    tok = tiny_tokenizer()
+    model = ShortestTokens(tok)
+    prompt = tok("Weather in Paris?", add_special_tokens=False)["input_ids"]
+    grammar = call_grammar(FUNCTIONS)
+    read: list[str] = []
+    full = generate_constrained(
+        model,
+        tok,
+        prompt,
+        grammar,
+        max_new_tokens=200,
+        eos_ids={tok.eos_token_id},
+        watch=lambda t, lp: read.append(t) or False,
+    )
+    assert read == full.tokens and full.finish_reason == "stop"
+    at = full.tokens.index("ator")  # after the rewinds of the function's name
+    seen: list[str] = []
+    cut = generate_constrained(
+        model,
+        tok,
+        prompt,
+        grammar,
+        max_new_tokens=200,
+        eos_ids={tok.eos_token_id},
+        watch=lambda t, lp: seen.append(t) or len(seen) == at + 1,
+    )
+    assert cut.finish_reason == "decided" and cut.tokens == full.tokens[: at + 1] == seen
+    assert cut.token_logprobs == full.token_logprobs[: at + 1]  # same path: the same decode

@@ -105,6 +105,8 @@ def generate_constrained(
     finish, terminator = "length", []
     state: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    watched = 0  # how many output tokens the watch has read
+
     def seen(k: int) -> bool:
         return watch is not None and watch(tokenizer.decode([out_ids[k]]), raw[k])
 
@@ -151,18 +153,21 @@ def generate_constrained(
         con.append(min(0.0, lp - norm))
         states.append(state)
         state = None
-        # the token before this one can no longer be taken back: the watch reads it now
-        if len(out_ids) >= 2 and seen(len(out_ids) - 2):
-            out_ids.pop()  # the output stops at the deciding token
-            raw.pop()
-            con.pop()
-            finish = "decided"
-            break
+        # the tokens before this one can no longer be taken back: the watch reads them now (once
+        # each: a token taken back was never read)
+        if watched < len(out_ids) - 1:
+            watched += 1
+            if seen(watched - 1):
+                out_ids.pop()  # the output stops at the deciding token
+                raw.pop()
+                con.pop()
+                finish = "decided"
+                break
         if matcher.is_stopped():
             finish = "stop"
             break
         feed = torch.tensor([[tok]], dtype=torch.long, device=model.device)
-    if finish != "decided" and out_ids and seen(len(out_ids) - 1):
+    if finish != "decided" and watched < len(out_ids) and seen(len(out_ids) - 1):
         finish, terminator = "decided", []  # decided at the last token, before what ended it
     tokens = [tokenizer.decode([t]) for t in out_ids]
     canonical = list(llg.tokenize_bytes(llg.decode_bytes(out_ids))) == out_ids
