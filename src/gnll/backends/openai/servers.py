@@ -62,7 +62,8 @@ class ServerProfile:
         grammar's mask: renormalised over the tokens it allowed; a forced token reports 0) or
         ``"unknown"`` (not established here). Measured on vLLM 0.32's CPU build with its default
         ``--logprobs-mode raw_logprobs``: constrained (teacher forcing without the grammar gives
-        the raw ones; they agree where no grammar applies).
+        the raw ones; they agree where no grammar applies); on llama-cpp-python: raw (a forced
+        token keeps its log-prob, below the unconstrained top alternative).
     """
 
     name: str
@@ -122,6 +123,8 @@ PROFILES: dict[str, ServerProfile] = {
         echo=True,
         # It drops the EOS token from the returned tokens, so "ending here" has no log-prob.
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
+        # Measured (0.3.x): a named tool call's grammar-forced tokens keep their raw log-probs.
+        structured_logprobs="raw",
     ),
     "llama.cpp": ServerProfile(
         name="llama.cpp",
