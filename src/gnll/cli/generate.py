@@ -184,7 +184,6 @@ def generate(
         logprobs=logprobs,
         prompt_format=fmt,
         policy=pol,
-        early=None if watched is None else watched.facts,
     )
     _report(console, run_generate_job(lm if watched is None else watched, job, opts))
 

@@ -8,7 +8,7 @@ flush per chunk and ``--resume``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,9 +45,6 @@ class AskOptions:
     #: of ``gnll serve --policy refuse``, so the decisions and the refusal text are the server's;
     #: ``None``: every answer is written.
     policy: AbstentionPolicy | None = None
-    #: With early decisions: the last answer's decision (``decided_at_token``,
-    #: ``tokens_generated``, ``tokens_saved``), or ``None`` when it ran to its end.
-    early: Callable[[], Mapping[str, Any] | None] | None = None
 
 
 def _question(row: dict[str, Any]) -> str | None:
@@ -99,15 +96,9 @@ def _apply_refusal(
     scored = "answer" if result.greedy.reasoning is not None else "output"
     refused = bool(policy.decide(result.measures["g-nll"], result.prompt_format, scored)[1])
     out["refused"] = refused
-    facts = opts.early() if opts.early is not None else None
-    if facts is not None:  # stopped at the decision token: the rest was never generated
-        out.update(
-            early=True,
-            decided_at_token=facts["decided_at_token"],
-            tokens_generated=facts["tokens_generated"],
-            tokens_saved=facts["tokens_saved"],
-            g_nll_is_lower_bound=True,
-        )
+    early = result.greedy.early
+    if early is not None:  # stopped at the decision token: the rest was never generated
+        out.update(early.record())
     if refused:
         out["answer"] = policy.refusal
         for name in _WITHHELD:

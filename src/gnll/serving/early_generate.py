@@ -54,21 +54,17 @@ class EarlyGreedy:
 
     An answer ends at the first released token after which the policy refuses it whatever
     follows; the answer returned is the part released then (``finish_reason`` ``"decided"``).
-    Everything else is the model's own. :meth:`facts` gives the last greedy answer's decision.
+    Everything else is the model's own. A stopped answer says where
+    (:attr:`~gnll.backends.base.Generation.early`).
     """
 
     def __init__(self, engine: BatchingEngine, rule: Callable[[], EarlyDecision]) -> None:
         self.engine, self.model, self.rule = engine, engine.model, rule
         #: which tokens its G-NLL covers, the model's own (a calibration is checked against it)
         self.scored = scored_of(engine.model)
-        self._facts: list[dict[str, Any] | None] = []
 
     def __getattr__(self, name: str) -> object:  # the rest of the Model: the model's own
         return getattr(self.model, name)
-
-    def facts(self) -> dict[str, Any] | None:
-        """The last greedy answer's early decision (``None``: it ran to its end)."""
-        return self._facts[0] if len(self._facts) == 1 else None
 
     def generate(
         self, prompts: Sequence[str], config: GenerationConfig | None = None, **kw: Any
@@ -78,6 +74,4 @@ class EarlyGreedy:
             return self.model.generate(prompts, config, **kw)
         # The server's decoding loop, run here: one loop stops answers at their decisions.
         decoded = self.engine.run(prompts, config, raw=kw.get("raw_prompt", False), early=self.rule)
-        decisions = decoded.decisions or [[None] for _ in decoded.generations]
-        self._facts = [d[0] if d else None for d in decisions]
         return decoded.generations

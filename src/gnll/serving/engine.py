@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from gnll.backends.base import Generation, GenerationConfig, Model, StreamingModel
+from gnll.backends.early import EarlyDecided
 from gnll.measures.early import EarlyDecision
 from gnll.serving.errors import RequestError
 from gnll.serving.streams.live import HeldText
@@ -81,8 +82,6 @@ class _Job:
     #: Exact early decisions (greedy jobs under refuse/escalate): a new
     #: :class:`~gnll.measures.early.EarlyDecision` per answer; a row stops once its rule decides.
     early: Callable[[], EarlyDecision] | None = None
-    #: Per prompt, per sequence: the early decision's facts when one was made (else ``None``).
-    decisions: list[list[dict[str, Any] | None]] | None = None
     #: A job decoded in the calling thread: its generations or its failure, once settled.
     outcome: tuple[list[list[Generation]] | None, BaseException | None] | None = None
 
@@ -130,9 +129,6 @@ class Decoded:
 
     generations: list[list[Generation]]
     top_logprobs: list[list[list[dict[str, float]]] | None] | None = None
-    #: Per prompt, per sequence: an early decision's facts (:class:`EarlyStop.facts`) when the
-    #: answer was stopped at it, else ``None``; ``None`` for a job without early decisions.
-    decisions: list[list[dict[str, Any] | None]] | None = None
 
 
 class EarlyStop:
@@ -152,14 +148,15 @@ class EarlyStop:
             self.rule.release(lps)
         return self.rule.decided
 
-    def facts(self) -> dict[str, Any]:
+    def decided(self) -> EarlyDecided:
+        """Where the answer stopped (once :attr:`rule` decided)."""
         d = self.rule.decision
-        return {
-            "decided_at_token": d.at_token,
-            "tokens_generated": self.rule.generated,
-            "tokens_saved": self.max_tokens - self.rule.generated,
-            "action": d.action,
-        }
+        return EarlyDecided(
+            decided_at_token=d.at_token or 0,
+            tokens_generated=self.rule.generated,
+            tokens_saved=self.max_tokens - self.rule.generated,
+            action=d.action,
+        )
 
     def generation(self) -> Generation:
         """The answer up to the decision's token (``decided_at_token``): its G-NLL is the one the
@@ -178,6 +175,7 @@ class EarlyStop:
             # Decided before any answer token (a policy that abstains on G-NLL 0): its G-NLL is
             # the running sum, 0, not the empty-answer rule's stop token (none was generated).
             terminator_logprobs=[] if ids else [0.0],
+            early=self.decided(),
         )
 
 
@@ -191,21 +189,15 @@ class _Open:
     tops: list[list[list[dict[str, float]]] | None]
     #: Per prompt, per sequence: the early-decision watches (jobs with early decisions only).
     watches: list[list[EarlyStop]] | None = None
-    decisions: list[list[dict[str, Any] | None]] = field(default_factory=list)
 
     def decided(self, i: int, gens: list[Generation]) -> list[Generation]:
         """Prompt ``i``'s generations, those stopped at an early decision cut to what was
-        released; records the decisions."""
+        released (each saying where: :attr:`Generation.early`)."""
         assert self.watches is not None
-        if not self.decisions:
-            self.decisions = [[None] * len(w) for w in self.watches]
-        out = []
-        for j, (gen, w) in enumerate(zip(gens, self.watches[i], strict=True)):
-            if w.rule.decided:
-                self.decisions[i][j] = w.facts()
-                gen = w.generation()
-            out.append(gen)
-        return out
+        return [
+            w.generation() if w.rule.decided else gen
+            for gen, w in zip(gens, self.watches[i], strict=True)
+        ]
 
 
 class EngineStopped(RuntimeError):
@@ -308,7 +300,7 @@ class BatchingEngine:
 
         ``early``: makes one :class:`~gnll.measures.early.EarlyDecision` per answer (greedy
         decoding); an answer stops at the token where it decides (continuous decoding loop only:
-        :attr:`decides_early`), and :attr:`Decoded.decisions` says where.
+        :attr:`decides_early`), and its :attr:`Generation.early` says where.
         """
         if top_logprobs and not self._continuous:
             raise RequestError("this model reports no alternatives (top_logprobs)", "top_logprobs")
@@ -322,7 +314,7 @@ class BatchingEngine:
         except asyncio.CancelledError:  # the request's task was cancelled: free its rows
             job.cancelled = True
             raise
-        return Decoded(gens, job.tops, job.decisions)
+        return Decoded(gens, job.tops)
 
     @property
     def decides_early(self) -> bool:
@@ -364,11 +356,11 @@ class BatchingEngine:
             early = None
         job = _Job.now(prompts, config, raw, early)
         if self._answerer is not None and early is not None:
-            return Decoded(self._reason([job]), None, job.decisions)
+            return Decoded(self._reason([job]))
         if not (self._continuous and self._drive_now(self._streaming, [job])):
             # no decoding loop (for this configuration): the model's generate
             return Decoded(self._generate(job.prompts, config, raw))
-        return Decoded(job.result(), job.tops, job.decisions)
+        return Decoded(job.result(), job.tops)
 
     def stream(
         self,
@@ -610,8 +602,6 @@ class BatchingEngine:
                 if entry.left == 0:
                     if entry.job.top_k:
                         entry.job.tops = entry.tops
-                    if entry.watches is not None:
-                        entry.job.decisions = entry.decisions
                     open_jobs.pop(jid).job.resolve(entry.outputs)
             for jid in [jid for jid, entry in open_jobs.items() if entry.job.cancelled]:
                 # Its client went away: its rows leave the loop and their slots go to others.
@@ -665,8 +655,7 @@ class BatchingEngine:
         """A reasoning model's answers to ``jobs`` (one configuration), each answer stopping at its
         job's early decision: the traces are decoded to their end (the decision cannot be made
         before the answer starts), the answer phase runs through :meth:`_drive` with the
-        watches, so only answer tokens, released after the end-of-reasoning marker, count.
-        Sets each job's :attr:`_Job.decisions`."""
+        watches, so only answer tokens, released after the end-of-reasoning marker, count."""
         model = self.model
         lm = self._answerer
         assert lm is not None
@@ -682,9 +671,8 @@ class BatchingEngine:
             if not self._drive_now(lm, parts):  # no loop for this configuration: to the end
                 return cast(Model, lm).generate(contexts, cfg, raw_prompt=True)
             outs = []
-            for job, part in zip(jobs, parts, strict=True):
+            for part in parts:
                 outs += part.result()
-                job.decisions = part.decisions
             return outs
 
         prompts = [p for job in jobs for p in job.prompts]
