@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnll.backends.base import GenerationConfig
+from gnll.backends.decoding import EarlyStop
+from gnll.backends.held import HeldText
 from gnll.backends.hf.stopping import StopRules
 from gnll.measures import g_nll
 from gnll.policy import AbstentionPolicy
-from gnll.serving.engine import EarlyStop
-from gnll.serving.streams.live import HeldText
 
 VOCAB = {
     **{0: "", 1: " a", 2: " b", 3: "Q", 4: "ue", 5: "st", 6: ":", 7: " Quest", 8: "\n", 9: " c"},
