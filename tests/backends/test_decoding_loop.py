@@ -31,10 +31,12 @@ def _calls(path: Path) -> list[str]:
             name = getattr(node.func, "attr", getattr(node.func, "id", None))
             if name in LOOP_CALLS:
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} {name}()")
+            # a row joining a decoder with its early-decision watch (a backend's own loop, such as
+            # the grammar loop's generate_constrained, may be handed a watch: it runs the loop)
             found += [
-                f"{path.relative_to(SRC)}:{node.lineno} watch="
+                f"{path.relative_to(SRC)}:{node.lineno} add(watch=)"
                 for kw in node.keywords
-                if kw.arg == "watch"
+                if kw.arg == "watch" and name == "add"
             ]
     return found
 
@@ -48,7 +50,7 @@ def test_serving_runs_no_decoding_loop():
     assert {h.split()[1] for h in _calls(SRC / "backends" / "decoding.py")} >= {
         "open_decoder()",
         "step()",
-        "watch=",
+        "add(watch=)",
         "generate_answers()",
     }
 

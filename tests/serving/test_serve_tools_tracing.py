@@ -56,10 +56,10 @@ def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(exporter,
     assert ev["gen_ai.tool.name"] == "get_weather" and ev["gnll.tool_call.index"] == 0
     assert ev["gen_ai.response.id"] == r.id and ev["gnll.api"] == "chat.completions"
     # the call's own numbers, as the response's record has them
-    assert math.isclose(ev["gen_ai.evaluation.score.value"], call["g_nll"], abs_tol=1e-12)
+    assert math.isclose(ev["gen_ai.evaluation.score.value"], call["g_nll"], abs_tol=1e-12)  # same path: one record, two views
     assert ev["gnll.tool_call.least_certain_argument"] == "city"
     nll = call["arguments"][0]["nll"]
-    assert math.isclose(ev["gnll.tool_call.max_argument_nll"], nll, abs_tol=1e-12)
+    assert math.isclose(ev["gnll.tool_call.max_argument_nll"], nll, abs_tol=1e-12)  # same path: one record, two views
     assert nll > 0.5 and call["g_nll"] < -sum(LPS)  # a part of the output's G-NLL
     if gate:
         assert ev["gen_ai.evaluation.score.label"] == "withheld"

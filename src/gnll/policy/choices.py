@@ -11,6 +11,7 @@ from typing import Any, Literal
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
 from gnll.backends.openai.parse import read_choice, to_generation
+from gnll.backends.openai.reasoning import reasoning_text
 from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
 from gnll.policy.answers import Answer
@@ -38,6 +39,8 @@ def choice_answer(
     answer only (:mod:`gnll.backends.reasoning`; ``labels``: a stream's per-token labels); one
     whose log-probs cannot be aligned with its answer is a :class:`LogprobError` too.
     """
+    holder = choice["message"] if isinstance(choice.get("message"), dict) else choice
+    parsed = reasoning_text(holder) if isinstance(holder, dict) else None  # the server's own split
     try:
         raw = read_choice(choice, reasoning=reasoning, labels=labels)
         if raw.reasoning is not None and not raw.reasoning.marker_reported and labels:
@@ -51,12 +54,12 @@ def choice_answer(
     except ServerError as exc:
         raise LogprobError(str(exc)) from None
     text = choice.get("text") if "text" in choice else (choice.get("message") or {}).get("content")
-    if gen.reasoning is not None and text and text != raw.text:
+    if gen.reasoning is not None and not parsed and text and text != raw.text:
         # No reasoning parser upstream (``reasoning`` named the format): split the text as one
-        # would, the trace into ``reasoning`` beside the answer.
+        # would, the trace into ``reasoning`` beside the answer. (A parser's own split stays as
+        # it is, its answer's leading white space included.)
         trace = text[: len(text) - len(raw.text.lstrip())]
         span = reasoning_format(reasoning or "think").find(trace)
-        holder = choice["message"] if isinstance(choice.get("message"), dict) else choice
         holder["reasoning"] = trace[: span[0]] if span else trace
         text = raw.text.lstrip()
     return Answer(

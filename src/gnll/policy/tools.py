@@ -16,6 +16,7 @@ from typing import Any
 from gnll.policy.abstention import AbstentionPolicy
 from gnll.policy.answers import Answer, annotate
 from gnll.toolcalls import ParsedCall, call_report
+from gnll.toolwatch import CallWatch
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["ToolAnswer", "decide_tool_answer", "gate_calls", "withheld_text", "without_text"]
@@ -55,7 +56,11 @@ def gate_calls(
 
 def withheld_text(calls: Sequence[dict[str, Any]], refusal: str) -> str:
     """The assistant message a client gets instead of withheld calls (it names them)."""
-    names = ", ".join(f"{c['name']} (call {c['index']})" for c in calls if c["withheld"])
+    names = ", ".join(
+        f"{c['name'] or 'a function not yet named'} (call {c['index']})"
+        for c in calls
+        if c["withheld"]
+    )
     return f"{refusal} The tool call was withheld: {names}."
 
 
@@ -89,6 +94,7 @@ def decide_tool_answer(
     include_tokens: bool = False,
     source: str = "model",
     constrained_logprobs: Sequence[float] | None = None,
+    watch: CallWatch | None = None,
 ) -> ToolAnswer:
     """The record and client text of ``answer`` (its ``text`` the whole output, tags included),
     whose ``calls`` were parsed from it (:func:`gnll.toolcalls.parse_output`; ``content``: the
@@ -98,6 +104,11 @@ def decide_tool_answer(
     (:func:`gate_calls`), not the output as a whole: when one is withheld the client reads
     :func:`withheld_text`, and the record keeps each call's numbers but none of the output's
     text, tokens, log-probs or spans; otherwise the client reads ``content`` and the calls.
+
+    ``watch``: a :class:`gnll.toolwatch.CallWatch` that read the answer's tokens as they were
+    decoded (exact early decisions). A call it decided on is withheld, complete or not: a call
+    the decoding stopped at (``answer.early``), or broke off, is recorded from the watch (its
+    NLLs so far, ``early: true`` when decoding stopped there).
     """
     # An output with calls is decided per call, not refused as a whole.
     whole = replace(policy, mode="annotate") if calls else policy
@@ -118,11 +129,23 @@ def decide_tool_answer(
     decided = gate_calls(
         policy, report, argument_threshold=argument_threshold, prompt_format=prompt_format
     )
+    if watch is not None and watch.decided_call is not None:
+        n = watch.decided_call
+        if n < len(decided):
+            decided[n]["withheld"] = True
+        else:  # a call stopped at its decision (or broken off): the watch's record of it
+            part = watch.report()[n]
+            p, _ = policy.decide(part["g_nll"], prompt_format)
+            decided.append({**part, "p_correct": p, "withheld": True})
+        if answer.early is not None:
+            decided[n]["early"] = True  # decided before the call was complete: its NLLs so far
     withheld = any(c["withheld"] for c in decided)
     update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": error}
     if any(c["abstain"] is not None or c["arguments_over_threshold"] is not None for c in decided):
         # An output with calls abstains when one of its calls does (what a cascade escalates).
-        update["abstain"] = any(bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided)
+        update["abstain"] = any(
+            bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided
+        )
     if withheld:
         update.update(
             tool_calls=[without_text(c) for c in decided],

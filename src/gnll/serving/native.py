@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from gnll.backends.openai.reasoning import responses_choice
 from gnll.measures import LogprobError
 from gnll.policy import annotate
 from gnll.policy.choices import choice_answer
@@ -116,36 +117,15 @@ def upstream_body(
     return body
 
 
-def _choice(data: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The upstream's response as the chat choice it answers (text, trace, log-probs, finish),
-    and its ``output_text`` parts (where the policy's text goes)."""
-    texts: list[dict[str, Any]] = []
-    trace: list[str] = []
-    for item in data.get("output") or []:
-        if not isinstance(item, dict):
-            continue
-        if item.get("type") == "message":
-            texts.extend(p for p in item.get("content") or [] if p.get("type") == "output_text")
-        elif item.get("type") == "reasoning":
-            trace.extend(str(p.get("text") or "") for p in item.get("content") or [])
-    logprobs: list[dict[str, Any]] = []
-    for part in texts:
-        logprobs.extend(part.get("logprobs") or [])
-    cut = (data.get("incomplete_details") or {}).get("reason") == "max_output_tokens"
-    message: dict[str, Any] = {
-        "role": "assistant",
-        "content": "".join(str(p.get("text") or "") for p in texts),
-    }
-    if trace:
-        message["reasoning"] = "".join(trace)
-    choice = {
-        "index": 0,
-        "message": message,
-        "logprobs": {"content": logprobs} if texts else None,
-        "finish_reason": "length" if cut else "stop",
-        "stop_reason": None,  # vLLM's Responses name no stop string: the answer ended at EOS
-    }
-    return choice, texts
+def _output_texts(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``output_text`` parts of a Responses body (where the policy's text goes)."""
+    return [
+        part
+        for item in data.get("output") or []
+        if isinstance(item, dict) and item.get("type") == "message"
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    ]
 
 
 async def responses_reply(
@@ -164,7 +144,8 @@ async def responses_reply(
     proxy.check_request(req)
     body = upstream_body(raw, asked, req, settings, profile, proxy.model_name)
     data = await proxy._call("POST", "/responses", body)
-    choice, parts = _choice(data)
+    choice = responses_choice(data)
+    parts = _output_texts(data)
     default, limit = settings.token_bounds("proxy")
     config = req.generation_config(default_max_tokens=default, max_tokens_limit=limit)
     try:

@@ -12,12 +12,17 @@ A chat request with ``tools`` (and ``tool_choice`` other than ``"none"``):
 - each call's uncertainty (its G-NLL, its name's NLL, each argument value's NLL, the tokens each
   scored: :func:`gnll.toolcalls.call_report`) is in ``uncertainty.tool_calls``.
 
-**The gate** (:func:`gnll.policy.tools.gate_calls`). Under ``--policy refuse`` (and ``escalate``, which in-process has
-no larger model to ask for a call and so withholds it too), the policy decides on each call: on the
-call's G-NLL, and on each argument value's NLL against ``--tool-argument-threshold``. A withheld
-call never reaches the client: the response has no ``tool_calls`` (a stream holds every delta
-until the decision, as a finished answer is replayed), and the assistant message says which call
-was withheld, with the call's uncertainty record (without its text or tokens).
+**The gate** (:func:`gnll.policy.tools.gate_calls`). Under ``--policy refuse`` and ``escalate``
+the policy decides on each call: on the call's G-NLL, and on each argument value's NLL against
+``--tool-argument-threshold``. A withheld call never reaches the client: the response has no
+``tool_calls`` (a stream holds every delta until the decision, as a finished answer is replayed),
+and the assistant message says which call was withheld, with the call's uncertainty record
+(without its text or tokens). The record abstains when a call does, so the escalation cascade
+(:mod:`gnll.serving.cascade`) asks the larger model for the call; the reply's ``replay`` replays
+either model's call. With early decisions on, decoding stops at the token where a call's (or an
+argument's) running NLL crosses its threshold (:mod:`gnll.toolwatch`; :func:`call_rule` makes
+the decoding loops' rule), and every finished output is read by the same watch, so stopping
+there and decoding to the end decide alike.
 
 A request with ``response_format`` ``json_object`` or ``json_schema`` is decoded under the JSON
 (schema) grammar; its record's ``structured`` has both the raw and the constrained NLLs.
@@ -27,12 +32,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from gnll.backends.base import ChatPrompt
 from gnll.backends.constrained import ConstrainedGeneration, ConstrainedModel
+from gnll.backends.early import EarlyDecided
+from gnll.measures.early import EarlyDecisionError
 from gnll.policy import Answer, annotate
 from gnll.policy.tools import decide_tool_answer, gate_calls
 from gnll.serving.errors import RequestError
@@ -53,6 +61,7 @@ from gnll.toolcalls import (
     render_call,
     tool_system_prompt,
 )
+from gnll.toolwatch import ToolCallDecision
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -99,8 +108,50 @@ def render_messages(req: ChatCompletionRequest, tools: ToolRequest | None) -> li
     return turns
 
 
+def call_rule(
+    settings: ServeSettings, tools: ToolRequest, prompt_format: str
+) -> Callable[[], ToolCallDecision] | None:
+    """A maker of exact early decisions on the calls of an output (:mod:`gnll.toolwatch`), or
+    ``None`` when the policy withholds no call, or its rule cannot decide before the end (a
+    calibrated map that is not monotone)."""
+    policy = settings.policy
+    if policy.mode not in ("refuse", "escalate") or not policy.active:
+        return None
+    try:
+        policy.check_monotone()
+    except EarlyDecisionError:
+        return None
+
+    def abstains(g: float) -> bool:
+        return bool(policy.decide(g, prompt_format)[1])  # what gate_calls asks of the policy
+
+    return lambda: ToolCallDecision(
+        abstains,
+        action=policy.mode,
+        argument_threshold=settings.tool_argument_threshold,
+        max_calls=None if tools.parallel_tool_calls else 1,
+    )
+
+
+def _facts(rule: ToolCallDecision, max_tokens: int) -> EarlyDecided:
+    """Where the grammar loop stopped an output, as the decoding loop says it
+    (:meth:`gnll.backends.decoding.EarlyStop.decided`)."""
+    d = rule.decision
+    return EarlyDecided(
+        decided_at_token=d.at_token or 0,
+        tokens_generated=rule.generated,
+        tokens_saved=max_tokens - rule.generated,
+        action=d.action,
+    )
+
+
 async def _constrained(
-    service: InProcessService, prompt: str, grammar: str, max_tokens: int, param: str
+    service: InProcessService,
+    prompt: str,
+    grammar: str,
+    max_tokens: int,
+    param: str,
+    watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
     model = service.model
     if not isinstance(model, ConstrainedModel):
@@ -113,7 +164,9 @@ async def _constrained(
 
     def run() -> ConstrainedGeneration:
         with _CONSTRAINED:
-            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
+            if watch is None:
+                return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
+            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens, watch=watch)
 
     try:
         return await anyio.to_thread.run_sync(run)
@@ -157,21 +210,43 @@ async def handle_tools(
         default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit
     )
     prompt = ChatPrompt.of(render_messages(req, tools))
+    fmt = "chat"  # the messages (tool prompt included) through the model's chat template
+    rule = call_rule(settings, tools, fmt)
+    early = rule if rule is not None and settings.decides_early else None
     constrained: list[float] | None = None
     if tools.required:
         grammar = call_grammar(
             tools.allowed_functions(),
             parallel=tools.parallel_tool_calls and tools.tool_choice == "required",
         )
-        gen = await _constrained(service, prompt, grammar, config.max_new_tokens, "tool_choice")
+        live = early() if early is not None else None
+        gen = await _constrained(
+            service,
+            prompt,
+            grammar,
+            config.max_new_tokens,
+            "tool_choice",
+            watch=live.push_token if live is not None else None,
+        )
         answer, constrained = _answer(gen), gen.constrained_logprobs
+        if gen.finish_reason == "decided" and live is not None:
+            answer.early = _facts(live, config.max_new_tokens)
     else:
         top = req.num_top_logprobs if service.engine.reports_alternatives else 0
-        decoded = await service.engine.decode([prompt], config, raw=False, top_logprobs=top)
+        decoded = await service.engine.decode(
+            [prompt], config, raw=False, top_logprobs=top, early=early
+        )
         tops = decoded.top_logprobs[0] if decoded.top_logprobs else None
         alternatives = tops[0] if tops else None
+        # a stopped output says where (Generation.early)
         answer = to_answer(decoded.generations[0][0], "greedy", alternatives)
-    fmt = "chat"  # the messages (tool prompt included) through the model's chat template
+    # The decision on the tokens as they were decoded: the same whether decoding stopped at it or
+    # ran to the end (a call attempt it withholds is withheld even if the model broke it off).
+    watch = rule().watch if rule is not None else None
+    if watch is not None:
+        for tok, lp in zip(answer.tokens, answer.token_logprobs, strict=True):
+            if watch.push(tok, lp):
+                break
     parsed = parse_output(answer.text, tools.names)
     calls = parsed.calls if tools.parallel_tool_calls else parsed.calls[:1]
     decided = decide_tool_answer(
@@ -184,6 +259,7 @@ async def handle_tools(
         prompt_format=fmt,
         include_tokens=req.wants_logprobs,
         constrained_logprobs=constrained,
+        watch=watch,
     )
     record = decided.record
     if calls and not decided.withheld:
