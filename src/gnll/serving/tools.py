@@ -58,8 +58,7 @@ from gnll.toolcalls import (
     call_grammar,
     json_grammar,
     parse_output,
-    render_call,
-    tool_system_prompt,
+    tool_conversation,
 )
 from gnll.toolwatch import ToolCallDecision
 from gnll.uncertainty import Uncertainty
@@ -77,35 +76,14 @@ _CONSTRAINED = threading.Lock()
 
 
 def render_messages(req: ChatCompletionRequest, tools: ToolRequest | None) -> list[dict[str, str]]:
-    """The conversation as plain ``{role, content}`` turns for the model's template: the tool
-    prompt joins the system message, earlier calls are written in the documented format and tool
-    results are user turns in ``<tool_response>`` tags (templates without a tool role accept them)."""
-    turns: list[dict[str, str]] = []
-    system = ""
-    for m in req.messages:
-        extra = m.model_extra or {}
-        if m.role in ("system", "developer") and not turns and tools is not None:
-            system = f"{system}\n\n{m.text()}".strip()
-            continue
-        if m.role == "assistant" and extra.get("tool_calls"):
-            blocks = [
-                render_call(c["function"]["name"], c["function"].get("arguments") or "{}")
-                for c in extra["tool_calls"]
-            ]
-            text = "\n".join(([m.text()] if m.text() else []) + blocks)
-            turns.append({"role": "assistant", "content": text})
-        elif m.role == "tool":
-            turns.append(
-                {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
-            )
-        else:
-            role = "system" if m.role == "developer" else m.role
-            turns.append({"role": role, "content": m.text()})
-    if tools is not None:
-        turns.insert(
-            0, {"role": "system", "content": tool_system_prompt(tools.tool_dicts(), system)}
-        )
-    return turns
+    """The conversation as plain ``{role, content}`` turns for the model's template
+    (:func:`gnll.toolcalls.tool_conversation`: the tool prompt joins the system message, earlier
+    calls in the documented format, tool results as user turns in ``<tool_response>`` tags)."""
+    messages = [
+        {"role": m.role, "content": m.text(), "tool_calls": (m.model_extra or {}).get("tool_calls")}
+        for m in req.messages
+    ]
+    return tool_conversation(messages, tools.tool_dicts() if tools is not None else None)
 
 
 def call_rule(
