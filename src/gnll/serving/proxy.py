@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -47,6 +47,7 @@ from gnll.serving.errors import (
     upstream_error,
     upstream_message,
 )
+from gnll.serving.proxy_tools import ProxyTools, refusal_named
 from gnll.serving.responses import Mark, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
@@ -95,6 +96,9 @@ class ProxyService:
     """
 
     mode = "proxy"
+    #: Chat requests with tools or a JSON ``response_format`` go upstream as they are
+    #: (:mod:`gnll.serving.proxy_tools`); the upstream refuses what it cannot serve.
+    serves_tools = True
 
     def __init__(
         self,
@@ -360,18 +364,44 @@ class ProxyService:
         replay = settings.policy.holds(greedy=req.greedy) or (
             req.include_usage and profile.name in NO_STREAM_USAGE
         )
+        special = ProxyTools.of(req)  # tools or a JSON format: gnll.serving.proxy_tools
+        if special is not None:
+            with refusal_named(special, profile):
+                return await self._answered(
+                    req, settings, profile, config, body, path, prompt, mark, replay, special
+                )
+        return await self._answered(
+            req, settings, profile, config, body, path, prompt, mark, replay
+        )
+
+    async def _answered(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        profile: ServerProfile,
+        config: GenerationConfig,
+        body: dict[str, Any],
+        path: str,
+        prompt: str,
+        mark: Mark | None,
+        replay: bool,
+        special: ProxyTools | None = None,
+    ) -> Reply:
         if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
             # Its records fill in when the stream ends (for metrics), its model at the first chunk.
             reply = Reply(body=None, records=[], prompt=prompt)
-            reply.stream = self._relay(response, req, settings, profile, config, reply, mark)
+            reply.stream = self._relay(
+                response, req, settings, profile, config, reply, mark, special
+            )
             return reply
         body["stream"] = False
         body.pop("stream_options", None)
         decided: Answer | None = None
         # A cut answer's usage is unknown to the proxy (null): when to cut is the settings' rule.
         early = settings.proxy_decides_early(profile.name not in NO_STREAM_USAGE)
-        if early and req.greedy:
+        # A call is decided on its own G-NLL, known at the end of the output, not the output's.
+        if early and req.greedy and special is None:
             if _expected_choices(req) == 1:  # one answer to watch
                 data, decided = await self._early_call(path, body, req, settings, config)
             else:
@@ -385,23 +415,37 @@ class ProxyService:
             )
         if len(choices) < _expected_choices(req):
             raise RequestError(_short_message(self.upstream, req, len(choices)), "n")
-        if decided is not None:
-            answers = [decided]
-        else:
-            answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
         model = data.get("model") if isinstance(data.get("model"), str) else None
-        records, texts, finishes = _annotated(answers, req, settings, mark, model)
-        for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
+        if special is not None:
+            answers, records = special.decide_all(
+                choices,
+                self._reader(req, profile, config),
+                req,
+                settings,
+                profile,
+                config,
+                mark,
+                model,
+            )
+        else:
+            if decided is not None:
+                answers = [decided]
+            else:
+                answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
+            records, texts, finishes = _annotated(answers, req, settings, mark, model)
+            for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
+                req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
         if req.stream:  # a replay: the answer is known before its first piece is sent
             own = req.shape.own_body(data)
             replayed = stream_chunks(own, answers, req.shape, req.include_usage)
             return Reply(
                 data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
             )
-        return Reply(
-            data, records, None, prompt, model=model, answers=sent_answers(data, req.shape)
-        )
+        sent = sent_answers(data, req.shape)
+        reply = Reply(data, records, None, prompt, model=model, answers=sent)
+        if special is not None:  # a held tool reply (a cascade's) replays its calls' deltas
+            reply.replay = lambda body, usage: stream_chunks(body, sent, req.shape, usage)
+        return reply
 
     async def _echo(
         self,
@@ -468,6 +512,15 @@ class ProxyService:
             raise HTTPError(502, str(exc), "upstream_error") from None
         return watch.outcome(reader, config.max_new_tokens)
 
+    def _reader(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        profile: ServerProfile,
+        config: GenerationConfig,
+    ) -> Callable[[dict[str, Any], int], Answer]:
+        """Reads a choice (its index given) as a free-text answer."""
+        return lambda choice, i: self._answer(choice, req, profile, config, i)
+
     def _answer(
         self,
         choice: Any,
@@ -499,6 +552,7 @@ class ProxyService:
         config: GenerationConfig,
         reply: Reply,
         mark: Mark | None,
+        special: ProxyTools | None = None,
     ) -> AsyncIterator[str]:
         """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty.
 
@@ -551,11 +605,25 @@ class ProxyService:
             yield R.sse(R.error_body(reply.error, "invalid_request_error", param="n"))
             return
         try:
-            answers = [
-                self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
-                for i in sorted(acc)
-            ]
-            records, _, finishes = _annotated(answers, req, settings, mark, reply.model)
+            if special is not None:  # the calls went out as they came (no policy withholds)
+                whole = [acc[i].choice() for i in sorted(acc)]
+                _, records = special.decide_all(
+                    whole,
+                    self._reader(req, profile, config),
+                    req,
+                    settings,
+                    profile,
+                    config,
+                    mark,
+                    reply.model,
+                )
+                finishes = [c["finish_reason"] for c in whole]
+            else:
+                answers = [
+                    self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
+                    for i in sorted(acc)
+                ]
+                records, _, finishes = _annotated(answers, req, settings, mark, reply.model)
         except LogprobError as exc:
             reply.error = str(exc)
             yield R.sse(R.error_body(reply.error, "upstream_error"))
