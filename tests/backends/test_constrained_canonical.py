@@ -10,9 +10,8 @@ import pytest
 import torch
 
 pytest.importorskip("llguidance")
-from transformers import LlamaConfig  # noqa: E402
+from transformers import AutoTokenizer, LlamaConfig  # noqa: E402
 
-from conftest import tiny_tokenizer  # noqa: E402
 from gnll.backends.hf.constrained import _llg_tokenizer, generate_constrained  # noqa: E402
 from gnll.toolcalls import call_grammar  # noqa: E402
 
@@ -53,8 +52,13 @@ class ShortestTokens:
         return SimpleNamespace(logits=self.logits.expand(1, input_ids.shape[1], -1))
 
 
-def test_the_grammars_greedy_output_is_in_canonical_tokens_with_their_log_probs():
-    tok = tiny_tokenizer()
+@pytest.fixture(scope="module")
+def tok(tiny_llama):
+    """The tiny checkpoint's byte-level BPE tokenizer (tests/conftest.py)."""
+    return AutoTokenizer.from_pretrained(tiny_llama())
+
+
+def test_the_grammars_greedy_output_is_in_canonical_tokens_with_their_log_probs(tok):
     model = ShortestTokens(tok)
     prompt = tok("Weather in Paris?", add_special_tokens=False)["input_ids"]
     gen = generate_constrained(
@@ -76,10 +80,9 @@ def test_the_grammars_greedy_output_is_in_canonical_tokens_with_their_log_probs(
     assert all(c <= 0.0 for c in gen.constrained_logprobs)
 
 
-def test_an_early_decision_watch_reads_each_final_token_once():
+def test_an_early_decision_watch_reads_each_final_token_once(tok):
     """A token taken back (to decode its pair canonically) is not read by the watch: it reads the
     output's tokens once each, in order, and a decision stops the output at its token."""
-    tok = tiny_tokenizer()
     model = ShortestTokens(tok)
     prompt = tok("Weather in Paris?", add_special_tokens=False)["input_ids"]
     grammar = call_grammar(FUNCTIONS)
