@@ -50,9 +50,9 @@ class ServerProfile:
         ``/v1/completions`` returns prompt log-probs with ``echo`` (used by ``gnll doctor`` to compare
         generated log-probs with teacher-forced ones).
     responses_logprobs:
-        Its own ``/v1/responses`` returns a whole (not streamed) answer's token log-probs, the
-        end-of-sequence token's included as on chat (vLLM): a proxy passes such requests through
-        (:mod:`gnll.serving.native`).
+        Its own ``/v1/responses`` returns the answer's token log-probs (vLLM 0.32: whole and
+        streamed; a whole answer's include the end-of-sequence token's, as on chat): a proxy passes
+        such requests through (:mod:`gnll.serving.native`).
     capabilities:
         What the backend can compute through this server.
     structured_logprobs:
