@@ -136,3 +136,22 @@ def test_an_upstreams_refusal_is_its_own_error_named(upstream):
 def test_call_text_is_the_output_the_tokens_spell():
     """The scripted call is the documented format; the proxy located it in the tokens."""
     assert CALL.startswith("<tool_call>")
+
+
+def test_a_replayed_call_carries_the_outputs_logprobs(upstream):
+    """Under refuse a kept call is replayed once decided; its stream carries the call's
+    deltas and the same log-probs as the body (they spell the call, not the text)."""
+    kw = {"model": "calling", "messages": USER, "tools": TOOLS, "logprobs": True}
+    policy = AbstentionPolicy(mode="refuse", threshold=1e6)
+    with _proxy(upstream, policy=policy) as px:
+        body = _client(px).chat.completions.create(**kw)
+        chunks = list(_client(px).chat.completions.create(stream=True, **kw))
+    want = [(e.token, e.logprob) for e in body.choices[0].logprobs.content]
+    got = [
+        (e.token, e.logprob)
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert got == want and len(want) == len(LPS)
+    assert any(c.choices[0].delta.tool_calls for c in chunks if c.choices)

@@ -13,7 +13,7 @@ than guessing them:
 
 - only tokens that are certainly part of the answer count: a token held back because it may begin a
   stop string (``"Question"`` before ``":"``) may be cut from the answer, so the caller pushes a
-  token only once it is released (``gnll.serving.streams.live.HeldText`` says when);
+  token only once it is released (:class:`gnll.backends.held.HeldText` says when);
 - for a reasoning model, the sum starts after the end-of-reasoning marker: tokens pushed with
   ``answer=False`` are counted as generated but never enter the sum;
 - an empty answer is scored by the log-prob of the token that ended it (the empty-answer rule of

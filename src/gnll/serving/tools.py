@@ -39,6 +39,7 @@ import anyio
 
 from gnll.backends.base import ChatPrompt
 from gnll.backends.constrained import ConstrainedGeneration, ConstrainedModel
+from gnll.backends.early import EarlyDecided
 from gnll.measures.early import EarlyDecisionError
 from gnll.policy import Answer, annotate
 from gnll.policy.tools import decide_tool_answer, gate_calls
@@ -110,15 +111,16 @@ def call_rule(
     )
 
 
-def _facts(rule: ToolCallDecision, max_tokens: int) -> dict[str, Any]:
-    """An early decision's facts, as the decoding loop reports them (``EarlyStop.facts``)."""
+def _facts(rule: ToolCallDecision, max_tokens: int) -> EarlyDecided:
+    """Where the grammar loop stopped an output, as the decoding loop says it
+    (:meth:`gnll.backends.decoding.EarlyStop.decided`)."""
     d = rule.decision
-    return {
-        "decided_at_token": d.at_token,
-        "tokens_generated": rule.generated,
-        "tokens_saved": max_tokens - rule.generated,
-        "action": d.action,
-    }
+    return EarlyDecided(
+        decided_at_token=d.at_token or 0,
+        tokens_generated=rule.generated,
+        tokens_saved=max_tokens - rule.generated,
+        action=d.action,
+    )
 
 
 async def _constrained(
@@ -214,8 +216,8 @@ async def handle_tools(
         )
         tops = decoded.top_logprobs[0] if decoded.top_logprobs else None
         alternatives = tops[0] if tops else None
-        facts = decoded.decisions[0][0] if decoded.decisions else None
-        answer = to_answer(decoded.generations[0][0], "greedy", alternatives, early=facts)
+        # a stopped output says where (Generation.early)
+        answer = to_answer(decoded.generations[0][0], "greedy", alternatives)
     # The decision on the tokens as they were decoded: the same whether decoding stopped at it or
     # ran to the end (a call attempt it withholds is withheld even if the model broke it off).
     watch = rule().watch if rule is not None else None

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from gnll.backends.early import EarlyDecided
 from gnll.backends.openai.parse import logprob_pairs
 from gnll.backends.openai.reasoning import ReasoningStream
 from gnll.measures.early import EarlyDecision
@@ -348,14 +349,15 @@ class EarlyWatch:
             token_logprobs=self.logprobs[:t],
             decoding="greedy",
             measured_logprobs=self.logprobs[:t] or [0.0],
-            early={
-                "decided_at_token": t,
-                "tokens_generated": rule.generated,
+            early=EarlyDecided(
+                decided_at_token=t,
+                tokens_generated=rule.generated,
                 # Unknown when the upstream's own limit applies (no max_tokens asked or set).
-                "tokens_saved": None
+                tokens_saved=None
                 if max_new_tokens == UNBOUNDED
                 else max_new_tokens - rule.generated,
-            },
+                action=rule.decision.action,
+            ),
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
         whole.update(shape.whole_choice(text))
