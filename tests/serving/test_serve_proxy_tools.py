@@ -155,3 +155,27 @@ def test_a_replayed_call_carries_the_outputs_logprobs(upstream):
     ]
     assert got == want and len(want) == len(LPS)
     assert any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+
+
+def test_a_responses_api_call_through_the_proxy_has_the_same_record(upstream):
+    """``/v1/responses`` with function tools is translated to chat and takes this path: its
+    ``function_call`` item carries the call's record, as the upstream's own."""
+    tools = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            "parameters": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]
+    body = {"model": "calling", "input": "Weather in Paris?", "tools": tools}
+    got = []
+    with _proxy(upstream) as px:
+        for srv in (upstream, px):
+            r = httpx.post(srv.url + "/v1/responses", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            [item] = r.json()["output"]
+            assert item["type"] == "function_call" and item["name"] == "get_weather"
+            assert json.loads(item["arguments"]) == {"city": "Paris"}
+            got.append(item["uncertainty"]["tool_calls"][0])
+    _same_call(got[1], got[0])
