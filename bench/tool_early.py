@@ -1,7 +1,7 @@
 """Exact early decisions on tool calls, side by side: each task of bench/tool_calls.py decoded under
 the call grammar to its end, and again stopping at the gate's decision (gnll.toolwatch), with the
 gate at the median call G-NLL and the median largest-argument NLL of the SmolLM2 tool-call run
-(bench/results/tool_calls_smollm2_partial.jsonl). Per task: the tokens generated and the seconds of
+(its first 93 rows, bench/results/tool_calls_smollm2.jsonl). Per task: the tokens generated and the seconds of
 each run, and whether the decisions agree (they must: the watch reading the full output decides
 exactly when the early run stopped).
 
