@@ -18,6 +18,7 @@ from typing import Any
 
 import dspy
 
+from gnll.backends.openai.parse import logprob_entries
 from gnll.integrations.core import AnswerScorer, decoding_of, make_policy
 from gnll.policy import AbstentionPolicy
 from gnll.spans import Segment, json_segments, span_nlls
@@ -132,7 +133,7 @@ class FieldConfidence(dspy.Module):
                 "the LM returned no log-probs: use a dspy.LM on a server that returns them "
                 "(`gnll doctor URL`)"
             )
-        entries = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
+        entries = logprob_entries(logprobs) if isinstance(logprobs, dict) else logprobs
         completion = "".join(str(e.get("token", "")) for e in entries)
         whole = self.scorer.score(
             completion,

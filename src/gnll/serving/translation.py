@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from gnll.backends.openai.parse import logprob_entries
+
 if TYPE_CHECKING:
     from gnll.serving.responses import Reply
     from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
@@ -104,7 +106,7 @@ class ChatAnswer:
             content=message.get("content") or "",
             reasoning=message.get("reasoning") or message.get("reasoning_content"),
             tool_calls=calls,
-            logprobs=list((choice.get("logprobs") or {}).get("content") or []),
+            logprobs=logprob_entries(choice.get("logprobs")),
             finish_reason=choice.get("finish_reason"),
             uncertainty=choice.get("uncertainty"),
         )
@@ -136,7 +138,7 @@ class ChatDelta:
             out.content += delta.get("content") or ""
             out.reasoning += delta.get("reasoning") or delta.get("reasoning_content") or ""
             out.tool_calls.extend(delta.get("tool_calls") or [])
-            out.logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
+            out.logprobs.extend(logprob_entries(choice.get("logprobs")))
             out.finish_reason = choice.get("finish_reason") or out.finish_reason
             out.uncertainty = choice.get("uncertainty") or out.uncertainty
         return out

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gnll.backends.base import ChatPrompt
+from gnll.backends.openai.parse import logprob_entries
 from gnll.backends.prompting import prompt_for
 from gnll.serving.errors import RequestError
 from gnll.serving.protocol.common import (
@@ -339,7 +340,7 @@ class ChatShape(Shape):
         return {"message": {"role": "assistant", "content": text}}
 
     def slice_logprobs(self, logprobs: dict[str, Any], t: int) -> dict[str, Any]:
-        return {"content": [logprobs["content"][t]], "refusal": None}
+        return {"content": logprob_entries(logprobs)[t : t + 1], "refusal": None}
 
     def delta_texts(self, choice: dict[str, Any]) -> tuple[str, str | None]:
         from gnll.backends.openai.reasoning import reasoning_text
