@@ -6,7 +6,11 @@ LiteLLM (its streaming hook on the SDK's stream), LlamaIndex ``stream_chat`` and
 ``stream_complete``, and DSPy, each in front of the recorded vLLM server answering in the
 ChatAdapter's format with a field value ("Lyon") whose G-NLL is far above the threshold. Before the
 policy left the server, LlamaIndex ``stream_chat`` sent the refused text first and
-``stream_complete`` neither scored nor refused."""
+``stream_complete`` neither scored nor refused.
+
+Tool calls: the same surfaces in front of ``gnll serve`` on a scripted model that calls
+``get_weather(city="Lyon")`` (tool_helpers.AgentModel), the call's G-NLL above the threshold: the
+withheld call's argument reaches no caller and no tool runs."""
 
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ import pytest
 from fastapi.testclient import TestClient
 from integration_helpers import require, vllm_app, vllm_chat_answer
 from serve_helpers import StreamingModel
+from tool_helpers import QUESTION as TOOL_QUESTION
+from tool_helpers import SECRET as TOOL_SECRET
+from tool_helpers import TOOLS, agent_server
 
 from gnll.policy import DEFAULT_REFUSAL, AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app
@@ -182,3 +189,127 @@ def test_the_observing_handlers_refuse_a_withholding_policy():
         with pytest.raises(ParameterError, match="a callback only observes"):
             handler(policy="refuse", threshold=THRESHOLD)
         assert handler(policy="flag", threshold=THRESHOLD).scorer.policy.mode == "flag"
+
+
+# ---------------------------------------------------------------------------------- tool calls
+def _tools_serve_inprocess(url: str, ran: list) -> list[str]:
+    policy = AbstentionPolicy(mode="refuse", threshold=THRESHOLD)
+    with agent_server(policy) as srv:
+        out = []
+        for stream in (False, True):
+            body = {"model": "agent", "messages": [{"role": "user", "content": TOOL_QUESTION}]}
+            body |= {"tools": TOOLS, "stream": stream, "logprobs": True}
+            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body) as r:
+                out += [line for line in r.iter_lines() if line]
+        return out
+
+
+def _tools_langchain(url: str, ran: list) -> list[str]:
+    require("langchain_openai")
+    from langchain_openai import ChatOpenAI
+
+    from gnll.integrations.langchain import with_uncertainty
+
+    chat = ChatOpenAI(base_url=url + "/v1", api_key="x", model="agent", max_retries=0)
+    llm = with_uncertainty(chat, policy="refuse", threshold=THRESHOLD, server="gnll")
+    llm = llm.bind_tools(TOOLS)
+    out = [_text(llm.invoke(TOOL_QUESTION))]
+    return out + [_text(chunk) for chunk in llm.stream(TOOL_QUESTION)]
+
+
+def _tools_litellm(url: str, ran: list) -> list[str]:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    litellm = require("litellm")
+    from gnll.integrations.litellm import UncertaintyHandler
+
+    handler = UncertaintyHandler(policy="refuse", threshold=THRESHOLD, server="gnll")
+
+    async def run(stream: bool) -> list[str]:
+        data = {
+            "model": "openai/agent",
+            "messages": [{"role": "user", "content": TOOL_QUESTION}],
+            "tools": TOOLS,
+            "stream": stream,
+        }
+        data = await handler.async_pre_call_hook(None, None, data, "completion")
+        sent = {k: v for k, v in data.items() if k != "metadata"}
+        response = await litellm.acompletion(api_base=url + "/v1", api_key="x", **sent)
+        if not stream:
+            return [_text(await handler.async_post_call_success_hook(data, None, response))]
+        hook = handler.async_post_call_streaming_iterator_hook(None, response, data)
+        return [_text(chunk) async for chunk in hook]
+
+    return asyncio.run(run(False)) + asyncio.run(run(True))
+
+
+def _tools_llamaindex(url: str, ran: list) -> list[str]:
+    require("llama_index.llms.openai_like")
+    from llama_index.core.tools import FunctionTool
+    from llama_index.llms.openai_like import OpenAILike
+
+    from gnll.integrations.llamaindex import with_uncertainty
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}."
+
+    tool = FunctionTool.from_defaults(fn=get_weather)
+    llm = OpenAILike(
+        model="agent",
+        api_base=url + "/v1",
+        api_key="x",
+        is_chat_model=True,
+        is_function_calling_model=True,
+    )
+    llm = with_uncertainty(llm, policy="refuse", threshold=THRESHOLD, server="gnll")
+    out = [_text({"response": llm.predict_and_call([tool], user_msg=TOOL_QUESTION).response})]
+    return out + [_seen(r) for r in llm.stream_chat_with_tools([tool], user_msg=TOOL_QUESTION)]
+
+
+def _tools_dspy(url: str, ran: list) -> list[str]:
+    dspy = require("dspy")
+    from gnll.integrations.dspy import with_tool_uncertainty
+
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"Sunny in {city}."
+
+    lm = dspy.LM("openai/agent", api_base=url + "/v1", api_key="x", cache=False)
+    agent = with_tool_uncertainty(
+        dspy.ReAct("question -> answer", tools=[get_weather], max_iters=3),
+        policy="refuse",
+        threshold=THRESHOLD,
+        server="gnll",
+    )
+    with dspy.context(lm=lm, adapter=dspy.ChatAdapter()):
+        pred = agent(question=TOOL_QUESTION)
+    return [_text(pred.toDict()), _text(agent.react.records)]
+
+
+TOOL_SURFACES = {
+    "serve-inprocess": _tools_serve_inprocess,
+    "langchain": _tools_langchain,
+    "litellm": _tools_litellm,
+    "llamaindex": _tools_llamaindex,
+    "dspy": _tools_dspy,
+}
+
+
+@pytest.fixture(scope="module")
+def agent_url():
+    """``gnll serve`` (annotate) on the scripted tool-calling model: the integrations decide."""
+    with agent_server() as srv:
+        yield srv.url
+
+
+@pytest.mark.parametrize("surface", list(TOOL_SURFACES))
+def test_no_byte_of_a_withheld_tool_call_reaches_the_caller_and_no_tool_runs(surface, agent_url):
+    ran: list = []
+    received = TOOL_SURFACES[surface](agent_url, ran)
+    assert received, "the surface sent nothing"
+    everything = "\n".join(received)
+    assert ran == [], f"{surface} ran the withheld call's tool"
+    assert "The tool call was withheld: get_weather" in everything, everything[:500]
+    assert TOOL_SECRET not in everything, f"{surface} sent the withheld call: {everything[:800]}"

@@ -278,17 +278,50 @@ def test_a_reasoning_models_trace_is_a_reasoning_item_and_a_thinking_block():
             assert item.uncertainty["g_nll"] == pytest.approx(0.03)
             assert item.uncertainty["trace_tokens"] == len(THOUGHTS_TEXT)
         assert resp.usage.output_tokens_details.reasoning_tokens == len(THOUGHTS_TEXT)
-        # The in-process chat stream sends the answer only (not the trace): so does this one.
+        # A stream carries the trace too: a reasoning item with reasoning_text deltas, before the
+        # answer's message item, as the whole response has it.
         s = post(srv, "/v1/responses", {"input": "capital?", "stream": True})
         _, records, final = stream_answer("responses", s.text)
         assert all(rec["g_nll"] == pytest.approx(0.03) for rec in records)
         assert all(rec["trace_tokens"] == len(THOUGHTS_TEXT) for rec in records)
+        events = named_events(s.text)
+        added = [d["item"]["type"] for k, d in events if k == "response.output_item.added"]
+        assert added == ["reasoning", "message"]
+        trace = "".join(d["delta"] for k, d in events if k == "response.reasoning_text.delta")
+        assert trace == resp.output[0].content[0].text
+        assert [i["type"] for i in final["output"]] == ["reasoning", "message"]
+        assert final["output"][0]["content"][0]["text"] == trace
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        with client.responses.stream(model="thinker", input="capital?") as stream:
+            got = stream.get_final_response()
+        assert [item.type for item in got.output] == ["reasoning", "message"]
+        assert got.output[0].content[0].text == trace and got.output_text == resp.output_text
         path, body = request("messages", "thinker", "capital?", max_tokens=50)
         m = Message.model_validate(post(srv, path, body).json())
         assert [b.type for b in m.content] == ["thinking", "text"]
         assert m.uncertainty["g_nll"] == pytest.approx(0.03)
         _, records, _ = stream_answer("messages", post(srv, path, {**body, "stream": True}).text)
         assert records[0]["g_nll"] == pytest.approx(0.03)
+        ac = anthropic.Anthropic(base_url=srv.url, api_key="x", max_retries=0)
+        with ac.messages.stream(**body) as stream:
+            streamed = stream.get_final_message()
+        assert [b.type for b in streamed.content] == ["thinking", "text"]
+        assert streamed.content[0].thinking == m.content[0].thinking == trace
+
+
+def test_a_refused_reasoning_answers_stream_withholds_its_trace():
+    """Under refuse the trace is withheld with the answer, in a stream as in a whole response."""
+    from gnll.backends.reasoning_model import ReasoningModel
+
+    policy = AbstentionPolicy(mode="refuse", threshold=1e-6, refusal=REFUSAL)
+    app = build_inprocess_app(ReasoningModel(Thinker()), ServeSettings(policy=policy))
+    with ServerThread(app) as srv:
+        for api in APIS:
+            for stream in (False, True):
+                path, body = request(api, "thinker", "capital?", stream=stream)
+                r = post(srv, path, body)
+                assert r.status_code == 200 and REFUSAL in r.text, r.text
+                assert " t0 " not in r.text and "Paris" not in r.text
 
 
 def test_refuse_under_the_proxy_withholds_the_answer_on_both_apis():

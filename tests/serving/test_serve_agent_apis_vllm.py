@@ -50,7 +50,7 @@ def test_the_sdks_parse_every_answer_and_event_with_chats_g_nll(proxies):
     ask = dict(model=model, instructions=SYSTEM, input=QUESTION, max_output_tokens=16)
     raw = httpx.post(px.url + "/v1/responses", json=ask, timeout=120)
     resp = Response.model_validate(raw.json())
-    assert raw.headers["x-gnll-served-via"] == "chat.completions"
+    assert raw.headers["x-gnll-served-via"] == "responses"  # vLLM's own route (gnll.serving.native)
     assert resp.output_text == chat.message.content
     events = []
     with oc.responses.stream(**ask) as stream:

@@ -240,4 +240,8 @@ def test_a_withheld_call_leaks_no_byte(gated, required, smollm, which, stream):
         if stream
         else last["message"]["content"]
     )
-    assert "withheld" in text and call.function.name in text
+    assert "withheld" in text
+    # decided early (the default), the call may be withheld before its name was complete
+    name = rec["tool_calls"][0]["name"]
+    assert name in (None, call.function.name)
+    assert (name or "a function not yet named") in text

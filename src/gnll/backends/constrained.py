@@ -8,7 +8,7 @@ constrained log-prob (renormalised over the allowed tokens).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -29,7 +29,8 @@ class ConstrainedGeneration:
     tokens: list[str]
     token_logprobs: list[float]
     constrained_logprobs: list[float]
-    #: ``"stop"`` (the grammar ended, or the model ended where it could) or ``"length"``.
+    #: ``"stop"`` (the grammar ended, or the model ended where it could), ``"length"``, or
+    #: ``"decided"`` (stopped by the caller's watch at an exact early decision).
     finish_reason: str
     #: The end-of-sequence token that ended the output, when the model chose one.
     terminator_token_ids: list[int] = field(default_factory=list)
@@ -40,9 +41,17 @@ class ConstrainedModel(Protocol):
     """A model with greedy decoding under a grammar (a Lark grammar in llguidance's dialect)."""
 
     def generate_constrained(
-        self, prompt: str, grammar: str, *, max_new_tokens: int, raw_prompt: bool = False
+        self,
+        prompt: str,
+        grammar: str,
+        *,
+        max_new_tokens: int,
+        raw_prompt: bool = False,
+        watch: Callable[[str, float], bool] | None = None,
     ) -> ConstrainedGeneration:
-        """Greedy decoding of ``prompt`` under ``grammar``; ``ValueError`` for a bad grammar."""
+        """Greedy decoding of ``prompt`` under ``grammar``; ``ValueError`` for a bad grammar.
+        ``watch(token_text, raw_logprob)`` returning ``True`` stops decoding there (finish
+        reason ``"decided"``: an exact early decision)."""
         ...
 
     def encode(self, prompts: Sequence[str], *, raw_prompt: bool = False) -> list[list[int]]:

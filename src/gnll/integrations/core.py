@@ -20,6 +20,7 @@ Examples
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,10 @@ from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.parse import logprob_entries, logprob_shape
 from gnll.backends.openai.servers import PROFILES
 from gnll.measures.logprobs import LogprobError
-from gnll.policy import AbstentionPolicy, annotate, headers_for
+from gnll.policy import AbstentionPolicy, Answer, annotate, headers_for
 from gnll.policy.choices import choice_answer
+from gnll.policy.tools import decide_tool_answer
+from gnll.toolcalls import ParsedCall, parse_output
 from gnll.uncertainty import Uncertainty
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "headers_for",
     "make_policy",
     "observing_policy",
+    "tool_call_pairs",
 ]
 
 _UNSET = object()
@@ -146,6 +150,9 @@ class AnswerScorer:
         format gives no ``p_correct``.
     include_tokens:
         Put the answer's tokens and log-probs into the record.
+    tool_argument_threshold:
+        Also withhold a tool call (under ``refuse``) when one of its argument values' NLL is above
+        this, as ``gnll serve --tool_argument_threshold``.
     """
 
     policy: AbstentionPolicy = field(default_factory=AbstentionPolicy)
@@ -153,6 +160,7 @@ class AnswerScorer:
     stop: Sequence[str] = ()
     prompt_format: str | None = "chat"
     include_tokens: bool = False
+    tool_argument_threshold: float | None = None
 
     def __post_init__(self) -> None:
         if self.server not in PROFILES:
@@ -172,10 +180,69 @@ class AnswerScorer:
         decoding: str = "greedy",
         stop: Sequence[str] | None = None,
         where: str = "response",
+        tool_calls: Sequence[Any] | None = None,
     ) -> Scored:
         """The record of one answer: ``text`` as the model returned it, ``logprobs`` the OpenAI
         ``logprobs`` object (or its ``content`` list); ``stop_reason`` as vLLM reports it, when the
-        framework kept it."""
+        framework kept it.
+
+        ``tool_calls``: the calls the message carries (OpenAI ``tool_calls`` entries, or
+        ``{"name", "arguments"}``; :func:`tool_call_pairs`). Their tokens are in the log-probs
+        (servers put the whole output there: the ``<tool_call>`` blocks of docs/tools.md); each
+        call gets its record in ``uncertainty.tool_calls`` and the policy decides each call as
+        ``gnll serve`` does (:func:`gnll.policy.tools.decide_tool_answer`). A withheld call makes
+        the answer ``refused``: the caller must drop the message's calls and show ``text``.
+        """
+        answer = self.answer(
+            text,
+            logprobs,
+            finish_reason=finish_reason,
+            stop_reason=stop_reason,
+            decoding=decoding,
+            stop=stop,
+            where=where,
+            spelled=bool(tool_calls),
+        )
+        pairs = tool_call_pairs(tool_calls)
+        if pairs:
+            calls, content, error = _calls_in(answer.text, pairs, where)
+            out = decide_tool_answer(
+                answer,
+                calls,
+                self.policy,
+                content=content,
+                error=error,
+                argument_threshold=self.tool_argument_threshold,
+                prompt_format=self.prompt_format,
+                include_tokens=self.include_tokens,
+                source=where,
+            )
+            return Scored(out.record, out.text, out.finish_reason)
+        records, texts, finishes = annotate(
+            [answer],
+            self.policy,
+            include_tokens=self.include_tokens,
+            source=where,
+            prompt_format=self.prompt_format,
+        )
+        return Scored(records[0], texts[0], finishes[0])
+
+    def answer(
+        self,
+        text: str | None,
+        logprobs: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
+        *,
+        finish_reason: str | None = None,
+        stop_reason: Any = _UNSET,
+        decoding: str = "greedy",
+        stop: Sequence[str] | None = None,
+        where: str = "response",
+        spelled: bool = False,
+    ) -> Answer:
+        """The :class:`~gnll.policy.Answer` the policy decides on (what :meth:`score` scores):
+        its answer tokens and their log-probs, the terminator split off. ``spelled``: the output
+        is the text the log-probs spell (``text`` only its beginning: a message whose tool calls
+        are not in its text)."""
         if logprobs is None:
             raise LogprobError(
                 f"{where} carries no log-probs: ask the model for them (`logprobs=True, "
@@ -184,6 +251,15 @@ class AnswerScorer:
             )
         lp = {"content": list(logprobs)} if isinstance(logprobs, Sequence) else dict(logprobs)
         text = "" if text is None else str(text)
+        if spelled:
+            # the message's text holds none of the calls; the output is what the tokens spell
+            whole = _spelled(lp)
+            if whole is None or not whole.startswith(text):
+                raise LogprobError(
+                    f"{where}: its log-probs do not spell its text and tool calls (they spell "
+                    f"{(whole or '')[:60]!r})"
+                )
+            text = whole
         reasoning = None
         try:
             _check_no_trace(text, lp, where)
@@ -201,7 +277,7 @@ class AnswerScorer:
         if stop_reason is not _UNSET:
             choice["stop_reason"] = stop_reason
         stops = tuple(self.stop if stop is None else ([stop] if isinstance(stop, str) else stop))
-        answer = choice_answer(
+        return choice_answer(
             choice,
             GenerationConfig(stop=stops),
             eos_logprob=PROFILES[self.server].eos_logprob,
@@ -209,14 +285,54 @@ class AnswerScorer:
             where=where,
             reasoning=reasoning,
         )
-        records, texts, finishes = annotate(
-            [answer],
-            self.policy,
-            include_tokens=self.include_tokens,
-            source=where,
-            prompt_format=self.prompt_format,
+
+
+def tool_call_pairs(tool_calls: Sequence[Any] | None) -> list[tuple[str, Any]]:
+    """``(name, arguments)`` of each call a message carries: OpenAI ``tool_calls`` entries
+    (``{"function": {"name", "arguments"}}``, objects too) or ``{"name", "arguments"}`` (the
+    arguments a JSON string or an object)."""
+
+    def get(obj: Any, key: str) -> Any:
+        return obj.get(key) if isinstance(obj, Mapping) else getattr(obj, key, None)
+
+    out = []
+    for call in tool_calls or []:
+        fn = get(call, "function") or call
+        out.append((str(get(fn, "name")), get(fn, "arguments")))
+    return out
+
+
+def _calls_in(
+    text: str, pairs: list[tuple[str, Any]], where: str
+) -> tuple[list[ParsedCall], str, str | None]:
+    """The parsed calls of ``text`` that are the message's calls (in order; a server that returns
+    only the first of several, ``parallel_tool_calls: false``, is a prefix), its content, error."""
+    parsed = parse_output(text, [name for name, _ in pairs])
+    calls = list(parsed.calls[: len(pairs)])
+    got = [(c.name, c.arguments) for c in calls]
+    want = [
+        (name, json.loads(args) if isinstance(args, str) else dict(args or {}))
+        for name, args in pairs
+    ]
+    if got != want:
+        raise LogprobError(
+            f"{where}: its log-probs do not spell its tool calls in the <tool_call> format gnll "
+            f"reads (docs/tools.md): they spell {text[:80]!r}"
+            + (f" ({parsed.error})" if parsed.error else "")
         )
-        return Scored(records[0], texts[0], finishes[0])
+    return calls, parsed.content, parsed.error
+
+
+def _spelled(logprobs: Mapping[str, Any]) -> str | None:
+    """The text the log-prob entries spell (their bytes where every entry has them)."""
+    entries = logprobs.get("content")
+    if not isinstance(entries, list):
+        return None
+    entries = [e for e in entries if isinstance(e, Mapping)]
+    byte_lists = [e.get("bytes") for e in entries]
+    if byte_lists and all(isinstance(b, list) for b in byte_lists):
+        return bytes(x for b in byte_lists for x in b).decode("utf-8", errors="replace")
+    return "".join(str(e.get("token", "")) for e in entries)
 
 
 def _marker_format(logprobs: dict[str, Any]) -> str | None:

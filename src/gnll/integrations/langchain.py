@@ -52,6 +52,14 @@ def _text(content: Any) -> str:
     )
 
 
+def _calls(message: BaseMessage) -> list[dict[str, Any]]:
+    """The calls an ``AIMessage`` (or a stream's chunks added up) carries, as name and arguments."""
+    return [
+        {"name": c["name"], "arguments": c.get("args") or {}}
+        for c in getattr(message, "tool_calls", None) or []
+    ]
+
+
 def _temperature(chat_model: Any) -> float | None:
     t = getattr(chat_model, "temperature", None)
     return float(t) if isinstance(t, (int, float)) else None
@@ -65,6 +73,7 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
     ) -> None:
         self.chat_model = chat_model
         self.scorer = scorer
+        self.top_logprobs = int(top_logprobs)
         temperature = _temperature(chat_model)
         self.decoding = decoding_of(temperature)
         # G-NLL is the greedy answer's (servers default to sampling): the policy pins it
@@ -73,6 +82,12 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
 
     def __repr__(self) -> str:
         return f"UncertaintyRunnable({self.chat_model!r}, policy={self.scorer.policy.mode!r})"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> UncertaintyRunnable:
+        """The chat model's ``bind_tools(tools, **kwargs)``, its calls scored and gated (see the
+        module)."""
+        bound = self.chat_model.bind_tools(tools, **kwargs)  # type: ignore[attr-defined]
+        return UncertaintyRunnable(bound, self.scorer, top_logprobs=self.top_logprobs)
 
     # ------------------------------------------------------------------ scoring
     def _stop(self, kwargs: dict[str, Any]) -> Sequence[str] | None:
@@ -93,15 +108,16 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
             decoding=self.decoding,
             stop=stop,
             where=f"the {type(self.chat_model).__name__} response",
+            tool_calls=_calls(message),
         )
 
     def _attach(self, message: BaseMessage, stop: Sequence[str] | None) -> BaseMessage:
         scored = self.score(message, stop)
         meta = {**message.response_metadata, "uncertainty": scored.uncertainty.to_json()}
         update: dict[str, Any] = {"response_metadata": meta}
-        if scored.refused:  # nothing of the refused answer leaves: text, tokens, log-probs
+        if scored.refused:  # nothing of the refused answer leaves: text, calls, tokens, log-probs
             meta.pop("logprobs", None)
-            update["content"] = scored.text
+            update.update(_refused(message, scored))
         return message.model_copy(update=update)
 
     def _closing(
@@ -152,12 +168,26 @@ class UncertaintyRunnable(Runnable[Any, BaseMessage]):
             if whole[0] is None:
                 return []
             scored, closing = self._closing(whole[0], stop)
-            if scored.refused:
+            if scored.refused:  # the refusal alone: no chunk of the answer or its calls
                 meta = closing.response_metadata
                 return [AIMessageChunk(content=scored.text, response_metadata=meta, id=closing.id)]
             return [*unsent, closing]
 
         return settle
+
+
+def _refused(message: BaseMessage, scored: Scored) -> dict[str, Any]:
+    """What replaces a refused message's answer: the refusal as its content, and no tool call
+    left anywhere a chain (or an agent executing calls) would read one."""
+    update: dict[str, Any] = {"content": scored.text}
+    if getattr(message, "tool_calls", None) is not None:
+        update.update(tool_calls=[], invalid_tool_calls=[])
+        if isinstance(message, AIMessageChunk):
+            update["tool_call_chunks"] = []
+    kwargs = dict(message.additional_kwargs)
+    if kwargs.pop("tool_calls", None) is not None:
+        update["additional_kwargs"] = kwargs
+    return update
 
 
 def _adding(chunks: Iterator[Any], whole: list[Any]) -> Iterator[Any]:
@@ -184,6 +214,7 @@ def with_uncertainty(
     server: str = "generic",
     prompt_format: str | None = "chat",
     top_logprobs: int = 1,
+    tool_argument_threshold: float | None = None,
 ) -> UncertaintyRunnable:
     """``chat_model`` with G-NLL on every message (``response_metadata["uncertainty"]``).
 
@@ -201,6 +232,8 @@ def with_uncertainty(
         answer's.
     top_logprobs:
         Alternatives asked for per token (at least 1: some servers return no log-probs without).
+    tool_argument_threshold:
+        Under ``refuse``, also withhold a tool call one of whose argument values' NLL is above it.
 
     Examples
     --------
@@ -222,6 +255,7 @@ def with_uncertainty(
         ),
         server=server,
         prompt_format=prompt_format,
+        tool_argument_threshold=tool_argument_threshold,
     )
     return UncertaintyRunnable(chat_model, scorer, top_logprobs=top_logprobs)
 
@@ -284,6 +318,7 @@ class UncertaintyCallbackHandler(BaseCallbackHandler):
                         decoding=decoding,
                         stop=stop,
                         where=f"run {run_id}",
+                        tool_calls=_calls(message) if message is not None else None,
                     )
                     out.append(scored.uncertainty)
         except ValueError as exc:  # LogprobError and its kin: say why, keep the chain running

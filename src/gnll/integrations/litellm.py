@@ -23,6 +23,11 @@ Why not the router's ``fallbacks``: the proxy runs ``async_post_call_success_hoo
 router's call has returned, fallbacks included, so an exception raised there reaches the client as
 an error; the handler makes the second call itself, on the same router.
 
+**Tool calls.** A choice whose message carries ``tool_calls`` gets each call's record in
+``uncertainty.tool_calls`` (its ``g_nll``, ``name_nll``, per-argument NLLs, ``least_certain_argument``,
+``withheld``; the tokens are in the log-probs); under ``refuse`` a withheld call is removed from the
+message (and from a stream, held until decided), which says which call was withheld.
+
 **SDK.** ``litellm.callbacks = [UncertaintyHandler(on_uncertainty=...)]`` observes every
 ``litellm.completion`` made with ``logprobs=True`` (LiteLLM runs success callbacks after the call
 returns, so they cannot change the response); :func:`score_response` scores a response directly.
@@ -92,10 +97,36 @@ def score_response(
                 decoding=decoding,
                 stop=stop,
                 where=f"choice {i}",
+                tool_calls=_get(message, "tool_calls") if message is not None else None,
                 **kwargs,
             )
         )
     return out
+
+
+def _withhold(choice: Any, scored: Scored) -> None:
+    """Replace a refused choice's answer by the refusal, its tool calls (withheld) dropped."""
+    choice.message.content = scored.text
+    for holder in (choice, choice.message):
+        # an upstream gnll serve's own record of the answer (LiteLLM keeps a choice's unknown
+        # fields there) holds its tokens
+        extra = _get(holder, "provider_specific_fields")
+        if isinstance(extra, dict):
+            extra.pop("uncertainty", None)
+    if _get(choice.message, "tool_calls"):
+        choice.message.tool_calls = None
+        choice.finish_reason = scored.finish_reason
+
+
+def _add_call_deltas(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
+    """Add a stream delta's ``tool_calls`` pieces to the calls by their index (name and
+    arguments are spelled over several deltas)."""
+    for d in deltas or []:
+        k = _get(d, "index", 0) or 0
+        fn = _get(d, "function")
+        call = calls.setdefault(k, {"name": "", "arguments": ""})
+        call["name"] += _get(fn, "name") or ""
+        call["arguments"] += _get(fn, "arguments") or ""
 
 
 class UncertaintyHandler(CustomLogger):
@@ -259,7 +290,7 @@ class UncertaintyHandler(CustomLogger):
         for choice, s in zip(response.choices, scored, strict=True):
             choice.uncertainty = s.uncertainty.to_json()
             if s.refused:
-                choice.message.content = s.text
+                _withhold(choice, s)
             if s.refused or not keep:
                 choice.logprobs = None
         return response
@@ -293,6 +324,7 @@ class UncertaintyHandler(CustomLogger):
         texts: dict[int, list[str]] = {}
         logprobs: dict[int, list[Any]] = {}
         finish: dict[int, Any] = {}
+        calls: dict[int, dict[int, dict[str, Any]]] = {}  # choice -> call index -> name, arguments
         last: list[Any] = []
 
         async def taking() -> AsyncGenerator[Any, None]:
@@ -302,6 +334,7 @@ class UncertaintyHandler(CustomLogger):
                     i = _get(choice, "index", 0) or 0
                     delta = _get(choice, "delta")
                     texts.setdefault(i, []).append(_get(delta, "content") or "")
+                    _add_call_deltas(calls.setdefault(i, {}), _get(delta, "tool_calls"))
                     lp = _plain(_get(choice, "logprobs"))
                     if isinstance(lp, dict):
                         logprobs.setdefault(i, []).extend(logprob_entries(lp))
@@ -324,6 +357,7 @@ class UncertaintyHandler(CustomLogger):
                     decoding=self._decoding(request_data),
                     stop=request_data.get("stop"),
                     where=f"choice {i}",
+                    tool_calls=[c for _, c in sorted(calls.get(i, {}).items())],
                 )
                 closing.append((i, s))
             replaced: dict[int, str] = {}  # choice -> the text that replaces the held answer
@@ -346,8 +380,10 @@ class UncertaintyHandler(CustomLogger):
                             finish[i] = s.finish_reason
                 closing = [(i, s) for (i, _), s in zip(closing, scored, strict=True)]
             for i, s in closing:
-                if s.refused:
+                if s.refused:  # the refusal alone (no held chunk, so no withheld call's delta)
                     replaced[i] = s.text
+                    if calls.get(i):
+                        finish[i] = s.finish_reason  # "stop": no call follows
             if not replaced:  # kept: the held chunks (all under refuse/escalate, else the last)
                 for chunk in unsent:
                     yield chunk

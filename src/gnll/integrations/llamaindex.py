@@ -13,6 +13,13 @@ not a field. gnll therefore reads the server's response that LlamaIndex keeps in
   forms. Under ``policy="refuse"`` a stream is held until its answer is decided
   (:meth:`gnll.policy.AbstentionPolicy.wrap`): a refused answer's text never reaches the caller,
   only the refusal.
+- Function calling: ``chat_with_tools``, ``predict_and_call`` (and their async and streaming
+  forms) of a function-calling LLM (``OpenAILike(..., is_function_calling_model=True)``) go through
+  the wrapper: ``additional_kwargs["uncertainty"]["tool_calls"]`` has each call's record (its
+  ``g_nll``, ``name_nll``, per-argument NLLs, ``least_certain_argument``, ``withheld``). Under
+  ``refuse`` a withheld call is taken out of the message (no ``ToolCallBlock``, no
+  ``tool_calls``): ``predict_and_call`` runs no tool and answers with the message saying which
+  call was withheld.
 - :class:`UncertaintyEventHandler` is an instrumentation handler (``get_dispatcher().add_event_handler``)
   that scores every ``LLMChatEndEvent`` / ``LLMCompletionEndEvent`` it sees (streams included) and
   puts the same record on the response.
@@ -24,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from llama_index.core.base.llms.types import TextBlock
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import (
     LLMChatEndEvent,
@@ -62,6 +70,21 @@ def _chunk_entries(response: Any) -> list[dict[str, Any]]:
     return logprob_entries((choice or {}).get("logprobs"))
 
 
+def _tool_calls(response: Any, choice: dict[str, Any]) -> list[Any] | None:
+    """The calls a response carries: the server's own (``raw``), else the message's
+    ``ToolCallBlock`` blocks or ``additional_kwargs["tool_calls"]`` (a stream's last response)."""
+    raw = (choice.get("message") or {}).get("tool_calls") if "delta" not in choice else None
+    if raw:
+        return list(raw)
+    message = getattr(response, "message", None)
+    if message is None:
+        return None
+    blocks = [b for b in getattr(message, "blocks", []) if getattr(b, "block_type", "") == "tool_call"]
+    if blocks:
+        return [{"name": b.tool_name, "arguments": b.tool_kwargs} for b in blocks]
+    return message.additional_kwargs.get("tool_calls") or None
+
+
 class _Scoring:
     """Score a LlamaIndex response from ``response.raw`` (and a stream's accumulated entries)."""
 
@@ -87,6 +110,7 @@ class _Scoring:
             logprobs,
             finish_reason=choice.get("finish_reason"),
             where="the LlamaIndex response",
+            tool_calls=_tool_calls(response, choice),
             **kwargs,
         )
 
@@ -94,8 +118,9 @@ class _Scoring:
         response.additional_kwargs["uncertainty"] = scored.uncertainty.to_json()
         if scored.refused:  # nothing of the refused answer stays: text, last piece, log-probs, raw
             message = getattr(response, "message", None)
-            if message is not None:
-                message.content = scored.text
+            if message is not None:  # the refusal its one block: no withheld call is left
+                message.blocks = [TextBlock(text=scored.text)]
+                message.additional_kwargs.pop("tool_calls", None)
             else:
                 response.text = scored.text
             if getattr(response, "delta", None) is not None:
@@ -144,6 +169,33 @@ class UncertaintyLLM(_Scoring):
 
     async def astream_complete(self, prompt: str, **kwargs: Any) -> AsyncIterator[Any]:
         return self._aheld(await self.llm.astream_complete(prompt, **kwargs))
+
+    # Function calling: the function-calling LLM's own methods, run on this wrapper so that
+    # their chat goes through the scoring ``chat`` above (and its gate).
+    def chat_with_tools(self, tools: Any, *args: Any, **kwargs: Any) -> Any:
+        return type(self.llm).chat_with_tools(self, tools, *args, **kwargs)
+
+    async def achat_with_tools(self, tools: Any, *args: Any, **kwargs: Any) -> Any:
+        return await type(self.llm).achat_with_tools(self, tools, *args, **kwargs)
+
+    def stream_chat_with_tools(self, tools: Any, *args: Any, **kwargs: Any) -> Any:
+        return type(self.llm).stream_chat_with_tools(self, tools, *args, **kwargs)
+
+    async def astream_chat_with_tools(self, tools: Any, *args: Any, **kwargs: Any) -> Any:
+        return await type(self.llm).astream_chat_with_tools(self, tools, *args, **kwargs)
+
+    def predict_and_call(self, tools: Any, *args: Any, **kwargs: Any) -> Any:
+        return type(self.llm).predict_and_call(self, tools, *args, **kwargs)
+
+    async def apredict_and_call(self, tools: Any, *args: Any, **kwargs: Any) -> Any:
+        return await type(self.llm).apredict_and_call(self, tools, *args, **kwargs)
+
+    def get_tool_calls_from_response(self, response: Any, *args: Any, **kwargs: Any) -> Any:
+        """The LLM's own, but a response whose calls were withheld has none, and is no error
+        (``predict_and_call`` then answers with the refusal instead of raising)."""
+        if (response.additional_kwargs.get("uncertainty") or {}).get("refused"):
+            return []
+        return self.llm.get_tool_calls_from_response(response, *args, **kwargs)
 
     # A stream's responses go out as they come, the last one carrying the whole answer's
     # uncertainty; under refuse they are held until the answer is decided (the policy's wrap).

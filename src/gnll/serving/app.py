@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -34,8 +34,9 @@ from gnll.serving.engine import EngineStopped
 from gnll.serving.errors import HTTPError, RequestError
 from gnll.serving.messages_api import MessagesAPI
 from gnll.serving.metrics import Metrics
+from gnll.serving.native import NativeRoutes, passes_through, responses_reply
 from gnll.serving.observers import AccessLog, Answered, Observer, response_id_of
-from gnll.serving.responses import Reply, error_body, stream_error
+from gnll.serving.responses import error_body, stream_error
 from gnll.serving.responses_api import ResponsesAPI
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest, check_free_text
 from gnll.serving.service import Service
@@ -44,6 +45,8 @@ from gnll.serving.translation import TranslatedAPI
 
 access_log = logging.getLogger("gnll.serve.access")
 log = logging.getLogger("gnll.serve")
+
+ReplyT = TypeVar("ReplyT")
 
 #: On a response whose request gave no ``max_tokens`` and that gnll bounded with its default.
 DEFAULT_MAX_TOKENS_HEADER = "X-Gnll-Default-Max-Tokens"
@@ -254,12 +257,10 @@ def _add_error_handlers(app: FastAPI) -> None:
         )
 
 
-async def _handled(
-    service: Service, req: CompletionRequest | ChatCompletionRequest, settings: ServeSettings
-) -> Reply:
-    """The service's reply, its errors as HTTP errors."""
+async def _handled(service: Service, call: Awaitable[ReplyT]) -> ReplyT:
+    """The service's reply (``call``), its errors as HTTP errors."""
     try:
-        return await service.handle(req, settings)
+        return await call
     except RequestError as exc:
         raise HTTPError(400, str(exc), "invalid_request_error", exc.param) from None
     except LogprobError as exc:
@@ -337,6 +338,7 @@ def create_app(
     app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
 
     log_request = _add_access(app, settings, metrics)
+    routes = NativeRoutes()
     _add_error_handlers(app)
 
     async def serve(
@@ -346,7 +348,12 @@ def create_app(
     ) -> Response:
         raw = await read_body(request, settings.max_request_bytes, settings.body_timeout)
         req, asked = _request_of(raw, model_cls, api, service, settings)
-        reply = await _handled(service, req, settings)
+        own = None  # the upstream's own route answered (gnll.serving.native)
+        if api is not None and passes_through(service, asked, req, settings):
+            own = await _handled(
+                service, responses_reply(service, raw, asked, req, settings, routes)
+            )
+        reply = own if own is not None else await _handled(service, service.handle(req, settings))
         info = request.state.log
         info.update(model=service.model_name, stream=req.stream, api=api_name(request.url.path))
         if settings.log_prompts:
@@ -356,7 +363,7 @@ def create_app(
                     c.get("text", (c.get("message") or {}).get("content"))
                     for c in reply.body.get("choices", [])
                 ]
-        if api is not None:
+        if api is not None and own is None:
             reply = api.reply(reply, asked, req)
         headers = headers_for(reply.records) if reply.records else {}
         headers.update(reply.headers or {})

@@ -93,6 +93,9 @@ class CascadeService:
         self.upstream = upstream
         self.upstream_model = upstream_model
         self.mode = local.mode
+        #: Tool calls and JSON output are served when the local model serves them; a withheld
+        #: call escalates as an uncertain answer does (the larger model is asked for the call).
+        self.serves_tools = bool(getattr(local, "serves_tools", False))
 
     @property
     def model_name(self) -> str | None:
@@ -137,6 +140,10 @@ class CascadeService:
             return self._finish(req, reply, kept(reply.records, local_name))
         # A streamed request goes upstream streamed, so that its answer reaches the client live.
         up_req = req.model_copy(update={"model": self.upstream_model})
+        if reply.replay is not None:
+            # A tool call (or JSON) reply: the larger model's call is asked whole and replayed as
+            # the local one would have been (its deltas, then the escalation record).
+            up_req = up_req.model_copy(update={"stream": False})
         bound, _ = settings.token_bounds(self.local.mode)
         if req.max_tokens_requested() is None and bound is not None:
             # The larger model answers within the bound the local answer had (gnll's default).
@@ -171,6 +178,14 @@ class CascadeService:
             await chunks.aclose()
             return self._fallback(req, reply, self._named(up.error or "it sent an empty stream"))
         if chunks is None:
+            if req.stream and reply.replay is not None and up.body is not None:
+                return Reply(
+                    body=None,
+                    records=up.records,
+                    stream=reply.replay(up.body, req.include_usage),
+                    prompt=reply.prompt,
+                    headers={"X-Answered-By": str(up.model or self.upstream_model or "")},
+                )
             return Reply(body=up.body, records=up.records, prompt=reply.prompt)
         up_name = up.model or self.upstream_model or self.upstream.model_name
         stream = self._live(first, chunks, up)
@@ -225,7 +240,10 @@ class CascadeService:
         if req.stream:
             # A streamed request is replayed exactly as any finished answer is (one shape for every
             # policy: a usage chunk only when ``include_usage`` asks for it).
-            stream = stream_chunks(body, reply.answers, req.shape, req.include_usage)
+            if reply.replay is not None:  # a tool call's deltas (gnll.serving.tools)
+                stream = reply.replay(body, req.include_usage)
+            else:
+                stream = stream_chunks(body, reply.answers, req.shape, req.include_usage)
         return Reply(
             body=None if req.stream else body, records=records, stream=stream, prompt=reply.prompt
         )

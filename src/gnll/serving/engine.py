@@ -148,8 +148,8 @@ class EarlyStop:
 
     def __call__(self, token: int, logprob: float) -> bool:
         self.rule.skip()
-        for _, _, lps in self.held.push(token, logprob):
-            self.rule.release(lps)
+        for _, tokens, lps in self.held.push(token, logprob):
+            self.rule.release(lps, tokens)
         return self.rule.decided
 
     def facts(self) -> dict[str, Any]:

@@ -40,6 +40,10 @@ class Reply:
     #: The answers as the body sends them (the policy's text, the log-probs it lists), when the
     #: body is known: what a service that holds this reply replays or keeps of it.
     answers: list[Answer] | None = None
+    #: How a service that holds this reply replays its body as a stream (``body`` and whether to
+    #: end with a usage chunk), when the answers' own replay does not carry all of it (a tool
+    #: call's deltas: :mod:`gnll.serving.tools`); ``None``: the answers' replay.
+    replay: Callable[[dict[str, Any], bool], Iterator[str]] | None = None
 
 
 #: Turns a reply's records into the ones sent, given the model that answered (the escalation

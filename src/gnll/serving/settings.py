@@ -68,7 +68,7 @@ class ServeSettings:
         observers the app notifies (:mod:`gnll.serving.observers`).
     tool_argument_threshold:
         A tool call is also withheld (``--policy refuse``/``escalate``) when one of its argument
-        values' NLL is above this (:func:`gnll.serving.tools.gate_calls`); ``None``: only the
+        values' NLL is above this (:func:`gnll.policy.tools.gate_calls`); ``None``: only the
         call's G-NLL decides.
     """
 

@@ -12,12 +12,17 @@ A chat request with ``tools`` (and ``tool_choice`` other than ``"none"``):
 - each call's uncertainty (its G-NLL, its name's NLL, each argument value's NLL, the tokens each
   scored: :func:`gnll.toolcalls.call_report`) is in ``uncertainty.tool_calls``.
 
-**The gate** (:func:`gate_calls`). Under ``--policy refuse`` (and ``escalate``, which in-process has
-no larger model to ask for a call and so withholds it too), the policy decides on each call: on the
-call's G-NLL, and on each argument value's NLL against ``--tool-argument-threshold``. A withheld
-call never reaches the client: the response has no ``tool_calls`` (a stream holds every delta
-until the decision, as a finished answer is replayed), and the assistant message says which call
-was withheld, with the call's uncertainty record (without its text or tokens).
+**The gate** (:func:`gnll.policy.tools.gate_calls`). Under ``--policy refuse`` and ``escalate``
+the policy decides on each call: on the call's G-NLL, and on each argument value's NLL against
+``--tool-argument-threshold``. A withheld call never reaches the client: the response has no
+``tool_calls`` (a stream holds every delta until the decision, as a finished answer is replayed),
+and the assistant message says which call was withheld, with the call's uncertainty record
+(without its text or tokens). The record abstains when a call does, so the escalation cascade
+(:mod:`gnll.serving.cascade`) asks the larger model for the call; the reply's ``replay`` replays
+either model's call. With early decisions on, decoding stops at the token where a call's (or an
+argument's) running NLL crosses its threshold (:mod:`gnll.toolwatch`; :func:`call_rule` makes
+the decoding loops' rule), and every finished output is read by the same watch, so stopping
+there and decoding to the end decide alike.
 
 A request with ``response_format`` ``json_object`` or ``json_schema`` is decoded under the JSON
 (schema) grammar; its record's ``structured`` has both the raw and the constrained NLLs.
@@ -27,14 +32,16 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
 from gnll.backends.base import ChatPrompt
 from gnll.backends.constrained import ConstrainedGeneration, ConstrainedModel
-from gnll.policy import AbstentionPolicy, Answer, annotate
+from gnll.measures.early import EarlyDecisionError
+from gnll.policy import Answer, annotate
+from gnll.policy.tools import decide_tool_answer, gate_calls
 from gnll.serving.errors import RequestError
 from gnll.serving.protocol.chat import ChatShape
 from gnll.serving.protocol.common import Usage, new_id
@@ -48,12 +55,12 @@ from gnll.serving.protocol.tools import (
 from gnll.serving.responses import Reply, sse
 from gnll.toolcalls import (
     call_grammar,
-    call_report,
     json_grammar,
     parse_output,
     render_call,
     tool_system_prompt,
 )
+from gnll.toolwatch import ToolCallDecision
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -61,7 +68,7 @@ if TYPE_CHECKING:
     from gnll.serving.schemas import ChatCompletionRequest
     from gnll.serving.settings import ServeSettings
 
-__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages"]
+__all__ = ["gate_calls", "handle_structured", "handle_tools", "render_messages", "replay_body"]
 
 #: One constrained decode at a time per process: it runs beside the engine's thread on the same
 #: weights, and two of them would only share the cores.
@@ -100,51 +107,49 @@ def render_messages(req: ChatCompletionRequest, tools: ToolRequest | None) -> li
     return turns
 
 
-def gate_calls(
-    policy: AbstentionPolicy,
-    calls: list[dict[str, Any]],
-    *,
-    argument_threshold: float | None,
-    prompt_format: str | None,
-) -> list[dict[str, Any]]:
-    """Each call's report with the policy's decision on it: ``p_correct`` and ``abstain`` from the
-    call's G-NLL, ``argument_abstain`` when an argument value's NLL is above
-    ``argument_threshold``, and ``withheld`` when the policy keeps the call from the client
-    (``refuse``; ``escalate``, which has no larger model to ask in-process).
+def call_rule(
+    settings: ServeSettings, tools: ToolRequest, prompt_format: str
+) -> Callable[[], ToolCallDecision] | None:
+    """A maker of exact early decisions on the calls of an output (:mod:`gnll.toolwatch`), or
+    ``None`` when the policy withholds no call, or its rule cannot decide before the end (a
+    calibrated map that is not monotone)."""
+    policy = settings.policy
+    if policy.mode not in ("refuse", "escalate") or not policy.active:
+        return None
+    try:
+        policy.check_monotone()
+    except EarlyDecisionError:
+        return None
 
-    The one place a call is decided: the policy object decides the call as it decides an answer.
-    """
-    out = []
-    for call in calls:
-        p, abstain = policy.decide(call["g_nll"], prompt_format)
-        over = None
-        if argument_threshold is not None:
-            over = [a["path"] for a in call["arguments"] if a["nll"] > argument_threshold]
-        decided = {
-            **call,
-            "p_correct": p,
-            "abstain": abstain,
-            "arguments_over_threshold": over,
-        }
-        blocked = bool(abstain) or bool(over)
-        decided["withheld"] = blocked and policy.mode in ("refuse", "escalate")
-        out.append(decided)
-    return out
+    def abstains(g: float) -> bool:
+        return bool(policy.decide(g, prompt_format)[1])  # what gate_calls asks of the policy
+
+    return lambda: ToolCallDecision(
+        abstains,
+        action=policy.mode,
+        argument_threshold=settings.tool_argument_threshold,
+        max_calls=None if tools.parallel_tool_calls else 1,
+    )
 
 
-def _withheld_text(calls: list[dict[str, Any]], refusal: str) -> str:
-    names = ", ".join(f"{c['name']} (call {c['index']})" for c in calls if c["withheld"])
-    return f"{refusal} The tool call was withheld: {names}."
-
-
-def _without_text(call: dict[str, Any]) -> dict[str, Any]:
-    """A withheld call's record: its numbers, not what it would have sent."""
-    args = [{k: v for k, v in a.items() if k != "text"} for a in call["arguments"]]
-    return {**call, "arguments": args}
+def _facts(rule: ToolCallDecision, max_tokens: int) -> dict[str, Any]:
+    """An early decision's facts, as the decoding loop reports them (``EarlyStop.facts``)."""
+    d = rule.decision
+    return {
+        "decided_at_token": d.at_token,
+        "tokens_generated": rule.generated,
+        "tokens_saved": max_tokens - rule.generated,
+        "action": d.action,
+    }
 
 
 async def _constrained(
-    service: InProcessService, prompt: str, grammar: str, max_tokens: int, param: str
+    service: InProcessService,
+    prompt: str,
+    grammar: str,
+    max_tokens: int,
+    param: str,
+    watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
     model = service.model
     if not isinstance(model, ConstrainedModel):
@@ -157,7 +162,11 @@ async def _constrained(
 
     def run() -> ConstrainedGeneration:
         with _CONSTRAINED:
-            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
+            if watch is None:
+                return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
+            return lm.generate_constrained(
+                prompt, grammar, max_new_tokens=max_tokens, watch=watch
+            )
 
     try:
         return await anyio.to_thread.run_sync(run)
@@ -179,10 +188,10 @@ def _answer(gen: ConstrainedGeneration) -> Answer:
 
 
 def _check(req: ChatCompletionRequest, what: str) -> None:
+    # top_logprobs is accepted (the framework integrations ask for >= 1): the alternatives are
+    # reported where the engine's decoding loop records them, as for any chat answer.
     if not req.greedy or req.n != 1:
         raise RequestError(f"{what} is decoded greedily: send temperature 0 and n 1", "temperature")
-    if req.num_top_logprobs:
-        raise RequestError(f"top_logprobs is not reported for {what}", "top_logprobs")
     req.check_unwarped()
 
 
@@ -201,71 +210,69 @@ async def handle_tools(
         default_max_tokens=settings.default_max_tokens, max_tokens_limit=settings.max_tokens_limit
     )
     prompt = ChatPrompt.of(render_messages(req, tools))
+    fmt = "chat"  # the messages (tool prompt included) through the model's chat template
+    rule = call_rule(settings, tools, fmt)
+    early = rule if rule is not None and settings.decides_early else None
     constrained: list[float] | None = None
     if tools.required:
         grammar = call_grammar(
             tools.allowed_functions(),
             parallel=tools.parallel_tool_calls and tools.tool_choice == "required",
         )
-        gen = await _constrained(service, prompt, grammar, config.max_new_tokens, "tool_choice")
+        live = early() if early is not None else None
+        gen = await _constrained(
+            service,
+            prompt,
+            grammar,
+            config.max_new_tokens,
+            "tool_choice",
+            watch=live.push_token if live is not None else None,
+        )
         answer, constrained = _answer(gen), gen.constrained_logprobs
+        if gen.finish_reason == "decided" and live is not None:
+            answer.early = _facts(live, config.max_new_tokens)
     else:
-        decoded = await service.engine.decode([prompt], config, raw=False)
-        answer = to_answer(decoded.generations[0][0], "greedy")
-    fmt = "chat"  # the messages (tool prompt included) through the model's chat template
+        top = req.num_top_logprobs if service.engine.reports_alternatives else 0
+        decoded = await service.engine.decode(
+            [prompt], config, raw=False, top_logprobs=top, early=early
+        )
+        tops = decoded.top_logprobs[0] if decoded.top_logprobs else None
+        alternatives = tops[0] if tops else None
+        facts = decoded.decisions[0][0] if decoded.decisions else None
+        answer = to_answer(decoded.generations[0][0], "greedy", alternatives, early=facts)
+    # The decision on the tokens as they were decoded: the same whether decoding stopped at it or
+    # ran to the end (a call attempt it withholds is withheld even if the model broke it off).
+    watch = rule().watch if rule is not None else None
+    if watch is not None:
+        for tok, lp in zip(answer.tokens, answer.token_logprobs, strict=True):
+            if watch.push(tok, lp):
+                break
     parsed = parse_output(answer.text, tools.names)
-    calls = parsed.calls
-    # An output with calls is decided per call (gate_calls), not refused as a whole.
-    policy = replace(settings.policy, mode="annotate") if calls else settings.policy
-    [record], [text], [finish] = annotate(
-        [answer], policy, include_tokens=req.wants_logprobs, prompt_format=fmt
-    )
-    if not tools.parallel_tool_calls:
-        calls = calls[:1]
-    report = call_report(
-        answer.tokens, answer.token_logprobs, answer.text, calls, constrained_logprobs=constrained
-    )
-    decided = gate_calls(
+    calls = parsed.calls if tools.parallel_tool_calls else parsed.calls[:1]
+    decided = decide_tool_answer(
+        answer,
+        calls,
         settings.policy,
-        report,
+        content=parsed.content,
+        error=parsed.error,
         argument_threshold=settings.tool_argument_threshold,
         prompt_format=fmt,
+        include_tokens=req.wants_logprobs,
+        constrained_logprobs=constrained,
+        watch=watch,
     )
-    withheld = any(c["withheld"] for c in decided)
-    update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": parsed.error}
-    if calls and not withheld:
+    record = decided.record
+    if calls and not decided.withheld:
         ids = [call_id() for _ in calls]
-        for c, i in zip(decided, ids, strict=True):
-            c["id"] = i
+        with_ids = [{**c, "id": i} for c, i in zip(decided.calls, ids, strict=True)]
+        record = record.model_copy(update={"tool_calls": with_ids})
         message = tool_call_message(
             [(i, c.name, c.arguments_text) for i, c in zip(ids, calls, strict=True)],
-            parsed.content or None,
-        )
-        finish = "tool_calls" if answer.finish_reason != "length" else "length"
-        record = record.model_copy(update=update)
-    elif withheld:
-        message = {
-            "role": "assistant",
-            "content": _withheld_text(decided, settings.policy.refusal),
-            "refusal": None,
-        }
-        finish = "stop"
-        update["tool_calls"] = [_without_text(c) for c in decided]
-        record = record.model_copy(
-            update={
-                **update,
-                "refused": True,
-                "tokens": None,
-                "token_logprobs": None,
-                "top_logprobs": None,
-                "spans": None,
-                "least_certain_span": None,
-            }
+            decided.text or None,
         )
     else:
-        message = {"role": "assistant", "content": text, "refusal": None}
-        record = record.model_copy(update=update)
-    return _reply(service, req, answer, message, finish, record, prompt)
+        message = {"role": "assistant", "content": decided.text, "refusal": None}
+    return _reply(service, req, answer, message, decided.finish_reason, record, prompt)
 
 
 async def handle_structured(
@@ -343,11 +350,21 @@ def _reply(
         ],
         "usage": Usage.of(n_prompt, [answer]).model_dump(),
     }
-    stream = _replay(body, req.include_usage) if req.stream else None
-    return Reply(body=body, records=[record], stream=stream, prompt=prompt)
+    stream = replay_body(body, req.include_usage) if req.stream else None
+    # What a cascade keeps of the local reply: the text the client is sent (a withheld call's
+    # message, never the call), and the replay that carries the tool-call deltas.
+    sent = Answer(message.get("content") or "", finish, [], [], completion_tokens=0)
+    return Reply(
+        body=body,
+        records=[record],
+        stream=stream,
+        prompt=prompt,
+        answers=[sent],
+        replay=replay_body,
+    )
 
 
-def _replay(body: dict[str, Any], include_usage: bool) -> Any:
+def replay_body(body: dict[str, Any], include_usage: bool) -> Any:
     """The finished response as stream chunks: nothing goes out before the decision (the whole
     answer is known first), then the text, the tool-call deltas and the uncertainty."""
     base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
@@ -359,7 +376,9 @@ def _replay(body: dict[str, Any], include_usage: bool) -> Any:
         return sse({**base, "choices": [c]})
 
     def events() -> Any:
-        yield chunk({"role": "assistant", "content": ""})
+        # the whole output's log-probs (tool-call tokens included) in the first chunk: a client
+        # that adds the chunks up has every token's, as in the body
+        yield chunk({"role": "assistant", "content": ""}, logprobs=choice["logprobs"])
         if message.get("content"):
             yield chunk({"content": message["content"]})
         for delta in tool_call_deltas(message):

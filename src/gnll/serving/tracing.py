@@ -13,6 +13,14 @@ tracing backend (Langfuse, Phoenix, any OTLP collector) attaches the scores to t
 ``gnll.trace_tokens``) when known. Events go through the OpenTelemetry Logs API in the current context: inside
 an instrumented request they carry its trace and span ids.
 
+An answer with tool calls adds one event per call, ``gen_ai.evaluation.name = "tool_call.g_nll"``
+with the call's G-NLL as the score and ``sent`` or ``withheld`` as the label, the function's name
+(``gen_ai.tool.name``), the call's ``gen_ai.tool.call.id`` when it was sent, its index
+(``gnll.tool_call.index``), its least certain argument's path and NLL
+(``gnll.tool_call.least_certain_argument``, ``gnll.tool_call.max_argument_nll``) and the paths
+over the argument threshold (``gnll.tool_call.arguments_over_threshold``). Argument texts are never
+in an event (they may hold what the gate kept from the client).
+
 Off by default; this module and OpenTelemetry are imported only when it is on (``pip install
 'gnll[otel]'``).
 """
@@ -96,11 +104,50 @@ class Emitter:
                     timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
                 )
                 count += 1
+            for call in record.tool_calls or []:
+                self.logger.emit(
+                    timestamp=time.time_ns(),
+                    event_name=EVENT_NAME,
+                    attributes=_call_attributes(call, record, response_id, api),
+                )
+                count += 1
         return count
 
     def answered(self, event: Answered) -> None:
         """Emit the events of one request's answers (:mod:`gnll.serving.observers`)."""
         self.emit(event.records, event.response_id, event.entry.get("api"))
+
+
+def _call_attributes(
+    call: dict[str, Any], record: Uncertainty, response_id: str | None, api: str | None
+) -> dict[str, Any]:
+    """One tool call's event: its name and numbers, never its argument texts."""
+    attributes: dict[str, Any] = {
+        "gen_ai.evaluation.name": "tool_call.g_nll",
+        "gen_ai.evaluation.score.value": float(call["g_nll"]),
+        "gen_ai.evaluation.score.label": "withheld" if call.get("withheld") else "sent",
+        "gnll.tool_call.index": int(call["index"]),
+    }
+    if call.get("name"):
+        attributes["gen_ai.tool.name"] = str(call["name"])
+    if call.get("id"):
+        attributes["gen_ai.tool.call.id"] = str(call["id"])
+    if call.get("least_certain_argument") is not None:
+        attributes["gnll.tool_call.least_certain_argument"] = str(call["least_certain_argument"])
+        attributes["gnll.tool_call.max_argument_nll"] = float(call["max_argument_nll"])
+    if call.get("p_correct") is not None:
+        attributes["gnll.tool_call.p_correct"] = float(call["p_correct"])
+    if call.get("arguments_over_threshold"):
+        attributes["gnll.tool_call.arguments_over_threshold"] = [
+            str(p) for p in call["arguments_over_threshold"]
+        ]
+    if response_id:
+        attributes["gen_ai.response.id"] = response_id
+    if api:
+        attributes["gnll.api"] = api
+    if record.answered_by:
+        attributes["gen_ai.response.model"] = record.answered_by
+    return attributes
 
 
 def configure_provider() -> str:

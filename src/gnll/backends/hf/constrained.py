@@ -14,7 +14,7 @@ llguidance is an optional dependency (``pip install gnll[structured]``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -56,8 +56,13 @@ def generate_constrained(
     *,
     max_new_tokens: int,
     eos_ids: set[int],
+    watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
-    """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas)."""
+    """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas).
+
+    ``watch`` sees each token's text and raw log-prob as it is decoded; when it returns ``True``
+    (an exact early decision: :mod:`gnll.toolwatch`) decoding stops there, with finish reason
+    ``"decided"``."""
     import llguidance
     import llguidance.torch as lt
 
@@ -90,6 +95,9 @@ def generate_constrained(
         out_ids.append(tok)
         raw.append(lp)
         con.append(min(0.0, lp - norm))
+        if watch is not None and watch(tokenizer.decode([tok]), lp):
+            finish = "decided"
+            break
         if matcher.is_stopped():
             finish = "stop"
             break

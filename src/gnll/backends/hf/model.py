@@ -461,10 +461,17 @@ class HFModel(Model):
         return answer_end_ids(self.tokenizer, self.stop_rules(DEFAULT_STOP))
 
     def generate_constrained(
-        self, prompt: str, grammar: str, *, max_new_tokens: int, raw_prompt: bool = False
+        self,
+        prompt: str,
+        grammar: str,
+        *,
+        max_new_tokens: int,
+        raw_prompt: bool = False,
+        watch: Callable[[str, float], bool] | None = None,
     ) -> ConstrainedGeneration:
         """Greedy decoding under a grammar (:mod:`gnll.backends.hf.constrained`; needs
-        llguidance): the raw and the constrained log-probs of each token."""
+        llguidance): the raw and the constrained log-probs of each token; ``watch`` stops it at
+        an early decision."""
         from gnll.backends.hf.constrained import generate_constrained
 
         [ids] = self.encode([prompt], raw_prompt=raw_prompt)
@@ -476,6 +483,7 @@ class HFModel(Model):
             grammar,
             max_new_tokens=max_new_tokens,
             eos_ids=self.eos_ids,
+            watch=watch,
         )
 
     def score_tokens(

@@ -49,6 +49,10 @@ class ServerProfile:
     echo:
         ``/v1/completions`` returns prompt log-probs with ``echo`` (used by ``gnll doctor`` to compare
         generated log-probs with teacher-forced ones).
+    responses_logprobs:
+        Its own ``/v1/responses`` returns a whole (not streamed) answer's token log-probs, the
+        end-of-sequence token's included as on chat (vLLM): a proxy passes such requests through
+        (:mod:`gnll.serving.native`).
     capabilities:
         What the backend can compute through this server.
     """
@@ -63,6 +67,7 @@ class ServerProfile:
     max_tokens_key: str = "max_tokens"
     echo: bool = False
     logprobs_need_top: bool = True
+    responses_logprobs: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
 
 
@@ -91,6 +96,7 @@ PROFILES: dict[str, ServerProfile] = {
         echo=True,
         eos_logprob=True,
         logprobs_need_top=False,
+        responses_logprobs=True,
         capabilities=_caps(scoring=True, terminator=True, top_logprobs=20),
     ),
     "llama-cpp-python": ServerProfile(

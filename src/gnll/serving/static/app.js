@@ -114,14 +114,37 @@ function currentPrompt() {
   return null;
 }
 
+// The tools offered (an array of OpenAI tool definitions) or null; an error names what is wrong.
+function offeredTools() {
+  const text = $("tools").value.trim();
+  if (!text) return null;
+  let tools;
+  try {
+    tools = JSON.parse(text);
+  } catch (e) {
+    throw new Error("Tools: not JSON (" + e.message + ")");
+  }
+  if (!Array.isArray(tools) || !tools.length) throw new Error("Tools: give a JSON array of tool definitions");
+  return tools;
+}
+
 async function ask(ev) {
   ev.preventDefault();
   showError("");
-  const q = currentPrompt();
+  let q = currentPrompt();
   if (!q) return showError("Type a question or pick one.");
+  let tools;
+  try {
+    tools = offeredTools();
+  } catch (e) {
+    return showError(e.message);
+  }
+  if (tools && $("api").value !== "chat") return showError("Tools are offered through /v1/chat/completions: pick it.");
+  // With tools the typed question is the user's message as it is (no question-answer instruction).
+  if (tools && $("question").value.trim()) q = { ...q, prompt: q.question, asked: "tools, the question as the user's message" };
   $("ask").disabled = true;
   try {
-    const [path, request] = apiRequest($("api").value, q.prompt);
+    const [path, request] = apiRequest($("api").value, q.prompt, tools);
     const r = await fetch(path, { method: "POST", headers: headers(), body: JSON.stringify(request) });
     if (!r.ok) {
       const body = await r.json();
@@ -140,7 +163,7 @@ async function ask(ev) {
 // The route and body that ask the question greedily, streamed, through one of the three APIs. The
 // Responses API has no stop sequences (its answer runs to the token limit) and the Messages API no
 // log-probs (its tokens are not shaded); the G-NLL is computed alike.
-function apiRequest(api, prompt) {
+function apiRequest(api, prompt, tools = null) {
   const c = state.config;
   const user = [{ role: "user", content: prompt }];
   if (api === "responses") {
@@ -150,6 +173,10 @@ function apiRequest(api, prompt) {
   if (api === "messages") {
     return ["/v1/messages", { messages: user, temperature: 0, max_tokens: c.max_tokens,
       stop_sequences: c.stop, stream: true }];
+  }
+  if (tools) {  // the model decides whether to call; the page's stop strings would cut a call
+    return ["/v1/chat/completions", { messages: user, temperature: 0, max_tokens: c.max_tokens,
+      tools, tool_choice: "auto", logprobs: true, stream: true }];
   }
   return ["/v1/chat/completions", { messages: user, temperature: 0, max_tokens: c.max_tokens,
     stop: c.stop, logprobs: true, top_logprobs: 5, stream: true }];
@@ -161,7 +188,8 @@ function piecesOf(data) {
   if (data.error) throw new Error(data.error.message || String(data.error));
   if (data.choices) {
     return data.choices.map((c) => ({ text: (c.delta && c.delta.content) || "",
-      entries: (c.logprobs && c.logprobs.content) || [], finish: c.finish_reason, uncertainty: c.uncertainty }));
+      entries: (c.logprobs && c.logprobs.content) || [], finish: c.finish_reason, uncertainty: c.uncertainty,
+      calls: (c.delta && c.delta.tool_calls) || [] }));
   }
   switch (data.type) {
     case "error": throw new Error(data.message || "the stream ended in an error");
@@ -187,7 +215,7 @@ async function readStream(r) {
   answer.innerHTML = "";
   answer.dataset.state = "streaming";
   $("result").hidden = false;
-  const choice = { message: { content: "" }, logprobs: { content: [] }, uncertainty: null };
+  const choice = { message: { content: "", tool_calls: [] }, logprobs: { content: [] }, uncertainty: null };
   let buffer = "";
   for (;;) {
     const { value, done } = await reader.read();
@@ -211,6 +239,11 @@ async function readStream(r) {
           if (entries.length) span.style.background = shade(Math.exp(lp));
           answer.appendChild(span);
           choice.message.content += text;
+        }
+        for (const d of c.calls || []) {  // tool-call deltas: a call's name, then its arguments
+          const call = (choice.message.tool_calls[d.index] ||= { function: { name: "", arguments: "" } });
+          if (d.function && d.function.name) call.function.name += d.function.name;
+          if (d.function && d.function.arguments) call.function.arguments += d.function.arguments;
         }
         if (c.finish) choice.finish_reason = c.finish;
         if (c.uncertainty) choice.uncertainty = c.uncertainty;
@@ -259,6 +292,7 @@ function render(q, choice, verdict) {
     answer.appendChild(span);
   });
   markLeastSpan(u);
+  showToolCalls(u);
   if (u.refused) {
     const note = document.createElement("div");
     note.className = "muted";
@@ -312,7 +346,9 @@ function render(q, choice, verdict) {
   $("result").hidden = false;
   answer.dataset.state = "done";
   const correct = verdict ? verdict.correct : null;
-  state.history.push({ g: u.g_nll, p, decision: decisionLabel(u), correct, q: q.question, a: choice.message.content });
+  const calls = (choice.message.tool_calls || []).map((c) => `${c.function.name}(${c.function.arguments})`);
+  state.history.push({ g: u.g_nll, p, decision: decisionLabel(u), correct, q: q.question,
+    a: choice.message.content || calls.join("; ") });
   drawHistory();
 }
 
@@ -333,6 +369,38 @@ function markLeastSpan(u) {
   }
   const what = u.spans_kind === "json" ? `field ${span.path}` : "sentence";
   box.textContent = `Least certain ${what}: “${span.text}” — NLL ${fmt(span.nll)} nats over ${span.num_tokens} tokens (of G-NLL ${fmt(u.nll)})`;
+}
+
+// One line per tool call: its function, G-NLL and least certain argument (its path and NLL; the
+// argument's tokens outlined when the call was sent); a withheld call says so, without its text
+// (the server never sent it). After an escalation, the local model's withheld calls too.
+function showToolCalls(u) {
+  const box = $("tool-calls");
+  box.innerHTML = "";
+  const line = (call, who) => {
+    const div = document.createElement("div");
+    const arg = (call.arguments || []).find((a) => a.path === call.least_certain_argument);
+    let text = `${who}tool call ${call.name || "(unnamed)"}: G-NLL ${fmt(call.g_nll)} nats over ${call.num_tokens} tokens`;
+    text += arg
+      ? `; least certain argument ${arg.path} — NLL ${fmt(arg.nll)} over ${arg.num_tokens} tokens`
+      : "; no arguments";
+    if (call.arguments_over_threshold && call.arguments_over_threshold.length) {
+      text += ` (over the argument threshold: ${call.arguments_over_threshold.join(", ")})`;
+    }
+    if (call.withheld) {
+      div.className = "withheld";
+      text += " — withheld: the call never reached the client";
+    }
+    div.textContent = text;
+    div.dataset.argument = call.least_certain_argument || "";
+    box.appendChild(div);
+    if (arg && !call.withheld && who === "") {
+      const toks = $("answer").querySelectorAll(".tok");
+      for (const k of arg.token_indices || []) if (toks[k]) toks[k].classList.add("least-arg");
+    }
+  };
+  (u.tool_calls || []).forEach((c) => line(c, ""));
+  ((u.local && u.local.tool_calls) || []).forEach((c) => line(c, `the local model ${u.local.model}'s `));
 }
 
 // The decision box's word: an escalated answer is the larger model's (its record has no abstain
