@@ -103,9 +103,7 @@ def test_ray_data_score_puts_bad_rows_in_an_error_column(ray_cluster, tmp_path):
     for line in (tmp_path / "local.jsonl").read_text().splitlines():
         want = json.loads(line)
         r = got[want["id"]]
-        assert (
-            r["error"] is None and abs(r["nll"] - want["nll"]) <= 1e-6
-        )  # same path: Ray runs the same batches as the local run, which is exact
+        assert r["error"] is None and abs(r["nll"] - want["nll"]) <= 1e-6  # same path: Ray runs the same batches as the local run, which is exact
         assert r["is_greedy"] == want["is_greedy"] and r["num_tokens"] == want["num_tokens"]
     for i, msg in errors.items():
         assert got[i]["error"] == msg and got[i]["nll"] is None

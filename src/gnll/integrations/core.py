@@ -95,9 +95,7 @@ def make_policy(
     return AbstentionPolicy(threshold=threshold, **kwargs)
 
 
-def observing_policy(
-    policy: AbstentionPolicy | str = "annotate", **options: Any
-) -> AbstentionPolicy:
+def observing_policy(policy: AbstentionPolicy | str = "annotate", **options: Any) -> AbstentionPolicy:
     """:func:`make_policy` for a callback or event handler, which only observes: it sees an answer
     after the caller got it, so it cannot withhold it (``refuse``, ``escalate``: use the framework's
     ``with_uncertainty`` wrapper, which holds the answer until it is decided)."""
@@ -325,10 +323,9 @@ def _calls_in(
 
 def _spelled(logprobs: Mapping[str, Any]) -> str | None:
     """The text the log-prob entries spell (their bytes where every entry has them)."""
-    entries = logprobs.get("content")
-    if not isinstance(entries, list):
+    if logprob_shape(logprobs) is None:
         return None
-    entries = [e for e in entries if isinstance(e, Mapping)]
+    entries = [e for e in logprob_entries(logprobs) if isinstance(e, Mapping)]
     byte_lists = [e.get("bytes") for e in entries]
     if byte_lists and all(isinstance(b, list) for b in byte_lists):
         return bytes(x for b in byte_lists for x in b).decode("utf-8", errors="replace")

@@ -189,7 +189,7 @@ def _entries(pred: Any) -> list[dict[str, Any]]:
             "the LM returned no log-probs: use a dspy.LM on a server that returns them "
             "(`gnll doctor URL`)"
         )
-    return list(logprobs.get("content") if isinstance(logprobs, dict) else logprobs)
+    return list(logprob_entries(logprobs) if isinstance(logprobs, dict) else logprobs)
 
 
 def _step_call(completion: str, name: str) -> ParsedCall:
