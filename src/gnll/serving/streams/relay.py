@@ -78,7 +78,7 @@ class UpstreamAnswers:
             f"{self.expected} choices (it does not support n); send separate requests instead"
         )
 
-    def answer(self, choice: Any, i: int, labels: list[Any] | None = None) -> Answer:
+    def answer(self, choice: dict[str, Any], i: int, labels: list[Any] | None = None) -> Answer:
         """Choice ``i`` of a whole response (or a stream's reassembled choice) as an answer."""
         try:
             return choice_answer(
