@@ -121,15 +121,15 @@ def main() -> None:
                     out = await engine.decode([prompt], config, early=early)
                     seconds = time.perf_counter() - t
                     gen = out.generations[0][0]
-                    facts = (out.decisions or [[None]])[0][0]
+                    facts = gen.early
                     row[arm] = {
                         "seconds": seconds,
-                        "tokens": facts["tokens_generated"]
+                        "tokens": facts.tokens_generated
                         if facts
                         else len(gen.token_ids) + len(gen.terminator_token_ids),
                         "answer_tokens": len(gen.token_ids),
                         "g_nll": g_nll(gen.measured_logprobs),
-                        "early": facts,
+                        "early": None if facts is None else facts.to_dict(),
                     }
                     if arm == "full":  # the sweep's input: where each threshold would decide
                         row[arm]["nll"] = [-lp for lp in gen.measured_logprobs]

@@ -190,11 +190,14 @@ def _vllm_root(config: pytest.Config) -> Path | None:
 @pytest.fixture(scope="session")
 def vllm_server(request, tmp_path_factory):
     """The run's vLLM server (:class:`vllm_helpers.RunningVllm`): ``base_url``, ``model``,
-    ``log()``, ``metrics()``, ``aborted()``. Started on first use (about two minutes)."""
-    from vllm_helpers import shared_server
+    ``log()``, ``metrics()``, ``aborted()``. Started on first use (about two minutes). It serves
+    tool calls (auto tool choice, the hermes parser, gnll's tool prompt in the chat template:
+    :func:`vllm_helpers.tool_args`); prompts without tools render as the model's own template."""
+    from vllm_helpers import shared_server, tool_args
 
     tmp_path_factory.getbasetemp()  # the run's shared directory exists from here on
-    return shared_server(_vllm_root(request.config))
+    root = _vllm_root(request.config)
+    return shared_server(root, extra_args=tool_args(root))
 
 
 @pytest.fixture(scope="session")

@@ -113,6 +113,25 @@ def _alive(pgid: int) -> bool:
     return True
 
 
+def tool_args(root: Path) -> tuple[str, ...]:
+    """vLLM's arguments that serve tool calls on SmolLM2 (whose template has no tool section): auto
+    tool choice, the hermes parser (it reads gnll's documented ``<tool_call>`` format) and the
+    model's chat template extended with gnll's tool prompt (:func:`gnll.toolcalls.tool_chat_template`;
+    prompts without tools render byte-identically to the model's own template)."""
+    from gnll.toolcalls import tool_chat_template
+
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "smollm2-tools.jinja"
+    path.write_text(tool_chat_template((model_dir() / "chat_template.jinja").read_text()))
+    return (
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--chat-template",
+        str(path),
+    )
+
+
 def shared_server(root: Path, name: str = "vllm", **options) -> RunningVllm:
     """The run's vLLM server ``name`` (started with ``options`` of :class:`VllmServer` by the
     first caller, found by the others): ``root`` is the directory every worker of the run shares."""

@@ -32,7 +32,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gnll.spans import Segment, assign_tokens, json_segments
@@ -45,8 +45,11 @@ __all__ = [
     "call_grammar",
     "call_report",
     "json_grammar",
+    "locate_calls",
     "parse_output",
     "render_call",
+    "tool_chat_template",
+    "tool_conversation",
     "tool_system_prompt",
 ]
 
@@ -78,6 +81,40 @@ def render_call(name: str, arguments: str | Mapping[str, Any]) -> str:
     """One call as the documented format writes it (an assistant turn that called a tool)."""
     args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
     return f'{CALL_OPEN}\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": {args}}}\n{CALL_CLOSE}'
+
+
+def tool_conversation(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, str]]:
+    """A conversation as plain ``{role, content}`` turns for a template without a tool section:
+    with ``tools``, the tool prompt (:func:`tool_system_prompt`) joins the leading system (and
+    ``developer``) messages; earlier calls (an assistant message's ``tool_calls``) are written in
+    the documented format and tool results are user turns in ``<tool_response>`` tags
+    (templates without a tool role accept them). ``content`` is each message's text (``None``:
+    empty). What ``gnll serve`` renders in-process and ``gnll score`` scores after.
+    """
+    turns: list[dict[str, str]] = []
+    system = ""
+    for m in messages:
+        role, text = str(m.get("role")), str(m.get("content") or "")
+        if role in ("system", "developer") and not turns and tools is not None:
+            system = f"{system}\n\n{text}".strip()
+            continue
+        if role == "assistant" and m.get("tool_calls"):
+            blocks = [
+                render_call(c["function"]["name"], c["function"].get("arguments") or "{}")
+                for c in m["tool_calls"]
+            ]
+            turns.append(
+                {"role": "assistant", "content": "\n".join(([text] if text else []) + blocks)}
+            )
+        elif role == "tool":
+            turns.append({"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"})
+        else:
+            turns.append({"role": "system" if role == "developer" else role, "content": text})
+    if tools is not None:
+        turns.insert(0, {"role": "system", "content": tool_system_prompt(tools, system)})
+    return turns
 
 
 #: JSON as ``json.dumps`` writes it (``", "`` and ``": "``, no other white space): one spelling of
@@ -159,6 +196,42 @@ class ParsedOutput:
     error: str | None = None
 
 
+def _call_at(text: str, start: int, end: int, key: str | None) -> ParsedCall:
+    """The call whose JSON object is ``text[start:end]``: ``{"name": ..., key: {...}}``, or (``key``
+    ``None``) the arguments object alone, whose function name then has no tokens."""
+    body = text[start:end]
+    obj = json.loads(body)
+    segs = json_segments(body)
+    if key is None:
+        name, args = None, obj
+        name_seg = Segment(start, start, "name")
+        prefix, args_text = "$", body
+    else:
+        name, args = obj["name"], obj[key]
+        found = next(s for s in segs if s.path == "$.name")
+        name_seg = Segment(start + found.start, start + found.end, "name")
+        prefix = f"$.{key}"
+        # the arguments object's own text: from the value after "<key>": to its closing brace
+        m = re.search(rf'"{key}"\s*:\s*', body)
+        assert m is not None  # json.loads saw the key
+        _, stop = json.JSONDecoder().raw_decode(body, m.end())
+        args_text = body[m.end() : stop]
+    arg_segs = tuple(
+        Segment(start + s.start, start + s.end, s.path[len(prefix) :].lstrip("."))
+        for s in segs
+        if s.path.startswith((prefix + ".", prefix + "["))
+    )
+    return ParsedCall(
+        name=str(name) if name is not None else "",
+        arguments=args,
+        arguments_text=args_text,
+        start=start,
+        end=end,
+        name_segment=name_seg,
+        argument_segments=arg_segs,
+    )
+
+
 def _parse_block(text: str, start: int, end: int, names: Sequence[str]) -> ParsedCall:
     body = text[start:end]
     lead = len(body) - len(body.lstrip())
@@ -176,26 +249,7 @@ def _parse_block(text: str, start: int, end: int, names: Sequence[str]) -> Parse
         raise ValueError(f"a tool call names no known function: {name!r}")
     if not isinstance(args, dict):
         raise ValueError(f"the arguments of {name} are not a JSON object")
-    segs = json_segments(body)
-    name_seg = next(s for s in segs if s.path == "$.name")
-    arg_segs = tuple(
-        Segment(start + s.start, start + s.end, s.path[len("$.arguments") :].lstrip("."))
-        for s in segs
-        if s.path.startswith(("$.arguments.", "$.arguments["))
-    )
-    # the arguments object's own text: from the value after "arguments": to its closing brace
-    m = re.search(r'"arguments"\s*:\s*', body)
-    assert m is not None  # json.loads saw the key
-    _, stop = json.JSONDecoder().raw_decode(body, m.end())
-    return ParsedCall(
-        name=name,
-        arguments=args,
-        arguments_text=body[m.end() : stop],
-        start=start,
-        end=end,
-        name_segment=Segment(start + name_seg.start, start + name_seg.end, "name"),
-        argument_segments=arg_segs,
-    )
+    return _call_at(text, start, end, "arguments")
 
 
 def parse_output(text: str, names: Sequence[str]) -> ParsedOutput:
@@ -292,3 +346,154 @@ def call_report(
             rec["constrained_name_nll"] = _nll(clps, members[0])
         out.append(rec)
     return out
+
+
+# --- calls a server parsed, found in the output its log-probs spell ------------------------------
+
+#: Keys servers' tool parsers read the arguments from, beside the name (Hermes-style templates
+#: write ``arguments``; Llama-3-style JSON calls ``parameters``).
+_ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+def _envelope_key(obj: Any, name: str, arguments: Any) -> str | None:
+    if not isinstance(obj, dict) or obj.get("name") != name or len(obj) != 2:
+        return None
+    for key in _ARGUMENT_KEYS:
+        if key in obj:
+            value = obj[key]
+            if isinstance(value, str):  # some models write the arguments as a JSON string
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    return None
+            return key if value == arguments else None
+    return None
+
+
+def locate_calls(
+    text: str, calls: Sequence[tuple[str, str | Mapping[str, Any]]]
+) -> tuple[ParsedCall, ...]:
+    """Find the calls a server's tool parser returned (``message.tool_calls``: ``(name,
+    arguments)`` in order, the arguments as a JSON string or an object) in the output the model
+    wrote (the text its log-probs spell), so that each call's tokens can be scored.
+
+    A call is the first JSON object, after the previous call, that is ``{"name": name,
+    "arguments": args}`` (or ``"parameters"``, Llama-3-style; the arguments compared as JSON
+    values, so a parser that re-serialises them still matches); failing that, the arguments
+    object alone (a server that decodes a named ``tool_choice`` as the arguments only: the
+    function name then has no tokens and ``name_nll`` is 0). The markers around a call
+    (``<tool_call>`` tags, special tokens) lie outside it, as in :func:`parse_output`.
+
+    >>> out = '<tool_call>\\n{"name": "f", "arguments": {"x": 2}}\\n</tool_call>'
+    >>> [c] = locate_calls(out, [("f", '{"x":2}')])
+    >>> out[c.start:c.end], out[c.name_segment.start:c.name_segment.end], c.argument_segments[0].path
+    ('{"name": "f", "arguments": {"x": 2}}', 'f', 'x')
+
+    Raises
+    ------
+    ValueError
+        A call is not in ``text`` (its log-probs cannot be told apart), naming it.
+    """
+    decoder = json.JSONDecoder()
+    out: list[ParsedCall] = []
+    pos = 0
+    for k, (name, arguments) in enumerate(calls):
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
+        except json.JSONDecodeError:
+            raise ValueError(f"tool call {k} ({name}): its arguments are not JSON") from None
+        objects = []
+        for m in re.finditer(r"\{", text[pos:]):
+            try:
+                obj, end = decoder.raw_decode(text, pos + m.start())
+            except ValueError:
+                continue
+            objects.append((pos + m.start(), end, obj))
+        found = next(
+            (
+                _call_at(text, a, b, key)
+                for a, b, obj in objects
+                if (key := _envelope_key(obj, name, args)) is not None
+            ),
+            None,
+        )
+        if found is None:
+            found = next((_call_at(text, a, b, None) for a, b, obj in objects if obj == args), None)
+            if found is not None:
+                found = replace(found, name=name)
+        if found is None:
+            raise ValueError(
+                f"tool call {k} ({name}) is not in the output its log-probs spell, so its "
+                "tokens cannot be told apart"
+            )
+        out.append(found)
+        pos = found.end
+    return tuple(out)
+
+
+# --- the documented tool prompt as a chat template (for a server) -----------------------------
+
+#: A Jinja prelude that rewrites ``messages`` as :func:`tool_system_prompt` and the documented call
+#: format do (``gnll.serving.tools.render_messages``), then lets the model's own template render
+#: them. Written on one line: servers render with ``trim_blocks``/``lstrip_blocks``.
+_PRELUDE = (
+    "{%- if tools -%}"
+    '{%- set ns = namespace(system="", lead=true, turns=[], listed=[], blocks=[], fields=[]) -%}'
+    "{%- for m in messages -%}"
+    '{%- set text = m.content if m.content is string else "" -%}'
+    '{%- if ns.lead and m.role in ["system", "developer"] -%}'
+    '{%- set ns.system = (ns.system ~ "\\n\\n" ~ text) | trim -%}'
+    "{%- else -%}{%- set ns.lead = false -%}"
+    '{%- if m.role == "assistant" and m.tool_calls -%}'
+    "{%- set ns.blocks = [text] if text else [] -%}"
+    "{%- for c in m.tool_calls -%}"
+    "{%- set a = c.function.arguments -%}"
+    '{%- set a = (a | tojson) if a is mapping else (a or "{}") -%}'
+    '{%- set ns.blocks = ns.blocks + ["<tool_call>\\n{\\"name\\": " ~ (c.function.name | tojson) ~ '
+    '", \\"arguments\\": " ~ a ~ "}\\n</tool_call>"] -%}'
+    "{%- endfor -%}"
+    '{%- set ns.turns = ns.turns + [{"role": "assistant", "content": ns.blocks | join("\\n")}] -%}'
+    '{%- elif m.role == "tool" -%}'
+    '{%- set ns.turns = ns.turns + [{"role": "user", "content": "<tool_response>\\n" ~ text ~ '
+    '"\\n</tool_response>"}] -%}'
+    "{%- else -%}"
+    '{%- set ns.turns = ns.turns + [{"role": "system" if m.role == "developer" else m.role, '
+    '"content": text}] -%}'
+    "{%- endif -%}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- for t in tools -%}"
+    "{%- set f = t.function -%}{%- set ns.fields = [] -%}"
+    '{%- for key in ["name", "description", "parameters", "strict"] -%}'
+    "{%- if f[key] is defined and f[key] is not none -%}"
+    '{%- set ns.fields = ns.fields + [(key | tojson) ~ ": " ~ (f[key] | tojson)] -%}'
+    "{%- endif -%}{%- endfor -%}"
+    '{%- set ns.listed = ns.listed + ["{\\"type\\": \\"function\\", \\"function\\": {" ~ '
+    'ns.fields | join(", ") ~ "}}"] -%}'
+    "{%- endfor -%}"
+    '{%- set prompt = "{PROMPT}" -%}'
+    '{%- set prompt = prompt | replace("{TOOLS}", ns.listed | join("\\n")) -%}'
+    '{%- set prompt = (ns.system ~ "\\n\\n" ~ prompt) if ns.system else prompt -%}'
+    '{%- set messages = [{"role": "system", "content": prompt}] + ns.turns -%}'
+    "{%- set tools = none -%}"
+    "{%- endif -%}"
+)
+
+
+def tool_chat_template(template: str) -> str:
+    """A model's chat template extended to render ``tools`` as gnll does: with tools, the
+    documented tool prompt (:func:`tool_system_prompt`) joins the system message, earlier calls
+    are written as ``<tool_call>`` blocks and tool results as user turns in ``<tool_response>``
+    tags, and the model's own template renders the result; without tools, the template renders
+    exactly as before. For a server (vLLM's ``--chat-template``, with ``--enable-auto-tool-choice
+    --tool-call-parser hermes``, which reads this call format) in front of a model whose own
+    template has no tool section.
+
+    Earlier calls' arguments render byte-identically to gnll's in-process prompt when they are
+    written as ``json.dumps`` writes them (servers hand templates the arguments parsed).
+    """
+    marker = "\u0000TOOLS\u0000"
+    prompt = tool_system_prompt([{"_": marker}])
+    listed = json.dumps({"_": marker}, ensure_ascii=False)
+    escaped = prompt.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    escaped = escaped.replace(listed.replace("\\", "\\\\").replace('"', '\\"'), "{TOOLS}")
+    return _PRELUDE.replace('"{PROMPT}"', '"' + escaped + '"') + template

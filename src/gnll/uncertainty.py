@@ -196,7 +196,9 @@ class Uncertainty(BaseModel):
     structured:
         For a ``response_format`` JSON answer: how it was decoded (``logprobs``: ``"raw"``, the
         model's distribution, which every NLL above is; ``constrained_g_nll`` and each field's
-        ``constrained_nll``: renormalised over the tokens the schema allowed).
+        ``constrained_nll``: renormalised over the tokens the schema allowed). Through the proxy,
+        also for tool calls (``type: "tool_calls"``): which distribution the upstream's log-probs
+        are (``"raw"``, ``"constrained"`` by its grammar, or ``"unknown"``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -1,7 +1,8 @@
 """The reasoning splitter (gnll.backends.reasoning): trace | marker | answer, for every response shape.
 
 The fixtures under tests/fixtures/reasoning/ are CONSTRUCTED to the servers' shapes (see
-make_fixtures.py there): 8 trace tokens, ``</think>``, a 2-token answer "The answer is 4." (NLL 0.15),
+make_fixtures.py there), except the REAL vLLM recordings (``vllm_olmo3_*``, ``responses.json``:
+record_vllm.py, tests/backends/test_reasoning_vllm_recorded.py): 8 trace tokens, ``</think>``, a 2-token answer "The answer is 4." (NLL 0.15),
 the whole output's NLL 4.16.
 """
 
@@ -129,12 +130,25 @@ def test_harmony_channels():
     assert -g.logprob == pytest.approx(0.25)  # <|return|> is the terminator
 
 
-def test_responses_api_output_text_logprobs():
-    choice, s = responses_answer_choice(load("responses.json"))
-    g = to_generation(read_choice(choice), GenerationConfig.greedy(), eos_logprob=False, where="r")
-    assert g.text == "The answer is 4." and -g.logprob == pytest.approx(ANSWER_NLL)
-    assert s.source == "responses" and s.trace_nll is None and not s.trace_reported
-    assert s.record()["trace_tokens"] is None  # unknown, not 0
+def test_responses_api_output_text_logprobs_cover_the_whole_output_on_vllm():
+    """responses.json is a REAL vLLM 0.32 recording (record_vllm.py): its ``output_text`` log-probs
+    cover trace, marker and answer (as its chat route's do), so the answer is split off at the
+    marker; the answer's G-NLL is the one the chat recording of the same question gives."""
+    resp = load("responses.json")
+    choice, s = responses_answer_choice(resp)
+    g = to_generation(read_choice(choice), GenerationConfig.greedy(), eos_logprob=True, where="r")
+    chat = generation(load("vllm_olmo3_chat.json")["choices"][0])
+    assert g.text == chat.text == "The answer is Paris."
+    assert g.tokens == chat.tokens and g.token_logprobs == chat.token_logprobs
+    assert s.source == "marker" and s.trace_reported
+    whole = resp["output"][1]["content"][0]["logprobs"]
+    assert s.num_tokens == len(whole) and s.answer_start - s.trace_end == 4  # </ think > \n
+    # the constructed shape this recording replaced (answer-only log-probs) is still read as such
+    answer_only = load("responses.json")
+    answer_only["output"][1]["content"][0]["logprobs"] = whole[s.answer_start : -1]
+    choice, s2 = responses_answer_choice(answer_only)
+    assert s2.source == "responses" and not s2.trace_reported
+    assert [e["token"] for e in choice["logprobs"]["content"]] == chat.tokens
     empty = load("responses.json")
     empty["output"][1]["content"][0]["logprobs"] = []
     with pytest.raises(ReasoningError, match="no `output_text` log-probs"):

@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gnll.backends.base import GenerationConfig
+from gnll.backends.decoding import EarlyStop
+from gnll.backends.held import HeldText
 from gnll.backends.hf.stopping import StopRules
 from gnll.measures import g_nll
 from gnll.policy import AbstentionPolicy
-from gnll.serving.engine import EarlyStop
-from gnll.serving.streams.live import HeldText
 
 VOCAB = {
     **{0: "", 1: " a", 2: " b", 3: "Q", 4: "ue", 5: "st", 6: ":", 7: " Quest", 8: "\n", 9: " c"},
@@ -105,9 +105,10 @@ def test_early_stop_through_holdback_equals_the_backends_cut(rules, case):
         assert gen.token_ids == full.token_ids[: len(gen.token_ids)]
         assert gen.token_logprobs == full.token_logprobs[: len(gen.token_ids)]
         assert policy.decide(g_nll(gen.measured_logprobs))[1]
-        assert watch.facts()["tokens_saved"] == max_new - len(generated)
+        assert gen.early == watch.decided()
+        assert gen.early.tokens_saved == max_new - len(generated)
         # One definition: the answer reported is the decision's, decided_at_token tokens long.
-        assert len(gen.token_ids) == watch.facts()["decided_at_token"]
+        assert len(gen.token_ids) == gen.early.decided_at_token
         assert g_nll(gen.measured_logprobs) == pytest.approx(watch.rule.decision.g_nll)
     else:
         # Nothing decided: the row ran to its natural end with the same tokens.
@@ -126,6 +127,6 @@ def test_a_held_whitespace_token_released_with_the_next_is_where_the_decision_fa
     assert not watch(10, -10.0)  # " ": held back, not released yet
     assert watch(9, -0.5)  # " c" releases " " (G-NLL 11 > 5: decided there) and itself
     gen = watch.generation()
-    assert watch.facts()["decided_at_token"] == 2
+    assert gen.early is not None and gen.early.decided_at_token == 2
     assert gen.token_ids == [1, 10] and gen.text == "a"
     assert g_nll(gen.measured_logprobs) == pytest.approx(11.0)  # was 11.5, over three tokens

@@ -172,7 +172,7 @@ def test_unknown_model_is_404_model_not_found(server):
     assert err.value.code == "model_not_found" and err.value.status_code == 404
 
 
-#: A tool request every mode refuses: the proxy all tools, in-process the unknown named function.
+#: A tool request every mode refuses: a named function that is not among the tools.
 BAD_TOOL_CHOICE = {
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
     "tool_choice": {"type": "function", "function": {"name": "g"}},
@@ -221,14 +221,19 @@ def test_the_cascade_answers_errors_in_the_same_envelope(policed_server):
     ],
 )
 def test_options_that_change_the_answer_format_are_refused(server, extra):
-    """The proxy refuses them; in-process, tools are answered (gnll.serving.tools), JSON needs a
-    model that decodes under a grammar (the scripted ones do not) and ``functions`` is refused."""
+    """In-process, tools are answered (gnll.serving.tools), JSON needs a model that decodes under
+    a grammar (the scripted ones do not) and ``functions`` is refused. The proxy passes tools and
+    JSON through (gnll.serving.proxy_tools): its upstream (in-process gnll here) answers the
+    tools and refuses the JSON, in its own words, named."""
     r = post(server, "/chat/completions", messages=USER, **extra)
-    if server.mode != "proxy" and "tools" in extra:
+    if "tools" in extra:
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"]
     else:
         assert r.status_code == 400
         assert r.json()["error"]["param"] == next(iter(extra))
+        if server.mode == "proxy" and "response_format" in extra:
+            message = r.json()["error"]["message"]
+            assert message.startswith("the upstream gnll server refused response_format")
     ok = post(server, "/chat/completions", messages=USER, response_format={"type": "text"})
     assert ok.status_code == 200
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from serve_helpers import LONG, THOUGHTS, ScriptedModel, Thinker, ask, serve
 
 from gnll.backends.base import GenerationConfig
+from gnll.backends.early import EarlyDecided
 from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures import g_nll
 from gnll.policy import DEFAULT_REFUSAL
@@ -89,9 +90,9 @@ def test_one_loop_decodes_the_answers_and_frees_a_decided_answers_slot():
     config = GenerationConfig.greedy(max_new_tokens=100)
     out = engine.run(["long", "capital?"], config, early=policy.early_decision)
     [[stopped], [kept]] = out.generations
-    assert out.decisions == [
-        [{"decided_at_token": 7, "tokens_generated": 7, "tokens_saved": 93, "action": "refuse"}],
-        [None],
+    assert [g.early for [g] in out.generations] == [
+        EarlyDecided(decided_at_token=7, tokens_generated=7, tokens_saved=93, action="refuse"),
+        None,
     ]
     assert stopped.finish_reason == "decided" and stopped.tokens == LONG[0][:7]
     assert stopped.reasoning is not None and stopped.reasoning.trace_tokens == len(THOUGHTS[0])
@@ -116,7 +117,7 @@ def test_a_stopped_answer_is_a_prefix_of_the_full_one():
     assert e.token_logprobs == f.token_logprobs[:k]
     assert g_nll(e.token_logprobs) <= g_nll(f.token_logprobs)
     assert e.reasoning.trace_text == f.reasoning.trace_text  # the same whole trace
-    assert off.decisions is None
+    assert [g.early for [g] in off.generations] == [None]
 
 
 @pytest.mark.model
@@ -171,12 +172,12 @@ def test_early_and_end_of_answer_decisions_agree_at_any_threshold(threshold, que
     off = BatchingEngine(ReasoningModel(Thinker())).run([question], config)
     [[e]], [[f]] = on.generations, off.generations
     refused_at_end = policy.decide(g_nll(f.token_logprobs))[1]
-    facts = (on.decisions or [[None]])[0][0]
+    facts = e.early
     if facts is None:
         assert not refused_at_end and e.token_ids == f.token_ids
     else:
-        assert refused_at_end and facts["action"] == "refuse"
-        k = facts["decided_at_token"]
+        assert refused_at_end and facts.action == "refuse"
+        k = facts.decided_at_token
         assert 1 <= k <= len(f.token_ids) and e.token_ids == f.token_ids[:k]
         assert g_nll(f.token_logprobs[: k - 1]) <= threshold < g_nll(f.token_logprobs[:k])
     assert e.reasoning.trace_tokens == f.reasoning.trace_tokens == len(THOUGHTS[0])

@@ -14,7 +14,8 @@ import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from openai.types.responses import Response
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from gnll.serving import AbstentionPolicy, ServeSettings, create_app
 from gnll.serving.proxy import ProxyService
@@ -31,6 +32,97 @@ def _logprobs() -> list[dict]:
     ]
 
 
+def response_body(logprobs: list[dict] | None) -> dict:
+    """vLLM 0.32's non-streamed Responses body for the answer "Paris."."""
+    part = {"annotations": [], "text": "Paris.", "type": "output_text", "logprobs": logprobs}
+    return {
+        "id": "resp_up",
+        "created_at": 1,
+        "object": "response",
+        "model": "m",
+        "status": "completed",
+        "incomplete_details": None,
+        "output": [
+            {
+                "id": "msg_up",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [part],
+            }
+        ],
+        "parallel_tool_calls": True,
+        "tool_choice": "none",
+        "tools": [],
+        "usage": {
+            "input_tokens": 5,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": 3,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 8,
+        },
+    }
+
+
+def stream_of(whole: dict) -> str:
+    """The events vLLM 0.32 streams for ``whole``: a delta per text token (with its log-prob when
+    asked), none for the EOS token, whose log-prob is only in the closing events' whole part."""
+    item, part = whole["output"][0], whole["output"][0]["content"][0]
+    asked = part["logprobs"] is not None
+    opened = {**item, "status": "in_progress", "content": []}
+    empty = {**part, "text": "", "logprobs": []}
+    events = [
+        {"type": "response.created", "response": {**whole, "status": "in_progress", "output": []}},
+        {
+            "type": "response.in_progress",
+            "response": {**whole, "status": "in_progress", "output": []},
+        },
+        {"type": "response.output_item.added", "output_index": 0, "item": opened},
+        {
+            "type": "response.content_part.added",
+            "item_id": "msg_up",
+            "output_index": 0,
+            "content_index": 0,
+            "part": empty,
+        },
+    ]
+    for entry in _logprobs()[:-1]:
+        lps = [{k: entry[k] for k in ("token", "logprob", "top_logprobs")}] if asked else []
+        events.append(
+            {
+                "type": "response.output_text.delta",
+                "item_id": "msg_up",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": entry["token"],
+                "logprobs": lps,
+            }
+        )
+    events += [
+        {
+            "type": "response.output_text.done",
+            "item_id": "msg_up",
+            "output_index": 0,
+            "content_index": 0,
+            "text": "Paris.",
+            "logprobs": [],
+        },
+        {
+            "type": "response.content_part.done",
+            "item_id": "msg_up",
+            "output_index": 0,
+            "content_index": 0,
+            "part": part,
+        },
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": whole},
+    ]
+    return "".join(
+        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': k})}\n\n"
+        for k, e in enumerate(events)
+    )
+
+
 def stand_in(*, responses: bool = True) -> tuple[FastAPI, dict[str, list]]:
     """A vLLM-shaped upstream; ``seen`` holds the bodies each route received."""
     app = FastAPI()
@@ -42,48 +134,17 @@ def stand_in(*, responses: bool = True) -> tuple[FastAPI, dict[str, list]]:
 
     if responses:
 
-        @app.post("/v1/responses")
-        async def respond(request: Request) -> JSONResponse:
+        @app.post("/v1/responses", response_model=None)
+        async def respond(request: Request) -> JSONResponse | StreamingResponse:
             body = await request.json()
             seen["responses"].append(body)
             if not isinstance(body.get("input"), str | list):
                 return JSONResponse({"error": {"message": "input", "code": 400}}, 400)
             asked = "message.output_text.logprobs" in (body.get("include") or [])
-            part = {
-                "annotations": [],
-                "text": "Paris.",
-                "type": "output_text",
-                "logprobs": _logprobs() if asked else None,
-            }
-            return JSONResponse(
-                {
-                    "id": "resp_up",
-                    "created_at": 1,
-                    "object": "response",
-                    "model": "m",
-                    "status": "completed",
-                    "incomplete_details": None,
-                    "output": [
-                        {
-                            "id": "msg_up",
-                            "type": "message",
-                            "role": "assistant",
-                            "status": "completed",
-                            "content": [part],
-                        }
-                    ],
-                    "parallel_tool_calls": True,
-                    "tool_choice": "none",
-                    "tools": [],
-                    "usage": {
-                        "input_tokens": 5,
-                        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                        "output_tokens": 3,
-                        "output_tokens_details": {"reasoning_tokens": 0},
-                        "total_tokens": 8,
-                    },
-                }
-            )
+            whole = response_body(_logprobs() if asked else None)
+            if not body.get("stream"):
+                return JSONResponse(whole)
+            return StreamingResponse(iter([stream_of(whole)]), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(request: Request) -> StreamingResponse | dict:
@@ -183,14 +244,40 @@ def test_asked_log_probs_are_kept_and_the_sdk_parses_them(proxied):
     assert seen["responses"][-1]["include"] == ["message.output_text.logprobs"]
 
 
-def test_streams_tools_and_json_are_translated_to_chat(proxied):
+def test_a_stream_is_relayed_and_its_closing_events_carry_the_record(proxied):
     px, seen = proxied
+    adapter = TypeAdapter(ResponseStreamEvent)
     r = post(px, {"input": "Capital of France?", "stream": True})
-    assert r.headers["x-gnll-served-via"] == "chat.completions"
-    assert "response.completed" in r.text and seen["chat"] and not seen["responses"]
+    assert r.headers["x-gnll-served-via"] == "responses" and not seen["chat"]
+    assert seen["responses"][-1]["stream"] is True
+    events = [adapter.validate_json(x[6:]) for x in r.text.splitlines() if x.startswith("data: ")]
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))  # upstream's, in order
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == "Paris." and all(not e.logprobs for e in deltas)
+    done = next(e for e in events if e.type == "response.output_item.done")
+    assert done.item.uncertainty["g_nll"] == pytest.approx(G_NLL)
+    assert done.item.content[0].logprobs is None  # not asked for: removed again
+    final = events[-1].response
+    assert final.output[0].uncertainty["g_nll"] == pytest.approx(G_NLL)
+    assert final.output[0].content[0].logprobs is None
+    client = openai.OpenAI(base_url=px.url + "/v1", api_key="x", max_retries=0, timeout=30)
+    with client.responses.stream(
+        model="m", input="Capital of France?", include=["message.output_text.logprobs"]
+    ) as stream:
+        got = stream.get_final_response()
+    assert got.output_text == "Paris." and got.output[0].uncertainty["num_tokens"] == 2
+    assert [lp.token for lp in got.output[0].content[0].logprobs] == [t for t, _ in TOKENS]
+
+
+def test_tools_and_json_are_translated_to_chat(proxied):
+    px, seen = proxied
     fmt = {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}
     post(px, {"input": "Capital of France?", "text": fmt})  # the chat path's own answer or 400
-    assert not seen["responses"]
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    post(px, {"input": "Capital of France?", "tools": [tool]})
+    assert not [b for b in seen["responses"] if isinstance(b.get("input"), str)]
 
 
 @pytest.mark.parametrize(
@@ -207,6 +294,10 @@ def test_refuse_withholds_the_upstreams_answer(proxied):
     assert resp.output_text == "I do not know." and "Paris" not in r.text
     assert resp.output[0].content[0].logprobs is None
     assert resp.output[0].uncertainty["refused"] is True
+    # a stream the policy holds is the chat path's replay
+    s = post(px, {**body, "stream": True})
+    assert s.headers["x-gnll-served-via"] == "chat.completions"
+    assert "I do not know." in s.text and "Paris" not in s.text
 
 
 @pytest.mark.parametrize("proxied", [{"responses": False}], indirect=True)

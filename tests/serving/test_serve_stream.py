@@ -12,10 +12,10 @@ import httpx
 import openai
 import pytest
 
+from gnll.backends.held import HeldText
 from gnll.policy import DEFAULT_REFUSAL
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.serving.streams.live import HeldText
 
 pytestmark = pytest.mark.model
 

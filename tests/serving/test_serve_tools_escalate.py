@@ -103,6 +103,9 @@ def test_a_withheld_call_is_asked_of_the_larger_model(servers):
     [withheld] = local_rec["tool_calls"]
     assert withheld["withheld"] and withheld["arguments_over_threshold"] == ["city"]
     assert "Pariss" not in json.dumps(u)  # the withheld call's argument is not in the record
+    [sent] = u["tool_calls"]  # the larger model's call, scored from its log-probs
+    assert sent["name"] == "get_weather" and sent["withheld"] is False
+    assert [a["path"] for a in sent["arguments"]] == ["city"] and sent["arguments"][0]["nll"] < 2.0
     # the larger model was asked with the same tools (its prompt lists them)
     assert len(big.seen) == n + 1 and "get_weather" in big.seen[-1]
 
@@ -156,3 +159,98 @@ def test_a_sure_call_stays_local(servers, stream):
     assert u["escalated"] is False and u["answered_by"] == "small" and u["abstain"] is False
     assert u["tool_calls"][0]["withheld"] is False
     assert len(big.seen) == n  # the larger model was not asked
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_withheld_at_its_early_decision_is_asked_of_the_larger_model(stream):
+    """The local model's call stops at the token where its argument crosses the threshold (exact
+    early decision, serve_helpers' decoding loop); the larger model's call is sent, and the
+    escalation record's ``local`` says where the local decision was made."""
+    from test_serve_tools_early import MAX_TOKENS, TOKENS
+    from test_serve_tools_early import Caller as LoopCaller
+
+    big = Caller("big", "Paris", -0.05)
+    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
+        settings = ServeSettings(
+            policy=AbstentionPolicy(mode="escalate", threshold=100.0), tool_argument_threshold=1.5
+        )
+        small = LoopCaller()
+        app = build_inprocess_app(
+            small, settings, max_wait_ms=1, escalate_to=up.url + "/v1", escalate_model="big"
+        )
+        with ServerThread(app) as local:
+            body = {
+                "messages": USER,
+                "tools": TOOLS,
+                "max_tokens": MAX_TOKENS,
+                "stream": stream,
+            }
+            raw = httpx.post(local.url + "/v1/chat/completions", json=body, timeout=30).text
+    assert "France" not in raw  # the local call's argument ("Paris, France") never sent
+    if stream:
+        events = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
+        args = "".join(
+            tc["function"].get("arguments") or ""
+            for e in events
+            for c in e["choices"]
+            for tc in c.get("delta", {}).get("tool_calls") or []
+        )
+        last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
+    else:
+        last = json.loads(raw)["choices"][0]
+        args = last["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(args) == {"city": "Paris"}  # the larger model's call
+    u = last["uncertainty"]
+    assert u["escalated"] is True and u["answered_by"] == "big"
+    loc = u["local"]
+    assert loc["early"] is True and 0 < loc["decided_at_token"] < len(TOKENS)
+    assert loc["tokens_saved"] == MAX_TOKENS - loc["decided_at_token"]
+    assert small.generated == loc["decided_at_token"]  # the rest was never generated
+    assert loc["tool_calls"][0]["withheld"] and loc["tool_calls"][0]["early"] is True
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_through_the_proxy_a_withheld_call_is_asked_of_the_larger_model(stream):
+    """``gnll serve --upstream SMALL --policy escalate --escalate_to BIG``: the small server's call
+    is withheld by the proxy's gate and the larger server's call is sent, with its own per-call
+    record and the escalation record; no byte of the small server's call reaches the client."""
+    from gnll.serving import build_proxy_app
+
+    small = Caller("small", "Pariss", -1.5)
+    big = Caller("big", "Paris", -0.05)
+    with (
+        ServerThread(build_inprocess_app(small, ServeSettings(), max_wait_ms=1)) as s_srv,
+        ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as b_srv,
+    ):
+        settings = ServeSettings(
+            policy=AbstentionPolicy(mode="escalate", threshold=100.0), tool_argument_threshold=2.0
+        )
+        app = build_proxy_app(
+            s_srv.url + "/v1", settings, escalate_to=b_srv.url + "/v1", escalate_model="big"
+        )
+        with ServerThread(app) as px:
+            body = {"messages": USER, "tools": TOOLS, "stream": stream, "logprobs": True}
+            r = httpx.post(px.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert "Pariss" not in r.text
+    assert r.headers["x-answered-by"] == "big"
+    if stream:
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        args = "".join(
+            tc["function"].get("arguments") or ""
+            for e in events
+            for c in e["choices"]
+            for tc in c.get("delta", {}).get("tool_calls") or []
+        )
+        last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
+    else:
+        last = r.json()["choices"][0]
+        args = last["message"]["tool_calls"][0]["function"]["arguments"]
+    assert json.loads(args) == {"city": "Paris"}
+    u = last["uncertainty"]
+    assert u["escalated"] is True and u["answered_by"] == "big"
+    [call] = u["tool_calls"]  # the larger model's call, scored from its log-probs
+    assert call["name"] == "get_weather" and call["arguments"][0]["path"] == "city"
+    assert call["withheld"] is False
+    [local] = u["local"]["tool_calls"]
+    assert local["withheld"] is True and local["arguments_over_threshold"] == ["city"]

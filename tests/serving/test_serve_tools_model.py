@@ -245,3 +245,67 @@ def test_a_withheld_call_leaks_no_byte(gated, required, smollm, which, stream):
     name = rec["tool_calls"][0]["name"]
     assert name in (None, call.function.name)
     assert (name or "a function not yet named") in text
+
+
+@pytest.mark.parametrize("gate", ["call", "argument"])
+def test_the_grammar_loop_stops_at_the_crossing_token_with_the_same_decision(
+    smollm, required, gate
+):
+    """Early decisions in SmolLM2's own grammar loop: a threshold half-way through the call's
+    G-NLL (or its largest argument's NLL) stops decoding at the token where it is crossed; the
+    decision is the one decoding to the end makes, and the NLLs so far are the full call's over
+    the same tokens."""
+    full = required.choices[0].uncertainty
+    rec = full["tool_calls"][0]
+    lps = full["token_logprobs"]
+    if gate == "call":
+        settings = {"policy": AbstentionPolicy(mode="refuse", threshold=rec["g_nll"] / 2)}
+    else:
+        settings = {
+            "policy": AbstentionPolicy(mode="refuse", threshold=1e6),
+            "tool_argument_threshold": rec["max_argument_nll"] / 2,
+        }
+    body = {
+        "model": smollm.name,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": TOOLS,
+        "tool_choice": "required",
+        **KW,
+    }
+    got = {}
+    for early in (True, False):
+        srv = _serve(smollm, early=early, **settings)
+        try:
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300)
+        finally:
+            srv.__exit__(None, None, None)
+        assert r.status_code == 200, r.text
+        got[early] = r.json()["choices"][0]["uncertainty"]
+    on, off = got[True], got[False]
+    for u in (on, off):
+        assert u["refused"] is True and u["tool_calls"][0]["withheld"] is True
+    assert "early" not in off
+    at = on["decided_at_token"]
+    assert on["early"] is True and 0 < at < rec["num_tokens"]
+    assert on["tokens_saved"] == KW["max_tokens"] - at
+    c = on["tool_calls"][0]
+    assert c["early"] is True
+    # the NLLs so far: the full (kept) run's log-probs over the same token indices
+    assert c["g_nll"] == pytest.approx(
+        -sum(lps[k] for k in c["token_indices"]), abs=BATCH_INVARIANCE_ATOL
+    )
+    assert set(c["token_indices"]) <= set(rec["token_indices"])
+    if gate == "call":
+        assert c["g_nll"] > rec["g_nll"] / 2
+        prefix = [k for k in c["token_indices"] if k < at - 1]
+        assert -sum(lps[k] for k in prefix) <= rec["g_nll"] / 2 + BATCH_INVARIANCE_ATOL
+    else:
+        [path] = c["arguments_over_threshold"]
+        a = next(x for x in c["arguments"] if x["path"] == path)
+        full_a = next(x for x in rec["arguments"] if x["path"] == path)
+        assert a["token_indices"] == full_a["token_indices"][: len(a["token_indices"])]
+        assert a["nll"] == pytest.approx(
+            -sum(lps[k] for k in a["token_indices"]), abs=BATCH_INVARIANCE_ATOL
+        )
+        assert a["nll"] > rec["max_argument_nll"] / 2
+        assert a["token_indices"][-1] == at - 1  # decided at the argument's crossing token

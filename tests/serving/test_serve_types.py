@@ -88,6 +88,8 @@ def test_the_request_kind_is_asked_of_the_request():
 def test_mypy_is_pinned_and_configured_strict_for_serving():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'module = \["gnll\.serving", "gnll\.serving\.\*"', pyproject)
+    # the decoding loop the engine queues for moved to the backends: still strict
+    assert all(f'"gnll.backends.{m}"' in pyproject for m in ("decoding", "held", "early"))
     assert re.search(r"^mypy==", (ROOT / "constraints.txt").read_text(), re.M)
     assert "python -m mypy" in (ROOT / "scripts" / "test.sh").read_text()
 

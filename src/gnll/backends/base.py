@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from gnll.backends.early import EarlyDecided
 from gnll.backends.reasoning import ReasoningSplit
 
 Strategy = Literal["greedy", "beam", "sample"]
@@ -241,6 +242,9 @@ class Generation:
         end-of-reasoning marker and answer, with the trace's log-probs. Every other field is the
         answer's, so every measure sees the answer's tokens only (G-NLL of the answer conditioned
         on prompt + trace). ``None`` for an output without reasoning.
+    early:
+        For an answer stopped at an exact early decision (``finish_reason`` ``"decided"``): where
+        and what it saved (:class:`~gnll.backends.early.EarlyDecided`); else ``None``.
     """
 
     text: str
@@ -253,6 +257,7 @@ class Generation:
     terminator_logprobs: list[float] = field(default_factory=list)
     sampling_logprobs: list[float] | None = None
     reasoning: ReasoningSplit | None = None
+    early: EarlyDecided | None = None
 
     @property
     def measured_logprobs(self) -> list[float]:
@@ -304,6 +309,8 @@ class Generation:
             del d["reasoning"]  # an output without reasoning stays byte-identical
         else:
             d["reasoning"] = self.reasoning.to_dict()
+        if self.early is None:
+            del d["early"]  # likewise for an answer that ran to its end
         return d
 
     @classmethod
@@ -311,6 +318,8 @@ class Generation:
         data = dict(data)
         if data.get("reasoning") is not None:
             data["reasoning"] = ReasoningSplit.from_dict(data["reasoning"])
+        if data.get("early") is not None:
+            data["early"] = EarlyDecided.from_dict(data["early"])
         return cls(**data)
 
 

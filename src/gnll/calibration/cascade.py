@@ -220,7 +220,8 @@ class CascadeThreshold:
     def save(self, path: str | Path) -> Path:
         """Write ``cascade.json`` (JSON; written to a temporary file first, then moved)."""
         return atomic_write(
-            path, json.dumps(jsonable(self.to_file(), nan="none"), indent=2, ensure_ascii=False) + "\n"
+            path,
+            json.dumps(jsonable(self.to_file(), nan="none"), indent=2, ensure_ascii=False) + "\n",
         )
 
     @classmethod

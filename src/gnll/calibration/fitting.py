@@ -423,7 +423,8 @@ class Calibrator:
     def save(self, path: str | Path) -> Path:
         """Write the calibration file (JSON; no pickles, so it is safe to share and read)."""
         return atomic_write(
-            path, json.dumps(jsonable(self.to_dict(), nan="none"), indent=2, ensure_ascii=False) + "\n"
+            path,
+            json.dumps(jsonable(self.to_dict(), nan="none"), indent=2, ensure_ascii=False) + "\n",
         )
 
     @classmethod

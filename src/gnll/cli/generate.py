@@ -184,7 +184,6 @@ def generate(
         logprobs=logprobs,
         prompt_format=fmt,
         policy=pol,
-        early=None if watched is None else watched.facts,
     )
     _report(console, run_generate_job(lm if watched is None else watched, job, opts))
 
@@ -250,12 +249,12 @@ def _refuse_policy(
 def _early_model(
     fail: Callable[..., Any], lm: Any, pol: Any, wanted: list[str], fmt: str, early: bool | None
 ) -> Any:
-    """The model that stops refused answers early (:func:`gnll.serving.early_greedy`) when the
+    """The model that stops refused answers early (:func:`gnll.scoring.generating.early_greedy`) when the
     policy, the model and the measures allow it; ``None`` otherwise, and with ``--early`` asked
     for, one line saying why not."""
     from gnll.cli.serve import _flagged
     from gnll.measures.early import EarlyDecisionError
-    from gnll.serving.early_generate import early_greedy
+    from gnll.scoring.generating import early_greedy
 
     if early is False:
         return None

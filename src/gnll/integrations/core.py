@@ -95,7 +95,9 @@ def make_policy(
     return AbstentionPolicy(threshold=threshold, **kwargs)
 
 
-def observing_policy(policy: AbstentionPolicy | str = "annotate", **options: Any) -> AbstentionPolicy:
+def observing_policy(
+    policy: AbstentionPolicy | str = "annotate", **options: Any
+) -> AbstentionPolicy:
     """:func:`make_policy` for a callback or event handler, which only observes: it sees an answer
     after the caller got it, so it cannot withhold it (``refuse``, ``escalate``: use the framework's
     ``with_uncertainty`` wrapper, which holds the answer until it is decided)."""

@@ -224,9 +224,7 @@ class ToolStepConfidence(dspy.Module):
     ``records`` keeps every step's record (``tool_calls``: the call's numbers).
     """
 
-    def __init__(
-        self, predict: Any, scorer: AnswerScorer, *, top_logprobs: int = 1
-    ) -> None:
+    def __init__(self, predict: Any, scorer: AnswerScorer, *, top_logprobs: int = 1) -> None:
         super().__init__()
         self.predict = predict
         self.scorer = scorer

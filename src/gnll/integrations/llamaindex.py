@@ -79,7 +79,9 @@ def _tool_calls(response: Any, choice: dict[str, Any]) -> list[Any] | None:
     message = getattr(response, "message", None)
     if message is None:
         return None
-    blocks = [b for b in getattr(message, "blocks", []) if getattr(b, "block_type", "") == "tool_call"]
+    blocks = [
+        b for b in getattr(message, "blocks", []) if getattr(b, "block_type", "") == "tool_call"
+    ]
     if blocks:
         return [{"name": b.tool_name, "arguments": b.tool_kwargs} for b in blocks]
     return message.additional_kwargs.get("tool_calls") or None

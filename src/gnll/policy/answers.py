@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from gnll.backends.early import EarlyDecided
 from gnll.backends.reasoning import ReasoningSplit
 from gnll.measures import g_nll as _g_nll
 from gnll.measures import ln_g_nll as _ln_g_nll
@@ -54,9 +55,9 @@ class Answer:
     #: A reasoning model's trace/marker/answer split (:class:`gnll.backends.reasoning.ReasoningSplit`);
     #: the fields above are the answer's.
     reasoning: ReasoningSplit | None = None
-    #: Set when the answer was stopped at an exact early decision (``EarlyStop.facts``): its
-    #: tokens are those released by then, and its G-NLL a lower bound of the whole answer's.
-    early: dict[str, Any] | None = None
+    #: Set when the answer was stopped at an exact early decision: its tokens are those released
+    #: by then, and its G-NLL a lower bound of the whole answer's.
+    early: EarlyDecided | None = None
 
 
 @dataclass(frozen=True)
@@ -248,23 +249,15 @@ def escalated(
     return [r.model_copy(update=update) for r in records]
 
 
-def add_early(record: Uncertainty, facts: dict[str, Any]) -> Uncertainty:
+def add_early(record: Uncertainty, early: EarlyDecided) -> Uncertainty:
     """The record of an answer that stopped at an exact early decision (:mod:`gnll.measures.early`).
 
     Its ``g_nll``, ``p_correct`` and ``num_tokens`` are those of the answer tokens released when
     the decision was made (a lower bound of the whole answer's G-NLL, an upper bound of its
     ``p_correct``); the rest of the answer was never generated.
     """
-    return record.model_copy(
-        update={
-            "early": True,
-            "decided_at_token": facts["decided_at_token"],
-            "tokens_generated": facts["tokens_generated"],
-            "tokens_saved": facts["tokens_saved"],
-            "g_nll_is_lower_bound": True,
-            "withheld": "the rest of the answer: never generated",
-        }
-    )
+    update = early.record() | {"withheld": "the rest of the answer: never generated"}
+    return record.model_copy(update=update)
 
 
 def scored_of(model: object) -> str:

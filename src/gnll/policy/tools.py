@@ -143,7 +143,9 @@ def decide_tool_answer(
     update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": error}
     if any(c["abstain"] is not None or c["arguments_over_threshold"] is not None for c in decided):
         # An output with calls abstains when one of its calls does (what a cascade escalates).
-        update["abstain"] = any(bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided)
+        update["abstain"] = any(
+            bool(c["abstain"] or c["arguments_over_threshold"]) for c in decided
+        )
     if withheld:
         update.update(
             tool_calls=[without_text(c) for c in decided],

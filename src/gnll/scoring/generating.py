@@ -3,16 +3,20 @@
 Each row is answered by :func:`gnll.ask` (the same prompt, answer and G-NLL as ``gnll ask`` gives
 for that question), and the rows stream through the machinery of ``gnll score``
 (:func:`~gnll.scoring.stream.run_score_job`): the same input formats, errors file by line,
-flush per chunk and ``--resume``.
+flush per chunk and ``--resume``. Under ``--policy refuse`` the greedy answers can stop at their
+exact early decision (:func:`early_greedy`: the decoding loop ``gnll serve`` runs, in the calling
+thread).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gnll.backends.base import ContextOverflow, Model
+from gnll.backends.decoding import DecodingLoop, EarlyGreedy
+from gnll.measures.early import EarlyDecisionError
 from gnll.policy import AbstentionPolicy
 from gnll.scoring.asking import ask, reasoning_columns
 from gnll.scoring.rows import Row
@@ -21,7 +25,7 @@ from gnll.scoring.stream import ERRORS, ChunkResult, ScoreJob, ScoreSummary, run
 if TYPE_CHECKING:
     from gnll.semantic import Clusterer
 
-__all__ = ["AskOptions", "answer_chunk", "run_generate_job"]
+__all__ = ["AskOptions", "answer_chunk", "early_greedy", "run_generate_job"]
 
 
 @dataclass
@@ -45,9 +49,6 @@ class AskOptions:
     #: of ``gnll serve --policy refuse``, so the decisions and the refusal text are the server's;
     #: ``None``: every answer is written.
     policy: AbstentionPolicy | None = None
-    #: With early decisions: the last answer's decision (``decided_at_token``,
-    #: ``tokens_generated``, ``tokens_saved``), or ``None`` when it ran to its end.
-    early: Callable[[], Mapping[str, Any] | None] | None = None
 
 
 def _question(row: dict[str, Any]) -> str | None:
@@ -99,15 +100,9 @@ def _apply_refusal(
     scored = "answer" if result.greedy.reasoning is not None else "output"
     refused = bool(policy.decide(result.measures["g-nll"], result.prompt_format, scored)[1])
     out["refused"] = refused
-    facts = opts.early() if opts.early is not None else None
-    if facts is not None:  # stopped at the decision token: the rest was never generated
-        out.update(
-            early=True,
-            decided_at_token=facts["decided_at_token"],
-            tokens_generated=facts["tokens_generated"],
-            tokens_saved=facts["tokens_saved"],
-            g_nll_is_lower_bound=True,
-        )
+    early = result.greedy.early
+    if early is not None:  # stopped at the decision token: the rest was never generated
+        out.update(early.record())
     if refused:
         out["answer"] = policy.refusal
         for name in _WITHHELD:
@@ -164,3 +159,33 @@ def run_generate_job(model: Model, job: ScoreJob, opts: AskOptions) -> ScoreSumm
     return run_score_job(
         None, job, map_chunks=map_chunks, desc="generating", required=(("question",),)
     )
+
+
+def early_greedy(
+    model: Model, policy: AbstentionPolicy, *, measures: Sequence[str], prompt_format: str
+) -> EarlyGreedy:
+    """``model`` with greedy answers that stop where ``policy`` refuses them whatever follows
+    (:class:`gnll.backends.decoding.EarlyGreedy`). A reasoning model's trace runs to its end; its
+    answer, after the end-of-reasoning marker, stops at the decision.
+
+    Raises
+    ------
+    EarlyDecisionError
+        Why no answer can be stopped early: the policy decides only at the end (its own message,
+        naming its parameters), a measure other than G-NLL needs the whole answer, or the model
+        (a reasoning model: the model it wraps) has no decoding loop to stop.
+    """
+    policy.early_decision(prompt_format=prompt_format)  # raises for a policy that cannot
+    if list(measures) != ["g-nll"]:
+        raise EarlyDecisionError(
+            "the other measures need the whole answer (give measures g-nll)", param="measures"
+        )
+    loop = DecodingLoop(model)
+    if not loop.decides_early:
+        what = (
+            f"{model.name} (the model it reasons with)"
+            if model.capabilities.reasoning
+            else model.name
+        )
+        raise EarlyDecisionError(f"{what} has no decoding loop to stop (the hf backend's)")
+    return EarlyGreedy(loop, lambda: policy.early_decision(prompt_format=prompt_format))

@@ -243,16 +243,14 @@ def structured_answer(answer: dict[str, Any] | list[Any]) -> tuple[Any, list[str
 
 
 def _with_tools(messages: list[Any], tools: Any) -> list[Any]:
-    """``messages`` with the documented tool prompt as their system message (as ``gnll serve``
-    renders a request with tools)."""
-    from gnll.toolcalls import tool_system_prompt
+    """``messages`` with the documented tool prompt as their system message and earlier calls
+    and tool results in the documented format (as ``gnll serve`` renders a request with tools)."""
+    from gnll.toolcalls import tool_conversation
 
-    system = ""
-    rest = list(messages)
-    if rest and isinstance(rest[0], dict) and rest[0].get("role") in ("system", "developer"):
-        system = str(rest.pop(0).get("content") or "")
     tools = json.loads(tools) if isinstance(tools, str) else tools
-    return [{"role": "system", "content": tool_system_prompt(tools, system)}, *rest]
+    if not all(isinstance(m, dict) for m in messages):
+        return messages  # the row check names what is wrong
+    return tool_conversation(messages, tools)
 
 
 def _to_item(

@@ -3,7 +3,8 @@
 Layers: this package sits beside ``gnll.cli`` on top of the library (measures, backends,
 evaluation); nothing below imports it. Modules: ``schemas`` (request bodies, and their
 ``GenerationConfig``), ``service`` (the interface of the two modes), ``inprocess`` and ``proxy``
-(the two services), ``engine`` (dynamic batching of the in-process model), ``streams`` (live,
+(the two services), ``engine`` (the queue of the in-process model in front of the library's
+decoding loop, :mod:`gnll.backends.decoding`), ``streams`` (live,
 replayed and proxied streams), ``cascade`` (``--policy escalate``), ``responses`` (OpenAI bodies),
 ``responses_api`` and ``messages_api`` (``/v1/responses`` and ``/v1/messages``, answered through
 the chat path: ``translation``), ``errors``, ``observers`` (who hears of every answered request:

@@ -338,7 +338,7 @@ def create_app(
     app.state.settings, app.state.metrics, app.state.service = settings, metrics, service
 
     log_request = _add_access(app, settings, metrics)
-    routes = NativeRoutes()
+    routes = app.state.native_routes = NativeRoutes()  # what the upstream serves itself
     _add_error_handlers(app)
 
     async def serve(

@@ -42,7 +42,6 @@ def to_answer(
     gen: Generation,
     decoding: Literal["greedy", "sampled"],
     top_logprobs: list[dict[str, float]] | None = None,
-    early: dict[str, Any] | None = None,
 ) -> Answer:
     # The text the tokens spell (a completion's leading space included), as servers return it, so
     # a client (or a gnll proxy) can line tokens up with the text; the backend's stripped text when
@@ -59,7 +58,7 @@ def to_answer(
         top_logprobs=top_logprobs,
         completion_tokens=len(gen.token_ids) + len(gen.terminator_token_ids),
         measured_logprobs=gen.measured_logprobs,
-        early=early,
+        early=gen.early,
         reasoning=gen.reasoning,
     )
 
@@ -246,21 +245,14 @@ class InProcessService:
         outs: list[list[Generation]],
         config: GenerationConfig,
         tops: Sequence[list[list[dict[str, float]]] | None] | None = None,
-        decisions: Sequence[list[dict[str, Any] | None] | None] | None = None,
     ) -> list[Answer]:
         decoding: Literal["greedy", "sampled"] = (
             "greedy" if config.strategy == "greedy" else "sampled"
         )
         tops = tops or [None] * len(outs)
-        decisions = decisions or [None] * len(outs)
         return [
-            to_answer(
-                g,
-                decoding,
-                None if alts is None else alts[j],
-                None if early is None else early[j],
-            )
-            for gens, alts, early in zip(outs, tops, decisions, strict=True)
+            to_answer(g, decoding, None if alts is None else alts[j])
+            for gens, alts in zip(outs, tops, strict=True)
             for j, g in enumerate(gens)
         ]
 
@@ -278,8 +270,6 @@ class InProcessService:
         decoded = await self.engine.decode(
             prompts, config, raw=raw, top_logprobs=top, early=self.early_rule(req, settings)
         )
-        answers = self._answers(
-            decoded.generations, config, decoded.top_logprobs, decoded.decisions
-        )
+        answers = self._answers(decoded.generations, config, decoded.top_logprobs)
         n_prompt = sum(self.prompt_tokens(p, raw) for p in prompts)
         return answers, n_prompt, prompts[0]

@@ -43,6 +43,7 @@ from gnll.serving.errors import (
     upstream_error,
     upstream_message,
 )
+from gnll.serving.proxy_tools import ProxyTools, refusal_named
 from gnll.serving.responses import Mark, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
@@ -85,6 +86,9 @@ class ProxyService:
     """
 
     mode = "proxy"
+    #: Chat requests with tools or a JSON ``response_format`` go upstream as they are
+    #: (:mod:`gnll.serving.proxy_tools`); the upstream refuses what it cannot serve.
+    serves_tools = True
 
     def __init__(
         self,
@@ -345,9 +349,18 @@ class ProxyService:
         prompt = req.prompt_text()
         if getattr(req, "echo", False):
             return await self._echo(req, path, body, prompt)
+        special = ProxyTools.of(req)  # tools or a JSON format: gnll.serving.proxy_tools
         answers = UpstreamAnswers(
-            self.upstream, profile, self.reasoning, req, settings, config, mark
+            self.upstream, profile, self.reasoning, req, settings, config, mark, special
         )
+        if special is not None:
+            with refusal_named(special, profile):
+                return await self._answered(answers, body, prompt)
+        return await self._answered(answers, body, prompt)
+
+    async def _answered(self, answers: UpstreamAnswers, body: dict[str, Any], prompt: str) -> Reply:
+        req, settings, profile = answers.req, answers.settings, answers.profile
+        path, special = req.path, answers.special
         # While the policy holds the answer (refuse), and for a usage count the upstream's stream
         # would not give, the stream is a replay of a whole upstream response.
         replay = settings.policy.holds(greedy=req.greedy) or (
@@ -366,9 +379,10 @@ class ProxyService:
         decided: Answer | None = None
         # A cut answer's usage is unknown to the proxy (null): when to cut is the settings' rule.
         early = settings.proxy_decides_early(profile.name not in NO_STREAM_USAGE)
-        if early and req.greedy:
+        # A call is decided on its own G-NLL, known at the end of the output, not the output's.
+        if early and req.greedy and special is None:
             if answers.expected == 1:  # one answer to watch
-                data, decided = await self._early_call(path, body, req, settings, config)
+                data, decided = await self._early_call(path, body, req, settings, answers.config)
             else:
                 data = await self._call("POST", path, body)
         else:
@@ -380,23 +394,25 @@ class ProxyService:
             )
         if len(choices) < answers.expected:
             raise RequestError(answers.too_few(len(choices)), "n")
-        if decided is not None:
-            read = [decided]
-        else:
-            read = [answers.answer(c, i) for i, c in enumerate(choices)]
         model = data.get("model") if isinstance(data.get("model"), str) else None
-        records, texts, finishes = answers.annotated(read, model)
-        for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
-            req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
+        if special is not None:
+            read, records = answers.decided(choices, model)
+        else:
+            read = [decided] if decided is not None else answers.read(choices)
+            records, texts, finishes = answers.annotated(read, model)
+            for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
+                req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
         if req.stream:  # a replay: the answer is known before its first piece is sent
             own = req.shape.own_body(data)
             replayed = stream_chunks(own, read, req.shape, req.include_usage)
             return Reply(
                 data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
             )
-        return Reply(
-            data, records, None, prompt, model=model, answers=sent_answers(data, req.shape)
-        )
+        sent = sent_answers(data, req.shape)
+        reply = Reply(data, records, None, prompt, model=model, answers=sent)
+        if special is not None:  # a held tool reply (a cascade's) replays its calls' deltas
+            reply.replay = answers.replay(sent)
+        return reply
 
     async def _echo(
         self,

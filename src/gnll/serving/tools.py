@@ -39,6 +39,7 @@ import anyio
 
 from gnll.backends.base import ChatPrompt
 from gnll.backends.constrained import ConstrainedGeneration, ConstrainedModel
+from gnll.backends.early import EarlyDecided
 from gnll.measures.early import EarlyDecisionError
 from gnll.policy import Answer, annotate
 from gnll.policy.tools import decide_tool_answer, gate_calls
@@ -57,8 +58,7 @@ from gnll.toolcalls import (
     call_grammar,
     json_grammar,
     parse_output,
-    render_call,
-    tool_system_prompt,
+    tool_conversation,
 )
 from gnll.toolwatch import ToolCallDecision
 from gnll.uncertainty import Uncertainty
@@ -76,35 +76,14 @@ _CONSTRAINED = threading.Lock()
 
 
 def render_messages(req: ChatCompletionRequest, tools: ToolRequest | None) -> list[dict[str, str]]:
-    """The conversation as plain ``{role, content}`` turns for the model's template: the tool
-    prompt joins the system message, earlier calls are written in the documented format and tool
-    results are user turns in ``<tool_response>`` tags (templates without a tool role accept them)."""
-    turns: list[dict[str, str]] = []
-    system = ""
-    for m in req.messages:
-        extra = m.model_extra or {}
-        if m.role in ("system", "developer") and not turns and tools is not None:
-            system = f"{system}\n\n{m.text()}".strip()
-            continue
-        if m.role == "assistant" and extra.get("tool_calls"):
-            blocks = [
-                render_call(c["function"]["name"], c["function"].get("arguments") or "{}")
-                for c in extra["tool_calls"]
-            ]
-            text = "\n".join(([m.text()] if m.text() else []) + blocks)
-            turns.append({"role": "assistant", "content": text})
-        elif m.role == "tool":
-            turns.append(
-                {"role": "user", "content": f"<tool_response>\n{m.text()}\n</tool_response>"}
-            )
-        else:
-            role = "system" if m.role == "developer" else m.role
-            turns.append({"role": role, "content": m.text()})
-    if tools is not None:
-        turns.insert(
-            0, {"role": "system", "content": tool_system_prompt(tools.tool_dicts(), system)}
-        )
-    return turns
+    """The conversation as plain ``{role, content}`` turns for the model's template
+    (:func:`gnll.toolcalls.tool_conversation`: the tool prompt joins the system message, earlier
+    calls in the documented format, tool results as user turns in ``<tool_response>`` tags)."""
+    messages = [
+        {"role": m.role, "content": m.text(), "tool_calls": (m.model_extra or {}).get("tool_calls")}
+        for m in req.messages
+    ]
+    return tool_conversation(messages, tools.tool_dicts() if tools is not None else None)
 
 
 def call_rule(
@@ -132,15 +111,16 @@ def call_rule(
     )
 
 
-def _facts(rule: ToolCallDecision, max_tokens: int) -> dict[str, Any]:
-    """An early decision's facts, as the decoding loop reports them (``EarlyStop.facts``)."""
+def _facts(rule: ToolCallDecision, max_tokens: int) -> EarlyDecided:
+    """Where the grammar loop stopped an output, as the decoding loop says it
+    (:meth:`gnll.backends.decoding.EarlyStop.decided`)."""
     d = rule.decision
-    return {
-        "decided_at_token": d.at_token,
-        "tokens_generated": rule.generated,
-        "tokens_saved": max_tokens - rule.generated,
-        "action": d.action,
-    }
+    return EarlyDecided(
+        decided_at_token=d.at_token or 0,
+        tokens_generated=rule.generated,
+        tokens_saved=max_tokens - rule.generated,
+        action=d.action,
+    )
 
 
 async def _constrained(
@@ -164,9 +144,7 @@ async def _constrained(
         with _CONSTRAINED:
             if watch is None:
                 return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
-            return lm.generate_constrained(
-                prompt, grammar, max_new_tokens=max_tokens, watch=watch
-            )
+            return lm.generate_constrained(prompt, grammar, max_new_tokens=max_tokens, watch=watch)
 
     try:
         return await anyio.to_thread.run_sync(run)
@@ -238,8 +216,8 @@ async def handle_tools(
         )
         tops = decoded.top_logprobs[0] if decoded.top_logprobs else None
         alternatives = tops[0] if tops else None
-        facts = decoded.decisions[0][0] if decoded.decisions else None
-        answer = to_answer(decoded.generations[0][0], "greedy", alternatives, early=facts)
+        # a stopped output says where (Generation.early)
+        answer = to_answer(decoded.generations[0][0], "greedy", alternatives)
     # The decision on the tokens as they were decoded: the same whether decoding stopped at it or
     # ran to the end (a call attempt it withholds is withheld even if the model broke it off).
     watch = rule().watch if rule is not None else None

@@ -8,8 +8,9 @@ starts, for every response shape (the format-neutral split is :mod:`gnll.backend
   (``reasoning`` / ``reasoning_content`` = trace, ``content`` = answer; a token that came with an
   empty delta sits between them: the marker, which vLLM sends as an empty-delta chunk and
   llama.cpp does not send at all, :attr:`ReasoningSplit.marker_reported`);
-* the Responses API's ``output_text.logprobs`` (:func:`responses_answer_choice`): answer-aligned
-  by construction.
+* the Responses API's ``output_text.logprobs`` (:func:`responses_choice`,
+  :func:`responses_answer_choice`): the whole output on vLLM (split as chat's), the answer alone
+  where a server reports only the answer's.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from gnll.backends.openai.parse import logprob_entries, logprobs_from
+from gnll.backends.openai.parse import logprob_entries, logprob_shape, logprobs_from
 from gnll.backends.reasoning import (
     HARMONY,
     THINK,
@@ -38,6 +39,7 @@ __all__ = [
     "ReasoningStream",
     "reasoning_text",
     "responses_answer_choice",
+    "responses_choice",
     "split_choice",
 ]
 
@@ -367,15 +369,68 @@ def _chunk_labels(pieces: Sequence[bytes], trace: str, answer: str) -> list[Labe
     return out
 
 
+def responses_choice(response: dict[str, Any]) -> dict[str, Any]:
+    """A Responses API body as the chat choice it answers: the ``output_text`` parts' text and
+    ``logprobs`` (``include: ["message.output_text.logprobs"]``), the ``reasoning`` items' text,
+    ``finish_reason`` ``length`` when cut at ``max_output_tokens``.
+
+    Which tokens the log-probs cover depends on the server: OpenAI's describe the answer only,
+    vLLM's (0.32, with a reasoning parser) the whole output, trace and marker included, as on its
+    chat route. The trace goes into ``message.reasoning``, so that :func:`split_choice` reads the
+    choice as a chat choice's: split at the marker, or taken as the answer's alone when the tokens
+    spell the answer text (``answer-only``). A body without ``output_text`` parts has
+    ``logprobs: None``.
+
+    Examples
+    --------
+    >>> r = {"output": [{"type": "reasoning", "content": [{"type": "reasoning_text", "text": "hm"}]},
+    ...     {"type": "message", "content": [{"type": "output_text", "text": "4",
+    ...      "logprobs": [{"token": "4", "logprob": -0.2, "bytes": [52]}]}]}]}
+    >>> c = responses_choice(r)
+    >>> c["message"], c["finish_reason"]
+    ({'role': 'assistant', 'content': '4', 'reasoning': 'hm'}, 'stop')
+    """
+    texts: list[str] = []
+    entries: list[dict[str, Any]] = []
+    trace: list[str] = []
+    asked = False
+    for item in response.get("output") or []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "reasoning":
+            trace.extend(
+                str(p.get("text") or "") for p in item.get("content") or [] if isinstance(p, dict)
+            )
+        if item.get("type") != "message":
+            continue
+        for part in item.get("content") or []:
+            if isinstance(part, dict) and part.get("type") == "output_text":
+                texts.append(str(part.get("text") or ""))
+                asked = asked or isinstance(part.get("logprobs"), list)
+                entries.extend(part.get("logprobs") or [])
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if "".join(trace).strip():
+        message["reasoning"] = "".join(trace)
+    cut = (response.get("incomplete_details") or {}).get("reason") == "max_output_tokens"
+    return {
+        "index": 0,
+        "message": message,
+        "logprobs": {"content": entries} if asked else None,
+        "finish_reason": "length" if cut or response.get("status") == "incomplete" else "stop",
+        # vLLM names no stop string in a Responses body: its answer ended at EOS or the limit
+        "stop_reason": None,
+    }
+
+
 def responses_answer_choice(response: dict[str, Any]) -> tuple[dict[str, Any], ReasoningSplit]:
-    """The Responses API's answer as a chat choice, from ``output_text`` ``logprobs``
-    (``include: ["message.output_text.logprobs"]``): answer-aligned by construction, the trace's
-    log-probs are not reported.
+    """The Responses API's answer as a chat choice with the answer's log-probs only
+    (:func:`responses_choice`, split at the marker when the log-probs cover the trace too).
 
     Raises
     ------
     ReasoningError
-        No ``output_text`` part with log-probs.
+        No ``output_text`` part with log-probs, or log-probs that cover a trace they cannot be
+        aligned with.
 
     Examples
     --------
@@ -386,33 +441,31 @@ def responses_answer_choice(response: dict[str, Any]) -> tuple[dict[str, Any], R
     >>> c["message"]["content"], [e["logprob"] for e in c["logprobs"]["content"]], s.source
     ('4', [-0.2], 'responses')
     """
-    texts: list[str] = []
-    entries: list[dict[str, Any]] = []
-    reasoned = False
-    for item in response.get("output") or []:
-        if not isinstance(item, dict):
-            continue
-        reasoned = reasoned or item.get("type") == "reasoning"
-        if item.get("type") != "message":
-            continue
-        for part in item.get("content") or []:
-            if isinstance(part, dict) and part.get("type") == "output_text":
-                if not isinstance(part.get("logprobs"), list) or (
-                    part.get("text") and not part["logprobs"]
-                ):
-                    raise ReasoningError(
-                        "the Responses API answer carries no `output_text` log-probs (ask with "
-                        'include: ["message.output_text.logprobs"]; llama.cpp always sends [])'
-                    )
-                texts.append(str(part.get("text") or ""))
-                entries.extend(part["logprobs"])
-    if not texts:
+    choice = responses_choice(response)
+    has_text = any(
+        isinstance(item, dict)
+        and item.get("type") == "message"
+        and any(
+            isinstance(p, dict) and p.get("type") == "output_text"
+            for p in item.get("content") or []
+        )
+        for item in response.get("output") or []
+    )
+    if not has_text:
         raise ReasoningError("the Responses API answer has no `output_text` part")
-    choice = {
-        "message": {"role": "assistant", "content": "".join(texts)},
-        "logprobs": {"content": entries},
-        "finish_reason": "stop" if response.get("status") in (None, "completed") else "length",
-    }
-    n = len(entries)
-    fmt = "responses" if reasoned else "none"
-    return choice, ReasoningSplit(0, 0, n, fmt, "responses")
+    lp = choice.get("logprobs")
+    entries = logprob_entries(lp) if logprob_shape(lp) == "content" else None
+    if entries is None or (choice["message"]["content"] and not entries):
+        raise ReasoningError(
+            "the Responses API answer carries no `output_text` log-probs (ask with "
+            'include: ["message.output_text.logprobs"]; llama.cpp always sends [])'
+        )
+    if "reasoning" not in choice["message"]:
+        return choice, ReasoningSplit(0, 0, len(entries), "none", "responses")
+    # split as a chat choice's: at the marker (vLLM: the whole output), or answer-only
+    answer, split = split_choice(choice)
+    assert split is not None  # it carries reasoning
+    answer["message"] = {k: v for k, v in answer["message"].items() if k != "reasoning"}
+    if split.source == "answer-only":
+        split = ReasoningSplit(0, 0, len(entries), "responses", "responses")
+    return answer, split

@@ -50,11 +50,20 @@ class ServerProfile:
         ``/v1/completions`` returns prompt log-probs with ``echo`` (used by ``gnll doctor`` to compare
         generated log-probs with teacher-forced ones).
     responses_logprobs:
-        Its own ``/v1/responses`` returns a whole (not streamed) answer's token log-probs, the
-        end-of-sequence token's included as on chat (vLLM): a proxy passes such requests through
-        (:mod:`gnll.serving.native`).
+        Its own ``/v1/responses`` returns the answer's token log-probs (vLLM 0.32: whole and
+        streamed; a whole answer's include the end-of-sequence token's, as on chat): a proxy passes
+        such requests through (:mod:`gnll.serving.native`).
     capabilities:
         What the backend can compute through this server.
+    structured_logprobs:
+        Which distribution the log-probs of an answer decoded under the server's grammar (a JSON
+        ``response_format``, a required or named tool call, a ``strict`` tool's call) are:
+        ``"raw"`` (the model's own, the grammar not applied), ``"constrained"`` (after the
+        grammar's mask: renormalised over the tokens it allowed; a forced token reports 0) or
+        ``"unknown"`` (not established here). Measured on vLLM 0.32's CPU build with its default
+        ``--logprobs-mode raw_logprobs``: constrained (teacher forcing without the grammar gives
+        the raw ones; they agree where no grammar applies); on llama-cpp-python: raw (a forced
+        token keeps its log-prob, below the unconstrained top alternative).
     """
 
     name: str
@@ -69,6 +78,7 @@ class ServerProfile:
     logprobs_need_top: bool = True
     responses_logprobs: bool = False
     capabilities: Capabilities = field(default_factory=Capabilities)
+    structured_logprobs: str = "unknown"
 
 
 def _caps(*, scoring: bool, terminator: bool, top_logprobs: int) -> Capabilities:
@@ -98,6 +108,7 @@ PROFILES: dict[str, ServerProfile] = {
         logprobs_need_top=False,
         responses_logprobs=True,
         capabilities=_caps(scoring=True, terminator=True, top_logprobs=20),
+        structured_logprobs="constrained",
     ),
     "llama-cpp-python": ServerProfile(
         name="llama-cpp-python",
@@ -112,6 +123,8 @@ PROFILES: dict[str, ServerProfile] = {
         echo=True,
         # It drops the EOS token from the returned tokens, so "ending here" has no log-prob.
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
+        # Measured (0.3.x): a named tool call's grammar-forced tokens keep their raw log-probs.
+        structured_logprobs="raw",
     ),
     "llama.cpp": ServerProfile(
         name="llama.cpp",
@@ -144,6 +157,7 @@ PROFILES: dict[str, ServerProfile] = {
         supports_n=True,
         logprobs_need_top=False,
         capabilities=_caps(scoring=False, terminator=False, top_logprobs=20),
+        structured_logprobs="raw",
     ),
     "generic": ServerProfile(
         name="generic",

@@ -270,10 +270,12 @@ function render(q, choice, verdict) {
   const u = choice.uncertainty;
   const answer = $("answer");
   answer.innerHTML = "";
-  if (!u.tokens) {
-    // Refused (or log-probs not sent): the text as the client received it, unshaded.
+  if (!u.tokens || !u.tokens.length) {
+    // Refused (or log-probs not sent): the text as the client received it, unshaded; an answer
+    // that is only tool calls (a larger model's, after an escalation) as the calls it sent.
     const span = document.createElement("span");
-    span.textContent = choice.message.content;
+    const calls = (choice.message.tool_calls || []).map((c) => `${c.function.name}(${c.function.arguments})`);
+    span.textContent = choice.message.content || calls.join("\n");
     answer.appendChild(span);
   }
   const tops = (choice.logprobs && choice.logprobs.content) || [];

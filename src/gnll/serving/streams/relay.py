@@ -10,7 +10,7 @@ back to the proxy for them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +20,11 @@ from gnll.measures import LogprobError
 from gnll.policy import Answer, annotate
 from gnll.policy.choices import choice_answer
 from gnll.serving import responses as R
+from gnll.serving.proxy_tools import ProxyTools
 from gnll.serving.responses import Mark, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
+from gnll.serving.streams.replay import stream_chunks
 from gnll.serving.streams.upstream import (
     UpstreamBrokeError,
     UpstreamEventError,
@@ -56,6 +58,8 @@ class UpstreamAnswers:
         The request, the server's settings (the policy) and the request's generation config.
     mark:
         An escalation's: turns the records into the ones sent, given the model that answered.
+    special:
+        The request's tools or JSON format (:mod:`gnll.serving.proxy_tools`), else ``None``.
     """
 
     upstream: str
@@ -65,6 +69,7 @@ class UpstreamAnswers:
     settings: ServeSettings
     config: GenerationConfig
     mark: Mark | None = None
+    special: ProxyTools | None = None
 
     @property
     def expected(self) -> int:
@@ -92,6 +97,32 @@ class UpstreamAnswers:
             )
         except LogprobError as exc:
             raise LogprobError(f"upstream {self.upstream}: {exc}") from None
+
+    def read(self, choices: list[dict[str, Any]]) -> list[Answer]:
+        """A whole response's choices as answers."""
+        return [self.answer(c, i) for i, c in enumerate(choices)]
+
+    def decided(
+        self, choices: list[dict[str, Any]], model: str | None
+    ) -> tuple[list[Answer], list[Uncertainty]]:
+        """A tools / JSON request's choices decided (per call) and recorded, the records as sent
+        (:meth:`ProxyTools.decide_all <gnll.serving.proxy_tools.ProxyTools.decide_all>`)."""
+        assert self.special is not None, "a request with tools or a JSON format"
+        return self.special.decide_all(
+            choices,
+            self.answer,
+            self.req,
+            self.settings,
+            self.profile,
+            self.config,
+            self.mark,
+            model,
+        )
+
+    def replay(self, sent: list[Answer]) -> Callable[[dict[str, Any], bool], Iterator[str]]:
+        """How a held reply with these answers replays its body (:attr:`Reply.replay`)."""
+        shape = self.req.shape
+        return lambda body, usage: stream_chunks(body, sent, shape, usage)
 
     def annotated(
         self, answers: list[Answer], model: str | None
@@ -161,8 +192,13 @@ async def relay(
         yield R.sse(R.error_body(reply.error, "invalid_request_error", param="n"))
         return
     try:
-        read = [answers.answer(acc[i].choice(), i, acc[i].labels) for i in sorted(acc)]
-        records, _, finishes = answers.annotated(read, reply.model)
+        if answers.special is not None:  # the calls went out as they came (no policy withholds)
+            whole = [acc[i].choice() for i in sorted(acc)]
+            _, records = answers.decided(whole, reply.model)
+            finishes = [c["finish_reason"] for c in whole]
+        else:
+            read = [answers.answer(acc[i].choice(), i, acc[i].labels) for i in sorted(acc)]
+            records, _, finishes = answers.annotated(read, reply.model)
     except LogprobError as exc:
         reply.error = str(exc)
         yield R.sse(R.error_body(reply.error, "upstream_error"))

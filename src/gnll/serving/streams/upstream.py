@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
+from gnll.backends.early import EarlyDecided
 from gnll.backends.openai.parse import join_logprobs, logprob_pairs
 from gnll.backends.openai.reasoning import ReasoningStream
 from gnll.measures.early import EarlyDecision
@@ -45,6 +46,8 @@ class StreamedChoice:
         self.stop_reason: Any = None
         self.has_stop_reason = False
         self.reasoning: list[str] = []
+        #: Tool calls by their index, their pieces joined (``id``, ``type``, name, arguments).
+        self.tool_calls: dict[int, dict[str, Any]] = {}
         #: Each token labelled trace / marker / answer by the delta it came with.
         self.labeller = ReasoningStream()
 
@@ -57,12 +60,28 @@ class StreamedChoice:
         self.logprobs.append(choice.get("logprobs"))
         if isinstance(choice.get("token_ids"), list):
             self.token_ids.extend(choice["token_ids"])
+        delta = choice.get("delta")
+        for call in (delta.get("tool_calls") if isinstance(delta, dict) else None) or []:
+            self._add_call(call)
         if choice.get("finish_reason"):
             self.finish_reason = choice["finish_reason"]
         if "stop_reason" in choice:
             self.has_stop_reason = True
             if choice["stop_reason"] is not None:
                 self.stop_reason = choice["stop_reason"]
+
+    def _add_call(self, piece: dict[str, Any]) -> None:
+        """One ``delta.tool_calls[]`` piece: the first of a call names it, the others add to its
+        arguments (OpenAI's stream shape)."""
+        k = piece.get("index", len(self.tool_calls))
+        call = self.tool_calls.setdefault(
+            k, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+        )
+        if piece.get("id"):
+            call["id"] = piece["id"]
+        fn = piece.get("function") or {}
+        call["function"]["name"] += fn.get("name") or ""
+        call["function"]["arguments"] += fn.get("arguments") or ""
 
     @property
     def labels(self) -> list[Any] | None:
@@ -77,6 +96,8 @@ class StreamedChoice:
         out.update(self.shape.whole_choice(text))
         if any(self.reasoning):
             out["message"]["reasoning"] = "".join(self.reasoning)
+        if self.tool_calls and isinstance(out.get("message"), dict):
+            out["message"]["tool_calls"] = [self.tool_calls[k] for k in sorted(self.tool_calls)]
         if self.token_ids:
             out["token_ids"] = self.token_ids
         if self.has_stop_reason:
@@ -311,14 +332,15 @@ class EarlyWatch:
             token_logprobs=self.logprobs[:t],
             decoding="greedy",
             measured_logprobs=self.logprobs[:t] or [0.0],
-            early={
-                "decided_at_token": t,
-                "tokens_generated": rule.generated,
+            early=EarlyDecided(
+                decided_at_token=t,
+                tokens_generated=rule.generated,
                 # Unknown when the upstream's own limit applies (no max_tokens asked or set).
-                "tokens_saved": None
+                tokens_saved=None
                 if max_new_tokens == UNBOUNDED
                 else max_new_tokens - rule.generated,
-            },
+                action=rule.decision.action,
+            ),
         )
         whole: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
         whole.update(shape.whole_choice(text))

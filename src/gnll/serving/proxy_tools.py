@@ -1,0 +1,243 @@
+"""Tool calls and structured outputs through the proxy (``gnll serve --upstream``).
+
+The request goes upstream as the client sent it (``tools``, ``tool_choice``,
+``parallel_tool_calls``, ``response_format``), with log-probs on: the upstream renders the tools
+with its chat template, decodes (under its grammar, where it constrains), and its tool parser
+takes the calls out of the text (vLLM: ``--enable-auto-tool-choice --tool-call-parser``). Its
+``logprobs.content`` still carries every token the model wrote, the calls' included, so each call
+is found in that output (:func:`gnll.policy.choices.tool_choice_answer`) and gets the same record
+as in-process (:func:`gnll.toolcalls.call_report`: the call's G-NLL, its name's NLL, each argument
+value's NLL over its own tokens, the tokens each part scored), and the same gate decides it
+(:func:`gnll.policy.tools.decide_tool_answer`): a withheld call never reaches the client (under
+``refuse`` the upstream is asked without streaming and a stream is a replay of the decided body).
+
+An answer without calls is an ordinary answer. A JSON ``response_format`` answer is an ordinary
+answer too, with ``uncertainty.structured``: each field's NLL from the upstream's log-probs and
+which distribution they are (``raw`` on vLLM's default log-probs mode, ``unknown`` where gnll has
+not established it: :attr:`gnll.backends.openai.servers.ServerProfile.structured_logprobs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gnll.policy import Answer, annotate
+from gnll.policy.choices import tool_choice_answer
+from gnll.policy.tools import decide_tool_answer
+from gnll.serving.errors import HTTPError
+from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
+
+if TYPE_CHECKING:
+    from gnll.backends.base import GenerationConfig
+    from gnll.backends.openai.servers import ServerProfile
+    from gnll.serving.responses import Mark
+    from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
+    from gnll.serving.settings import ServeSettings
+    from gnll.uncertainty import Uncertainty
+
+__all__ = ["Decided", "ProxyTools", "refusal_named"]
+
+#: The chat template renders the messages (the tool prompt included): the policy's prompt format.
+_FORMAT = "chat"
+
+
+@dataclass
+class Decided:
+    """One upstream choice decided: the answer scored, its record, and what the client gets."""
+
+    answer: Answer
+    record: Uncertainty
+    text: str | None
+    finish: str | None
+    #: The assistant message that replaces the upstream's (a withheld call's), else ``None``.
+    message: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ProxyTools:
+    """What a chat request asks of tools or of a JSON format, as the proxy reads its answers."""
+
+    tools: ToolRequest | None
+    fmt: ResponseFormat | None
+
+    @classmethod
+    def of(cls, req: CompletionRequest | ChatCompletionRequest) -> ProxyTools | None:
+        """The request's tools / JSON format (``None``: an ordinary request). The typed check
+        is the in-process one; what the upstream cannot serve, it refuses itself."""
+        from gnll.serving.schemas import ChatCompletionRequest
+
+        if not isinstance(req, ChatCompletionRequest):
+            return None
+        extra = req.model_extra or {}
+        tools, fmt = ToolRequest.of(extra), ResponseFormat.of(extra)
+        return None if tools is None and fmt is None else cls(tools, fmt)
+
+    @property
+    def grammar(self) -> bool:
+        """Whether the upstream decodes the answer under its grammar: a JSON format, a required
+        or named call, or (vLLM) the call of a ``strict`` tool."""
+        if self.fmt is not None:
+            return True
+        assert self.tools is not None
+        return self.tools.required or any(t.function.strict for t in self.tools.tools)
+
+    def logprobs(self, profile: ServerProfile) -> str:
+        """Which distribution the upstream's log-probs of this answer are."""
+        return profile.structured_logprobs if self.grammar else "raw"
+
+    def describe(self) -> str:
+        """What the request asked, for an upstream's refusal of it."""
+        if self.tools is not None:
+            choice = self.tools.tool_choice
+            named = choice if isinstance(choice, str) else f"function {choice.function.name}"
+            return f"tools (tool_choice {named})"
+        assert self.fmt is not None
+        return f"response_format {self.fmt.type}"
+
+    def decide(
+        self,
+        choice: dict[str, Any],
+        ordinary: Callable[[], Answer],
+        req: ChatCompletionRequest,
+        settings: ServeSettings,
+        profile: ServerProfile,
+        config: GenerationConfig,
+        where: str,
+    ) -> Decided:
+        """Score and decide one upstream choice. ``ordinary``: reads the choice as a free-text
+        answer (what a choice without calls is)."""
+        message: dict[str, Any] = (
+            choice["message"] if isinstance(choice.get("message"), dict) else {}
+        )
+        if self.tools is not None and message.get("tool_calls"):
+            return self._calls(choice, req, settings, profile, config, where)
+        answer = ordinary()
+        [record], [text], [finish] = annotate(
+            [answer],
+            settings.policy,
+            include_tokens=req.wants_logprobs,
+            source="upstream",
+            prompt_format=_FORMAT,
+        )
+        if self.fmt is not None:
+            record = record.model_copy(update={"structured": self._structured(record, profile)})
+        return Decided(answer, record, text, finish)
+
+    def decide_all(
+        self,
+        choices: list[dict[str, Any]],
+        read: Callable[[dict[str, Any], int], Answer],
+        req: CompletionRequest | ChatCompletionRequest,
+        settings: ServeSettings,
+        profile: ServerProfile,
+        config: GenerationConfig,
+        mark: Mark | None,
+        model: str | None,
+    ) -> tuple[list[Answer], list[Uncertainty]]:
+        """Decide an upstream's choices (per call, where it returned calls) and put the records
+        on them, ``mark``ed (an escalation's) as they are sent. ``read`` reads a choice as a
+        free-text answer."""
+        from gnll.serving.schemas import ChatCompletionRequest
+
+        assert isinstance(req, ChatCompletionRequest)
+        decisions = [
+            self.decide(
+                c,
+                lambda c=c, i=i: read(c, i),  # type: ignore[misc]
+                req,
+                settings,
+                profile,
+                config,
+                f"choice {i}",
+            )
+            for i, c in enumerate(choices)
+        ]
+        records = [d.record for d in decisions]
+        if mark is not None:
+            records = mark(records, model)
+        for choice, d, rec in zip(choices, decisions, records, strict=True):
+            d.record = rec
+            apply(choice, d, keep_logprobs=req.wants_logprobs)
+        return [d.answer for d in decisions], records
+
+    def _structured(self, record: Uncertainty, profile: ServerProfile) -> dict[str, Any]:
+        assert self.fmt is not None
+        out: dict[str, Any] = {"type": self.fmt.type, "logprobs": self.logprobs(profile)}
+        if record.spans is not None and record.spans_kind == "json" and not record.refused:
+            out["fields"] = [{"path": s.path, "nll": s.nll} for s in record.spans]
+        return out
+
+    def _calls(
+        self,
+        choice: dict[str, Any],
+        req: ChatCompletionRequest,
+        settings: ServeSettings,
+        profile: ServerProfile,
+        config: GenerationConfig,
+        where: str,
+    ) -> Decided:
+        assert self.tools is not None
+        answer, calls = tool_choice_answer(
+            choice,
+            config,
+            eos_logprob=profile.eos_logprob,
+            decoding="greedy" if req.greedy else "sampled",
+            where=where,
+        )
+        decided = decide_tool_answer(
+            answer,
+            calls,
+            settings.policy,
+            argument_threshold=settings.tool_argument_threshold,
+            prompt_format=_FORMAT,
+            include_tokens=req.wants_logprobs,
+            source="upstream",
+        )
+        record = self._which(decided.record, profile)
+        if decided.withheld:  # nothing of the calls goes out: the policy's message instead
+            message = {"role": "assistant", "content": decided.text, "refusal": None}
+            return Decided(answer, record, decided.text, decided.finish_reason, message)
+        upstream = choice["message"]["tool_calls"]
+        calls_sent = [
+            {**c, "id": sent["id"]} if isinstance(sent, dict) and sent.get("id") else c
+            for c, sent in zip(decided.calls, upstream, strict=True)
+        ]  # the record names the calls the client gets
+        record = record.model_copy(update={"tool_calls": calls_sent})
+        return Decided(answer, record, None, choice.get("finish_reason"))
+
+    def _which(self, record: Uncertainty, profile: ServerProfile) -> Uncertainty:
+        """The record saying which distribution its numbers are (the upstream's grammar)."""
+        return record.model_copy(
+            update={"structured": {"type": "tool_calls", "logprobs": self.logprobs(profile)}}
+        )
+
+
+def apply(choice: dict[str, Any], decided: Decided, *, keep_logprobs: bool) -> None:
+    """Put a decided choice's record, text and finish reason on the upstream's ``choice``."""
+    choice["uncertainty"] = decided.record.to_json()
+    choice["finish_reason"] = decided.finish
+    if decided.message is not None:  # withheld: nothing of the call goes out
+        choice["message"] = decided.message
+    elif decided.text is not None and isinstance(choice.get("message"), dict):
+        choice["message"]["content"] = decided.text
+    if not keep_logprobs or decided.record.refused:
+        choice["logprobs"] = None
+
+
+@contextlib.contextmanager
+def refusal_named(special: ProxyTools, profile: ServerProfile) -> Iterator[None]:
+    """An upstream's error answer to a request with tools or a JSON format says which server
+    refused what, its own message kept (vLLM started without auto tool choice, a llama.cpp
+    server without a tool-aware template): the upstream's error, named, not gnll's."""
+    try:
+        yield
+    except HTTPError as exc:
+        if exc.type != "upstream_timeout" and not exc.message.startswith("cannot reach"):
+            exc.message = f"the upstream {profile.name} server refused {special.describe()}: " + (
+                exc.message
+            )
+            exc.args = (exc.message,)
+        raise
