@@ -122,7 +122,11 @@ def tool_args(root: Path) -> tuple[str, ...]:
 
     root.mkdir(parents=True, exist_ok=True)
     path = root / "smollm2-tools.jinja"
-    path.write_text(tool_chat_template((model_dir() / "chat_template.jinja").read_text()))
+    # Every xdist worker writes it (the same text); atomically, so that a vLLM starting from
+    # another worker's call never reads it half-written.
+    part = root / f"smollm2-tools.jinja.{os.getpid()}"
+    part.write_text(tool_chat_template((model_dir() / "chat_template.jinja").read_text()))
+    os.replace(part, path)
     return (
         "--enable-auto-tool-choice",
         "--tool-call-parser",

@@ -100,4 +100,7 @@ def test_page_lists_the_local_models_withheld_call_after_an_escalation():
     assert "tool call get_weather" in line and "least certain argument city" in line
     assert "withheld: the call never reached the client" in line
     assert "Pariss" not in got["answer"] and "Pariss" not in " ".join(got["lines"])
-    assert got["answer"] == 'get_weather({"city": "Paris"})'  # the larger model's call
+    # the larger model's call: its shaded tokens (the proxy scores it), or the call it sent
+    assert "get_weather" in got["answer"] and '"Paris"' in got["answer"]
+    [mine] = [x for x in got["lines"] if x.startswith("tool call get_weather")]
+    assert "withheld" not in mine and "Paris" in "".join(got["outlined"])

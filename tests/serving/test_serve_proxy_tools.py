@@ -136,3 +136,46 @@ def test_an_upstreams_refusal_is_its_own_error_named(upstream):
 def test_call_text_is_the_output_the_tokens_spell():
     """The scripted call is the documented format; the proxy located it in the tokens."""
     assert CALL.startswith("<tool_call>")
+
+
+def test_a_replayed_call_carries_the_outputs_logprobs(upstream):
+    """Under refuse a kept call is replayed once decided; its stream carries the call's
+    deltas and the same log-probs as the body (they spell the call, not the text)."""
+    kw = {"model": "calling", "messages": USER, "tools": TOOLS, "logprobs": True}
+    policy = AbstentionPolicy(mode="refuse", threshold=1e6)
+    with _proxy(upstream, policy=policy) as px:
+        body = _client(px).chat.completions.create(**kw)
+        chunks = list(_client(px).chat.completions.create(stream=True, **kw))
+    want = [(e.token, e.logprob) for e in body.choices[0].logprobs.content]
+    got = [
+        (e.token, e.logprob)
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content or []
+    ]
+    assert got == want and len(want) == len(LPS)
+    assert any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+
+
+def test_a_responses_api_call_through_the_proxy_has_the_same_record(upstream):
+    """``/v1/responses`` with function tools is translated to chat and takes this path: its
+    ``function_call`` item carries the call's record, as the upstream's own."""
+    tools = [
+        {
+            "type": "function",
+            "name": t["function"]["name"],
+            "parameters": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]
+    body = {"model": "calling", "input": "Weather in Paris?", "tools": tools}
+    got = []
+    with _proxy(upstream) as px:
+        for srv in (upstream, px):
+            r = httpx.post(srv.url + "/v1/responses", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+            [item] = r.json()["output"]
+            assert item["type"] == "function_call" and item["name"] == "get_weather"
+            assert json.loads(item["arguments"]) == {"city": "Paris"}
+            got.append(item["uncertainty"]["tool_calls"][0])
+    _same_call(got[1], got[0])

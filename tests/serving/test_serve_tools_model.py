@@ -15,7 +15,7 @@ from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt
 from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.toolcalls import call_grammar, tool_system_prompt
+from gnll.toolcalls import tool_system_prompt
 
 pytestmark = pytest.mark.model
 
@@ -103,13 +103,11 @@ def test_per_call_and_per_argument_nlls_equal_a_teacher_forced_score(required, s
     )
     text = "".join(u["tokens"])
     [ref] = smollm.score([prompt], [text])
-    if list(ref.tokens) == u["tokens"]:  # `gnll score` of the output text tokenises it alike
-        lps = np.asarray(ref.token_logprobs)
-    else:  # a grammar may choose a non-canonical tokenisation: score those very tokens
-        grammar = call_grammar([t["function"] for t in TOOLS])
-        gen = smollm.generate_constrained(prompt, grammar, max_new_tokens=KW["max_tokens"])
-        assert gen.tokens == u["tokens"]
-        lps = smollm.score_tokens([prompt], [gen.token_ids])[0]
+    # The grammar's greedy decode is in the tokenizer's canonical tokens, so scoring the output's
+    # *text* scores the very tokens served (on the old decode, SmolLM2 spelled "calculator"
+    # c+al+cul+ator here, and the text's score was 19.6 nats away).
+    assert list(ref.tokens) == u["tokens"]
+    lps = np.asarray(ref.token_logprobs)
     assert len(lps) == len(u["token_logprobs"])
     rec = u["tool_calls"][0]
 
@@ -309,3 +307,30 @@ def test_the_grammar_loop_stops_at_the_crossing_token_with_the_same_decision(
         )
         assert a["nll"] > rec["max_argument_nll"] / 2
         assert a["token_indices"][-1] == at - 1  # decided at the argument's crossing token
+
+
+def test_served_call_nlls_equal_gnll_score_of_the_same_output(required, smollm):
+    """`gnll score`'s row path (a row whose answer is the served `tool_calls`, with the same tools
+    and messages) gives each call the served G-NLL, name NLL and argument NLLs."""
+    from gnll.scoring.stream import ScoreJob, score_chunk
+
+    choice = required.choices[0]
+    served = choice.uncertainty
+    row = {
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": TOOLS,
+        "answer": [c.model_dump() for c in choice.message.tool_calls],
+    }
+    job = ScoreJob("-", "-", "jsonl", "jsonl", None).for_model(smollm)
+    res = score_chunk(smollm, job, [(1, row, None)])
+    assert not res.errors, res.errors
+    [out] = res.rows
+    assert out["nll"] == pytest.approx(served["g_nll"], abs=BATCH_INVARIANCE_ATOL)  # the given answer's
+    [got] = out["tool_calls"]
+    [rec] = served["tool_calls"]
+    assert got["token_indices"] == rec["token_indices"]
+    assert got["g_nll"] == pytest.approx(rec["g_nll"], abs=BATCH_INVARIANCE_ATOL)
+    assert got["name_nll"] == pytest.approx(rec["name_nll"], abs=BATCH_INVARIANCE_ATOL)
+    assert [a["path"] for a in got["arguments"]] == [a["path"] for a in rec["arguments"]]
+    for a, b in zip(got["arguments"], rec["arguments"], strict=True):
+        assert a["nll"] == pytest.approx(b["nll"], abs=BATCH_INVARIANCE_ATOL)

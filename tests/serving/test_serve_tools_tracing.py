@@ -56,10 +56,14 @@ def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(exporter,
     assert ev["gen_ai.tool.name"] == "get_weather" and ev["gnll.tool_call.index"] == 0
     assert ev["gen_ai.response.id"] == r.id and ev["gnll.api"] == "chat.completions"
     # the call's own numbers, as the response's record has them
-    assert math.isclose(ev["gen_ai.evaluation.score.value"], call["g_nll"], abs_tol=1e-12)  # same path: one record, two views
+    assert math.isclose(
+        ev["gen_ai.evaluation.score.value"], call["g_nll"], abs_tol=1e-12
+    )  # same path: one record, two views
     assert ev["gnll.tool_call.least_certain_argument"] == "city"
     nll = call["arguments"][0]["nll"]
-    assert math.isclose(ev["gnll.tool_call.max_argument_nll"], nll, abs_tol=1e-12)  # same path: one record, two views
+    assert math.isclose(
+        ev["gnll.tool_call.max_argument_nll"], nll, abs_tol=1e-12
+    )  # same path: one record, two views
     assert nll > 0.5 and call["g_nll"] < -sum(LPS)  # a part of the output's G-NLL
     if gate:
         assert ev["gen_ai.evaluation.score.label"] == "withheld"
@@ -69,3 +73,43 @@ def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(exporter,
         assert ev["gen_ai.evaluation.score.label"] == "sent"
         assert ev["gen_ai.tool.call.id"] == r.choices[0].message.tool_calls[0].id
     assert "Paris" not in json.dumps([{k: str(v) for k, v in e.items()} for e in got])
+
+
+def test_an_escalated_answer_has_events_for_the_local_models_withheld_calls(exporter):
+    exp, provider = exporter
+    from test_serve_tools_escalate import TOOLS as ESC_TOOLS
+    from test_serve_tools_escalate import USER as ESC_USER
+    from test_serve_tools_escalate import Caller
+
+    big = Caller("big", "Paris", -0.05)
+    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
+        settings = ServeSettings(
+            policy=AbstentionPolicy(mode="escalate", threshold=100.0),
+            tool_argument_threshold=2.0,
+            tracing=Emitter(provider),
+        )
+        app = build_inprocess_app(
+            Caller("small", "Pariss", -1.5),
+            settings,
+            max_wait_ms=1,
+            escalate_to=up.url + "/v1",
+            escalate_model="big",
+        )
+        with ServerThread(app) as srv:
+            c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+            r = c.chat.completions.create(model="small", messages=ESC_USER, tools=ESC_TOOLS)
+    u = r.choices[0].uncertainty
+    calls = [e for e in _events(exp) if e["gen_ai.evaluation.name"] == "tool_call.g_nll"]
+    sent = [e for e in calls if not e.get("gnll.tool_call.local")]
+    local = [e for e in calls if e.get("gnll.tool_call.local")]
+    assert [e["gen_ai.evaluation.score.label"] for e in sent] == ["sent"]
+    assert sent[0]["gen_ai.response.model"] == "big"
+    [ev] = local
+    assert ev["gen_ai.evaluation.score.label"] == "withheld"
+    assert ev["gen_ai.response.model"] == "small" and ev["gen_ai.tool.name"] == "get_weather"
+    assert list(ev["gnll.tool_call.arguments_over_threshold"]) == ["city"]
+    want = u["local"]["tool_calls"][0]["g_nll"]
+    assert math.isclose(
+        ev["gen_ai.evaluation.score.value"], want, abs_tol=1e-12
+    )  # same path: one record, two views
+    assert "Pariss" not in json.dumps([{k: str(v) for k, v in e.items()} for e in calls])

@@ -34,6 +34,9 @@ class ConstrainedGeneration:
     finish_reason: str
     #: The end-of-sequence token that ended the output, when the model chose one.
     terminator_token_ids: list[int] = field(default_factory=list)
+    #: Whether the tokens are how the tokenizer writes the text (so a teacher-forced score of the
+    #: text scores these very tokens); ``None``: not checked.
+    canonical: bool | None = None
 
 
 @runtime_checkable

@@ -49,6 +49,7 @@ from gnll.measures.early import EarlyDecision
 
 __all__ = ["Decoded", "DecodingLoop", "EarlyGreedy", "EarlyStop", "Job", "PromptError"]
 
+# The server's logger: a decoding failure is a served request's failure, and operators configure it.
 log = logging.getLogger("gnll.serve")
 
 #: Per prompt, per sequence, per answer token: the most likely alternatives ``{token: log-prob}``.

@@ -19,6 +19,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
+# The server's logger: what this warns of concerns a streamed answer.
 log = logging.getLogger("gnll.serve")
 
 __all__ = ["HeldText", "Piece", "hold_from"]

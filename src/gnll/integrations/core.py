@@ -20,7 +20,6 @@ Examples
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +33,7 @@ from gnll.measures.logprobs import LogprobError
 from gnll.policy import AbstentionPolicy, Answer, annotate, headers_for
 from gnll.policy.choices import choice_answer
 from gnll.policy.tools import decide_tool_answer
-from gnll.toolcalls import ParsedCall, parse_output
+from gnll.toolcalls import locate_calls
 from gnll.uncertainty import Uncertainty
 
 __all__ = [
@@ -188,8 +187,8 @@ class AnswerScorer:
 
         ``tool_calls``: the calls the message carries (OpenAI ``tool_calls`` entries, or
         ``{"name", "arguments"}``; :func:`tool_call_pairs`). Their tokens are in the log-probs
-        (servers put the whole output there: the ``<tool_call>`` blocks of docs/tools.md); each
-        call gets its record in ``uncertainty.tool_calls`` and the policy decides each call as
+        (servers put the whole output there); each call is found in it as the proxy finds it
+        (:func:`gnll.toolcalls.locate_calls`) and gets its record in ``uncertainty.tool_calls`` and the policy decides each call as
         ``gnll serve`` does (:func:`gnll.policy.tools.decide_tool_answer`). A withheld call makes
         the answer ``refused``: the caller must drop the message's calls and show ``text``.
         """
@@ -205,13 +204,15 @@ class AnswerScorer:
         )
         pairs = tool_call_pairs(tool_calls)
         if pairs:
-            calls, content, error = _calls_in(answer.text, pairs, where)
+            try:  # where the server's parser found each call in the output (as the proxy does)
+                calls = list(locate_calls(answer.text, pairs))
+            except ValueError as exc:
+                raise LogprobError(f"{where}: {exc}") from None
             out = decide_tool_answer(
                 answer,
                 calls,
                 self.policy,
-                content=content,
-                error=error,
+                content="" if text is None else str(text),
                 argument_threshold=self.tool_argument_threshold,
                 prompt_format=self.prompt_format,
                 include_tokens=self.include_tokens,
@@ -298,29 +299,8 @@ def tool_call_pairs(tool_calls: Sequence[Any] | None) -> list[tuple[str, Any]]:
     out = []
     for call in tool_calls or []:
         fn = get(call, "function") or call
-        out.append((str(get(fn, "name")), get(fn, "arguments")))
+        out.append((str(get(fn, "name")), get(fn, "arguments") or {}))
     return out
-
-
-def _calls_in(
-    text: str, pairs: list[tuple[str, Any]], where: str
-) -> tuple[list[ParsedCall], str, str | None]:
-    """The parsed calls of ``text`` that are the message's calls (in order; a server that returns
-    only the first of several, ``parallel_tool_calls: false``, is a prefix), its content, error."""
-    parsed = parse_output(text, [name for name, _ in pairs])
-    calls = list(parsed.calls[: len(pairs)])
-    got = [(c.name, c.arguments) for c in calls]
-    want = [
-        (name, json.loads(args) if isinstance(args, str) else dict(args or {}))
-        for name, args in pairs
-    ]
-    if got != want:
-        raise LogprobError(
-            f"{where}: its log-probs do not spell its tool calls in the <tool_call> format gnll "
-            f"reads (docs/tools.md): they spell {text[:80]!r}"
-            + (f" ({parsed.error})" if parsed.error else "")
-        )
-    return calls, parsed.content, parsed.error
 
 
 def _spelled(logprobs: Mapping[str, Any]) -> str | None:

@@ -81,7 +81,7 @@ class NativeRoutes:
 
 def passes_through(
     service: Service,
-    asked: Any,
+    asked: object,
     req: ChatCompletionRequest | CompletionRequest,
     settings: ServeSettings,
 ) -> TypeGuard[ProxyService]:

@@ -18,8 +18,10 @@ with the call's G-NLL as the score and ``sent`` or ``withheld`` as the label, th
 (``gen_ai.tool.name``), the call's ``gen_ai.tool.call.id`` when it was sent, its index
 (``gnll.tool_call.index``), its least certain argument's path and NLL
 (``gnll.tool_call.least_certain_argument``, ``gnll.tool_call.max_argument_nll``) and the paths
-over the argument threshold (``gnll.tool_call.arguments_over_threshold``). Argument texts are never
-in an event (they may hold what the gate kept from the client).
+over the argument threshold (``gnll.tool_call.arguments_over_threshold``). After an escalation the
+local model's withheld calls have events too, with ``gnll.tool_call.local = true`` and the local
+model as ``gen_ai.response.model``. Argument texts are never in an event (they may hold what the
+gate kept from the client).
 
 Off by default; this module and OpenTelemetry are imported only when it is on (``pip install
 'gnll[otel]'``).
@@ -104,11 +106,17 @@ class Emitter:
                     timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
                 )
                 count += 1
-            for call in record.tool_calls or []:
+            calls = [(c, False) for c in record.tool_calls or []]
+            if record.local is not None:  # escalated: the local model's calls, withheld
+                calls += [(c, True) for c in record.local.tool_calls or []]
+            for call, local in calls:
+                attributes = _call_attributes(call, record, response_id, api)
+                if local:
+                    assert record.local is not None
+                    attributes["gnll.tool_call.local"] = True
+                    attributes["gen_ai.response.model"] = record.local.model
                 self.logger.emit(
-                    timestamp=time.time_ns(),
-                    event_name=EVENT_NAME,
-                    attributes=_call_attributes(call, record, response_id, api),
+                    timestamp=time.time_ns(), event_name=EVENT_NAME, attributes=attributes
                 )
                 count += 1
         return count

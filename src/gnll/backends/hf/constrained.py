@@ -9,6 +9,18 @@ most likely *allowed* one. Two log-probs are kept for it:
   ``log p(token) - log sum_{allowed} p``: the distribution the grammar leaves (0 where the grammar
   forced the token).
 
+**Canonical tokens.** A grammar lets any token whose bytes fit the grammar through, so greedy
+decoding under it can spell a word with tokens the tokenizer would never produce (SmolLM2 wrote
+``"calculator"`` as ``c`` + ``al`` + ``cul`` + ``ator`` after a forced quote, where the tokenizer
+writes ``calcul`` + ``ator``). Such a path is out of the model's training distribution, and a
+teacher-forced ``gnll score`` of the output's *text* re-tokenises it and gives another NLL (19.6
+nats apart on that call). So each chosen token is checked with the one before it: when the two
+are not how the tokenizer writes their bytes, the previous token is taken back (grammar matcher,
+KV cache) and the bytes are decoded as the tokenizer writes them, their log-probs read at their
+own positions. The greedy choice of *text* is kept; its tokens are the canonical ones, whose
+NLL is what ``gnll score`` of the text gives. ``ConstrainedGeneration.canonical`` says whether the
+whole output re-tokenises to its tokens (pairs being canonical is checked; the whole is verified).
+
 llguidance is an optional dependency (``pip install gnll[structured]``).
 """
 
@@ -47,6 +59,13 @@ def _unpacked(mask: torch.Tensor, vocab: int) -> torch.Tensor:
     return out
 
 
+def _canonical_pair(llg: Any, prev: int, tok: int) -> list[int] | None:
+    """``None`` when ``prev, tok`` is how the tokenizer writes their bytes; else how it does."""
+    pair = [prev, tok]
+    canon = list(llg.tokenize_bytes(llg.decode_bytes(pair)))
+    return None if canon == pair else canon
+
+
 @torch.inference_mode()
 def generate_constrained(
     model: Any,
@@ -58,11 +77,13 @@ def generate_constrained(
     eos_ids: set[int],
     watch: Callable[[str, float], bool] | None = None,
 ) -> ConstrainedGeneration:
-    """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas).
+    """Greedy decoding of ``prompt_ids`` under ``grammar`` (a Lark grammar; ``%json`` schemas), in
+    the tokenizer's canonical tokens (the module).
 
-    ``watch`` sees each token's text and raw log-prob as it is decoded; when it returns ``True``
-    (an exact early decision: :mod:`gnll.toolwatch`) decoding stops there, with finish reason
-    ``"decided"``."""
+    ``watch`` sees each token's text and raw log-prob once it is final (a token is final when the
+    next one is chosen without taking it back, or when decoding ends); when it returns ``True``
+    (an exact early decision: :mod:`gnll.toolwatch`) the output stops at that token, with finish
+    reason ``"decided"``."""
     import llguidance
     import llguidance.torch as lt
 
@@ -72,37 +93,84 @@ def generate_constrained(
         raise ValueError(f"the grammar cannot be used: {matcher.get_error()}")
     mask = lt.allocate_token_bitmask(1, llg.vocab_size)
     cache = DynamicCache(config=model.config)
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
+    feed = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
     out_ids: list[int] = []
     raw: list[float] = []
     con: list[float] = []
+    # per output token: the (raw log-probs, allowed log-probs) of the position it was chosen at,
+    # so that a token taken back can be replaced from the same distribution
+    states: list[tuple[torch.Tensor, torch.Tensor]] = []
+    forced: list[int] = []  # canonical tokens that replace a non-canonical pair, in order
+    rewinds = 0
     finish, terminator = "length", []
-    for _ in range(max_new_tokens):
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[0, -1]
-        logp = torch.log_softmax(logits.double(), dim=-1)
-        lt.fill_next_token_bitmask(matcher, mask, 0)
-        allowed = logp.masked_fill(~_unpacked(mask[0], logp.shape[0]), float("-inf"))[None, :]
-        tok = int(torch.argmax(allowed[0]))
-        if not torch.isfinite(allowed[0, tok]):
-            raise ValueError("the grammar allows no token here")
-        lp = float(logp[tok])
-        norm = float(torch.logsumexp(allowed[0], dim=-1))
+    state: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    watched = 0  # how many output tokens the watch has read
+
+    def seen(k: int) -> bool:
+        return watch is not None and watch(tokenizer.decode([out_ids[k]]), raw[k])
+
+    while len(out_ids) < max_new_tokens:
+        if state is None:
+            logits = model(input_ids=feed, past_key_values=cache, use_cache=True).logits[0, -1]
+            logp = torch.log_softmax(logits.double(), dim=-1)
+            lt.fill_next_token_bitmask(matcher, mask, 0)
+            state = (logp, logp.masked_fill(~_unpacked(mask[0], logp.shape[0]), float("-inf")))
+        logp, allowed = state
+        was_forced = bool(forced)
+        tok = forced.pop(0) if forced else int(torch.argmax(allowed))
+        if not torch.isfinite(allowed[tok]):
+            if not was_forced:
+                raise ValueError("the grammar allows no token here")
+            forced.clear()  # the grammar refuses the canonical spelling: keep the model's own
+            tok = int(torch.argmax(allowed))
+            was_forced = False
         if tok in eos_ids:
             finish, terminator = "stop", [tok]
             break
+        canon = (
+            _canonical_pair(llg, out_ids[-1], tok)
+            if out_ids and not was_forced and rewinds < max_new_tokens
+            else None
+        )
+        if canon is not None and torch.isfinite(states[-1][1][canon[0]]):
+            # take the previous token back; decode the pair's bytes as the tokenizer writes them
+            rewinds += 1
+            matcher.rollback(1)
+            out_ids.pop()
+            raw.pop()
+            con.pop()
+            cache.crop(-1)  # the taken-back token's keys and values
+            state = states.pop()
+            forced = canon
+            continue
         if not matcher.consume_token(tok):
             raise ValueError(f"the grammar refused its own token: {matcher.get_error()}")
+        lp = float(logp[tok])
+        norm = float(torch.logsumexp(allowed, dim=-1))
         out_ids.append(tok)
         raw.append(lp)
         con.append(min(0.0, lp - norm))
-        if watch is not None and watch(tokenizer.decode([tok]), lp):
-            finish = "decided"
-            break
+        states.append(state)
+        state = None
+        # the tokens before this one can no longer be taken back: the watch reads them now (once
+        # each: a token taken back was never read)
+        if watched < len(out_ids) - 1:
+            watched += 1
+            if seen(watched - 1):
+                out_ids.pop()  # the output stops at the deciding token
+                raw.pop()
+                con.pop()
+                finish = "decided"
+                break
         if matcher.is_stopped():
             finish = "stop"
             break
-        ids = torch.tensor([[tok]], dtype=torch.long, device=model.device)
+        feed = torch.tensor([[tok]], dtype=torch.long, device=model.device)
+    if finish != "decided" and watched < len(out_ids) and seen(len(out_ids) - 1):
+        finish, terminator = "decided", []  # decided at the last token, before what ended it
     tokens = [tokenizer.decode([t]) for t in out_ids]
+    canonical = list(llg.tokenize_bytes(llg.decode_bytes(out_ids))) == out_ids
     return ConstrainedGeneration(
         text=tokenizer.decode(out_ids),
         token_ids=out_ids,
@@ -111,4 +179,5 @@ def generate_constrained(
         constrained_logprobs=con,
         finish_reason=finish,
         terminator_token_ids=terminator,
+        canonical=canonical,
     )

@@ -54,11 +54,18 @@ def stream_chunks(
         if opening is not None:
             yield sse({**base, "choices": [opening]})
         carried = shape.carried(i, choice)
-        if carried is not None:  # the reasoning trace (and any other field) precedes the answer
-            yield sse({**base, "choices": [carried]})
         pieces = (
             _pieces(answer, text) if not choice["uncertainty"].get("refused") else [(text, None)]
         )
+        if carried is not None:  # the reasoning trace (and any other field) precedes the answer
+            if (
+                lp is not None
+                and carried["delta"].get("tool_calls")
+                and all(t is None for _, t in pieces)
+            ):
+                # The tokens spell the calls, not the text: their log-probs ride with the calls.
+                carried["logprobs"], lp = lp, None
+            yield sse({**base, "choices": [carried]})
         for piece, t in pieces:
             piece_lp = shape.slice_logprobs(lp, t) if lp is not None and t is not None else None
             yield sse({**base, "choices": [shape.piece(i, piece, piece_lp)]})
