@@ -27,7 +27,7 @@ LOGPROB = -0.5  # every small-model token: NLL 0.5
 LARGE = ([" Paris", "."], [-0.1, -0.2])
 
 
-class _Server:
+class StandInServer:
     """A threading HTTP server on a free port, torn down by :meth:`close`."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
@@ -41,7 +41,7 @@ class _Server:
         self.httpd.server_close()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class StandInHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     model = "fake"
 
@@ -92,7 +92,7 @@ def _delta(chat: bool, tokens: list[str], lps: list[float], finish: str | None) 
     return c
 
 
-class SmallUpstream(_Server):
+class SmallUpstream(StandInServer):
     """Streams ``tokens`` answer tokens (`` w0 w1 ...``), ``pause`` seconds apart, and records per
     request: tokens sent, whether (and when) the client disconnected, when it started; and, live,
     :attr:`decoded`: the tokens generated so far over all requests (streamed or not)."""
@@ -107,7 +107,7 @@ class SmallUpstream(_Server):
         self.done = threading.Event()
         outer = self
 
-        class Handler(_Handler):
+        class Handler(StandInHandler):
             model = "small"
 
             def do_POST(self) -> None:  # noqa: N802 - http.server API
@@ -173,7 +173,7 @@ class SmallUpstream(_Server):
         self.done.set()
 
 
-class LargeUpstream(_Server):
+class LargeUpstream(StandInServer):
     """Answers `` Paris.`` after ``delay`` seconds and records when each request arrived.
 
     A streamed request is answered one token per chunk, ``pause`` seconds apart, and a whole one
@@ -196,7 +196,7 @@ class LargeUpstream(_Server):
         toks, lps = (tokens, [-0.1] * len(tokens)) if tokens else tuple(map(list, LARGE))
         outer = self
 
-        class Handler(_Handler):
+        class Handler(StandInHandler):
             model = "large"
 
             def do_POST(self) -> None:  # noqa: N802 - http.server API
