@@ -48,7 +48,7 @@ class ShortestTokens:
         )
         self.device = torch.device("cpu")
 
-    def __call__(self, input_ids, past_key_values=None, use_cache=True):
+    def __call__(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
         return SimpleNamespace(logits=self.logits.expand(1, input_ids.shape[1], -1))
 
 

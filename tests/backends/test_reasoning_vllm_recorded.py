@@ -41,7 +41,7 @@ def test_gnlls_split_is_vllms_own():
     assert g.terminator_logprobs == [entries[-1]["logprob"]]
     assert split.trace_text == message["reasoning"]
     answer_nll = -math.fsum(e["logprob"] for e in entries[split.answer_start : -1])
-    assert -math.fsum(g.token_logprobs) == pytest.approx(answer_nll, abs=1e-12)
+    assert -math.fsum(g.token_logprobs) == pytest.approx(answer_nll, abs=1e-12)  # same path: one recording
     # the trace is far less sure than the answer: scoring the whole output would mislead
     assert -math.fsum(split.trace_logprobs) > 5 * answer_nll
 

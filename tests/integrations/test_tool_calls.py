@@ -285,3 +285,27 @@ def test_dspy_react_refuse_runs_no_tool(srv):
     assert "withheld: get_weather" in pred.trajectory["thought_0"]
     assert pred.trajectory["tool_name_0"] == "finish"
     _no_secret(pred.trajectory)
+
+
+def test_the_argument_gate_in_litellm_and_llamaindex(srv):
+    """``tool_argument_threshold``: a call whose G-NLL passes withheld for one argument value."""
+    litellm = _litellm()
+    from gnll.integrations.litellm import UncertaintyHandler
+
+    handler = UncertaintyHandler(
+        policy="refuse", threshold=100.0, tool_argument_threshold=1.0, server="gnll"
+    )
+
+    async def run():
+        data = await handler.async_pre_call_hook(None, None, _request(srv), "completion")
+        sent = {k: v for k, v in data.items() if k != "metadata"}
+        return await handler.async_post_call_success_hook(data, None, await litellm.acompletion(**sent))
+
+    out = asyncio.run(run())
+    [call] = out.choices[0].uncertainty["tool_calls"]
+    assert call["withheld"] and call["arguments_over_threshold"] == ["city"] and not call["abstain"]
+    assert not out.choices[0].message.tool_calls
+    ran: list = []
+    llm = _llamaindex(srv, policy="refuse", threshold=100.0, tool_argument_threshold=1.0)
+    answer = llm.predict_and_call([_weather_tool(ran)], user_msg=QUESTION)
+    assert ran == [] and "withheld: get_weather" in answer.response

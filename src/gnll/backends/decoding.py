@@ -415,7 +415,9 @@ class DecodingLoop:
             parts, start = [], 0
             for job in jobs:  # one part per job: each keeps its own rule
                 parts.append(
-                    self.job(contexts[start : start + len(job.prompts)], cfg, raw=True, early=job.early)
+                    self.job(
+                        contexts[start : start + len(job.prompts)], cfg, raw=True, early=job.early
+                    )
                 )
                 start += len(job.prompts)
             if not self.drive_now(lm, parts):  # no loop for this configuration: to the end

@@ -135,7 +135,7 @@ class UncertaintyHandler(CustomLogger):
     Parameters are those of :func:`gnll.integrations.langchain.with_uncertainty`; without any, they
     are read from the environment when first needed (``GNLL_POLICY``, ``GNLL_THRESHOLD``,
     ``GNLL_CALIBRATION``, ``GNLL_MIN_P_CORRECT``, ``GNLL_REFUSAL``, ``GNLL_SERVER``,
-    ``GNLL_ESCALATE_MODEL``), so that the proxy's ``config.yaml`` configures :data:`proxy_handler`.
+    ``GNLL_ESCALATE_MODEL``, ``GNLL_TOOL_ARGUMENT_THRESHOLD``), so that the proxy's ``config.yaml`` configures :data:`proxy_handler`.
     ``escalate_model``: under ``policy="escalate"``, the ``model_name`` (of the proxy's
     ``model_list``) that answers instead when the local answer is likely wrong. ``on_uncertainty(record, kwargs)``
     receives every SDK answer's record; ``records`` keeps the last 1000.
@@ -151,6 +151,7 @@ class UncertaintyHandler(CustomLogger):
         refusal: str | None = None,
         server: str | None = None,
         escalate_model: str | None = None,
+        tool_argument_threshold: float | None = None,
         top_logprobs: int = 1,
         on_uncertainty: Callable[[Uncertainty, dict[str, Any]], None] | None = None,
     ) -> None:
@@ -163,6 +164,7 @@ class UncertaintyHandler(CustomLogger):
             refusal=refusal,
             server=server,
             escalate_model=escalate_model,
+            tool_argument_threshold=tool_argument_threshold,
         )
         self.top_logprobs = max(1, int(top_logprobs))
         self.on_uncertainty = on_uncertainty
@@ -177,6 +179,8 @@ class UncertaintyHandler(CustomLogger):
             min_p = (
                 o["min_p_correct"] if o["min_p_correct"] is not None else env("GNLL_MIN_P_CORRECT")
             )
+            arg_t = o["tool_argument_threshold"]
+            arg_t = arg_t if arg_t is not None else env("GNLL_TOOL_ARGUMENT_THRESHOLD")
             mode = o["policy"] or env("GNLL_POLICY") or "annotate"
             if mode == "escalate" and not self.escalate_model:
                 raise ValueError(
@@ -193,6 +197,7 @@ class UncertaintyHandler(CustomLogger):
                     escalate=True,
                 ),
                 server=o["server"] or env("GNLL_SERVER") or "generic",
+                tool_argument_threshold=None if arg_t in (None, "") else float(arg_t),
             )
         return self._scorer
 

@@ -244,6 +244,7 @@ def with_uncertainty(
     server: str = "generic",
     prompt_format: str | None = "chat",
     top_logprobs: int = 1,
+    tool_argument_threshold: float | None = None,
 ) -> UncertaintyLLM:
     """``llm`` (an OpenAI-compatible LlamaIndex LLM) with G-NLL on every response; the options are
     those of :func:`gnll.integrations.langchain.with_uncertainty`. Decoding is greedy
@@ -252,6 +253,7 @@ def with_uncertainty(
         policy=make_policy(policy, calibration=calibration, threshold=threshold),
         server=server,
         prompt_format=prompt_format,
+        tool_argument_threshold=tool_argument_threshold,
     )
     return UncertaintyLLM(llm, scorer, top_logprobs=top_logprobs)
 

@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from gnll.policy import Answer, annotate
 from gnll.policy.choices import tool_choice_answer
 from gnll.policy.tools import decide_tool_answer
 from gnll.serving.errors import HTTPError
+from gnll.serving.protocol.chat import CHAT
 from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
 
 if TYPE_CHECKING:
@@ -67,9 +68,7 @@ class ProxyTools:
     def of(cls, req: CompletionRequest | ChatCompletionRequest) -> ProxyTools | None:
         """The request's tools / JSON format (``None``: an ordinary request). The typed check
         is the in-process one; what the upstream cannot serve, it refuses itself."""
-        from gnll.serving.schemas import ChatCompletionRequest
-
-        if not isinstance(req, ChatCompletionRequest):
+        if req.shape is not CHAT:  # tools and JSON formats are chat completions' own
             return None
         extra = req.model_extra or {}
         tools, fmt = ToolRequest.of(extra), ResponseFormat.of(extra)
@@ -140,14 +139,12 @@ class ProxyTools:
         """Decide an upstream's choices (per call, where it returned calls) and put the records
         on them, ``mark``ed (an escalation's) as they are sent. ``read`` reads a choice as a
         free-text answer."""
-        from gnll.serving.schemas import ChatCompletionRequest
-
-        assert isinstance(req, ChatCompletionRequest)
+        chat = cast("ChatCompletionRequest", req)  # only a chat request has tools (``of``)
         decisions = [
             self.decide(
                 c,
                 lambda c=c, i=i: read(c, i),  # type: ignore[misc]
-                req,
+                chat,
                 settings,
                 profile,
                 config,
@@ -160,7 +157,7 @@ class ProxyTools:
             records = mark(records, model)
         for choice, d, rec in zip(choices, decisions, records, strict=True):
             d.record = rec
-            apply(choice, d, keep_logprobs=req.wants_logprobs)
+            apply(choice, d, keep_logprobs=chat.wants_logprobs)
         return [d.answer for d in decisions], records
 
     def _structured(self, record: Uncertainty, profile: ServerProfile) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
@@ -342,7 +342,7 @@ def _reply(
     )
 
 
-def replay_body(body: dict[str, Any], include_usage: bool) -> Any:
+def replay_body(body: dict[str, Any], include_usage: bool) -> Iterator[str]:
     """The finished response as stream chunks: nothing goes out before the decision (the whole
     answer is known first), then the text, the tool-call deltas and the uncertainty."""
     base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
@@ -353,7 +353,7 @@ def replay_body(body: dict[str, Any], include_usage: bool) -> Any:
         c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None, **more}
         return sse({**base, "choices": [c]})
 
-    def events() -> Any:
+    def events() -> Iterator[str]:
         # the whole output's log-probs (tool-call tokens included) in the first chunk: a client
         # that adds the chunks up has every token's, as in the body
         yield chunk({"role": "assistant", "content": ""}, logprobs=choice["logprobs"])

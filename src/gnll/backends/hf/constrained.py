@@ -26,6 +26,7 @@ llguidance is an optional dependency (``pip install gnll[structured]``).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -66,6 +67,39 @@ def _canonical_pair(llg: Any, prev: int, tok: int) -> list[int] | None:
     return None if canon == pair else canon
 
 
+#: Shortest shared prompt prefix worth keeping the KV cache of: below it, re-encoding costs little.
+MIN_SHARED_PREFIX = 64
+
+
+def _prompt_cache(model: Any, prompt_ids: Sequence[int]) -> tuple[DynamicCache, list[int]]:
+    """A KV cache already holding a prefix of ``prompt_ids``, and the prompt tokens still to feed.
+
+    Requests under a grammar share long prompt prefixes (every tool call carries the same tool
+    prompt, hundreds of tokens, before a short question), and encoding them is most of a call's
+    cost on a CPU. The model keeps one snapshot (``_gnll_prompt_prefix``): the last prompt and the
+    cache of the prefix it shares with the prompt before it. A prompt starting with that prefix
+    starts from a copy of the snapshot (never the snapshot itself: decoding appends to its cache).
+    """
+    ids = tuple(prompt_ids)
+    last, prefix, snapshot = getattr(model, "_gnll_prompt_prefix", ((), (), None))
+    if snapshot is not None and len(prefix) < len(ids) and ids[: len(prefix)] == prefix:
+        model._gnll_prompt_prefix = (ids, prefix, snapshot)
+        return copy.deepcopy(snapshot), list(ids[len(prefix) :])
+    shared = 0
+    for a, b in zip(last, ids[:-1], strict=False):  # at least one token left to feed
+        if a != b:
+            break
+        shared += 1
+    cache = DynamicCache(config=model.config)
+    if shared < MIN_SHARED_PREFIX:
+        model._gnll_prompt_prefix = (ids, prefix, snapshot)
+        return cache, list(ids)
+    head = torch.tensor([list(ids[:shared])], dtype=torch.long, device=model.device)
+    model(input_ids=head, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model._gnll_prompt_prefix = (ids, ids[:shared], copy.deepcopy(cache))
+    return cache, list(ids[shared:])
+
+
 @torch.inference_mode()
 def generate_constrained(
     model: Any,
@@ -83,7 +117,10 @@ def generate_constrained(
     ``watch`` sees each token's text and raw log-prob once it is final (a token is final when the
     next one is chosen without taking it back, or when decoding ends); when it returns ``True``
     (an exact early decision: :mod:`gnll.toolwatch`) the output stops at that token, with finish
-    reason ``"decided"``."""
+    reason ``"decided"``.
+
+    A prompt prefix shared with the previous call is not encoded again (:func:`_prompt_cache`),
+    and the prompt's positions get no logits (``logits_to_keep``)."""
     import llguidance
     import llguidance.torch as lt
 
@@ -92,8 +129,8 @@ def generate_constrained(
     if matcher.is_error():
         raise ValueError(f"the grammar cannot be used: {matcher.get_error()}")
     mask = lt.allocate_token_bitmask(1, llg.vocab_size)
-    cache = DynamicCache(config=model.config)
-    feed = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
+    cache, rest = _prompt_cache(model, prompt_ids)
+    feed = torch.tensor([rest], dtype=torch.long, device=model.device)
     out_ids: list[int] = []
     raw: list[float] = []
     con: list[float] = []
@@ -112,7 +149,9 @@ def generate_constrained(
 
     while len(out_ids) < max_new_tokens:
         if state is None:
-            logits = model(input_ids=feed, past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(
+                input_ids=feed, past_key_values=cache, use_cache=True, logits_to_keep=1
+            ).logits[0, -1]
             logp = torch.log_softmax(logits.double(), dim=-1)
             lt.fill_next_token_bitmask(matcher, mask, 0)
             state = (logp, logp.masked_fill(~_unpacked(mask[0], logp.shape[0]), float("-inf")))

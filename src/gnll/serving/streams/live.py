@@ -24,6 +24,7 @@ from gnll.uncertainty import Uncertainty
 
 log = logging.getLogger("gnll.serve")
 
+
 class LiveStream:
     """The OpenAI chunks of one streamed request, built as its tokens arrive.
 
