@@ -372,3 +372,39 @@ def concurrent_streams(url: str, model: str, max_tokens: int, timeout: float = 3
         return await asyncio.gather(*(one(c, q) for q in QUESTIONS))
 
     return asyncio.run(main())
+
+
+def chat_entries(tokens: list[tuple[str, float]]) -> list[dict]:
+    """``logprobs.content`` entries of an upstream stand-in's chat answer."""
+    return [
+        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, lp in tokens
+    ]
+
+
+def chat_whole(base: dict, content: list[dict], text: str, usage: dict) -> dict:
+    """An upstream stand-in's whole chat answer (one choice, finished by ``stop``)."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": {"content": content},
+        "finish_reason": "stop",
+    }
+    return {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def chat_pieces(kind: dict, content: list[dict]) -> list[str]:
+    """An upstream stand-in's chat stream events: one token per chunk, then the finish chunk (no
+    ``[DONE]``)."""
+    out = []
+    for entry in content:
+        piece = {
+            "index": 0,
+            "delta": {"content": entry["token"]},
+            "logprobs": {"content": [entry]},
+            "finish_reason": None,
+        }
+        out.append(f"data: {json.dumps({**kind, 'choices': [piece]})}\n\n")
+    end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    out.append(f"data: {json.dumps({**kind, 'choices': [end]})}\n\n")
+    return out
