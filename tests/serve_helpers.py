@@ -325,3 +325,86 @@ def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
     )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
+
+
+#: Eight short questions, asked at once by the concurrent-stream tests (llama.cpp, vLLM).
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who wrote Hamlet?",
+    "How many legs does a spider have?",
+    "What is the largest planet?",
+    "Which river flows through Vienna?",
+    "What colour is the sky?",
+    "Who painted the Mona Lisa?",
+    "What is 2 + 2?",
+]
+
+
+def concurrent_streams(url: str, model: str, max_tokens: int, timeout: float = 300) -> list[dict]:
+    """:data:`QUESTIONS` as chat streams at once through the openai SDK (AsyncOpenAI), each read
+    with the canonical loop: its text, finishing chunks, uncertainty objects, or the error it
+    raised."""
+    import asyncio
+
+    import openai
+
+    async def one(c: openai.AsyncOpenAI, q: str) -> dict:
+        out: dict = {"text": "", "finishes": 0, "uncertainty": [], "error": None}
+        try:
+            stream = await c.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": q}],
+                max_tokens=max_tokens,
+                stream=True,
+            )
+            async for chunk in stream:
+                choice = chunk.choices[0]
+                out["text"] += choice.delta.content or ""
+                out["finishes"] += choice.finish_reason is not None
+                if getattr(choice, "uncertainty", None):
+                    out["uncertainty"].append(choice.uncertainty)
+        except openai.APIError as exc:
+            out["error"] = str(exc)
+        return out
+
+    async def main() -> list[dict]:
+        c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=timeout)
+        return await asyncio.gather(*(one(c, q) for q in QUESTIONS))
+
+    return asyncio.run(main())
+
+
+def chat_entries(tokens: list[tuple[str, float]]) -> list[dict]:
+    """``logprobs.content`` entries of an upstream stand-in's chat answer."""
+    return [
+        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, lp in tokens
+    ]
+
+
+def chat_whole(base: dict, content: list[dict], text: str, usage: dict) -> dict:
+    """An upstream stand-in's whole chat answer (one choice, finished by ``stop``)."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": {"content": content},
+        "finish_reason": "stop",
+    }
+    return {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
+
+
+def chat_pieces(kind: dict, content: list[dict]) -> list[str]:
+    """An upstream stand-in's chat stream events: one token per chunk, then the finish chunk (no
+    ``[DONE]``)."""
+    out = []
+    for entry in content:
+        piece = {
+            "index": 0,
+            "delta": {"content": entry["token"]},
+            "logprobs": {"content": [entry]},
+            "finish_reason": None,
+        }
+        out.append(f"data: {json.dumps({**kind, 'choices': [piece]})}\n\n")
+    end = {"index": 0, "delta": {}, "finish_reason": "stop"}
+    out.append(f"data: {json.dumps({**kind, 'choices': [end]})}\n\n")
+    return out

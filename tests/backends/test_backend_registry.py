@@ -60,3 +60,28 @@ def test_model_args_are_typed_by_the_backend_parameters():
     assert hf == {"batch_size": 8, "decoder": "generate", "max_batch_tokens": None}
     server = model_kwargs("backend=openai,base_url=http://127.0.0.1:1/v1,concurrency=4")
     assert server["concurrency"] == 4
+
+
+def test_the_hf_backend_takes_exactly_the_model_args_it_declares():
+    """``HFModelArgs`` (read without importing the backend, by the CLI) and the hf loader's and
+    model's keyword parameters are the same keys with the same types, and the backend registers
+    what the registry declares for it."""
+    import inspect
+    import typing
+
+    from gnll.backends.hf import HFModel
+    from gnll.backends.identity import local_identity
+    from gnll.backends.model_args import HFModelArgs
+    from gnll.backends.registry import declared
+    from gnll.cli._args import _NOT_MODEL_ARGS
+
+    params = {}
+    for fn in (HFModel.from_pretrained, HFModel.__init__):
+        hints = typing.get_type_hints(fn)
+        for name, p in inspect.signature(fn).parameters.items():
+            if p.kind is p.KEYWORD_ONLY and name not in _NOT_MODEL_ARGS:
+                params[name] = hints[name]
+    assert params == typing.get_type_hints(HFModelArgs)
+    hf = get_backend("hf")
+    assert hf.model_args is HFModelArgs is declared("hf", "model_args")
+    assert hf.identity is local_identity is declared("hf", "identity")

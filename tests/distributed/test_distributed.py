@@ -381,3 +381,37 @@ def test_eval_on_ray_loads_a_separate_judge_on_the_replicas_not_on_the_driver(
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes()
     components = json.loads((tmp_path / "ray" / "components.json").read_text())
     assert components["judge"]["name"] == str(judge)
+
+
+DRIVER = """
+import sys
+from gnll.cli.main import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+except SystemExit as exc:
+    if exc.code:
+        raise
+print(sorted(m for m in ("gnll.backends.hf", "torch", "transformers") if m in sys.modules))
+"""
+
+
+def test_a_ray_driver_given_model_args_imports_no_model_library(ray_cluster, tiny_llama, tmp_path):
+    """``gnll eval --engine ray --model_args ...``: the replicas load the model; the driver types
+    ``--model_args``, fingerprints the model and writes the results without importing the hf
+    backend, torch or transformers (it used to import all three to type ``--model_args``)."""
+    out = tmp_path / "out"
+    address = ray_cluster.get_runtime_context().gcs_address
+    args = ["eval", "--model", str(tiny_llama()), "--tasks", "triviaqa_short", "--limit", "4"]
+    args += ["--data_dir", str(make_data_dir(tmp_path / "data")), "--output_path", str(out)]
+    args += ["--beams", "1", "--samples", "2", "--no-plots", "--engine", "ray"]
+    args += ["--address", address, "--replicas", "1", "--model_args", "dtype=float32,batch_size=8"]
+    res = subprocess.run(
+        [sys.executable, "-c", DRIVER, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout[-500:]
+    assert json.loads((out / "results.json").read_text())["versions"]["torch"]

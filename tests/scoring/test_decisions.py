@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from decision_helpers import INPUT, QUESTIONS
 
 from gnll import load_model, score
 from gnll.backends.base import BATCH_INVARIANCE_ATOL
@@ -18,28 +19,6 @@ from gnll.scoring.decisions import (
     parse_questions,
     question_messages,
 )
-
-INPUT = "The parcel arrived two weeks late and the box was crushed."
-QUESTIONS = [
-    {"type": "predicate", "name": "late", "instructions": "Was the parcel late?"},
-    {
-        "type": "choice",
-        "name": "topic",
-        "instructions": "What is the message about?",
-        # "deliv..." options share their first tokens: only the whole text tells them apart
-        "choices": [
-            {"value": "delivery delay"},
-            {"value": "delivery damage"},
-            {"value": "billing"},
-        ],
-    },
-    {
-        "type": "score",
-        "name": "anger",
-        "instructions": "How angry is the writer?",
-        "levels": [{"label": "Calm"}, {"label": "Annoyed"}, {"label": "Furious"}],
-    },
-]
 
 
 @pytest.fixture(scope="module")

@@ -13,33 +13,13 @@ import asyncio
 import numpy as np
 import openai
 import pytest
+from decision_helpers import INPUT, QUESTIONS
 
 from gnll import load_model
 from gnll.backends.base import BATCH_INVARIANCE_ATOL
 from gnll.scoring.decisions import decide
 from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app
 from gnll.serving.server import ServerThread
-
-INPUT = "The parcel arrived two weeks late and the box was crushed."
-QUESTIONS = [
-    {"type": "predicate", "name": "late", "instructions": "Was the parcel late?"},
-    {
-        "type": "choice",
-        "name": "topic",
-        "instructions": "What is the message about?",
-        "choices": [
-            {"value": "delivery delay"},
-            {"value": "delivery damage"},
-            {"value": "billing"},
-        ],
-    },
-    {
-        "type": "score",
-        "name": "anger",
-        "instructions": "How angry is the writer?",
-        "levels": [{"label": "Calm"}, {"label": "Annoyed"}, {"label": "Furious"}],
-    },
-]
 
 
 @pytest.fixture(scope="module")

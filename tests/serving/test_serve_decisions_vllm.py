@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import openai
 import pytest
+from decision_helpers import INPUT, QUESTIONS
 
 from gnll import decide, load_model, score
 from gnll.backends.base import BATCH_INVARIANCE_ATOL
@@ -16,27 +17,6 @@ from gnll.serving import ServeSettings, build_proxy_app
 from gnll.serving.server import ServerThread
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
-
-INPUT = "The parcel arrived two weeks late and the box was crushed."
-QUESTIONS = [
-    {"type": "predicate", "name": "late", "instructions": "Was the parcel late?"},
-    {
-        "type": "choice",
-        "name": "topic",
-        "instructions": "What is the message about?",
-        "choices": [
-            {"value": "delivery delay"},
-            {"value": "delivery damage"},
-            {"value": "billing"},
-        ],
-    },
-    {
-        "type": "score",
-        "name": "anger",
-        "instructions": "How angry is the writer?",
-        "levels": [{"label": "Calm"}, {"label": "Annoyed"}, {"label": "Furious"}],
-    },
-]
 
 
 def _nlls(answer) -> list[float]:

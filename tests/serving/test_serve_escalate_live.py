@@ -2,7 +2,7 @@
 answer live, piece by piece as the larger upstream sends it, with the escalation record in each
 choice's last chunk.
 
-The stand-ins of test_serve_proxy_escalate.py: a small upstream whose answer is escalated at its
+The stand-ins of tests/escalate_standins.py: a small upstream whose answer is escalated at its
 exact early decision (token 7), and a large one that streams its answer one token per chunk with
 a pause and records when it sent its last chunk. The in-process local model is the scripted one of
 test_serve_cascade.py (its ``unsure`` prompt escalates).
@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from escalate_standins import LargeUpstream, SmallUpstream, cascade
 from serve_helpers import ScriptedModel
-from test_serve_proxy_escalate import LargeUpstream, SmallUpstream, cascade
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread

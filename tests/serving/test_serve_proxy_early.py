@@ -8,13 +8,12 @@ to a closed connection fails).
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
+from escalate_standins import StandInHandler, StandInServer
 
 from gnll.serving import AbstentionPolicy, ServeSettings, create_app
 from gnll.serving.proxy import ProxyService
@@ -25,7 +24,7 @@ LOGPROB = -0.5
 PAUSE = 0.05
 
 
-class StreamingUpstream:
+class StreamingUpstream(StandInServer):
     """An OpenAI-compatible stand-in whose streamed answers record the client's disconnect."""
 
     def __init__(self) -> None:
@@ -34,19 +33,14 @@ class StreamingUpstream:
         self.done = threading.Event()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
-                self._json({"object": "list", "data": [{"id": "fake", "object": "model"}]})
-
+        class Handler(StandInHandler):
             def do_POST(self) -> None:  # noqa: N802 - http.server API
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_body()
                 if not body.get("stream"):
                     toks = [f" w{i}" for i in range(TOKENS)]
                     lp = {"tokens": toks, "token_logprobs": [LOGPROB] * TOKENS}
                     c = {"index": 0, "text": "".join(toks), "logprobs": lp, "finish_reason": "stop"}
-                    self._json({"id": "x", "model": "fake", "choices": [c]})
+                    self.json({"id": "x", "model": "fake", "choices": [c]})
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -62,41 +56,19 @@ class StreamingUpstream:
                             "logprobs": lp,
                             "finish_reason": None,
                         }
-                        self._event({"id": "x", "model": "fake", "choices": [chunk]})
+                        self.event({"id": "x", "model": "fake", "choices": [chunk]})
                         sent += 1
                         time.sleep(PAUSE)
                     last = {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}
-                    self._event({"id": "x", "model": "fake", "choices": [last]})
-                    self.wfile.write(b"data: [DONE]\n\n")
-                    self.wfile.flush()
+                    self.event({"id": "x", "model": "fake", "choices": [last]})
+                    self.event("[DONE]")
                 except (BrokenPipeError, ConnectionResetError):
                     gone = True  # the client closed the connection: stop generating
                 outer.sent.append(sent)
                 outer.disconnected.append(gone)
                 outer.done.set()
 
-            def _event(self, data) -> None:
-                self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
-                self.wfile.flush()
-
-            def _json(self, data) -> None:
-                raw = json.dumps(data).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

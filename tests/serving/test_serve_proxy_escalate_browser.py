@@ -1,13 +1,13 @@
 """The web page of `gnll serve --upstream SMALL --policy escalate --escalate-to LARGE` says where the
 proxy's exact early decision was made, under the larger model's answer (headless Chromium, as
 tests/serving/test_serve_browser.py drives it; the two upstreams are the stand-ins of
-test_serve_proxy_escalate.py)."""
+tests/escalate_standins.py)."""
 
 from __future__ import annotations
 
 import pytest
+from escalate_standins import LargeUpstream, SmallUpstream, cascade
 from serve_helpers import CHROMIUM, CHROMIUM_ARGS
-from test_serve_proxy_escalate import LargeUpstream, SmallUpstream, cascade
 
 pytestmark = pytest.mark.browser
 

@@ -19,7 +19,7 @@ import openai
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from serve_helpers import access_log, sse
+from serve_helpers import access_log, chat_entries, chat_pieces, chat_whole, sse
 
 from gnll.serving import AbstentionPolicy, ServeSettings, create_app
 from gnll.serving.proxy import ProxyService
@@ -45,22 +45,11 @@ def fake_upstream(owner: str, *, interrupt: bool = False) -> FastAPI:
         cut = body["messages"][-1]["content"] == "cut"
         arrivals[0] += 1
         mine = arrivals[0]
-        content = [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in TOKENS
-        ]
+        content = chat_entries(TOKENS)
         base = {"id": "chatcmpl-1", "created": 1, "model": body.get("model") or "small"}
         if not body.get("stream"):
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": "Paris"},
-                "logprobs": {"content": content},
-                "finish_reason": "stop",
-            }
             usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": 2, "total_tokens": 9}
-            return JSONResponse(
-                {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
-            )
+            return JSONResponse(chat_whole(base, content, "Paris", usage))
 
         async def events():
             kind = {**base, "object": "chat.completion.chunk"}
@@ -69,16 +58,8 @@ def fake_upstream(owner: str, *, interrupt: bool = False) -> FastAPI:
             if interrupt:
                 await asyncio.sleep(0.3)
             if not cut and not (interrupt and arrivals[0] != mine):
-                for entry in content:
-                    piece = {
-                        "index": 0,
-                        "delta": {"content": entry["token"]},
-                        "logprobs": {"content": [entry]},
-                        "finish_reason": None,
-                    }
-                    yield f"data: {json.dumps({**kind, 'choices': [piece]})}\n\n"
-                end = {"index": 0, "delta": {}, "finish_reason": "stop"}
-                yield f"data: {json.dumps({**kind, 'choices': [end]})}\n\n"
+                for event in chat_pieces(kind, content):
+                    yield event
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

@@ -7,14 +7,13 @@ when another request arrives) ``gnll doctor`` fails the server and the proxy say
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
 import httpx
 import openai
 import pytest
-from serve_helpers import access_log
+from serve_helpers import access_log, concurrent_streams
 from typer.testing import CliRunner
 
 from gnll import GenerationConfig, load_model
@@ -58,46 +57,9 @@ def interrupting(gguf):
         yield server
 
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Who wrote Hamlet?",
-    "How many legs does a spider have?",
-    "What is the largest planet?",
-    "Which river flows through Vienna?",
-    "What colour is the sky?",
-    "Who painted the Mona Lisa?",
-    "What is 2 + 2?",
-]
-
-
 def eight_streams(url: str) -> list[dict]:
-    """8 chat streams at once through the openai SDK (AsyncOpenAI), each read with the canonical
-    loop: its text, finishing chunks, uncertainty objects, or the error it raised."""
-
-    async def one(c: openai.AsyncOpenAI, q: str) -> dict:
-        out: dict = {"text": "", "finishes": 0, "uncertainty": [], "error": None}
-        try:
-            stream = await c.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": q}],
-                max_tokens=12,
-                stream=True,
-            )
-            async for chunk in stream:
-                choice = chunk.choices[0]
-                out["text"] += choice.delta.content or ""
-                out["finishes"] += choice.finish_reason is not None
-                if getattr(choice, "uncertainty", None):
-                    out["uncertainty"].append(choice.uncertainty)
-        except openai.APIError as exc:
-            out["error"] = str(exc)
-        return out
-
-    async def main() -> list[dict]:
-        c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
-        return await asyncio.gather(*(one(c, q) for q in QUESTIONS))
-
-    return asyncio.run(main())
+    """8 chat streams at once (serve_helpers.concurrent_streams)."""
+    return concurrent_streams(url, MODEL, max_tokens=12)
 
 
 def test_proxy_recognises_llamacpp_and_matches_the_server_backend(llama, proxy):

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from serve_helpers import ScriptedModel, access_log
+from serve_helpers import ScriptedModel, access_log, chat_entries, chat_pieces, chat_whole
 
 from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app
 from gnll.serving.server import ServerThread
@@ -50,35 +50,15 @@ def recording_upstream(
     async def chat(request: Request):
         body = await request.json()
         seen.append({"path": "/v1/chat/completions", **body})
-        content = [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in TOKENS
-        ]
+        content = chat_entries(TOKENS)
         base = {"id": "chatcmpl-1", "created": 1, "model": "small"}
         if not body.get("stream"):
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": "Paris"},
-                "logprobs": {"content": content},
-                "finish_reason": "stop",
-            }
             usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-            return JSONResponse(
-                {**base, "object": "chat.completion", "choices": [choice], "usage": usage}
-            )
+            return JSONResponse(chat_whole(base, content, "Paris", usage))
 
         async def events():
-            kind = {**base, "object": "chat.completion.chunk"}
-            for entry in content:
-                piece = {
-                    "index": 0,
-                    "delta": {"content": entry["token"]},
-                    "logprobs": {"content": [entry]},
-                    "finish_reason": None,
-                }
-                yield f"data: {json.dumps({**kind, 'choices': [piece]})}\n\n"
-            end = {"index": 0, "delta": {}, "finish_reason": "stop"}
-            yield f"data: {json.dumps({**kind, 'choices': [end]})}\n\n"
+            for event in chat_pieces({**base, "object": "chat.completion.chunk"}, content):
+                yield event
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")

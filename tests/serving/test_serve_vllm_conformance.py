@@ -6,7 +6,6 @@ agreement with in-process G-NLL on held-out questions."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import time
@@ -15,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serve_helpers import sse
+from serve_helpers import QUESTIONS, concurrent_streams, sse
 from test_serve_conformance import check_body, check_stream
 
 from gnll import GenerationConfig
@@ -196,45 +195,13 @@ def test_every_policy_passes_the_sdks_canonical_loops(proxies):
         assert "Paris" in "".join(pieces), pid
 
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Who wrote Hamlet?",
-    "How many legs does a spider have?",
-    "What is the largest planet?",
-    "Which river flows through Vienna?",
-    "What colour is the sky?",
-    "Who painted the Mona Lisa?",
-    "What is 2 + 2?",
-]
-
-
 def test_eight_concurrent_sdk_streams_all_finish(proxies, vllm_server):
     """8 chat streams at once (AsyncOpenAI, the canonical loop): each ends with one finish_reason
     and its uncertainty, and says what the same request says unstreamed."""
 
-    async def one(c: openai.AsyncOpenAI, q: str) -> dict:
-        out: dict = {"text": "", "finishes": 0, "uncertainty": []}
-        stream = await c.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": q}],
-            max_tokens=MAX_TOKENS,
-            stream=True,
-        )
-        async for chunk in stream:
-            choice = chunk.choices[0]
-            out["text"] += choice.delta.content or ""
-            out["finishes"] += choice.finish_reason is not None
-            if getattr(choice, "uncertainty", None):
-                out["uncertainty"].append(choice.uncertainty)
-        return out
-
-    async def main(url: str) -> list[dict]:
-        c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=600)
-        return await asyncio.gather(*(one(c, q) for q in QUESTIONS))
-
     srv = proxies["annotate"]
     started = time.perf_counter()
-    results = asyncio.run(main(srv.url))
+    results = concurrent_streams(srv.url, MODEL, MAX_TOKENS, timeout=600)
     print(f"8 concurrent streams through the proxy to vLLM: {time.perf_counter() - started:.1f} s")
     for q, r in zip(QUESTIONS, results, strict=True):
         assert r["finishes"] == 1 and len(r["uncertainty"]) == 1 and r["text"], r

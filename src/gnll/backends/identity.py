@@ -183,13 +183,15 @@ def model_identity(name: str, model_args: Mapping[str, Any] | None = None) -> di
     >>> model_identity("m", {"backend": "openai", "base_url": "http://h/v1"})["kind"]
     'server'
     """
-    from gnll.backends.registry import get_backend
+    from gnll.backends.registry import declared
 
     args = dict(model_args or {})
-    backend = get_backend(args.get("backend", "hf"))
-    if backend.identity is None:
-        return {"kind": "backend", "backend": backend.name, "model": name}
-    return backend.identity(name, args)
+    backend = args.get("backend", "hf")
+    identity = declared(backend, "identity")  # (the hf backend is not imported for it)
+    if identity is None:
+        return {"kind": "backend", "backend": backend, "model": name}
+    result: dict[str, Any] = identity(name, args)
+    return result
 
 
 def server_identity(name: str, model_args: Mapping[str, Any]) -> dict[str, Any]:

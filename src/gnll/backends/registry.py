@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from gnll.backends.base import Model
 from gnll.backends.embedded import (  # the catalogue, re-exported where callers import it from
@@ -31,6 +31,7 @@ __all__ = [
     "EmbeddedModel",
     "available_backends",
     "check_model",
+    "declared",
     "embedded_model_dir",
     "get_backend",
     "load_model",
@@ -64,6 +65,10 @@ class Backend:
         ``tokenizer_side(model, **kwargs)``: how the backend renders, tokenises and ends answers,
         for an engine that runs the weights itself (see :func:`gnll.backends.tokenizer_side`).
         ``None``: the backend has none to lend.
+    model_args:
+        A ``TypedDict`` of the keys and types this backend's ``model_args`` take, declared where
+        reading it imports nothing heavy (:func:`declared`). ``None``: its
+        :attr:`targets`' parameters say.
     """
 
     name: str
@@ -72,6 +77,7 @@ class Backend:
     targets: tuple[Callable[..., Any], ...]
     identity: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None
     tokenizer_side: Callable[..., Any] | None = None
+    model_args: type | None = None
 
 
 #: Registered backends by name.
@@ -79,6 +85,16 @@ BACKENDS: dict[str, Backend] = {}
 
 #: Built-in backends and the package whose import registers each.
 _BUILTIN = {"hf": "gnll.backends.hf", "openai": "gnll.backends.openai"}
+
+#: What a built-in backend declares apart from its package (``module:name`` per :class:`Backend`
+#: field), so that a process that loads no model (a Ray driver) reads it without importing the
+#: backend: the hf backend's import is torch's. The backend registers the same objects.
+_DECLARED = {
+    "hf": {
+        "model_args": "gnll.backends.model_args:HFModelArgs",
+        "identity": "gnll.backends.identity:local_identity",
+    },
+}
 
 
 def register_backend(
@@ -88,6 +104,7 @@ def register_backend(
     targets: Sequence[Callable[..., Any]] = (),
     identity: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
     tokenizer_side: Callable[..., Any] | None = None,
+    model_args: type | None = None,
 ) -> Callable[[Factory], Factory]:
     """Register ``factory`` as backend ``name`` (a decorator); see :class:`Backend`.
 
@@ -104,7 +121,13 @@ def register_backend(
         if old is not None and old.factory is not factory:
             raise ValueError(f"backend {name!r} is already registered (by {old.factory!r})")
         BACKENDS[name] = Backend(
-            name, factory, dict(requires or {}), (factory, *targets), identity, tokenizer_side
+            name,
+            factory,
+            dict(requires or {}),
+            (factory, *targets),
+            identity,
+            tokenizer_side,
+            model_args,
         )
         return factory
 
@@ -114,6 +137,22 @@ def register_backend(
 def available_backends() -> list[str]:
     """Names ``load_model`` accepts: the registered and the built-in ones."""
     return sorted(set(BACKENDS) | set(_BUILTIN))
+
+
+def declared(name: str, field: Literal["model_args", "identity"]) -> Any:
+    """Backend ``name``'s ``field`` (see :class:`Backend`), read without importing a built-in
+    backend that declares it apart from its package (:func:`get_backend` otherwise).
+
+    >>> sorted(declared("hf", "model_args").__annotations__)[:3]
+    ['batch_size', 'beam_decoder', 'chat_template']
+    >>> declared("hf", "identity").__name__
+    'local_identity'
+    """
+    ref = _DECLARED.get(name, {}).get(field)
+    if name not in BACKENDS and ref is not None:
+        module, _, attr = ref.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return getattr(get_backend(name), field)
 
 
 def get_backend(name: str) -> Backend:

@@ -139,7 +139,10 @@ def coerce(value: str, annotation: Any) -> Any:
 
 
 def _annotations(target: Callable[..., Any]) -> dict[str, Any]:
-    """Parameter name -> resolved annotation (unresolvable ones are left out)."""
+    """Parameter name -> resolved annotation (unresolvable ones are left out); a ``TypedDict``'s
+    keys are its parameters."""
+    if typing.is_typeddict(target):
+        return typing.get_type_hints(target)
     fn = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
     try:
         hints = typing.get_type_hints(fn)
@@ -191,21 +194,37 @@ def model_arg_keys(backend: str = "hf") -> list[str] | None:
     >>> "dtype" in model_arg_keys("hf"), "base_url" in model_arg_keys("openai")
     (True, True)
     """
-    from gnll.backends import load_model
-    from gnll.backends.registry import get_backend
-
-    targets: list[Callable[..., Any]] = [load_model, *get_backend(backend).targets]
+    targets = _arg_targets(backend)
     keys: set[str] = set()
     for target in targets:
+        if typing.is_typeddict(target):
+            keys.update(typing.get_type_hints(target))
+            continue
         fn = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
         for pname, param in inspect.signature(fn).parameters.items():
             if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD):
                 keys.add(pname)
-    # Each loader passes **model_args on to the next target: only the last one's may be open.
-    last = targets[-1].__init__ if inspect.isclass(targets[-1]) else targets[-1]  # type: ignore[misc]
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(last).parameters.values()):
-        return None
+    # Each loader passes **model_args on to the next target: only the last one's may be open
+    # (a declared TypedDict is closed).
+    last = targets[-1]
+    if not typing.is_typeddict(last):
+        fn = last.__init__ if inspect.isclass(last) else last  # type: ignore[misc]
+        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+            return None
     return sorted(keys - _NOT_MODEL_ARGS)
+
+
+def _arg_targets(backend: str) -> list[Callable[..., Any]]:
+    """What types ``backend``'s ``model_args``: :func:`gnll.load_model`'s own parameters, then the
+    backend's declared ``TypedDict`` (which imports nothing of the backend: a Ray driver never
+    loads torch to type them) or its loaders' signatures."""
+    from gnll.backends import load_model
+    from gnll.backends.registry import declared, get_backend
+
+    typed = declared(backend, "model_args")
+    if typed is not None:
+        return [load_model, typed]
+    return [load_model, *get_backend(backend).targets]
 
 
 def model_kwargs(
@@ -227,11 +246,8 @@ def model_kwargs(
             check_model_source(model, revision=raw.get("revision"), gguf_file=raw.get("gguf_file"))
     if not raw:  # nothing to type: the backend (torch, for hf) is not imported, as on a Ray driver
         return {}
-    from gnll.backends import load_model
-    from gnll.backends.registry import get_backend
-
     try:
-        targets: list[Callable[..., Any]] = [load_model, *get_backend(backend).targets]
+        targets = _arg_targets(backend)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=option) from None
     known = model_arg_keys(backend)

@@ -27,6 +27,7 @@ from typing import Any
 
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig
+from gnll.backends.openai.parse import logprob_entries, logprob_shape
 from gnll.backends.openai.servers import PROFILES
 from gnll.measures.logprobs import LogprobError
 from gnll.policy import AbstentionPolicy, Answer, annotate, headers_for
@@ -304,10 +305,9 @@ def tool_call_pairs(tool_calls: Sequence[Any] | None) -> list[tuple[str, Any]]:
 
 def _spelled(logprobs: Mapping[str, Any]) -> str | None:
     """The text the log-prob entries spell (their bytes where every entry has them)."""
-    entries = logprobs.get("content")
-    if not isinstance(entries, list):
+    if logprob_shape(logprobs) is None:
         return None
-    entries = [e for e in entries if isinstance(e, Mapping)]
+    entries = [e for e in logprob_entries(logprobs) if isinstance(e, Mapping)]
     byte_lists = [e.get("bytes") for e in entries]
     if byte_lists and all(isinstance(b, list) for b in byte_lists):
         return bytes(x for b in byte_lists for x in b).decode("utf-8", errors="replace")
@@ -318,9 +318,7 @@ def _marker_format(logprobs: dict[str, Any]) -> str | None:
     """The reasoning format whose end-of-reasoning marker is among the tokens (``None``: none)."""
     from gnll.backends.reasoning import FORMATS, ReasoningError, split_tokens
 
-    entries = logprobs.get("content")
-    if not isinstance(entries, list):
-        return None
+    entries = logprob_entries(logprobs)
     tokens = [str(e.get("token", "")) for e in entries if isinstance(e, Mapping)]
     for name, fmt in FORMATS.items():
         try:
@@ -333,14 +331,11 @@ def _marker_format(logprobs: dict[str, Any]) -> str | None:
 
 def _check_no_trace(text: str, logprobs: dict[str, Any], where: str) -> None:
     """A :class:`ReasoningTokensError` when the tokens spell more than the text *before* it."""
-    entries = logprobs.get("content")
-    if isinstance(entries, list):
-        tokens = [str(e.get("token", "")) for e in entries if isinstance(e, Mapping)]
-        byte_lists = [e.get("bytes") for e in entries if isinstance(e, Mapping)]
-    elif isinstance(logprobs.get("tokens"), list):
-        tokens, byte_lists = [str(t) for t in logprobs["tokens"]], []
-    else:
-        return
+    if logprob_shape(logprobs) is None:
+        return  # the parser says "no log-probs" in its own words
+    entries = [e for e in logprob_entries(logprobs) if isinstance(e, Mapping)]
+    tokens = [str(e.get("token", "")) for e in entries]
+    byte_lists = [e.get("bytes") for e in entries]
     if byte_lists and all(isinstance(b, list) for b in byte_lists):
         spelled = bytes(x for b in byte_lists for x in b).decode("utf-8", errors="replace")
     elif any(t == "" for t in tokens):

@@ -29,6 +29,7 @@ from typing import Any
 
 import dspy
 
+from gnll.backends.openai.parse import logprob_entries
 from gnll.integrations.core import AnswerScorer, decoding_of, make_policy
 from gnll.policy import AbstentionPolicy
 from gnll.policy.tools import decide_tool_answer
@@ -145,7 +146,7 @@ class FieldConfidence(dspy.Module):
                 "the LM returned no log-probs: use a dspy.LM on a server that returns them "
                 "(`gnll doctor URL`)"
             )
-        entries = logprobs.get("content") if isinstance(logprobs, dict) else logprobs
+        entries = logprob_entries(logprobs) if isinstance(logprobs, dict) else logprobs
         completion = "".join(str(e.get("token", "")) for e in entries)
         whole = self.scorer.score(
             completion,
@@ -188,7 +189,7 @@ def _entries(pred: Any) -> list[dict[str, Any]]:
             "the LM returned no log-probs: use a dspy.LM on a server that returns them "
             "(`gnll doctor URL`)"
         )
-    return list(logprobs.get("content") if isinstance(logprobs, dict) else logprobs)
+    return list(logprob_entries(logprobs) if isinstance(logprobs, dict) else logprobs)
 
 
 def _step_call(completion: str, name: str) -> ParsedCall:

@@ -43,6 +43,7 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 
 from gnll._util.validation import ParameterError
+from gnll.backends.openai.parse import logprob_entries
 from gnll.integrations.core import AnswerScorer, Scored, decoding_of, headers_for, make_policy
 from gnll.policy import AbstentionPolicy, escalated, kept
 from gnll.uncertainty import Uncertainty
@@ -341,7 +342,7 @@ class UncertaintyHandler(CustomLogger):
                     _add_call_deltas(calls.setdefault(i, {}), _get(delta, "tool_calls"))
                     lp = _plain(_get(choice, "logprobs"))
                     if isinstance(lp, dict):
-                        logprobs.setdefault(i, []).extend(lp.get("content") or [])
+                        logprobs.setdefault(i, []).extend(logprob_entries(lp))
                     if _get(choice, "finish_reason") is not None:
                         finish[i] = _get(choice, "finish_reason")
                         choice.finish_reason = None  # the choice finishes in our last chunk

@@ -40,6 +40,7 @@ from llama_index.core.instrumentation.events.llm import (
     LLMCompletionInProgressEvent,
 )
 
+from gnll.backends.openai.parse import logprob_entries
 from gnll.integrations.core import AnswerScorer, Scored, make_policy, observing_policy
 from gnll.policy import AbstentionPolicy
 from gnll.uncertainty import Uncertainty
@@ -66,13 +67,7 @@ def _chunk_entries(response: Any) -> list[dict[str, Any]]:
     """The log-prob entries of one streamed chunk (``response.raw`` of a streamed response), in
     the chat shape (a completions chunk's ``tokens``/``token_logprobs`` become entries)."""
     choice = _raw_choice(response)
-    lp = (choice or {}).get("logprobs")
-    if not isinstance(lp, dict):
-        return []
-    if lp.get("content") is None and isinstance(lp.get("tokens"), list):
-        pairs = zip(lp["tokens"], lp.get("token_logprobs") or [], strict=False)
-        return [{"token": t, "logprob": v} for t, v in pairs]
-    return list(lp.get("content") or [])
+    return logprob_entries((choice or {}).get("logprobs"))
 
 
 def _tool_calls(response: Any, choice: dict[str, Any]) -> list[Any] | None:

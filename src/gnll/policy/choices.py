@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from gnll.backends.base import GenerationConfig
 from gnll.backends.openai.client import ServerError
-from gnll.backends.openai.parse import read_choice, to_generation
+from gnll.backends.openai.parse import logprob_entries, logprob_shape, read_choice, to_generation
 from gnll.backends.openai.reasoning import reasoning_text
 from gnll.backends.reasoning import reasoning_format
 from gnll.measures import LogprobError
@@ -103,8 +103,8 @@ def tool_choice_answer(
 
     message: dict[str, Any] = choice["message"] if isinstance(choice.get("message"), dict) else {}
     lp = choice.get("logprobs")
-    entries = lp.get("content") if isinstance(lp, dict) else None
-    if not isinstance(entries, list):
+    entries = logprob_entries(lp) if logprob_shape(lp) == "content" else None
+    if entries is None:
         raise LogprobError(
             f"{where}: the response carries tool calls but no `logprobs.content`: the server "
             "must report the tool-call tokens' log-probs (run `gnll doctor` against it)"

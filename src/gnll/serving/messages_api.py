@@ -34,13 +34,11 @@ from gnll.serving.protocol.messages import (
     Usage,
     error_body,
 )
-from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.translation import (
-    VIA,
-    VIA_HEADER,
     ChatAnswer,
     EventStream,
+    Translated,
     chat_chunks,
     event,
     usage_counts,
@@ -60,24 +58,16 @@ def _input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
-class MessagesAPI:
+class MessagesAPI(Translated[MessagesRequest]):
     """The ``/v1/messages`` route (:class:`~gnll.serving.translation.TranslatedAPI`)."""
 
     route: ClassVar[str] = "/v1/messages"
     name: ClassVar[str] = "messages"
+    request_model = MessagesRequest
 
-    def parse(self, raw: dict[str, Any]) -> MessagesRequest:
-        req = MessagesRequest.model_validate(raw)
-        req.check_supported()
-        return req
-
-    def chat_body(self, request: MessagesRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "messages": request.chat_messages(),
-            "stream": request.stream,
+    def chat_options(self, request: MessagesRequest) -> dict[str, Any]:
+        return {
             "max_tokens": request.max_tokens,
-        }
-        optional = {
             "model": request.model,
             "temperature": request.temperature,
             "top_p": request.top_p,
@@ -85,31 +75,22 @@ class MessagesAPI:
             "tools": request.chat_tools(),
             "tool_choice": request.chat_tool_choice(),
         }
-        body.update({k: v for k, v in optional.items() if v is not None})
-        if request.stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
 
     def error_body(
         self, message: str, type_: str, param: str | None, code: str | None
     ) -> dict[str, Any]:
         return error_body(message, type_)
 
-    def reply(
+    def error_of(self, body: dict[str, Any]) -> dict[str, Any]:
+        err = body.get("error") or {}
+        return error_body(str(err.get("message")), str(err.get("type") or "api_error"))
+
+    def body(
         self,
-        reply: Reply,
+        body: dict[str, Any],
         request: MessagesRequest,
         chat: ChatCompletionRequest | CompletionRequest,
-    ) -> Reply:
-        headers = {**(reply.headers or {}), VIA_HEADER: VIA}
-        if reply.stream is not None:
-            stream = MessageStream(chat).events(reply.stream)
-            return Reply(None, reply.records, stream, reply.prompt, reply.status, headers)
-        body = reply.body or {}
-        if "choices" not in body:
-            err = body.get("error") or {}
-            out = error_body(str(err.get("message")), str(err.get("type") or "api_error"))
-            return Reply(out, reply.records, None, reply.prompt, reply.status, headers)
+    ) -> dict[str, Any]:
         answer = ChatAnswer.of_body(body)
         counts = usage_counts(body.get("usage")) or (0, 0)
         message = MessageObject(
@@ -120,14 +101,15 @@ class MessagesAPI:
             usage=Usage(input_tokens=counts[0], output_tokens=counts[1]),
             uncertainty=answer.uncertainty,
         )
-        return Reply(
-            message.model_dump(mode="json"),
-            reply.records,
-            None,
-            reply.prompt,
-            reply.status,
-            headers,
-        )
+        return message.model_dump(mode="json")
+
+    def events(
+        self,
+        stream: EventStream,
+        request: MessagesRequest,
+        chat: ChatCompletionRequest | CompletionRequest,
+    ) -> AsyncIterator[str]:
+        return MessageStream(chat).events(stream)
 
 
 def _blocks(answer: ChatAnswer) -> list[ContentBlock]:

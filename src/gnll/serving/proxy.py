@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -36,10 +35,7 @@ import httpx
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
-from gnll.measures import LogprobError
-from gnll.policy import Answer, annotate
-from gnll.policy.choices import choice_answer
-from gnll.serving import responses as R
+from gnll.policy import Answer
 from gnll.serving.errors import (
     HTTPError,
     ModelNotFound,
@@ -51,6 +47,7 @@ from gnll.serving.proxy_tools import ProxyTools, refusal_named
 from gnll.serving.responses import Mark, Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.settings import ServeSettings
+from gnll.serving.streams.relay import UpstreamAnswers, relay
 from gnll.serving.streams.replay import sent_answers, stream_chunks
 from gnll.serving.streams.upstream import (
     EarlyWatch,
@@ -59,7 +56,6 @@ from gnll.serving.streams.upstream import (
     UpstreamIdle,
     UpstreamStream,
 )
-from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
     from gnll.serving.metrics import Metrics
@@ -69,12 +65,6 @@ log = logging.getLogger("gnll.serve")
 #: Upstreams not known to send a usage chunk in a stream when ``stream_options`` asks for one
 #: (llama-cpp-python never does; an unrecognised server may not): a stream that asks is a replay.
 NO_STREAM_USAGE = frozenset({"llama-cpp-python", "generic"})
-
-#: What a stream cut short by the upstream most likely means, per upstream.
-CUT_STREAM_HINT = {
-    "llama-cpp-python": "llama-cpp-python stops a running stream when another request arrives "
-    "unless it is started with --interrupt_requests false",
-}
 
 
 class ProxyService:
@@ -359,41 +349,30 @@ class ProxyService:
         prompt = req.prompt_text()
         if getattr(req, "echo", False):
             return await self._echo(req, path, body, prompt)
+        special = ProxyTools.of(req)  # tools or a JSON format: gnll.serving.proxy_tools
+        answers = UpstreamAnswers(
+            self.upstream, profile, self.reasoning, req, settings, config, mark, special
+        )
+        if special is not None:
+            with refusal_named(special, profile):
+                return await self._answered(answers, body, prompt)
+        return await self._answered(answers, body, prompt)
+
+    async def _answered(self, answers: UpstreamAnswers, body: dict[str, Any], prompt: str) -> Reply:
+        req, settings, profile = answers.req, answers.settings, answers.profile
+        path, special = req.path, answers.special
         # While the policy holds the answer (refuse), and for a usage count the upstream's stream
         # would not give, the stream is a replay of a whole upstream response.
         replay = settings.policy.holds(greedy=req.greedy) or (
             req.include_usage and profile.name in NO_STREAM_USAGE
         )
-        special = ProxyTools.of(req)  # tools or a JSON format: gnll.serving.proxy_tools
-        if special is not None:
-            with refusal_named(special, profile):
-                return await self._answered(
-                    req, settings, profile, config, body, path, prompt, mark, replay, special
-                )
-        return await self._answered(
-            req, settings, profile, config, body, path, prompt, mark, replay
-        )
-
-    async def _answered(
-        self,
-        req: CompletionRequest | ChatCompletionRequest,
-        settings: ServeSettings,
-        profile: ServerProfile,
-        config: GenerationConfig,
-        body: dict[str, Any],
-        path: str,
-        prompt: str,
-        mark: Mark | None,
-        replay: bool,
-        special: ProxyTools | None = None,
-    ) -> Reply:
         if req.stream and not replay:
             response = await self._send("POST", path, body, stream=True)
-            # Its records fill in when the stream ends (for metrics), its model at the first chunk.
+            reader = UpstreamStream(response, req.shape, idle=(self.idle_timeout, self.upstream))
+            # The relay goes on without the proxy: its records fill in when the stream ends (for
+            # metrics), its model at the first chunk.
             reply = Reply(body=None, records=[], prompt=prompt)
-            reply.stream = self._relay(
-                response, req, settings, profile, config, reply, mark, special
-            )
+            reply.stream = relay(reader, answers, reply)
             return reply
         body["stream"] = False
         body.pop("stream_options", None)
@@ -402,8 +381,8 @@ class ProxyService:
         early = settings.proxy_decides_early(profile.name not in NO_STREAM_USAGE)
         # A call is decided on its own G-NLL, known at the end of the output, not the output's.
         if early and req.greedy and special is None:
-            if _expected_choices(req) == 1:  # one answer to watch
-                data, decided = await self._early_call(path, body, req, settings, config)
+            if answers.expected == 1:  # one answer to watch
+                data, decided = await self._early_call(path, body, req, settings, answers.config)
             else:
                 data = await self._call("POST", path, body)
         else:
@@ -413,38 +392,26 @@ class ProxyService:
             raise HTTPError(
                 502, f"upstream {self.upstream}{path} returned no choices", "upstream_error"
             )
-        if len(choices) < _expected_choices(req):
-            raise RequestError(_short_message(self.upstream, req, len(choices)), "n")
+        if len(choices) < answers.expected:
+            raise RequestError(answers.too_few(len(choices)), "n")
         model = data.get("model") if isinstance(data.get("model"), str) else None
         if special is not None:
-            answers, records = special.decide_all(
-                choices,
-                self._reader(req, profile, config),
-                req,
-                settings,
-                profile,
-                config,
-                mark,
-                model,
-            )
+            read, records = answers.decided(choices, model)
         else:
-            if decided is not None:
-                answers = [decided]
-            else:
-                answers = [self._answer(c, req, profile, config, i) for i, c in enumerate(choices)]
-            records, texts, finishes = _annotated(answers, req, settings, mark, model)
+            read = [decided] if decided is not None else answers.read(choices)
+            records, texts, finishes = answers.annotated(read, model)
             for choice, rec, text, finish in zip(choices, records, texts, finishes, strict=True):
                 req.shape.decorate(choice, rec, text, finish, keep_logprobs=req.wants_logprobs)
         if req.stream:  # a replay: the answer is known before its first piece is sent
             own = req.shape.own_body(data)
-            replayed = stream_chunks(own, answers, req.shape, req.include_usage)
+            replayed = stream_chunks(own, read, req.shape, req.include_usage)
             return Reply(
                 data, records, replayed, prompt, model=model, answers=sent_answers(data, req.shape)
             )
         sent = sent_answers(data, req.shape)
         reply = Reply(data, records, None, prompt, model=model, answers=sent)
         if special is not None:  # a held tool reply (a cascade's) replays its calls' deltas
-            reply.replay = lambda body, usage: stream_chunks(body, sent, req.shape, usage)
+            reply.replay = answers.replay(sent)
         return reply
 
     async def _echo(
@@ -511,156 +478,3 @@ class ProxyService:
         except UpstreamBrokeError as exc:
             raise HTTPError(502, str(exc), "upstream_error") from None
         return watch.outcome(reader, config.max_new_tokens)
-
-    def _reader(
-        self,
-        req: CompletionRequest | ChatCompletionRequest,
-        profile: ServerProfile,
-        config: GenerationConfig,
-    ) -> Callable[[dict[str, Any], int], Answer]:
-        """Reads a choice (its index given) as a free-text answer."""
-        return lambda choice, i: self._answer(choice, req, profile, config, i)
-
-    def _answer(
-        self,
-        choice: Any,
-        req: CompletionRequest | ChatCompletionRequest,
-        profile: ServerProfile,
-        config: GenerationConfig,
-        i: int,
-        labels: list[Any] | None = None,
-    ) -> Answer:
-        try:
-            return choice_answer(
-                choice,
-                config,
-                eos_logprob=profile.eos_logprob,
-                decoding="greedy" if req.greedy else "sampled",
-                where=f"choice {i}",
-                reasoning=self.reasoning,
-                labels=labels,
-            )
-        except LogprobError as exc:
-            raise LogprobError(f"upstream {self.upstream}: {exc}") from None
-
-    async def _relay(
-        self,
-        response: httpx.Response,
-        req: CompletionRequest | ChatCompletionRequest,
-        settings: ServeSettings,
-        profile: ServerProfile,
-        config: GenerationConfig,
-        reply: Reply,
-        mark: Mark | None,
-        special: ProxyTools | None = None,
-    ) -> AsyncIterator[str]:
-        """Forward the upstream's stream as it comes; add a final chunk per choice with uncertainty.
-
-        ``reply`` learns the answering model at the first chunk and an error before its event is
-        sent; ``mark`` turns the records into the ones sent (an escalation's)."""
-        reader = UpstreamStream(response, req.shape, idle=(self.idle_timeout, self.upstream))
-        try:
-            async for chunk in reader:
-                if reply.model is None and isinstance(chunk.get("model"), str):
-                    reply.model = chunk["model"]
-                for choice in chunk.get("choices") or []:
-                    # A choice finishes once, in our last chunk (which carries the uncertainty):
-                    # a client that stops at the first finish_reason would never see it.
-                    choice["finish_reason"] = None
-                    if not req.wants_logprobs:
-                        choice["logprobs"] = None
-                    choice.pop("uncertainty", None)  # an upstream gnll's own; ours comes last
-                yield R.sse(chunk)
-        except UpstreamEventError as exc:  # the upstream's own error event ends the stream
-            reply.error = exc.message
-            yield R.sse(exc.chunk)
-            return
-        except UpstreamIdle as exc:
-            reply.error = str(exc)
-            yield R.sse(R.error_body(reply.error, "upstream_timeout"))
-            return
-        except UpstreamBrokeError as exc:
-            reply.error = str(exc)
-            yield R.sse(R.error_body(str(exc), "upstream_error"))
-            return
-        finally:
-            await reader.aclose()
-        acc = reader.choices
-        if not reader.finished:  # the connection closed cleanly, but before the stream's end
-            reply.error = f"upstream {self.upstream} ended the stream early"
-            yield R.sse(R.error_body(reply.error, "upstream_error"))
-            return
-        cut = [i for i in sorted(acc) if acc[i].finish_reason is None]
-        if cut:
-            hint = CUT_STREAM_HINT.get(profile.name, "it cut the answer short")
-            said = sum(len(t) for t in acc[cut[0]].text)
-            reply.error = (
-                f"upstream {self.upstream} ended the stream of choice {cut[0]} without a "
-                f"finish_reason after {said} characters: the answer was cut short ({hint})"
-            )
-            yield R.sse(R.error_body(reply.error, "upstream_error"))
-            return
-        if len(acc) < _expected_choices(req):
-            reply.error = _short_message(self.upstream, req, len(acc))
-            yield R.sse(R.error_body(reply.error, "invalid_request_error", param="n"))
-            return
-        try:
-            if special is not None:  # the calls went out as they came (no policy withholds)
-                whole = [acc[i].choice() for i in sorted(acc)]
-                _, records = special.decide_all(
-                    whole,
-                    self._reader(req, profile, config),
-                    req,
-                    settings,
-                    profile,
-                    config,
-                    mark,
-                    reply.model,
-                )
-                finishes = [c["finish_reason"] for c in whole]
-            else:
-                answers = [
-                    self._answer(acc[i].choice(), req, profile, config, i, acc[i].labels)
-                    for i in sorted(acc)
-                ]
-                records, _, finishes = _annotated(answers, req, settings, mark, reply.model)
-        except LogprobError as exc:
-            reply.error = str(exc)
-            yield R.sse(R.error_body(reply.error, "upstream_error"))
-            return
-        reply.records.extend(records)
-        base = {k: reader.last.get(k) for k in ("id", "object", "created", "model")}
-        for i, rec, finish in zip(sorted(acc), records, finishes, strict=True):
-            yield R.sse({**base, "choices": [req.shape.last(i, finish, rec)]})
-        if reader.usage_chunk is not None and req.include_usage:
-            yield R.sse(reader.usage_chunk)
-        yield R.sse("[DONE]")
-
-
-def _annotated(
-    answers: list[Answer],
-    req: CompletionRequest | ChatCompletionRequest,
-    settings: ServeSettings,
-    mark: Mark | None,
-    model: str | None,
-) -> tuple[list[Uncertainty], list[str], list[str | None]]:
-    """The records (as sent: ``mark``ed), texts and finish reasons of an upstream's answers."""
-    records, texts, finishes = annotate(
-        answers,
-        settings.policy,
-        include_tokens=req.wants_logprobs,
-        source="upstream",
-        prompt_format=req.prompt_format("chat"),
-    )
-    return (mark(records, model) if mark is not None else records), texts, finishes
-
-
-def _expected_choices(req: CompletionRequest | ChatCompletionRequest) -> int:
-    return req.num_prompts * req.n
-
-
-def _short_message(upstream: str, req: CompletionRequest | ChatCompletionRequest, got: int) -> str:
-    return (
-        f"n={req.n}: the upstream server {upstream} answered with {got} of "
-        f"{_expected_choices(req)} choices (it does not support n); send separate requests instead"
-    )

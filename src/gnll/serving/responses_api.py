@@ -37,14 +37,12 @@ from gnll.serving.protocol.responses import (
     StreamEvent,
     Usage,
 )
-from gnll.serving.responses import Reply
 from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 from gnll.serving.translation import (
-    VIA,
-    VIA_HEADER,
     ChatAnswer,
     ChatToolCall,
     EventStream,
+    Translated,
     chat_chunks,
     event,
     usage_counts,
@@ -60,20 +58,16 @@ def token_logprobs(content: list[dict[str, Any]]) -> list[TokenLogprob]:
     return [TokenLogprob.model_validate(entry) for entry in content]
 
 
-class ResponsesAPI:
+class ResponsesAPI(Translated[ResponsesRequest]):
     """The ``/v1/responses`` route (:class:`~gnll.serving.translation.TranslatedAPI`)."""
 
     route: ClassVar[str] = "/v1/responses"
     name: ClassVar[str] = "responses"
+    request_model = ResponsesRequest
 
-    def parse(self, raw: dict[str, Any]) -> ResponsesRequest:
-        req = ResponsesRequest.model_validate(raw)
-        req.check_supported()
-        return req
-
-    def chat_body(self, request: ResponsesRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"messages": request.chat_messages(), "stream": request.stream}
-        optional = {
+    def chat_options(self, request: ResponsesRequest) -> dict[str, Any]:
+        logprobs = request.wants_logprobs
+        return {
             "model": request.model,
             "max_tokens": request.max_output_tokens,
             "temperature": request.temperature,
@@ -84,14 +78,9 @@ class ResponsesAPI:
             "parallel_tool_calls": request.parallel_tool_calls if request.tools else None,
             "response_format": request.chat_response_format(),
             "reasoning_effort": (request.reasoning or {}).get("effort"),
+            "logprobs": True if logprobs else None,
+            "top_logprobs": (request.top_logprobs or 0) if logprobs else None,
         }
-        body.update({k: v for k, v in optional.items() if v is not None})
-        if request.wants_logprobs:
-            body["logprobs"] = True
-            body["top_logprobs"] = request.top_logprobs or 0
-        if request.stream:
-            body["stream_options"] = {"include_usage": True}
-        return body
 
     def error_body(
         self, message: str, type_: str, param: str | None, code: str | None
@@ -100,26 +89,28 @@ class ResponsesAPI:
 
         return error_body(message, type_, param=param, code=code)
 
-    def reply(
+    def error_of(self, body: dict[str, Any]) -> dict[str, Any]:
+        return body  # the chat error envelope is the Responses API's too
+
+    def body(
         self,
-        reply: Reply,
+        body: dict[str, Any],
         request: ResponsesRequest,
         chat: ChatCompletionRequest | CompletionRequest,
-    ) -> Reply:
-        headers = {**(reply.headers or {}), VIA_HEADER: VIA}
-        if reply.stream is not None:
-            stream = ResponseStream(request, chat).events(reply.stream)
-            return Reply(None, reply.records, stream, reply.prompt, reply.status, headers)
-        body = reply.body or {}
-        if "choices" not in body:  # an error envelope: passed on as it is
-            return Reply(body, reply.records, None, reply.prompt, reply.status, headers)
+    ) -> dict[str, Any]:
         answer = ChatAnswer.of_body(body)
         resp = _response(request, body.get("model") or chat.model or "", _id("resp"))
         resp.output = _items(answer, request.wants_logprobs, "completed")
         _finish(resp, answer.finish_reason, usage_counts(body.get("usage")), answer)
-        return Reply(
-            resp.model_dump(mode="json"), reply.records, None, reply.prompt, reply.status, headers
-        )
+        return resp.model_dump(mode="json")
+
+    def events(
+        self,
+        stream: EventStream,
+        request: ResponsesRequest,
+        chat: ChatCompletionRequest | CompletionRequest,
+    ) -> AsyncIterator[str]:
+        return ResponseStream(request, chat).events(stream)
 
 
 def _response(request: ResponsesRequest, model: str, rid: str) -> ResponseObject:

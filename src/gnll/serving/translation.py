@@ -7,6 +7,7 @@ service answers it with its G-NLL, policy (refuse, escalate, early) and ``uncert
 the reply is turned into the API's own body or events. So the same question gets the same G-NLL on
 all three APIs, and the policy holds alike.
 
+:class:`Translated` is what both APIs do alike (parse, the chat body's frame, the reply's frame);
 :class:`ChatDelta` reads one chat-completions stream chunk; :func:`chat_chunks` reads a service's
 stream (strings or bytes, one or several events per piece) as a sequence of parsed chunks.
 """
@@ -16,12 +17,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from gnll.backends.openai.parse import logprob_entries
+from gnll.serving.responses import Reply
+
 if TYPE_CHECKING:
-    from gnll.serving.responses import Reply
     from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
 
 #: Response header that says an answer was served through the chat-completions path.
@@ -65,6 +68,81 @@ class TranslatedAPI(Protocol[RequestT]):
         ...
 
 
+class TranslatedRequest(Protocol):
+    """What a translated API's typed request offers the chat path."""
+
+    stream: bool
+
+    def check_supported(self) -> None:
+        """A :class:`~gnll.serving.errors.RequestError` for what gnll does not serve."""
+        ...
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """The conversation as chat-completions messages."""
+        ...
+
+
+#: A translated API's request, as its :class:`Translated` reads it.
+TranslatedT = TypeVar("TranslatedT", bound=TranslatedRequest)
+
+
+class Translated(Generic[TranslatedT]):
+    """A :class:`TranslatedAPI`'s frame: each API says its request model, the chat options it
+    asks with, and how a chat reply's body, error and stream read in its own shape."""
+
+    #: The API's typed request (a pydantic model with :class:`TranslatedRequest`'s methods).
+    request_model: ClassVar[type[BaseModel]]
+
+    def parse(self, raw: dict[str, Any]) -> TranslatedT:
+        req: TranslatedT = self.request_model.model_validate(raw)  # type: ignore[assignment]
+        req.check_supported()
+        return req
+
+    def chat_body(self, request: TranslatedT) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": request.chat_messages(), "stream": request.stream}
+        body.update((k, v) for k, v in self.chat_options(request).items() if v is not None)
+        if request.stream:
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def chat_options(self, request: TranslatedT) -> dict[str, Any]:
+        """The chat request's other fields, in order (``None``: left out)."""
+        raise NotImplementedError
+
+    def reply(
+        self, reply: Reply, request: TranslatedT, chat: ChatCompletionRequest | CompletionRequest
+    ) -> Reply:
+        headers = {**(reply.headers or {}), VIA_HEADER: VIA}
+        if reply.stream is not None:
+            stream = self.events(reply.stream, request, chat)
+            return Reply(None, reply.records, stream, reply.prompt, reply.status, headers)
+        body = reply.body or {}
+        out = self.body(body, request, chat) if "choices" in body else self.error_of(body)
+        return Reply(out, reply.records, None, reply.prompt, reply.status, headers)
+
+    def body(
+        self,
+        body: dict[str, Any],
+        request: TranslatedT,
+        chat: ChatCompletionRequest | CompletionRequest,
+    ) -> dict[str, Any]:
+        """A chat reply's body as this API's body."""
+        raise NotImplementedError
+
+    def error_of(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A chat reply's error envelope as this API's."""
+        raise NotImplementedError
+
+    def events(
+        self,
+        stream: EventStream,
+        request: TranslatedT,
+        chat: ChatCompletionRequest | CompletionRequest,
+    ) -> AsyncIterator[str]:
+        """A chat reply's stream as this API's events."""
+        raise NotImplementedError
+
+
 @dataclass
 class ChatToolCall:
     """One tool call being read from a chat stream (or body)."""
@@ -104,7 +182,7 @@ class ChatAnswer:
             content=message.get("content") or "",
             reasoning=message.get("reasoning") or message.get("reasoning_content"),
             tool_calls=calls,
-            logprobs=list((choice.get("logprobs") or {}).get("content") or []),
+            logprobs=logprob_entries(choice.get("logprobs")),
             finish_reason=choice.get("finish_reason"),
             uncertainty=choice.get("uncertainty"),
         )
@@ -136,7 +214,7 @@ class ChatDelta:
             out.content += delta.get("content") or ""
             out.reasoning += delta.get("reasoning") or delta.get("reasoning_content") or ""
             out.tool_calls.extend(delta.get("tool_calls") or [])
-            out.logprobs.extend((choice.get("logprobs") or {}).get("content") or [])
+            out.logprobs.extend(logprob_entries(choice.get("logprobs")))
             out.finish_reason = choice.get("finish_reason") or out.finish_reason
             out.uncertainty = choice.get("uncertainty") or out.uncertainty
         return out

@@ -50,6 +50,7 @@ from gnll.backends.hf.planning import (
 )
 from gnll.backends.hf.tokenizer_side import tokenizer_side
 from gnll.backends.identity import local_identity
+from gnll.backends.model_args import HFModelArgs
 from gnll.backends.registry import register_backend
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
 @register_backend(
     "hf",
     targets=(HFModel.from_pretrained, HFModel),
+    model_args=HFModelArgs,
     identity=local_identity,
     tokenizer_side=tokenizer_side,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,10 +33,9 @@ from gnll.backends.hf.planning import halving_on_oom, pack_batches
 from gnll.backends.hf.prefill import Prefiller, pad_token_id
 from gnll.backends.hf.scoring import answer_end_ids, score_answers, score_ids
 from gnll.backends.hf.stopping import StopRules
+from gnll.backends.model_args import BeamDecoderName, DecoderName
 
 log = logging.getLogger(__name__)
-
-DecoderName = Literal["auto", "loop", "generate"]
 
 
 class HFModel(Model):
@@ -109,7 +108,7 @@ class HFModel(Model):
         max_batch_tokens: int | None = 20480,
         source: str | None = None,
         decoder: DecoderName = "auto",
-        beam_decoder: Literal["loop", "generate"] = "loop",
+        beam_decoder: BeamDecoderName = "loop",
         continuous_batching: bool = True,
     ) -> None:
         if int(batch_size) < 1 or (max_batch_tokens is not None and int(max_batch_tokens) < 1):

@@ -9,6 +9,12 @@ Shapes (``choices[i]``):
   ``logprobs = {content: [{id, token, bytes, logprob, top_logprobs}]}``.
 * **chat** (every ``/v1/chat/completions``): ``message.content`` and ``logprobs.content[...]``.
 
+This module is the one reader of the two log-prob shapes (``logprobs.content[]`` and the legacy
+``tokens``/``token_logprobs``/``top_logprobs`` lists): :func:`logprob_shape`, :func:`logprob_pairs`,
+:func:`logprob_entries`,
+:func:`logprobs_from`, :func:`join_logprobs` and :func:`read_choice` serve the proxy, the reasoning
+split, the stream reassembly and the framework integrations.
+
 Servers cut the *text* at a stop string but keep the token that produced it (and vLLM keeps EOS), so
 the answer's tokens are those lying entirely inside the returned text; the rest is the terminator.
 """
@@ -21,7 +27,6 @@ from typing import Any
 
 from gnll.backends.base import Generation, GenerationConfig
 from gnll.backends.openai.client import ServerError
-from gnll.backends.openai.reasoning import split_choice
 from gnll.backends.reasoning import Label, ReasoningError, ReasoningFormat, ReasoningSplit
 from gnll.measures.logprobs import LogprobError
 from gnll.measures.logprobs import check_logprobs as _check_logprobs
@@ -65,6 +70,100 @@ def logprob_pairs(logprobs: Any) -> list[tuple[str, Any]]:
     return list(zip(tokens, values, strict=False))
 
 
+def logprob_shape(logprobs: Any) -> str | None:
+    """Which shape a choice's ``logprobs`` has: ``"content"`` (``content[]``), ``"legacy"``
+    (``tokens`` / ``token_logprobs``), or ``None`` (neither: no log-probs).
+
+    >>> logprob_shape({"content": []}), logprob_shape({"tokens": []}), logprob_shape(None)
+    ('content', 'legacy', None)
+    """
+    if not isinstance(logprobs, dict):
+        return None
+    if isinstance(logprobs.get("content"), list):
+        return "content"
+    return "legacy" if isinstance(logprobs.get("tokens"), list) else None
+
+
+def logprob_entries(logprobs: Any) -> list[Any]:
+    """The per-token entries of a choice's (or a stream chunk's) ``logprobs`` in the chat shape:
+    ``content[]`` as it came (``{token, logprob, top_logprobs[, bytes, id]}``), or the legacy
+    completions shape's parallel lists as such entries (each ``top_logprobs`` dict as a list of
+    ``{token, logprob}``); none when there are no log-probs.
+
+    Examples
+    --------
+    >>> logprob_entries({"tokens": [" Paris"], "token_logprobs": [-0.1],
+    ...                  "top_logprobs": [{" Paris": -0.1, " Lyon": -2.5}]})
+    [{'token': ' Paris', 'logprob': -0.1, 'top_logprobs': [{'token': ' Paris', 'logprob': -0.1}, {'token': ' Lyon', 'logprob': -2.5}]}]
+    >>> logprob_entries({"content": [{"token": "4", "logprob": -0.3}]}), logprob_entries(None)
+    ([{'token': '4', 'logprob': -0.3}], [])
+    """
+    if not isinstance(logprobs, dict):
+        return []
+    if isinstance(logprobs.get("content"), list):
+        return list(logprobs["content"])
+    tokens = logprobs.get("tokens")
+    if not isinstance(tokens, list):
+        return []
+    values = logprobs.get("token_logprobs") or []
+    tops = logprobs.get("top_logprobs") or []
+    return [
+        {
+            "token": token,
+            "logprob": value,
+            "top_logprobs": [{"token": k, "logprob": v} for k, v in top.items()]
+            if isinstance(top, dict)
+            else [],
+        }
+        for token, value, top in zip(tokens, values, [*tops, *[None] * len(tokens)], strict=False)
+    ]
+
+
+def logprobs_from(logprobs: dict[str, Any], start: int) -> dict[str, Any]:
+    """``logprobs`` (either shape) from token ``start`` on; the legacy shape's ``text_offset``
+    (offsets into the whole text) is dropped.
+
+    >>> logprobs_from({"tokens": ["a", "b"], "token_logprobs": [-1, -2], "text_offset": [0, 1]}, 1)
+    {'tokens': ['b'], 'token_logprobs': [-2]}
+    """
+    lp = dict(logprobs)
+    if isinstance(lp.get("content"), list):
+        lp["content"] = lp["content"][start:]
+    else:
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+            if isinstance(lp.get(key), list):
+                lp[key] = lp[key][start:]
+        lp.pop("text_offset", None)
+    return lp
+
+
+def join_logprobs(parts: list[Any]) -> dict[str, Any]:
+    """The ``logprobs`` of a whole choice from its stream chunks' ones, in the shape they came in:
+    ``content[]`` when any chunk carried entries, else the legacy lists (empty when no chunk
+    carried log-probs).
+
+    >>> join_logprobs([{"tokens": [" Par"], "token_logprobs": [-0.1]},
+    ...                {"tokens": ["is"], "token_logprobs": [-0.2]}])
+    {'tokens': [' Par', 'is'], 'token_logprobs': [-0.1, -0.2], 'top_logprobs': [None, None]}
+    """
+    content: list[Any] = []
+    tokens: list[Any] = []
+    values: list[Any] = []
+    tops: list[Any] = []
+    for lp in parts:
+        if not isinstance(lp, dict):
+            continue
+        if isinstance(lp.get("content"), list):
+            content.extend(lp["content"])
+        elif isinstance(lp.get("tokens"), list):
+            tokens.extend(lp["tokens"])
+            values.extend(lp.get("token_logprobs") or [])
+            tops.extend(lp.get("top_logprobs") or [None] * len(lp["tokens"]))
+    if content:
+        return {"content": content}
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops}
+
+
 def read_choice(
     choice: dict[str, Any],
     *,
@@ -87,6 +186,9 @@ def read_choice(
     >>> raw.tokens, raw.token_ids, raw.top1[0]
     ([' Paris', '\\n'], [12, 7], (' Paris', -0.5))
     """
+    # The reasoning split reads the shapes with this module's readers, so it is imported here.
+    from gnll.backends.openai.reasoning import split_choice
+
     if not isinstance(choice, dict):
         raise ServerError(f"a choice must be a JSON object, got {type(choice).__name__}")
     try:

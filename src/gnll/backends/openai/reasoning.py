@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from gnll.backends.openai.parse import logprob_entries, logprob_shape, logprobs_from
 from gnll.backends.reasoning import (
     HARMONY,
     THINK,
@@ -61,38 +62,22 @@ def reasoning_text(container: dict[str, Any] | None) -> str | None:
 
 def _entries(choice: dict[str, Any]) -> tuple[list[str], list[Any], list[list[int]] | None]:
     """Token strings, log-probs and bytes of a choice (either log-prob shape)."""
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return [], [], None
-    if isinstance(lp.get("content"), list):
-        entries = lp["content"]
-        tokens = [str(e.get("token", "")) for e in entries]
-        values = [e.get("logprob") for e in entries]
-        bl = [e.get("bytes") for e in entries]
-        return tokens, values, (bl if bl and all(isinstance(b, list) for b in bl) else None)
-    tokens = [str(t) for t in lp.get("tokens") or []]
-    return tokens, list(lp.get("token_logprobs") or []), None
+    entries = logprob_entries(choice.get("logprobs"))
+    tokens = [str(e.get("token", "")) for e in entries]
+    values = [e.get("logprob") for e in entries]
+    bl = [e.get("bytes") for e in entries]
+    return tokens, values, (bl if bl and all(isinstance(b, list) for b in bl) else None)
 
 
 def _tops(choice: dict[str, Any]) -> list[tuple[float, ...]]:
     """The reported alternatives' log-probs at each position (either shape; empty if none)."""
-    lp = choice.get("logprobs")
-    if not isinstance(lp, dict):
-        return []
-    if isinstance(lp.get("content"), list):
-        rows = [e.get("top_logprobs") or [] for e in lp["content"]]
-        return [
-            tuple(
-                float(a["logprob"])
-                for a in r
-                if isinstance(a, dict) and a.get("logprob") is not None
-            )
-            for r in rows
-        ]
-    rows = lp.get("top_logprobs") or []
     return [
-        tuple(float(v) for v in r.values() if v is not None) if isinstance(r, dict) else ()
-        for r in rows
+        tuple(
+            float(a["logprob"])
+            for a in e.get("top_logprobs") or []
+            if isinstance(a, dict) and a.get("logprob") is not None
+        )
+        for e in logprob_entries(choice.get("logprobs"))
     ]
 
 
@@ -105,15 +90,8 @@ def _with_tops(split: ReasoningSplit, tops: Sequence[tuple[float, ...]]) -> Reas
 def _slice_choice(choice: dict[str, Any], start: int, answer_text: str | None) -> dict[str, Any]:
     """``choice`` with its log-probs (and ``token_ids``) from token ``start`` on."""
     out = dict(choice)
-    lp = dict(choice["logprobs"])
-    if isinstance(lp.get("content"), list):
-        lp["content"] = lp["content"][start:]
-    else:
-        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-            if isinstance(lp.get(key), list):
-                lp[key] = lp[key][start:]
-        lp.pop("text_offset", None)  # offsets into the whole text; the answer has its own
-    out["logprobs"] = lp
+    # (a legacy shape's text offsets point into the whole text; the answer has its own)
+    out["logprobs"] = logprobs_from(choice["logprobs"], start)
     if isinstance(choice.get("token_ids"), list):
         out["token_ids"] = choice["token_ids"][start:]
     if answer_text is not None:
@@ -475,7 +453,8 @@ def responses_answer_choice(response: dict[str, Any]) -> tuple[dict[str, Any], R
     )
     if not has_text:
         raise ReasoningError("the Responses API answer has no `output_text` part")
-    entries = (choice.get("logprobs") or {}).get("content")
+    lp = choice.get("logprobs")
+    entries = logprob_entries(lp) if logprob_shape(lp) == "content" else None
     if entries is None or (choice["message"]["content"] and not entries):
         raise ReasoningError(
             "the Responses API answer carries no `output_text` log-probs (ask with "

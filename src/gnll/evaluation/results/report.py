@@ -60,11 +60,19 @@ def versions() -> dict[str, str]:
     """Versions of Python and the libraries that shape results."""
     out = {"python": platform.python_version()}
     import importlib
+    from importlib.metadata import PackageNotFoundError, version
 
-    for mod in ("gnll", "numpy", "scipy", "sklearn", "torch", "transformers"):
+    for mod in ("gnll", "numpy", "scipy", "sklearn"):
         try:
             out[mod] = str(importlib.import_module(mod).__version__)
         except Exception:  # noqa: BLE001 - a missing optional library is simply not recorded
+            continue
+    # Read from the installed distributions: a process that ran no model (a Ray driver, whose
+    # replicas did) does not import torch and transformers for their version numbers.
+    for dist in ("torch", "transformers"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
             continue
     return out
 

@@ -12,23 +12,25 @@ Examples
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gnll.backends.base import ChatPrompt
+from gnll.backends.openai.parse import logprob_entries
 from gnll.backends.prompting import prompt_for
 from gnll.serving.errors import RequestError
 from gnll.serving.protocol.common import (
+    Chunk,
+    ChunkChoiceBase,
     OpenAIRequest,
     Record,
-    RecordOrJSON,
+    Response,
     Shape,
     TokenLogprob,
     TopLogprob,
-    Usage,
+    dump,
 )
 from gnll.uncertainty import Uncertainty
 
@@ -163,13 +165,9 @@ class ChatChoice(BaseModel):
     uncertainty: Record
 
 
-class ChatCompletion(BaseModel):
-    id: str
+class ChatCompletion(Response):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str | None
     choices: list[ChatChoice]
-    usage: Usage
 
 
 # ---------------------------------------------------------------------------------- chunks
@@ -187,23 +185,13 @@ class ChunkOpening(BaseModel):
     finish_reason: None = None
 
 
-class ChunkChoice(BaseModel):
-    """A chunk choice: a piece of text, or (the last) the finish reason and the record."""
-
-    index: int
-    logprobs: dict[str, Any] | None
-    finish_reason: str | None
-    uncertainty: RecordOrJSON = None
+class ChunkChoice(ChunkChoiceBase):
     delta: Delta
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(Chunk):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str | None
     choices: list[ChunkChoice | ChunkOpening]
-    usage: Usage | dict[str, Any] | None = None
 
 
 def _other_fields(message: dict[str, Any]) -> dict[str, Any]:
@@ -223,17 +211,15 @@ def _other_fields(message: dict[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def _dump(model: BaseModel) -> dict[str, Any]:
-    # Only what was set: a field OpenAI leaves out (a message's ``reasoning``) stays out.
-    return model.model_dump(exclude_unset=True)
-
-
 class ChatShape(Shape):
     """Chat completions: ``message`` / ``delta`` choices and ``logprobs.content`` entries."""
 
     id_prefix = "chatcmpl"
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
+    response_model = ChatCompletion
+    choice_model = ChatChoice
+    chunk_choice_model = ChunkChoice
 
     @staticmethod
     def logprobs(answer: Answer, top: int) -> ChatLogprobs:
@@ -251,46 +237,16 @@ class ChatShape(Shape):
             )
         return ChatLogprobs(content=content, refusal=None)
 
-    def body(
-        self,
-        req: OpenAIRequest,
-        model: str,
-        answers: Sequence[Answer],
-        texts: Sequence[str],
-        finishes: Sequence[str | None],
-        records: Sequence[Uncertainty],
-        *,
-        prompt_tokens: int,
-    ) -> dict[str, Any]:
-        choices = []
-        for i, (a, text, finish, rec) in enumerate(
-            zip(answers, texts, finishes, records, strict=True)
-        ):
-            lp = (
-                self.logprobs(a, req.num_top_logprobs)
-                if req.wants_logprobs and not rec.refused
-                else None
-            )
-            message = AssistantMessage(role="assistant", content=text, refusal=None)
-            trace = getattr(a.reasoning, "trace_text", None)
-            if trace is not None and not rec.refused:
-                # A refused answer's trace is withheld with it.
-                message.reasoning = trace
-            choices.append(
-                ChatChoice(
-                    index=i, message=message, logprobs=lp, finish_reason=finish, uncertainty=rec
-                )
-            )
-        return _dump(
-            ChatCompletion(
-                id=self.new_id(),
-                object="chat.completion",
-                created=int(time.time()),
-                model=model,
-                choices=choices,
-                usage=Usage.of(prompt_tokens, answers),
-            )
-        )
+    def answer_fields(self, answer: Answer, text: str, record: Uncertainty) -> dict[str, Any]:
+        message = AssistantMessage(role="assistant", content=text, refusal=None)
+        trace = getattr(answer.reasoning, "trace_text", None)
+        if trace is not None and not record.refused:
+            # A refused answer's trace is withheld with it.
+            message.reasoning = trace
+        return {"message": message}
+
+    def chunk_text(self, text: str | None) -> dict[str, Any]:
+        return {"delta": Delta() if text is None else Delta(content=text)}
 
     def opening(self, index: int) -> dict[str, Any] | None:
         opening = ChunkOpening(
@@ -299,7 +255,7 @@ class ChatShape(Shape):
             logprobs=None,
             finish_reason=None,
         )
-        return _dump(opening)
+        return dump(opening)
 
     def carried(self, index: int, choice: dict[str, Any]) -> dict[str, Any] | None:
         """The delta of a replayed choice's message fields besides its content (a reasoning
@@ -309,24 +265,8 @@ class ChatShape(Shape):
             return None
         return {"index": index, "delta": extra, "logprobs": None, "finish_reason": None}
 
-    def piece(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        return _dump(
-            ChunkChoice(
-                index=index, logprobs=logprobs, finish_reason=None, delta=Delta(content=text)
-            )
-        )
-
-    def last(
-        self, index: int, finish: str | None, record: Uncertainty | dict[str, Any] | None
-    ) -> dict[str, Any]:
-        return _dump(
-            ChunkChoice(
-                index=index, logprobs=None, finish_reason=finish, uncertainty=record, delta=Delta()
-            )
-        )
-
     def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:
-        return _dump(self.logprobs(answer, top))
+        return dump(self.logprobs(answer, top))
 
     def text_of(self, choice: dict[str, Any]) -> str:
         return str((choice.get("message") or {}).get("content") or "")
@@ -339,7 +279,7 @@ class ChatShape(Shape):
         return {"message": {"role": "assistant", "content": text}}
 
     def slice_logprobs(self, logprobs: dict[str, Any], t: int) -> dict[str, Any]:
-        return {"content": [logprobs["content"][t]], "refusal": None}
+        return {"content": logprob_entries(logprobs)[t : t + 1], "refusal": None}
 
     def delta_texts(self, choice: dict[str, Any]) -> tuple[str, str | None]:
         from gnll.backends.openai.reasoning import reasoning_text

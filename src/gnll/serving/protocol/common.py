@@ -43,6 +43,10 @@ __all__ = [
     "TopLogprob",
     "UNBOUNDED",
     "Usage",
+    "Chunk",
+    "ChunkChoiceBase",
+    "Response",
+    "dump",
     "new_id",
 ]
 
@@ -230,6 +234,40 @@ class OpenAIRequest(BaseModel):
             )
 
 
+class Response(BaseModel):
+    """What every API's whole response has, in the order OpenAI sends it (each API's model names
+    its ``object`` and its choices)."""
+
+    id: str
+    object: str
+    created: int
+    model: str | None
+    choices: Sequence[BaseModel]
+    usage: Usage
+
+
+class Chunk(Response):
+    """What every API's stream chunk has (a usage only in a stream's usage chunk)."""
+
+    usage: Usage | dict[str, Any] | None = None  # type: ignore[assignment]
+
+
+class ChunkChoiceBase(BaseModel):
+    """A chunk choice: a piece of text, or (the last) the finish reason and the record; each API
+    adds where its text goes."""
+
+    index: int
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+    uncertainty: RecordOrJSON = None
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """A model gnll built, as JSON: only what was set (a field OpenAI leaves out, such as a
+    message's ``reasoning``, stays out), in field order."""
+    return model.model_dump(exclude_unset=True)
+
+
 class Shape(ABC):
     """The wire form of one API: how its bodies, chunks and log-probs look, built and read.
 
@@ -243,6 +281,10 @@ class Shape(ABC):
     #: The ``object`` of a whole response and of a stream chunk.
     object: ClassVar[str]
     chunk_object: ClassVar[str]
+    #: The whole response's model, its choices' and its chunk choices'.
+    response_model: ClassVar[type[Response]]
+    choice_model: ClassVar[type[BaseModel]]
+    chunk_choice_model: ClassVar[type[ChunkChoiceBase]]
 
     def new_id(self) -> str:
         return new_id(self.id_prefix)
@@ -259,7 +301,6 @@ class Shape(ABC):
         }
 
     # -- responses gnll builds ---------------------------------------------------------------
-    @abstractmethod
     def body(
         self,
         req: OpenAIRequest,
@@ -271,7 +312,45 @@ class Shape(ABC):
         *,
         prompt_tokens: int,
     ) -> dict[str, Any]:
-        """The whole response to ``req``: one choice per answer, each with its record."""
+        """The whole response to ``req``: one choice per answer, each with its record (and its
+        log-probs when asked for, unless the answer was refused: they would describe the text
+        that was withheld)."""
+        choices = [
+            self.choice_model(
+                index=i,
+                logprobs=self.logprobs(a, req.num_top_logprobs)
+                if req.wants_logprobs and not rec.refused
+                else None,
+                finish_reason=finish,
+                uncertainty=rec,
+                **self.answer_fields(a, text, rec),
+            )
+            for i, (a, text, finish, rec) in enumerate(
+                zip(answers, texts, finishes, records, strict=True)
+            )
+        ]
+        response = self.response_model(
+            id=self.new_id(),
+            object=self.object,
+            created=int(time.time()),
+            model=model,
+            choices=choices,
+            usage=Usage.of(prompt_tokens, answers),
+        )
+        return dump(response)
+
+    @staticmethod
+    @abstractmethod
+    def logprobs(answer: Answer, top: int) -> BaseModel:
+        """An answer's ``logprobs`` (with ``top`` alternatives per token) in this API's shape."""
+
+    @abstractmethod
+    def answer_fields(self, answer: Answer, text: str, record: Uncertainty) -> dict[str, Any]:
+        """Where a whole response's choice carries its answer (chat: ``message``)."""
+
+    @abstractmethod
+    def chunk_text(self, text: str | None) -> dict[str, Any]:
+        """Where a chunk choice carries a piece of text (``None``: a last chunk's, none)."""
 
     @abstractmethod
     def opening(self, index: int) -> dict[str, Any] | None:
@@ -282,16 +361,23 @@ class Shape(ABC):
         """The chunk choice, if any, that carries a replayed ``choice``'s fields besides its
         text (chat: a reasoning trace, tool calls), sent before the text."""
 
-    @abstractmethod
     def piece(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
         """The chunk choice of one piece of text."""
+        fields = self.chunk_text(text)
+        return dump(
+            self.chunk_choice_model(index=index, logprobs=logprobs, finish_reason=None, **fields)
+        )
 
-    @abstractmethod
     def last(
         self, index: int, finish: str | None, record: Uncertainty | dict[str, Any] | None
     ) -> dict[str, Any]:
         """The last chunk choice of a choice: its finish reason and its ``uncertainty``
         (a record, or its JSON)."""
+        model = self.chunk_choice_model
+        fields = self.chunk_text(None)
+        return dump(
+            model(index=index, logprobs=None, finish_reason=finish, uncertainty=record, **fields)
+        )
 
     @abstractmethod
     def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:

@@ -12,14 +12,20 @@ Examples
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
 from gnll.serving.errors import RequestError
-from gnll.serving.protocol.common import OpenAIRequest, Record, RecordOrJSON, Shape, Usage
+from gnll.serving.protocol.common import (
+    Chunk,
+    ChunkChoiceBase,
+    OpenAIRequest,
+    Record,
+    Response,
+    Shape,
+    dump,
+)
 from gnll.uncertainty import Uncertainty
 
 if TYPE_CHECKING:
@@ -125,37 +131,19 @@ class CompletionChoice(BaseModel):
     uncertainty: Record
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(Response):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str | None
     choices: list[CompletionChoice]
-    usage: Usage
 
 
 # ---------------------------------------------------------------------------------- chunks
-class CompletionChunkChoice(BaseModel):
-    """A chunk choice: a piece of text, or (the last) the finish reason and the record."""
-
-    index: int
-    logprobs: dict[str, Any] | None
-    finish_reason: str | None
-    uncertainty: RecordOrJSON = None
+class CompletionChunkChoice(ChunkChoiceBase):
     text: str
 
 
-class CompletionChunk(BaseModel):
-    id: str
+class CompletionChunk(Chunk):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str | None
     choices: list[CompletionChunkChoice]
-    usage: Usage | dict[str, Any] | None = None
-
-
-def _dump(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(exclude_unset=True)
 
 
 class CompletionShape(Shape):
@@ -164,6 +152,9 @@ class CompletionShape(Shape):
     id_prefix = "cmpl"
     object = "text_completion"
     chunk_object = "text_completion"
+    response_model = Completion
+    choice_model = CompletionChoice
+    chunk_choice_model = CompletionChunkChoice
 
     @staticmethod
     def logprobs(answer: Answer, top: int) -> CompletionLogprobs:
@@ -181,39 +172,11 @@ class CompletionShape(Shape):
             text_offset=offsets,
         )
 
-    def body(
-        self,
-        req: OpenAIRequest,
-        model: str,
-        answers: Sequence[Answer],
-        texts: Sequence[str],
-        finishes: Sequence[str | None],
-        records: Sequence[Uncertainty],
-        *,
-        prompt_tokens: int,
-    ) -> dict[str, Any]:
-        choices = []
-        for i, (a, text, finish, rec) in enumerate(
-            zip(answers, texts, finishes, records, strict=True)
-        ):
-            lp = self.logprobs(a, req.num_top_logprobs) if req.wants_logprobs else None
-            if rec.refused:  # refused: the log-probs describe the text that was withheld
-                lp = None
-            choices.append(
-                CompletionChoice(
-                    index=i, text=text, logprobs=lp, finish_reason=finish, uncertainty=rec
-                )
-            )
-        return _dump(
-            Completion(
-                id=self.new_id(),
-                object="text_completion",
-                created=int(time.time()),
-                model=model,
-                choices=choices,
-                usage=Usage.of(prompt_tokens, answers),
-            )
-        )
+    def answer_fields(self, answer: Answer, text: str, record: Uncertainty) -> dict[str, Any]:
+        return {"text": text}
+
+    def chunk_text(self, text: str | None) -> dict[str, Any]:
+        return {"text": text or ""}
 
     def opening(self, index: int) -> dict[str, Any] | None:
         return None
@@ -221,22 +184,8 @@ class CompletionShape(Shape):
     def carried(self, index: int, choice: dict[str, Any]) -> dict[str, Any] | None:
         return None
 
-    def piece(self, index: int, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
-        return _dump(
-            CompletionChunkChoice(index=index, logprobs=logprobs, finish_reason=None, text=text)
-        )
-
-    def last(
-        self, index: int, finish: str | None, record: Uncertainty | dict[str, Any] | None
-    ) -> dict[str, Any]:
-        return _dump(
-            CompletionChunkChoice(
-                index=index, logprobs=None, finish_reason=finish, uncertainty=record, text=""
-            )
-        )
-
     def piece_logprobs(self, answer: Answer, offset: int, top: int = 0) -> dict[str, Any]:
-        lp = _dump(self.logprobs(answer, top))
+        lp = dump(self.logprobs(answer, top))
         lp["text_offset"] = [offset + o for o in lp["text_offset"]]
         return lp
 

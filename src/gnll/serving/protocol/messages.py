@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from gnll.serving.errors import RequestError
+from gnll.serving.protocol.tools import function_tools, named_choice
 
 #: chat-completions ``finish_reason`` -> Messages ``stop_reason``.
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -131,17 +132,14 @@ class MessagesRequest(BaseModel):
         """Tools in the chat-completions shape."""
         if not self.tools:
             return None
-        return [
+        return function_tools(
             {
-                "type": "function",
-                "function": {
-                    "name": t.get("name"),
-                    **({"description": t["description"]} if "description" in t else {}),
-                    "parameters": t.get("input_schema") or {},
-                },
+                "name": t.get("name"),
+                **({"description": t["description"]} if "description" in t else {}),
+                "parameters": t.get("input_schema") or {},
             }
             for t in self.tools
-        ]
+        )
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:
         """``tool_choice`` in the chat-completions shape."""
@@ -150,7 +148,7 @@ class MessagesRequest(BaseModel):
             return None
         kind = choice.get("type")
         if kind == "tool":
-            return {"type": "function", "function": {"name": choice.get("name")}}
+            return named_choice(choice.get("name"))
         return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind), "auto")
 
 

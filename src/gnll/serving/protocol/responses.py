@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gnll.serving.errors import RequestError
 from gnll.serving.protocol.common import TokenLogprob
+from gnll.serving.protocol.tools import function_tools, named_choice
 
 #: ``include`` value that asks for the answer's token log-probs on each ``output_text`` part.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -130,21 +131,14 @@ class ResponsesRequest(BaseModel):
         """Function tools in the chat-completions shape."""
         if not self.tools:
             return None
-        return [
-            {
-                "type": "function",
-                "function": {
-                    k: t[k] for k in ("name", "description", "parameters", "strict") if k in t
-                },
-            }
-            for t in self.tools
-        ]
+        keys = ("name", "description", "parameters", "strict")
+        return function_tools({k: t[k] for k in keys if k in t} for t in self.tools)
 
     def chat_tool_choice(self) -> str | dict[str, Any] | None:
         """``tool_choice`` in the chat-completions shape."""
         choice = self.tool_choice
         if isinstance(choice, dict) and choice.get("type") == "function":
-            return {"type": "function", "function": {"name": choice.get("name")}}
+            return named_choice(choice.get("name"))
         return choice
 
     def chat_response_format(self) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -27,6 +27,8 @@ __all__ = [
     "ToolDef",
     "ToolRequest",
     "call_id",
+    "function_tools",
+    "named_choice",
     "tool_call_deltas",
     "tool_call_message",
 ]
@@ -155,6 +157,20 @@ class ResponseFormat(BaseModel):
     def json_schema_of(self) -> dict[str, Any] | None:
         """The JSON schema the answer must satisfy (``None``: any JSON object)."""
         return self.json_schema.schema_ if self.json_schema is not None else None
+
+
+def function_tools(functions: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Function declarations as chat ``tools`` (what the translated APIs ask the chat path with).
+
+    >>> function_tools([{"name": "f"}])
+    [{'type': 'function', 'function': {'name': 'f'}}]
+    """
+    return [{"type": "function", "function": f} for f in functions]
+
+
+def named_choice(name: str | None) -> dict[str, Any]:
+    """The chat ``tool_choice`` that names one function."""
+    return {"type": "function", "function": {"name": name}}
 
 
 def call_id() -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import httpx
 
 from gnll.backends.early import EarlyDecided
-from gnll.backends.openai.parse import logprob_pairs
+from gnll.backends.openai.parse import join_logprobs, logprob_pairs
 from gnll.backends.openai.reasoning import ReasoningStream
 from gnll.measures.early import EarlyDecision
 from gnll.policy import Answer
@@ -40,10 +40,7 @@ class StreamedChoice:
     def __init__(self, shape: Shape) -> None:
         self.shape = shape
         self.text: list[str] = []
-        self.content: list[dict[str, Any]] = []  # chat / llama.cpp shape
-        self.tokens: list[str] = []  # legacy completions shape
-        self.token_logprobs: list[Any] = []
-        self.top_logprobs: list[Any] = []
+        self.logprobs: list[Any] = []  # each chunk's, in either shape
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
@@ -60,14 +57,7 @@ class StreamedChoice:
         self.text.append(text)
         if reasoning is not None:
             self.reasoning.append(reasoning)
-        lp = choice.get("logprobs")
-        if isinstance(lp, dict):
-            if isinstance(lp.get("content"), list):
-                self.content.extend(lp["content"])
-            elif isinstance(lp.get("tokens"), list):
-                self.tokens.extend(lp["tokens"])
-                self.token_logprobs.extend(lp.get("token_logprobs") or [])
-                self.top_logprobs.extend(lp.get("top_logprobs") or [None] * len(lp["tokens"]))
+        self.logprobs.append(choice.get("logprobs"))
         if isinstance(choice.get("token_ids"), list):
             self.token_ids.extend(choice["token_ids"])
         delta = choice.get("delta")
@@ -101,14 +91,7 @@ class StreamedChoice:
     def choice(self) -> dict[str, Any]:
         """A non-streaming ``choices[i]`` with everything the stream said."""
         text = "".join(self.text)
-        if self.content:
-            logprobs: dict[str, Any] = {"content": self.content}
-        else:
-            logprobs = {
-                "tokens": self.tokens,
-                "token_logprobs": self.token_logprobs,
-                "top_logprobs": self.top_logprobs,
-            }
+        logprobs = join_logprobs(self.logprobs)
         out: dict[str, Any] = {"logprobs": logprobs, "finish_reason": self.finish_reason}
         out.update(self.shape.whole_choice(text))
         if any(self.reasoning):
