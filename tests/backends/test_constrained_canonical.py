@@ -110,3 +110,44 @@ def test_an_early_decision_watch_reads_each_final_token_once(tok):
     )
     assert cut.finish_reason == "decided" and cut.tokens == full.tokens[: at + 1] == seen
     assert cut.token_logprobs == full.token_logprobs[: at + 1]  # same path: the same decode
+
+
+class SlidingWindowShortestTokens(ShortestTokens):
+    """The same logits, over a Gemma-3-like cache whose first layer keeps a sliding window of 4
+    tokens: each call writes its tokens' keys and values into the cache as a model does."""
+
+    def __init__(self, tok) -> None:
+        super().__init__(tok)
+        from transformers import Gemma3TextConfig
+
+        self.config = Gemma3TextConfig(
+            vocab_size=self.logits.shape[0],
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+
+    def __call__(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
+        states = torch.zeros(1, 1, input_ids.shape[1], 8)
+        for layer in range(2):
+            past_key_values.update(states, states, layer)
+        return super().__call__(input_ids, past_key_values, use_cache, logits_to_keep)
+
+
+def test_a_token_is_taken_back_past_a_sliding_window(tok):
+    """Gemma-3's sliding-window layers drop states that leave the window; the canonical rewind
+    takes a token back long after the prompt has passed it (a tool prompt is ~530 tokens, the
+    window 512), which raised in transformers' cache before."""
+    model = SlidingWindowShortestTokens(tok)
+    prompt = tok("Weather in Paris? " * 4, add_special_tokens=False)["input_ids"]
+    assert len(prompt) > model.config.sliding_window
+    gen = generate_constrained(
+        model, tok, prompt, call_grammar(FUNCTIONS), max_new_tokens=200, eos_ids={tok.eos_token_id}
+    )
+    assert gen.finish_reason == "stop"
+    assert gen.token_ids == tok(gen.text, add_special_tokens=False)["input_ids"]
