@@ -91,6 +91,9 @@ def _prompt_cache(model: Any, prompt_ids: Sequence[int]) -> tuple[DynamicCache, 
             break
         shared += 1
     cache = DynamicCache(config=model.config)
+    # a canonical rewind takes a token back (``crop``); a sliding-window layer (Gemma-3's 512) can
+    # only do that once past its window if it keeps its past states
+    cache.activate_past_recording()  # type: ignore[no-untyped-call]
     if shared < MIN_SHARED_PREFIX:
         model._gnll_prompt_prefix = (ids, prefix, snapshot)
         return cache, list(ids)
