@@ -71,17 +71,6 @@ def _canonical_pair(llg: Any, prev: int, tok: int) -> list[int] | None:
 MIN_SHARED_PREFIX = 64
 
 
-def _cache(model: Any) -> DynamicCache:
-    """An empty KV cache that can take back its last token at any length.
-
-    A sliding-window layer (Gemma-3's, 512 tokens) drops the states that leave its window, so
-    taking a token back (the canonical rewind) would raise once prompt and output pass the
-    window; recording the past keeps them (what the mask sees is unchanged)."""
-    cache = DynamicCache(config=model.config)
-    cache.activate_past_recording()
-    return cache
-
-
 def _prompt_cache(model: Any, prompt_ids: Sequence[int]) -> tuple[DynamicCache, list[int]]:
     """A KV cache already holding a prefix of ``prompt_ids``, and the prompt tokens still to feed.
 
@@ -101,7 +90,10 @@ def _prompt_cache(model: Any, prompt_ids: Sequence[int]) -> tuple[DynamicCache, 
         if a != b:
             break
         shared += 1
-    cache = _cache(model)
+    cache = DynamicCache(config=model.config)
+    # a canonical rewind takes a token back (``crop``); a sliding-window layer (Gemma-3's 512) can
+    # only do that once past its window if it keeps its past states
+    cache.activate_past_recording()  # type: ignore[no-untyped-call]
     if shared < MIN_SHARED_PREFIX:
         model._gnll_prompt_prefix = (ids, prefix, snapshot)
         return cache, list(ids)
