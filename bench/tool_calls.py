@@ -280,6 +280,7 @@ def report(path: Path) -> dict[str, Any]:
     mixed = [r for group in zip_longest(*by_kind.values()) for r in group if r is not None]
     called = [r for r in mixed if r.get("name") is not None]
     out: dict[str, Any] = {
+        "benchmark": "tool_calls",  # every results file names its benchmark (bench/report.py)
         "tasks": len(rows),
         "calls": len(called),
         "accuracy": sum(r["right"] for r in rows) / len(rows) if rows else None,
