@@ -170,6 +170,21 @@ def llama_server(gguf):
         yield server
 
 
+@pytest.fixture
+def otel():
+    """OpenTelemetry's in-memory log exporter behind a logger provider, ``(exporter, provider)``:
+    a server given ``tracing=Emitter(provider)`` sends its events there (read them with
+    :func:`serve_helpers.otel_events`). The provider shuts down after the test."""
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    exp = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    yield exp, provider
+    provider.shutdown()
+
+
 # The real vLLM server (vLLM's CPU build in its own venv, tests/vllm_helpers.py) on gnll's converted
 # embedded SmolLM2: one for the whole run, shared by the xdist workers, stopped by the run's owner.
 def _vllm_root(config: pytest.Config) -> Path | None:

@@ -235,6 +235,19 @@ def sse(text: str) -> list:
     return out
 
 
+def otel_events(exp) -> list[dict]:
+    """The attributes of each event the ``otel`` fixture's exporter caught, each asserted to be
+    gnll's evaluation event."""
+    from gnll.serving.tracing import EVENT_NAME
+
+    out = []
+    for item in exp.get_finished_logs():
+        rec = getattr(item, "log_record", item)
+        assert rec.event_name == EVENT_NAME
+        out.append(dict(rec.attributes))
+    return out
+
+
 @contextlib.contextmanager
 def access_log(caplog):
     """Capture the access log (``gnll serve``'s own set-up stops it from propagating)."""
@@ -325,6 +338,23 @@ def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
     )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
+
+
+def check_escalated_early(
+    r, *, local_model: str, max_tokens: int, answered_by: str = "gemma-3-270m"
+):
+    """The record of a real cascade's escalated ``/v1/completions`` answer (``r``, an httpx
+    response): answered by ``answered_by`` (record and header), the local model cut at its exact
+    early decision within its first 10 tokens. Returns the record's ``local`` part."""
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    u = choice["uncertainty"]
+    assert u["escalated"] is True and u["answered_by"] == answered_by, u
+    assert r.headers["x-answered-by"] == answered_by and choice["text"]
+    local = u["local"]
+    assert local["early"] is True and local["model"] == local_model
+    assert local["decided_at_token"] <= 10 and local["tokens_saved"] >= max_tokens - 10
+    return local
 
 
 #: Eight short questions, asked at once by the concurrent-stream tests (llama.cpp, vLLM).
