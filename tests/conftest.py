@@ -215,6 +215,17 @@ def vllm_server(request, tmp_path_factory):
     return shared_server(root, extra_args=tool_args(root))
 
 
+@pytest.fixture(scope="module")
+def vllm_proxy(vllm_server):
+    """``gnll serve --upstream`` in front of the run's vLLM server, no policy (a ServerThread)."""
+    from gnll.serving import ServeSettings, build_proxy_app
+    from gnll.serving.server import ServerThread
+
+    app = build_proxy_app(vllm_server.base_url, ServeSettings(upstream_timeout=300))
+    with ServerThread(app) as px:
+        yield px
+
+
 @pytest.fixture(scope="session")
 def vllm_processed_server(request, tmp_path_factory):
     """A second vLLM server, started with ``--logprobs-mode processed_logprobs`` (what RL stacks

@@ -357,6 +357,26 @@ def check_escalated_early(
     return local
 
 
+def check_withheld_call(r, stream: bool) -> tuple[dict, dict]:
+    """A chat reply (``r``, an httpx response) whose one call, to get_weather, was withheld: no
+    call reached it (no ``tool_calls`` delta or field, no log-probs) and its text says so. Returns
+    the call's record and the choice's."""
+    if stream:
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert not any(d.get("tool_calls") for d in deltas)
+        text = "".join(d.get("content") or "" for d in deltas)
+        record = events[-1]["choices"][0]["uncertainty"]
+    else:
+        choice = r.json()["choices"][0]
+        assert "tool_calls" not in choice["message"] and choice["logprobs"] is None
+        text, record = choice["message"]["content"], choice["uncertainty"]
+    assert "withheld: get_weather (call 0)" in text
+    [rec] = record["tool_calls"]
+    assert rec["withheld"] is True
+    return rec, record
+
+
 #: Eight short questions, asked at once by the concurrent-stream tests (llama.cpp, vLLM).
 QUESTIONS = [
     "What is the capital of France?",
