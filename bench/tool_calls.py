@@ -51,6 +51,10 @@ from gnll.evaluation.results.metrics import auroc
 from gnll.text import normalize_answer
 from gnll.toolcalls import call_grammar, call_report, parse_output, tool_system_prompt
 
+# the tool definitions' one home, shared with the tests
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+from tool_sets import CALCULATOR, LOOKUP, convert_tool  # noqa: E402
+
 PAIRS = [
     ("kilometers", "meters"),
     ("meters", "centimeters"),
@@ -60,52 +64,7 @@ PAIRS = [
     ("liters", "milliliters"),
 ]
 UNITS = list(dict.fromkeys(u for pair in PAIRS for u in pair))
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up the encyclopedia article whose title answers the question",
-            "parameters": {
-                "type": "object",
-                "properties": {"title": {"type": "string", "description": "the answer"}},
-                "required": ["title"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Compute a op b for two numbers",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "a": {"type": "number"},
-                    "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
-                    "b": {"type": "number"},
-                },
-                "required": ["a", "op", "b"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "convert",
-            "description": "Convert a quantity from one unit to another",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "value": {"type": "number"},
-                    "from_unit": {"type": "string", "enum": UNITS},
-                    "to_unit": {"type": "string", "enum": UNITS},
-                },
-                "required": ["value", "from_unit", "to_unit"],
-            },
-        },
-    },
-]
+TOOLS = [LOOKUP, CALCULATOR, convert_tool(UNITS)]
 _OPS = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,

@@ -9,42 +9,19 @@ BATCH_INVARIANCE_ATOL when the output is canonical.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 from gnll import load_model
 from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt
 from gnll.toolcalls import call_grammar, tool_system_prompt
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Compute a op b",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "a": {"type": "integer"},
-                    "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
-                    "b": {"type": "integer"},
-                },
-                "required": ["a", "op", "b"],
-            },
-        },
-    },
-]
+# the tool definitions' one home, shared with the tests
+sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
+from tool_sets import WEATHER_AND_CALCULATOR  # noqa: E402
+
+TOOLS = WEATHER_AND_CALCULATOR
 QUESTIONS = [
     "What is the weather in Paris?",
     "What is 12 times 7?",

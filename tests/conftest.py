@@ -170,6 +170,21 @@ def llama_server(gguf):
         yield server
 
 
+@pytest.fixture
+def otel():
+    """OpenTelemetry's in-memory log exporter behind a logger provider, ``(exporter, provider)``:
+    a server given ``tracing=Emitter(provider)`` sends its events there (read them with
+    :func:`serve_helpers.otel_events`). The provider shuts down after the test."""
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+
+    exp = InMemoryLogRecordExporter()
+    provider = LoggerProvider()
+    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    yield exp, provider
+    provider.shutdown()
+
+
 # The real vLLM server (vLLM's CPU build in its own venv, tests/vllm_helpers.py) on gnll's converted
 # embedded SmolLM2: one for the whole run, shared by the xdist workers, stopped by the run's owner.
 def _vllm_root(config: pytest.Config) -> Path | None:
@@ -198,6 +213,17 @@ def vllm_server(request, tmp_path_factory):
     tmp_path_factory.getbasetemp()  # the run's shared directory exists from here on
     root = _vllm_root(request.config)
     return shared_server(root, extra_args=tool_args(root))
+
+
+@pytest.fixture(scope="module")
+def vllm_proxy(vllm_server):
+    """``gnll serve --upstream`` in front of the run's vLLM server, no policy (a ServerThread)."""
+    from gnll.serving import ServeSettings, build_proxy_app
+    from gnll.serving.server import ServerThread
+
+    app = build_proxy_app(vllm_server.base_url, ServeSettings(upstream_timeout=300))
+    with ServerThread(app) as px:
+        yield px
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 from fastapi import FastAPI
 
@@ -28,7 +28,8 @@ LARGE = ([" Paris", "."], [-0.1, -0.2])
 
 
 class StandInServer:
-    """A threading HTTP server on a free port, torn down by :meth:`close`."""
+    """A threading HTTP server on a free port, torn down by :meth:`close` (or the end of a
+    ``with`` block)."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]) -> None:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -39,6 +40,12 @@ class StandInServer:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class StandInHandler(BaseHTTPRequestHandler):

@@ -235,6 +235,19 @@ def sse(text: str) -> list:
     return out
 
 
+def otel_events(exp) -> list[dict]:
+    """The attributes of each event the ``otel`` fixture's exporter caught, each asserted to be
+    gnll's evaluation event."""
+    from gnll.serving.tracing import EVENT_NAME
+
+    out = []
+    for item in exp.get_finished_logs():
+        rec = getattr(item, "log_record", item)
+        assert rec.event_name == EVENT_NAME
+        out.append(dict(rec.attributes))
+    return out
+
+
 @contextlib.contextmanager
 def access_log(caplog):
     """Capture the access log (``gnll serve``'s own set-up stops it from propagating)."""
@@ -325,6 +338,43 @@ def ask(srv, prompt: str, max_tokens: int = 100) -> dict:
     )
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]
+
+
+def check_escalated_early(
+    r, *, local_model: str, max_tokens: int, answered_by: str = "gemma-3-270m"
+):
+    """The record of a real cascade's escalated ``/v1/completions`` answer (``r``, an httpx
+    response): answered by ``answered_by`` (record and header), the local model cut at its exact
+    early decision within its first 10 tokens. Returns the record's ``local`` part."""
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    u = choice["uncertainty"]
+    assert u["escalated"] is True and u["answered_by"] == answered_by, u
+    assert r.headers["x-answered-by"] == answered_by and choice["text"]
+    local = u["local"]
+    assert local["early"] is True and local["model"] == local_model
+    assert local["decided_at_token"] <= 10 and local["tokens_saved"] >= max_tokens - 10
+    return local
+
+
+def check_withheld_call(r, stream: bool) -> tuple[dict, dict]:
+    """A chat reply (``r``, an httpx response) whose one call, to get_weather, was withheld: no
+    call reached it (no ``tool_calls`` delta or field, no log-probs) and its text says so. Returns
+    the call's record and the choice's."""
+    if stream:
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert not any(d.get("tool_calls") for d in deltas)
+        text = "".join(d.get("content") or "" for d in deltas)
+        record = events[-1]["choices"][0]["uncertainty"]
+    else:
+        choice = r.json()["choices"][0]
+        assert "tool_calls" not in choice["message"] and choice["logprobs"] is None
+        text, record = choice["message"]["content"], choice["uncertainty"]
+    assert "withheld: get_weather (call 0)" in text
+    [rec] = record["tool_calls"]
+    assert rec["withheld"] is True
+    return rec, record
 
 
 #: Eight short questions, asked at once by the concurrent-stream tests (llama.cpp, vLLM).

@@ -4,6 +4,7 @@ case: every word would be spelled byte by byte, which the tokenizer never does).
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -86,28 +87,21 @@ def test_an_early_decision_watch_reads_each_final_token_once(tok):
     model = ShortestTokens(tok)
     prompt = tok("Weather in Paris?", add_special_tokens=False)["input_ids"]
     grammar = call_grammar(FUNCTIONS)
-    read: list[str] = []
-    full = generate_constrained(
+    decode = partial(
+        generate_constrained,
         model,
         tok,
         prompt,
         grammar,
         max_new_tokens=200,
         eos_ids={tok.eos_token_id},
-        watch=lambda t, lp: read.append(t) or False,
     )
+    read: list[str] = []
+    full = decode(watch=lambda t, lp: read.append(t) or False)
     assert read == full.tokens and full.finish_reason == "stop"
     at = full.tokens.index("ator")  # after the rewinds of the function's name
     seen: list[str] = []
-    cut = generate_constrained(
-        model,
-        tok,
-        prompt,
-        grammar,
-        max_new_tokens=200,
-        eos_ids={tok.eos_token_id},
-        watch=lambda t, lp: seen.append(t) or len(seen) == at + 1,
-    )
+    cut = decode(watch=lambda t, lp: seen.append(t) or len(seen) == at + 1)
     assert cut.finish_reason == "decided" and cut.tokens == full.tokens[: at + 1] == seen
     assert cut.token_logprobs == full.token_logprobs[: at + 1]  # same path: the same decode
 

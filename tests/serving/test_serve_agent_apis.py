@@ -341,15 +341,10 @@ def test_refuse_under_the_proxy_withholds_the_answer_on_both_apis():
                     assert REFUSAL in r.text and "Maybe" not in r.text and "Lyon" not in r.text
 
 
-def test_metrics_and_otel_events_name_the_api():
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-
+def test_metrics_and_otel_events_name_the_api(otel):
     from gnll.serving.tracing import Emitter
 
-    exp = InMemoryLogRecordExporter()
-    provider = LoggerProvider()
-    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    exp, provider = otel
     settings = ServeSettings(tracing=Emitter(provider))
     with ServerThread(build_inprocess_app(StreamingModel(), settings, max_wait_ms=1)) as srv:
         ids = {}
@@ -361,7 +356,6 @@ def test_metrics_and_otel_events_name_the_api():
         srv.model_id = "streaming"
         chat(srv, "unsure")
         metrics = httpx.get(srv.url + "/metrics").text
-    provider.shutdown()
     for api in ("responses", "messages", "chat.completions"):
         want = 1 if api == "chat.completions" else 2
         assert f'gnll_api_answers_total{{api="{api}"}} {float(want)}' in metrics, metrics

@@ -79,22 +79,10 @@ def test_page_shows_a_tool_calls_least_certain_argument(gate):
 
 def test_page_lists_the_local_models_withheld_call_after_an_escalation():
     from test_serve_tools_escalate import TOOLS as ESC_TOOLS
-    from test_serve_tools_escalate import Caller
+    from test_serve_tools_escalate import Caller, escalating
 
-    big = Caller("big", "Paris", -0.05)
-    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
-        settings = ServeSettings(
-            policy=AbstentionPolicy(mode="escalate", threshold=100.0), tool_argument_threshold=2.0
-        )
-        app = build_inprocess_app(
-            Caller("small", "Pariss", -1.5),
-            settings,
-            max_wait_ms=1,
-            escalate_to=up.url + "/v1",
-            escalate_model="big",
-        )
-        with ServerThread(app) as srv:
-            got = _ask(srv.url, json.dumps(ESC_TOOLS))
+    with escalating(Caller("small", "Pariss", -1.5)) as srv:
+        got = _ask(srv.url, json.dumps(ESC_TOOLS))
     assert not got["error"]
     [line] = [x for x in got["lines"] if x.startswith("the local model small's")]
     assert "tool call get_weather" in line and "least certain argument city" in line

@@ -78,14 +78,10 @@ def test_escalation_starts_at_the_decision_token():
     assert u["local"]["text"] == " w0 w1 w2 w3 w4"  # what the local model had said by then
 
 
-def test_metrics_and_otel_events_say_where_the_decision_was_made():
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-
+def test_metrics_and_otel_events_say_where_the_decision_was_made(otel):
     from gnll.serving.tracing import Emitter
 
-    exp, provider = InMemoryLogRecordExporter(), LoggerProvider()
-    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    exp, provider = otel
     policy = AbstentionPolicy(mode="refuse", threshold=3.0)
     with serve(StreamingModel(), policy=policy, tracing=Emitter(provider)) as s:
         ask(s, "long")
@@ -94,7 +90,6 @@ def test_metrics_and_otel_events_say_where_the_decision_was_made():
     assert 'gnll_early_decisions_total{action="refuse"} 1.0' in metrics
     assert "gnll_early_tokens_saved_total 93.0" in metrics
     attrs = [dict(getattr(e, "log_record", e).attributes) for e in exp.get_finished_logs()]
-    provider.shutdown()
     early = [a for a in attrs if "gnll.early_decision.token" in a]
     assert len(early) == 1 and early[0]["gnll.early_decision.token"] == 7
     assert early[0]["gnll.early_decision.tokens_saved"] == 93

@@ -10,7 +10,9 @@ test_serve_cascade.py (its ``unsure`` prompt escalates).
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -46,6 +48,19 @@ def _serve(where: str, small: SmallUpstream, large: LargeUpstream) -> tuple[Serv
     return _inprocess(large), "unsure"
 
 
+@contextlib.contextmanager
+def _running(where: str, **large: Any) -> Iterator[tuple[ServerThread, str, LargeUpstream]]:
+    """The server of :func:`_serve` in front of the two stand-ins (``large``: the large one's
+    options), the prompt it escalates and the large stand-in; all stop when the block ends."""
+    with (
+        SmallUpstream(tokens=40, pause=0.02) as small,
+        LargeUpstream(tokens=WORDS, **large) as big,
+    ):
+        srv, prompt = _serve(where, small, big)
+        with srv:
+            yield srv, prompt, big
+
+
 def _model(prompt: str) -> str:
     return "scripted" if prompt == "unsure" else "small"
 
@@ -79,14 +94,8 @@ def _stream(srv: ServerThread, prompt: str, **body: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("where", ["proxy", "in-process"])
 def test_the_first_escalated_chunk_arrives_while_the_large_model_is_still_answering(where):
-    small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream(pause=PAUSE, tokens=WORDS)
-    try:
-        srv, prompt = _serve(where, small, large)
-        with srv:
-            got = _stream(srv, prompt)
-    finally:
-        small.close()
-        large.close()
+    with _running(where, pause=PAUSE) as (srv, prompt, large):
+        got = _stream(srv, prompt)
     assert "".join(got["pieces"]) == "".join(WORDS) and got["finishes"] == ["stop"]
     (arrived,), (finished,) = large.arrived, large.finished
     answer_time = finished - arrived  # the large stand-in's whole answer: about 5 x 0.2 s
@@ -103,21 +112,15 @@ def test_the_first_escalated_chunk_arrives_while_the_large_model_is_still_answer
 
 @pytest.mark.parametrize("where", ["proxy", "in-process"])
 def test_the_streamed_record_equals_the_non_streamed_one(where):
-    small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream(tokens=WORDS)
-    try:
-        srv, prompt = _serve(where, small, large)
-        with srv:
-            got = _stream(srv, prompt, stream_options={"include_usage": True})
-            plain = _stream(srv, prompt)
-            whole = httpx.post(
-                srv.url + "/v1/chat/completions",
-                json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 40},
-                timeout=60,
-            )
-            metrics = httpx.get(srv.url + "/metrics").text
-    finally:
-        small.close()
-        large.close()
+    with _running(where) as (srv, prompt, _):
+        got = _stream(srv, prompt, stream_options={"include_usage": True})
+        plain = _stream(srv, prompt)
+        whole = httpx.post(
+            srv.url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 40},
+            timeout=60,
+        )
+        metrics = httpx.get(srv.url + "/metrics").text
     # the two live streams are counted as escalations once they have ended, as the whole answer is
     assert 'gnll_escalations_total{outcome="answered"} 3.0' in metrics
     expected = whole.json()["choices"][0]["uncertainty"]
@@ -134,14 +137,8 @@ def test_the_streamed_record_equals_the_non_streamed_one(where):
 @pytest.mark.parametrize("fail", ["status", "event"])
 @pytest.mark.parametrize("where", ["proxy", "in-process"])
 def test_a_failure_before_the_first_chunk_streams_the_local_answer(where, fail):
-    small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream(tokens=WORDS, fail=fail)
-    try:
-        srv, prompt = _serve(where, small, large)
-        with srv:
-            got = _stream(srv, prompt)
-    finally:
-        small.close()
-        large.close()
+    with _running(where, fail=fail) as (srv, prompt, large):
+        got = _stream(srv, prompt)
     u = got["uncertainty"]
     local_name = "small" if where == "proxy" else "scripted"
     assert u["escalated"] is False and u["answered_by"] == local_name == got["header"]
@@ -153,24 +150,18 @@ def test_a_failure_before_the_first_chunk_streams_the_local_answer(where, fail):
 
 @pytest.mark.parametrize("where", ["proxy", "in-process"])
 def test_a_failure_mid_stream_ends_in_an_error_event_naming_the_upstream(where):
-    small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream(tokens=WORDS, fail="mid")
-    try:
-        srv, prompt = _serve(where, small, large)
-        with srv:
-            raw = _client(srv).chat.completions.create(
-                model=_model(prompt), messages=[{"role": "user", "content": prompt}], stream=True
-            )
-            pieces, finishes = [], []
-            with pytest.raises(openai.APIError) as err:
-                for chunk in raw:
-                    for c in chunk.choices:
-                        pieces.append(c.delta.content or "")
-                        if c.finish_reason is not None:
-                            finishes.append(c.finish_reason)
-            metrics = httpx.get(srv.url + "/metrics").text
-    finally:
-        small.close()
-        large.close()
+    with _running(where, fail="mid") as (srv, prompt, large):
+        raw = _client(srv).chat.completions.create(
+            model=_model(prompt), messages=[{"role": "user", "content": prompt}], stream=True
+        )
+        pieces, finishes = [], []
+        with pytest.raises(openai.APIError) as err:
+            for chunk in raw:
+                for c in chunk.choices:
+                    pieces.append(c.delta.content or "")
+                    if c.finish_reason is not None:
+                        finishes.append(c.finish_reason)
+        metrics = httpx.get(srv.url + "/metrics").text
     assert "".join(pieces) == WORDS[0]  # the one token sent before the connection closed
     assert finishes == []  # no finish_reason faked for the cut answer
     message = str(err.value)

@@ -246,19 +246,14 @@ def test_the_cli_serves_proxy_escalation(monkeypatch):
     assert res.exit_code == 0 and "; early decisions)" in res.output, res.output
 
 
-def test_otel_events_say_where_the_proxy_decided(upstreams):
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-
+def test_otel_events_say_where_the_proxy_decided(upstreams, otel):
     from gnll.serving.tracing import Emitter
 
     small, large = upstreams
-    exp, provider = InMemoryLogRecordExporter(), LoggerProvider()
-    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
+    exp, provider = otel
     with cascade(small, large, tracing=Emitter(provider)) as px:
         httpx.post(px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60)
     attrs = [dict(getattr(e, "log_record", e).attributes) for e in exp.get_finished_logs()]
-    provider.shutdown()
     early = [a for a in attrs if "gnll.early_decision.token" in a]
     assert early and {a["gnll.early_decision.token"] for a in early} == {7}
     assert {a["gnll.early_decision.tokens_saved"] for a in early} == {33}

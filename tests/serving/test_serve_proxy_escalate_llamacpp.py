@@ -15,6 +15,7 @@ import time
 
 import httpx
 import pytest
+from serve_helpers import check_escalated_early
 from test_serve_early_llamacpp import cpu_seconds
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_proxy_app
@@ -65,14 +66,7 @@ def test_the_small_server_goes_idle_at_the_decision_and_the_large_one_answers(
         took = time.perf_counter() - t
         time.sleep(0.3)  # anything the server still does after the answer counts too
         escalated_cpu = cpu_seconds(small_pid) - before
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    u = choice["uncertainty"]
-    assert u["escalated"] is True and u["answered_by"] == "gemma-3-270m", u
-    assert r.headers["x-answered-by"] == "gemma-3-270m" and choice["text"]
-    local = u["local"]
-    assert local["early"] is True and local["model"] == "smollm2-135m-instruct"
-    assert local["decided_at_token"] <= 10 and local["tokens_saved"] >= MAX_TOKENS - 10
+    local = check_escalated_early(r, local_model="smollm2-135m-instruct", max_tokens=MAX_TOKENS)
     assert whole["choices"][0]["text"].startswith(local["text"])  # the same greedy answer, cut
     # Had SmolLM2 gone on, it would have spent the whole answer's CPU within the request (which
     # lasted for Gemma's answer); it spent a fraction: the tokens up to the decision.

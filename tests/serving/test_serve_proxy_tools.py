@@ -14,6 +14,7 @@ import json
 import httpx
 import openai
 import pytest
+from serve_helpers import check_withheld_call
 from test_serve_tools import CALL, LPS, TOOLS, USER, CallingModel
 
 from gnll.policy import AbstentionPolicy
@@ -103,20 +104,8 @@ def test_a_withheld_call_leaks_no_byte(upstream, gate, stream):
         r = httpx.post(px.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert "Paris" not in r.text, [x for x in r.text.splitlines() if "Paris" in x]
-    if stream:
-        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
-        assert not any(e["choices"][0]["delta"].get("tool_calls") for e in events if e["choices"])
-        text = "".join(
-            e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]
-        )
-        record = events[-1]["choices"][0]["uncertainty"]
-    else:
-        choice = r.json()["choices"][0]
-        assert "tool_calls" not in choice["message"] and choice["logprobs"] is None
-        text, record = choice["message"]["content"], choice["uncertainty"]
-    assert "withheld: get_weather (call 0)" in text
-    [rec] = record["tool_calls"]
-    assert rec["withheld"] is True and "text" not in rec["arguments"][0]
+    rec, record = check_withheld_call(r, stream)
+    assert "text" not in rec["arguments"][0]
     assert record["refused"] is True and record.get("tokens") is None
 
 

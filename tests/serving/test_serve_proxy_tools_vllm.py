@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from serve_helpers import check_withheld_call
 from typer.testing import CliRunner
 
 from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt
@@ -98,14 +99,6 @@ CITY_SCHEMA = {
     "required": ["city", "country"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def proxy(vllm_server):
-    with ServerThread(
-        build_proxy_app(vllm_server.base_url, ServeSettings(upstream_timeout=300))
-    ) as px:
-        yield px
 
 
 def _client(url: str) -> openai.OpenAI:
@@ -200,14 +193,14 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
     ("tools", "choice", "stream"), [([WEATHER], "required", False), (TOOLS, NAMED, True)]
 )
 def test_a_required_call_scores_as_its_tokens_teacher_forced(
-    proxy, vllm_server, smollm, tools, choice, stream
+    vllm_proxy, vllm_server, smollm, tools, choice, stream
 ):
     """``tool_choice`` required or a named function: vLLM decodes the call under its grammar
     (the hermes format), and its log-probs are then the constrained distribution's (measured
     on vLLM 0.32; the record says so)."""
     kwargs = {"tool_choice": choice, "temperature": 0, "max_tokens": 60, "logprobs": True}
     kwargs["extra_body"] = {"return_token_ids": True}  # vLLM's: passed through by the proxy
-    c = _client(proxy.url).chat.completions
+    c = _client(vllm_proxy.url).chat.completions
     if stream:
         chunks = list(
             c.create(model=vllm_server.model, messages=ASK, tools=tools, stream=True, **kwargs)
@@ -251,11 +244,11 @@ def test_a_required_call_scores_as_its_tokens_teacher_forced(
     _check_constrained(rec, reported, raw)
 
 
-def test_an_auto_call_in_an_agent_loop_scores_as_gnll_score_does(proxy, vllm_server, scored):
+def test_an_auto_call_in_an_agent_loop_scores_as_gnll_score_does(vllm_proxy, vllm_server, scored):
     """``tool_choice: "auto"``, no ``strict`` tool: no grammar, the model calls on its own after
     earlier calls, and its log-probs are the raw distribution's: ``gnll score`` of the call
     gives the same numbers."""
-    c = _client(proxy.url).chat.completions
+    c = _client(vllm_proxy.url).chat.completions
     tools = [LOOSE, CALCULATOR]
     kwargs = {"model": vllm_server.model, "messages": SHOTS, "tools": tools, "max_tokens": 40}
     r = c.create(temperature=0, **kwargs)
@@ -292,25 +285,14 @@ def test_a_withheld_call_leaks_no_byte(vllm_server, stream):
         r = httpx.post(px.url + "/v1/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text
     assert "Paris" not in r.text  # the argument value, anywhere in the response
-    if stream:
-        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
-        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
-        assert not any(d.get("tool_calls") for d in deltas)
-        text = "".join(d.get("content") or "" for d in deltas)
-        record = events[-1]["choices"][0]["uncertainty"]
-    else:
-        choice = r.json()["choices"][0]
-        assert "tool_calls" not in choice["message"] and choice["logprobs"] is None
-        text, record = choice["message"]["content"], choice["uncertainty"]
-    assert "withheld: get_weather (call 0)" in text
-    [rec] = record["tool_calls"]
-    assert rec["withheld"] is True and rec["g_nll"] > 0.01
+    rec, _ = check_withheld_call(r, stream)
+    assert rec["g_nll"] > 0.01
 
 
-def test_json_schema_fields_say_which_distribution(proxy, vllm_server, smollm):
+def test_json_schema_fields_say_which_distribution(vllm_proxy, vllm_server, smollm):
     fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY_SCHEMA}}
     messages = [{"role": "user", "content": "Name a city and its country, as JSON."}]
-    r = _client(proxy.url).chat.completions.create(
+    r = _client(vllm_proxy.url).chat.completions.create(
         model=vllm_server.model, messages=messages, response_format=fmt, temperature=0,
         max_tokens=60, logprobs=True, extra_body={"return_token_ids": True},
     )  # fmt: skip
@@ -332,10 +314,10 @@ def test_json_schema_fields_say_which_distribution(proxy, vllm_server, smollm):
     assert np.any(reported[: len(raw)] > raw + 1.0)
 
 
-def test_what_vllm_refuses_comes_back_named(proxy, vllm_server):
+def test_what_vllm_refuses_comes_back_named(vllm_proxy, vllm_server):
     bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}
     with pytest.raises(openai.BadRequestError) as err:
-        _client(proxy.url).chat.completions.create(
+        _client(vllm_proxy.url).chat.completions.create(
             model=vllm_server.model, messages=ASK, response_format=bad, max_tokens=5
         )
     message = err.value.body["message"]

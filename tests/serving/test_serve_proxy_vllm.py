@@ -24,22 +24,14 @@ pytestmark = pytest.mark.vllm
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def proxy(vllm_server):
-    with ServerThread(
-        build_proxy_app(vllm_server.base_url, ServeSettings(upstream_timeout=300))
-    ) as px:
-        yield px
-
-
-def test_the_token_cap_is_vllms(proxy, vllm_server):
+def test_the_token_cap_is_vllms(vllm_proxy, vllm_server):
     body = {"model": vllm_server.model, "messages": QUESTION, "temperature": 0}
     r = httpx.post(
-        proxy.url + "/v1/chat/completions", json={**body, "max_tokens": 1000}, timeout=300
+        vllm_proxy.url + "/v1/chat/completions", json={**body, "max_tokens": 1000}, timeout=300
     )
     assert r.status_code == 200, r.text  # was a 400: above gnll's 512
     assert r.json()["choices"][0]["uncertainty"]["g_nll"] > 0
-    plain = httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=300)
+    plain = httpx.post(vllm_proxy.url + "/v1/chat/completions", json=body, timeout=300)
     assert plain.status_code == 200 and "x-gnll-default-max-tokens" not in plain.headers
     assert (
         plain.json()["choices"][0]["message"]["content"]
@@ -47,24 +39,24 @@ def test_the_token_cap_is_vllms(proxy, vllm_server):
     )
     # Above vLLM's max_model_len (2048): vLLM's own 400 comes back through the proxy.
     over = httpx.post(
-        proxy.url + "/v1/chat/completions", json={**body, "max_tokens": 5000}, timeout=300
+        vllm_proxy.url + "/v1/chat/completions", json={**body, "max_tokens": 5000}, timeout=300
     )
     assert over.status_code == 400, over.text
     assert "upstream" in over.json()["error"]["message"]
 
 
-def test_tokenize_is_forwarded(proxy, vllm_server):
+def test_tokenize_is_forwarded(vllm_proxy, vllm_server):
     body = {"model": vllm_server.model, "messages": QUESTION, "add_generation_prompt": True}
-    via = httpx.post(proxy.url + "/tokenize", json=body, timeout=60)
+    via = httpx.post(vllm_proxy.url + "/tokenize", json=body, timeout=60)
     direct = httpx.post(vllm_server.url + "/tokenize", json=body, timeout=60)
     assert via.status_code == 200 and via.json() == direct.json()
 
 
-def test_gnll_backend_through_the_proxy_equals_vllm_direct(proxy, vllm_server):
+def test_gnll_backend_through_the_proxy_equals_vllm_direct(vllm_proxy, vllm_server):
     cfg = GenerationConfig.greedy(max_new_tokens=24)
     prompts = ["What is the capital of France?", "Who wrote Moby-Dick?"]
     got = []
-    for url in (vllm_server.base_url, proxy.url + "/v1"):
+    for url in (vllm_server.base_url, vllm_proxy.url + "/v1"):
         lm = load_model(vllm_server.model, backend="openai", base_url=url, chat=True)
         assert lm.info()["server"] == "vllm"
         got.append([g[0] for g in lm.generate(prompts, cfg)])
@@ -74,8 +66,10 @@ def test_gnll_backend_through_the_proxy_equals_vllm_direct(proxy, vllm_server):
         assert max(diffs) <= BATCH_INVARIANCE_ATOL
 
 
-def test_doctor_through_the_proxy_passes(proxy):
-    result = CliRunner().invoke(cli, ["doctor", "--base_url", proxy.url + "/v1", "--requests", "2"])
+def test_doctor_through_the_proxy_passes(vllm_proxy):
+    result = CliRunner().invoke(
+        cli, ["doctor", "--base_url", vllm_proxy.url + "/v1", "--requests", "2"]
+    )
     assert result.exit_code == 0, result.output
     assert "looks like a bug" not in result.output and "HTTP 404" not in result.output
 

@@ -10,21 +10,14 @@ import httpx
 import openai
 import pytest
 from serve_helpers import ScriptedModel
+from tool_sets import GET_WEATHER
 
 from gnll.backends.base import Generation
 from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
+TOOLS = [GET_WEATHER]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 # one token per 4 characters, log-probs -0.1, -0.2, ...
 TOKENS = [CALL[i : i + 4] for i in range(0, len(CALL), 4)]

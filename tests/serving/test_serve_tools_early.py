@@ -13,20 +13,13 @@ import json
 import httpx
 import pytest
 from serve_helpers import EOS, FakeDecoder, StreamingModel, serve
+from tool_sets import GET_WEATHER
 
 from gnll.backends.base import BATCH_INVARIANCE_ATOL
 from gnll.backends.constrained import ConstrainedGeneration
 from gnll.policy import AbstentionPolicy
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
+TOOLS = [GET_WEATHER]
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris, France"}}\n</tool_call>'
 TOKENS = [CALL[i : i + 4] for i in range(0, len(CALL), 4)]
 CITY = CALL.index("Paris")

@@ -7,27 +7,23 @@ Two scripted models on loopback: the local one calls ``get_weather`` with an unc
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from serve_helpers import ScriptedModel
+from tool_sets import GET_WEATHER
 
-from gnll.backends.base import Generation
+from gnll.backends.base import Generation, Model
 from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
+TOOLS = [GET_WEATHER]
 USER = [{"role": "user", "content": "Weather in the capital of France?"}]
 
 
@@ -62,22 +58,53 @@ class Caller(ScriptedModel):
         return [[Generation(text, list(range(len(toks))), toks, lps, "eos")] for _ in prompts]
 
 
+@contextlib.contextmanager
+def escalating(
+    small: Model, big: Model | None = None, argument_threshold: float = 2.0, **settings: Any
+) -> Iterator[ServerThread]:
+    """``small`` served in-process under ``--policy escalate --tool_argument_threshold``
+    (``settings``: more :class:`ServeSettings`), escalating to ``big`` served on loopback (by
+    default the larger :class:`Caller`, whose call is sure); both stop when the block ends. The
+    G-NLL threshold is out of reach: only the tool gate escalates."""
+    if big is None:
+        big = Caller("big", "Paris", -0.05)
+    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
+        policy = AbstentionPolicy(mode="escalate", threshold=100.0)
+        app = build_inprocess_app(
+            small,
+            ServeSettings(policy=policy, tool_argument_threshold=argument_threshold, **settings),
+            max_wait_ms=1,
+            escalate_to=up.url + "/v1",
+            escalate_model="big",
+        )
+        with ServerThread(app) as local:
+            yield local
+
+
+def reply(text: str, stream: bool) -> tuple[str, dict[str, Any]]:
+    """A chat reply's tool call arguments (the stream's pieces joined) and its last (finished)
+    choice."""
+    if stream:
+        events = [json.loads(x[6:]) for x in text.splitlines() if x.startswith("data: {")]
+        args = "".join(
+            tc["function"].get("arguments") or ""
+            for e in events
+            for c in e["choices"]
+            for tc in c.get("delta", {}).get("tool_calls") or []
+        )
+        last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
+    else:
+        last = json.loads(text)["choices"][0]
+        args = last["message"]["tool_calls"][0]["function"]["arguments"]
+    return args, last
+
+
 @pytest.fixture(scope="module")
 def servers():
     big = Caller("big", "Paris", -0.05)
     small = Caller("small", "Pariss", -1.5)
-    up = ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1))
-    with up:
-        settings = ServeSettings(
-            policy=AbstentionPolicy(mode="escalate", threshold=100.0), tool_argument_threshold=2.0
-        )
-        local = ServerThread(
-            build_inprocess_app(
-                small, settings, max_wait_ms=1, escalate_to=up.url + "/v1", escalate_model="big"
-            )
-        )
-        with local:
-            yield local, small, big
+    with escalating(small, big) as local:
+        yield local, small, big
 
 
 def _client(srv):
@@ -169,36 +196,17 @@ def test_a_call_withheld_at_its_early_decision_is_asked_of_the_larger_model(stre
     from test_serve_tools_early import MAX_TOKENS, TOKENS
     from test_serve_tools_early import Caller as LoopCaller
 
-    big = Caller("big", "Paris", -0.05)
-    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
-        settings = ServeSettings(
-            policy=AbstentionPolicy(mode="escalate", threshold=100.0), tool_argument_threshold=1.5
-        )
-        small = LoopCaller()
-        app = build_inprocess_app(
-            small, settings, max_wait_ms=1, escalate_to=up.url + "/v1", escalate_model="big"
-        )
-        with ServerThread(app) as local:
-            body = {
-                "messages": USER,
-                "tools": TOOLS,
-                "max_tokens": MAX_TOKENS,
-                "stream": stream,
-            }
-            raw = httpx.post(local.url + "/v1/chat/completions", json=body, timeout=30).text
+    small = LoopCaller()
+    with escalating(small, argument_threshold=1.5) as local:
+        body = {
+            "messages": USER,
+            "tools": TOOLS,
+            "max_tokens": MAX_TOKENS,
+            "stream": stream,
+        }
+        raw = httpx.post(local.url + "/v1/chat/completions", json=body, timeout=30).text
     assert "France" not in raw  # the local call's argument ("Paris, France") never sent
-    if stream:
-        events = [json.loads(x[6:]) for x in raw.splitlines() if x.startswith("data: {")]
-        args = "".join(
-            tc["function"].get("arguments") or ""
-            for e in events
-            for c in e["choices"]
-            for tc in c.get("delta", {}).get("tool_calls") or []
-        )
-        last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
-    else:
-        last = json.loads(raw)["choices"][0]
-        args = last["message"]["tool_calls"][0]["function"]["arguments"]
+    args, last = reply(raw, stream)
     assert json.loads(args) == {"city": "Paris"}  # the larger model's call
     u = last["uncertainty"]
     assert u["escalated"] is True and u["answered_by"] == "big"
@@ -234,18 +242,7 @@ def test_through_the_proxy_a_withheld_call_is_asked_of_the_larger_model(stream):
     assert r.status_code == 200, r.text
     assert "Pariss" not in r.text
     assert r.headers["x-answered-by"] == "big"
-    if stream:
-        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
-        args = "".join(
-            tc["function"].get("arguments") or ""
-            for e in events
-            for c in e["choices"]
-            for tc in c.get("delta", {}).get("tool_calls") or []
-        )
-        last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
-    else:
-        last = r.json()["choices"][0]
-        args = last["message"]["tool_calls"][0]["function"]["arguments"]
+    args, last = reply(r.text, stream)
     assert json.loads(args) == {"city": "Paris"}
     u = last["uncertainty"]
     assert u["escalated"] is True and u["answered_by"] == "big"

@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+from tool_sets import WEATHER_AND_CALCULATOR
 
 from gnll.backends.base import BATCH_INVARIANCE_ATOL, ChatPrompt
 from gnll.policy import AbstentionPolicy
@@ -19,36 +20,7 @@ from gnll.toolcalls import tool_system_prompt
 
 pytestmark = pytest.mark.model
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Compute a op b",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "a": {"type": "integer"},
-                    "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
-                    "b": {"type": "integer"},
-                },
-                "required": ["a", "op", "b"],
-            },
-        },
-    },
-]
+TOOLS = WEATHER_AND_CALCULATOR
 QUESTION = "What is the weather in Paris?"
 KW = {"temperature": 0, "max_tokens": 64, "parallel_tool_calls": False}
 

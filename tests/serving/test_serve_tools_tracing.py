@@ -9,37 +9,18 @@ import math
 
 import openai
 import pytest
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
+from serve_helpers import otel_events
 from test_serve_tools import LPS, TOOLS, USER, CallingModel
 
 from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.serving.tracing import EVENT_NAME, Emitter
-
-
-@pytest.fixture
-def exporter():
-    exp = InMemoryLogRecordExporter()
-    provider = LoggerProvider()
-    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
-    yield exp, provider
-    provider.shutdown()
-
-
-def _events(exp):
-    out = []
-    for item in exp.get_finished_logs():
-        rec = getattr(item, "log_record", item)
-        assert rec.event_name == EVENT_NAME
-        out.append(dict(rec.attributes))
-    return out
+from gnll.serving.tracing import Emitter
 
 
 @pytest.mark.parametrize("gate", [False, True])
-def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(exporter, gate):
-    exp, provider = exporter
+def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(otel, gate):
+    exp, provider = otel
     policy = AbstentionPolicy(mode="refuse", threshold=100.0) if gate else AbstentionPolicy()
     settings = ServeSettings(
         policy=policy, tool_argument_threshold=0.5 if gate else None, tracing=Emitter(provider)
@@ -49,7 +30,7 @@ def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(exporter,
         r = c.chat.completions.create(model="calling", messages=USER, tools=TOOLS)
     rec = r.choices[0].uncertainty
     [call] = rec["tool_calls"]
-    got = _events(exp)
+    got = otel_events(exp)
     calls = [e for e in got if e["gen_ai.evaluation.name"] == "tool_call.g_nll"]
     assert [e["gen_ai.evaluation.name"] for e in got] == ["g_nll", "tool_call.g_nll"]
     [ev] = calls
@@ -75,31 +56,17 @@ def test_one_event_per_tool_call_with_its_numbers_and_no_argument_text(exporter,
     assert "Paris" not in json.dumps([{k: str(v) for k, v in e.items()} for e in got])
 
 
-def test_an_escalated_answer_has_events_for_the_local_models_withheld_calls(exporter):
-    exp, provider = exporter
+def test_an_escalated_answer_has_events_for_the_local_models_withheld_calls(otel):
+    exp, provider = otel
     from test_serve_tools_escalate import TOOLS as ESC_TOOLS
     from test_serve_tools_escalate import USER as ESC_USER
-    from test_serve_tools_escalate import Caller
+    from test_serve_tools_escalate import Caller, escalating
 
-    big = Caller("big", "Paris", -0.05)
-    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
-        settings = ServeSettings(
-            policy=AbstentionPolicy(mode="escalate", threshold=100.0),
-            tool_argument_threshold=2.0,
-            tracing=Emitter(provider),
-        )
-        app = build_inprocess_app(
-            Caller("small", "Pariss", -1.5),
-            settings,
-            max_wait_ms=1,
-            escalate_to=up.url + "/v1",
-            escalate_model="big",
-        )
-        with ServerThread(app) as srv:
-            c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
-            r = c.chat.completions.create(model="small", messages=ESC_USER, tools=ESC_TOOLS)
+    with escalating(Caller("small", "Pariss", -1.5), tracing=Emitter(provider)) as srv:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
+        r = c.chat.completions.create(model="small", messages=ESC_USER, tools=ESC_TOOLS)
     u = r.choices[0].uncertainty
-    calls = [e for e in _events(exp) if e["gen_ai.evaluation.name"] == "tool_call.g_nll"]
+    calls = [e for e in otel_events(exp) if e["gen_ai.evaluation.name"] == "tool_call.g_nll"]
     sent = [e for e in calls if not e.get("gnll.tool_call.local")]
     local = [e for e in calls if e.get("gnll.tool_call.local")]
     assert [e["gen_ai.evaluation.score.label"] for e in sent] == ["sent"]

@@ -9,36 +9,16 @@ import sys
 
 import openai
 import pytest
-from opentelemetry.sdk._logs import LoggerProvider
-from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
-from serve_helpers import ScriptedModel
+from serve_helpers import ScriptedModel, otel_events
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
-from gnll.serving.tracing import EVENT_NAME, Emitter
+from gnll.serving.tracing import Emitter
 from gnll.uncertainty import Uncertainty
 
 
-@pytest.fixture
-def exporter():
-    exp = InMemoryLogRecordExporter()
-    provider = LoggerProvider()
-    provider.add_log_record_processor(SimpleLogRecordProcessor(exp))
-    yield exp, provider
-    provider.shutdown()
-
-
-def events(exp):
-    out = []
-    for item in exp.get_finished_logs():
-        rec = getattr(item, "log_record", item)
-        assert rec.event_name == EVENT_NAME
-        out.append(dict(rec.attributes))
-    return out
-
-
-def test_one_event_per_score_with_label_and_response_id(exporter):
-    exp, provider = exporter
+def test_one_event_per_score_with_label_and_response_id(otel):
+    exp, provider = otel
     settings = ServeSettings(
         policy=AbstentionPolicy(mode="flag", threshold=1.0), tracing=Emitter(provider)
     )
@@ -50,7 +30,7 @@ def test_one_event_per_score_with_label_and_response_id(exporter):
         unsure = c.completions.create(model="scripted", prompt="unsure")
         streamed = list(c.completions.create(model="scripted", prompt="unsure", stream=True))
         sampled = c.completions.create(model="scripted", prompt="q", temperature=0.9)
-    got = events(exp)
+    got = otel_events(exp)
     assert [e["gen_ai.evaluation.name"] for e in got] == ["g_nll"] * 3  # none for the sample
     assert got[0]["gen_ai.response.id"] == sure.id
     assert got[0]["gen_ai.evaluation.score.value"] == pytest.approx(0.03)
@@ -62,8 +42,8 @@ def test_one_event_per_score_with_label_and_response_id(exporter):
     assert sampled.choices[0].uncertainty["g_nll"] is None
 
 
-def test_p_correct_and_escalate_labels(exporter):
-    exp, provider = exporter
+def test_p_correct_and_escalate_labels(otel):
+    exp, provider = otel
     emitter = Emitter(provider)
     record = Uncertainty(
         decoding="greedy",
@@ -77,7 +57,7 @@ def test_p_correct_and_escalate_labels(exporter):
     )
     n = emitter.emit([record], "chatcmpl-1")
     assert n == 2
-    got = events(exp)
+    got = otel_events(exp)
     assert [(e["gen_ai.evaluation.name"], e["gen_ai.evaluation.score.value"]) for e in got] == [
         ("g_nll", 2.0),
         ("p_correct", 0.25),
@@ -104,8 +84,8 @@ def test_off_by_default_imports_nothing():
     assert res.returncode == 0, res.stderr[-2000:]
 
 
-def test_a_reasoning_models_event_says_the_score_is_the_answers(exporter):
-    exp, provider = exporter
+def test_a_reasoning_models_event_says_the_score_is_the_answers(otel):
+    exp, provider = otel
     record = Uncertainty(
         decoding="greedy",
         g_nll=0.15,
@@ -117,7 +97,7 @@ def test_a_reasoning_models_event_says_the_score_is_the_answers(exporter):
     )
     plain = Uncertainty(decoding="greedy", g_nll=0.2, nll=0.2, num_tokens=1)
     assert Emitter(provider).emit([record, plain], "chatcmpl-1") == 2
-    got = events(exp)
+    got = otel_events(exp)
     assert got[0]["gnll.scored"] == "answer" and got[0]["gnll.trace_nll"] == pytest.approx(3.81)
     assert got[0]["gnll.trace_tokens"] == 8 and got[0]["gen_ai.evaluation.score.value"] == 0.15
     assert not any(k.startswith("gnll.") for k in got[1])

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from serve_helpers import QUESTIONS, concurrent_streams, sse
+from serve_helpers import QUESTIONS, check_escalated_early, concurrent_streams, sse
 from test_serve_conformance import check_body, check_stream
 
 from gnll import GenerationConfig
@@ -282,14 +282,7 @@ def test_the_cascade_escalates_from_vllm_to_gemma_on_llamacpp(vllm_server, tmp_p
             r = post(px, "/completions", prompt=STORY, max_tokens=max_tokens)
             _, kw = request(False, "sure")
             sure = post(px, "/completions", max_tokens=12, **kw)
-    assert r.status_code == 200, r.text
-    choice = r.json()["choices"][0]
-    u = choice["uncertainty"]
-    assert u["escalated"] is True and u["answered_by"] == "gemma-3-270m", u
-    assert r.headers["x-answered-by"] == "gemma-3-270m" and choice["text"]
-    local = u["local"]
-    assert local["early"] is True and local["model"] == MODEL
-    assert local["decided_at_token"] <= 10 and local["tokens_saved"] >= max_tokens - 10
+    check_escalated_early(r, local_model=MODEL, max_tokens=max_tokens)
     s = sure.json()["choices"][0]
     assert s["uncertainty"]["escalated"] is False and "Paris" in s["text"]
     assert sure.headers["x-answered-by"] == MODEL

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tool_sets import CALCULATOR, LOOKUP
 
 from gnll import load_model
 from gnll.backends.base import BATCH_INVARIANCE_ATOL
@@ -18,36 +19,7 @@ from gnll.toolcalls import call_grammar, tool_system_prompt
 
 pytest.importorskip("llguidance")
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up the encyclopedia article whose title answers the question",
-            "parameters": {
-                "type": "object",
-                "properties": {"title": {"type": "string"}},
-                "required": ["title"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Compute a op b for two numbers",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "a": {"type": "number"},
-                    "op": {"type": "string", "enum": ["+", "-", "*", "/"]},
-                    "b": {"type": "number"},
-                },
-                "required": ["a", "op", "b"],
-            },
-        },
-    },
-]
+TOOLS = [LOOKUP, CALCULATOR]  # the tool-call benchmark's (bench/tool_calls.py)
 
 
 def reference(
