@@ -16,31 +16,20 @@ Before, the proxy decided tool calls only at the end of the output (a non-stream
 from __future__ import annotations
 
 import json
-import select
-import socket
 import threading
 from typing import Any
 
 import httpx
 import pytest
 from escalate_standins import StandInHandler, StandInServer
-from test_serve_tools_escalate import Caller
+from serve_helpers import check_withheld_call
+from test_serve_tools_escalate import TOOLS, USER, Caller
 
 from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app
 from gnll.serving.server import ServerThread
 from gnll.toolwatch import CallWatch
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
-USER = [{"role": "user", "content": "Weather in the capital of France?"}]
 ARGS = '{"city": "Pariss"}'
 #: gnll's documented call format (vLLM's hermes parser reads it), one token per 4 characters.
 HERMES = f'<tool_call>\n{{"name": "get_weather", "arguments": {ARGS}}}\n</tool_call>'
@@ -160,15 +149,6 @@ class CallUpstream(StandInServer):
                     return outer.record(sent, True)
                 outer.record(sent, False)
 
-            def client_left(self, wait: float) -> bool:
-                readable, _, _ = select.select([self.connection], [], [], wait)
-                if not readable:
-                    return False
-                try:
-                    return self.connection.recv(1, socket.MSG_PEEK) == b""
-                except ConnectionResetError:
-                    return True
-
         super().__init__(Handler)
 
     def record(self, sent: int, gone: bool) -> None:
@@ -200,20 +180,13 @@ def _post(url: str, settings: ServeSettings, **body: Any) -> httpx.Response:
     return r
 
 
-def _read(r: httpx.Response, stream: bool) -> tuple[dict, str, dict | None]:
-    """The choice's message text, record and usage (stream and not); no tool call anywhere."""
+def _read(r: httpx.Response, stream: bool) -> tuple[dict, dict, dict | None]:
+    """The withheld call's record, the choice's, and the usage (stream and not)."""
+    rec, record = check_withheld_call(r, stream)
     if not stream:
-        data = r.json()
-        choice = data["choices"][0]
-        assert "tool_calls" not in choice["message"] and choice["logprobs"] is None
-        return choice["uncertainty"], choice["message"]["content"], data["usage"]
+        return rec, record, r.json()["usage"]
     events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
-    deltas = [c["delta"] for e in events for c in e["choices"]]
-    assert not any(d.get("tool_calls") for d in deltas)
-    text = "".join(d.get("content") or "" for d in deltas)
-    last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
-    usage = next((e["usage"] for e in events if e.get("usage")), None)
-    return last["uncertainty"], text, usage
+    return rec, record, next((e["usage"] for e in events if e.get("usage")), None)
 
 
 def _watched(text: str, argument: float) -> CallWatch:
@@ -240,13 +213,11 @@ def test_the_proxy_stops_reading_at_the_crossing_token(hermes, stream):
     r = _post(hermes.url, _settings(), stream=stream)
     raw = r.text.replace('\\"', '"')  # strings inside strings unescaped
     assert "Paris" not in raw and '"city": "' not in raw and '"arguments": {' not in raw
-    u, text, usage = _read(r, stream)
-    assert "withheld: get_weather (call 0)" in text
+    rec, u, usage = _read(r, stream)
     assert u["refused"] is True and u["early"] is True
     assert u["decided_at_token"] == 16 == _watched(HERMES, 2.0).decided_at
     assert u["tokens_generated"] == 16 and u["tokens_saved"] == 100 - 16
-    [rec] = u["tool_calls"]
-    assert rec["withheld"] is True and rec["early"] is True and rec["name"] == "get_weather"
+    assert rec["early"] is True and rec["name"] == "get_weather"
     assert rec["arguments_over_threshold"] == ["city"] and "text" not in rec["arguments"][0]
     assert rec["token_indices"] == list(range(3, 16))  # the call's tokens read (not the tag)
     assert rec["arguments"][0]["nll"] == pytest.approx(3.0)
@@ -318,10 +289,10 @@ def test_an_undecided_call_is_decided_as_at_the_end_of_the_output(text, argument
             up.close()
         got.append(r)
     assert got[0].text == got[1].text  # the same bytes
-    u = _read(got[0], stream)[0] if text == LLAMA else None
-    if u is not None:  # withheld at the end: the record of the whole call, no early fields
+    if text == LLAMA:  # withheld at the end: the record of the whole call, no early fields
+        rec, u, _ = _read(got[0], stream)
         assert u["refused"] is True and "early" not in u and "decided_at_token" not in u
-        assert u["tool_calls"][0]["arguments_over_threshold"] == ["city"]
+        assert rec["arguments_over_threshold"] == ["city"]
         assert "Pariss" not in got[0].text
     else:
         assert "Pariss" in got[0].text  # the kept call goes out
@@ -333,8 +304,6 @@ def test_a_call_cut_by_max_tokens_after_its_crossing_is_withheld_at_the_end_too(
     and withholds the call attempt, as the early decision does; before, the text went out."""
     r = _post(hermes.url, _settings(early=False), max_tokens=17)
     assert "Pariss" not in r.text
-    u, text, _ = _read(r, False)
-    assert "withheld: get_weather (call 0)" in text and u["refused"] is True
-    [rec] = u["tool_calls"]
-    assert rec["withheld"] is True and rec["arguments_over_threshold"] == ["city"]
+    rec, u, _ = _read(r, False)
+    assert u["refused"] is True and rec["arguments_over_threshold"] == ["city"]
     assert "early" not in u and hermes.whole == 1
