@@ -1,6 +1,6 @@
 """The stand-in models the tests share (no weights: microseconds a call), one home for each.
 
-- :class:`FakeModel`, :class:`FakeJudge`, :func:`make_data_dir`, :func:`cfg`: the evaluation runner's
+- :class:`FakeModel` (:class:`GreedyEdited`: one whose greedy answers a test changes), :class:`FakeJudge`, :func:`make_data_dir`, :func:`cfg`: the evaluation runner's
   model, judge and data. The model answers "What is k plus one?" deterministically given (prompt,
   strategy, seed, temperature, sequence index), so an interrupted-then-resumed run must reproduce an
   uninterrupted one exactly.
@@ -139,6 +139,22 @@ class FakeModel(Model):
 
     def info(self):
         return {"name": self.name, "kind": "fake"}
+
+
+class GreedyEdited(FakeModel):
+    """:class:`FakeModel` whose greedy answers :meth:`edit` changes (how each ends, its length),
+    each by a number its prompt gives (the sum of the prompt's code points)."""
+
+    def generate(self, prompts, config=None, *, batch_size=None, progress=False):
+        out = super().generate(prompts, config, batch_size=batch_size, progress=progress)
+        if config is None or config.strategy != "greedy":
+            return out
+        for p, gens in zip(prompts, out, strict=True):
+            self.edit(gens[0], sum(map(ord, p)))
+        return out
+
+    def edit(self, g: Generation, k: int) -> None:
+        raise NotImplementedError
 
 
 class FakeJudge(FakeModel):

@@ -108,6 +108,17 @@ def vllm_and_proxy(answer: dict | None = None, **settings):
             yield vllm, proxy, app
 
 
+def proxy_record(proxy, content: str = QUESTION) -> dict:
+    """The proxy's own record of its answer to ``content`` (the reference an integration's
+    numbers must equal)."""
+    import openai
+
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
+    messages = [{"role": "user", "content": content}]
+    reply = client.chat.completions.create(model="served-model", messages=messages)
+    return reply.choices[0].uncertainty
+
+
 class Recorder:
     """The ``uncertainty`` objects the server put on the responses an httpx client received
     (bodies and event streams alike), in the order the responses arrived: what a framework got,

@@ -27,6 +27,20 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 
+
+@contextlib.contextmanager
+def chromium():
+    """:data:`CHROMIUM`, headless through Playwright: the browser, closed when the block ends."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
 #: prompt -> (answer tokens, their log-probs); other prompts get SURE.
 SURE = (["Paris", "."], [-0.01, -0.02])
 UNSURE = (["Maybe", " Lyon"], [-2.0, -3.0])
@@ -325,6 +339,48 @@ def serve(model: Model, **settings):
     from gnll.serving.server import ServerThread
 
     return ServerThread(build_inprocess_app(model, ServeSettings(**settings), max_wait_ms=5))
+
+
+@contextlib.contextmanager
+def escalating(
+    small: Model,
+    big: Model,
+    settings,
+    *,
+    max_wait_ms: int = 5,
+    escalate_model: str | None = None,
+):
+    """``small`` served in-process with ``settings`` (:class:`ServeSettings` whose policy
+    escalates), escalating to ``big`` served in-process on loopback (``escalate_model``: the name
+    it is asked for); both servers stop when the block ends."""
+    from gnll.serving import ServeSettings, build_inprocess_app
+    from gnll.serving.server import ServerThread
+
+    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=max_wait_ms)) as up:
+        app = build_inprocess_app(
+            small,
+            settings,
+            max_wait_ms=max_wait_ms,
+            escalate_to=up.url + "/v1",
+            escalate_model=escalate_model,
+        )
+        with ServerThread(app) as local:
+            yield local
+
+
+def check_refused_early(on: dict, off: dict) -> tuple[dict, dict]:
+    """The "long" prompt's choices (its answer is :data:`LONG`, log-prob -0.5 a token) under
+    refuse at threshold 3.0, with early decisions (``on``) and without (``off``): both refused,
+    the early one decided at the answer's 7th token (G-NLL 3.5 > 3.0), a lower bound. Returns the
+    two records."""
+    from gnll.policy import DEFAULT_REFUSAL
+
+    assert on["text"] == off["text"] == DEFAULT_REFUSAL
+    u_on, u_off = on["uncertainty"], off["uncertainty"]
+    assert u_on["abstain"] is u_off["abstain"] is True
+    assert u_on["early"] is True and u_on["decided_at_token"] == 7
+    assert u_on["g_nll"] == 3.5 and u_on["g_nll_is_lower_bound"] is True
+    return u_on, u_off
 
 
 def ask(srv, prompt: str, max_tokens: int = 100) -> dict:

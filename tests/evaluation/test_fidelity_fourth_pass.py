@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from fakes import FakeModel, cfg
+from fakes import GreedyEdited, cfg
 
 from gnll.evaluation.results.metrics import (
     auroc,
@@ -152,28 +152,21 @@ def test_non_finite_uncertainties_are_clipped_and_kept_as_lm_polygraph_does():
 
 
 # ------------------------------- 50.1: where g-nll+eos is not LM-Polygraph's MSP, counted
-class EarlyEosModel(FakeModel):
+class EarlyEosModel(GreedyEdited):
     """Greedy answers end by EOS; every third is empty (EOS at step 1), every fourth one token
     long (EOS at step 2), the rest longer; one in five is cut by max_new_tokens instead."""
 
-    def generate(self, prompts, config=None, *, batch_size=None, progress=False):
-        out = super().generate(prompts, config, batch_size=batch_size, progress=progress)
-        if config is None or config.strategy != "greedy":
-            return out
-        for p, gens in zip(prompts, out, strict=True):
-            g = gens[0]
-            k = sum(map(ord, p))
-            g.finish_reason, g.stop_sequence = "eos", None
-            g.terminator_token_ids, g.terminator_logprobs = [2], [-0.1 - (k % 7) / 10]
-            if k % 5 == 0:
-                g.finish_reason, g.terminator_token_ids, g.terminator_logprobs = "length", [], []
-            elif k % 3 == 0:
-                g.text, g.token_ids, g.tokens, g.token_logprobs = "", [], [], []
-            elif k % 4 == 0:
-                g.token_ids, g.tokens = g.token_ids[:1], g.tokens[:1]
-                g.token_logprobs = g.token_logprobs[:1]
-                g.text = g.tokens[0] if g.tokens else ""
-        return out
+    def edit(self, g, k):
+        g.finish_reason, g.stop_sequence = "eos", None
+        g.terminator_token_ids, g.terminator_logprobs = [2], [-0.1 - (k % 7) / 10]
+        if k % 5 == 0:
+            g.finish_reason, g.terminator_token_ids, g.terminator_logprobs = "length", [], []
+        elif k % 3 == 0:
+            g.text, g.token_ids, g.tokens, g.token_logprobs = "", [], [], []
+        elif k % 4 == 0:
+            g.token_ids, g.tokens = g.token_ids[:1], g.tokens[:1]
+            g.token_logprobs = g.token_logprobs[:1]
+            g.text = g.tokens[0] if g.tokens else ""
 
 
 def test_results_count_answers_with_eos_at_step_one_or_two(data_dir, tmp_path):

@@ -11,7 +11,7 @@ import json
 import math
 
 import pytest
-from fakes import FakeModel, cfg
+from fakes import FakeModel, GreedyEdited, cfg
 
 from gnll import measures as M
 from gnll.backends.base import Generation
@@ -19,25 +19,18 @@ from gnll.evaluation.results.metrics import prr_metrics
 from gnll.evaluation.run.runner import EvalConfig, Evaluator
 
 
-class TerminatedModel(FakeModel):
+class TerminatedModel(GreedyEdited):
     """The fake model with a terminator log-prob that varies per question; every fifth greedy answer
     is cut by max_new_tokens (no terminator) and every seventh is empty (a two-token stop string)."""
 
-    def generate(self, prompts, config=None, *, batch_size=None, progress=False):
-        out = super().generate(prompts, config, batch_size=batch_size, progress=progress)
-        if config is None or config.strategy != "greedy":
-            return out
-        for p, gens in zip(prompts, out, strict=True):
-            g = gens[0]
-            k = sum(map(ord, p))
-            g.terminator_logprobs = [-0.05 - (k % 13) / 10, -0.02]
-            g.terminator_token_ids = [198, 199]
-            if k % 5 == 0:
-                g.finish_reason, g.stop_sequence = "length", None
-                g.terminator_logprobs, g.terminator_token_ids = [], []
-            elif k % 7 == 0:
-                g.text, g.token_ids, g.tokens, g.token_logprobs = "", [], [], []
-        return out
+    def edit(self, g, k):
+        g.terminator_logprobs = [-0.05 - (k % 13) / 10, -0.02]
+        g.terminator_token_ids = [198, 199]
+        if k % 5 == 0:
+            g.finish_reason, g.stop_sequence = "length", None
+            g.terminator_logprobs, g.terminator_token_ids = [], []
+        elif k % 7 == 0:
+            g.text, g.token_ids, g.tokens, g.token_logprobs = "", [], [], []
 
 
 #: The names results.json gives LM-Polygraph's PRR numbers (as docs/evaluation.md lists them).

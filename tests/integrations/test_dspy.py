@@ -7,7 +7,7 @@ known log-probs, so the field's score can be checked against gnll.spans by hand.
 from __future__ import annotations
 
 import pytest
-from integration_helpers import require, vllm_and_proxy, vllm_chat_answer
+from integration_helpers import proxy_record, require, vllm_and_proxy, vllm_chat_answer
 
 from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, build_inprocess_app
@@ -151,16 +151,7 @@ def test_recorded_vllm_answer_with_markers_and_eos():
     tokens, lps = CHAT
     answer = vllm_chat_answer(tokens, lps, eos=-0.4)
     with vllm_and_proxy(answer) as (vllm, proxy, _):
-        import openai
-
-        ref = (
-            openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-            .chat.completions.create(
-                model="served-model", messages=[{"role": "user", "content": "q"}]
-            )
-            .choices[0]
-            .uncertainty
-        )
+        ref = proxy_record(proxy, "q")
         model = dspy.LM(
             "hosted_vllm/served-model", api_base=vllm.url + "/v1", api_key="x", cache=False
         )

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-import openai
 import pytest
-from integration_helpers import QUESTION, Recorder, require, vllm_and_proxy
+from integration_helpers import QUESTION, Recorder, proxy_record, require, vllm_and_proxy
 
 from gnll.integrations.core import ReasoningTokensError
 
@@ -102,14 +101,7 @@ def test_callback_handler_observes_the_same_number(served):
 
 def test_recorded_vllm_answer_matches_gnll_serve_upstream():
     with vllm_and_proxy() as (vllm, proxy, app):
-        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-        ref = (
-            client.chat.completions.create(
-                model="served-model", messages=[{"role": "user", "content": QUESTION}]
-            )
-            .choices[0]
-            .uncertainty
-        )
+        ref = proxy_record(proxy)
         llm = with_uncertainty(chat(vllm.url), server="vllm")
         m = llm.invoke(QUESTION)
         assert abs(m.response_metadata["uncertainty"]["g_nll"] - ref["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs the framework re-reads

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from integration_helpers import QUESTION, require, vllm_and_proxy
+from integration_helpers import QUESTION, proxy_record, require, vllm_and_proxy
 from serve_helpers import ScriptedModel
 
 from gnll.backends.base import Generation
@@ -37,29 +37,27 @@ def direct(srv, question, max_tokens=24):
     return r.choices[0]
 
 
-def write_config(tmp: Path, upstream: str, vllm: str, **env: str) -> Path:
-    lines = [
-        "model_list:",
-        "  - model_name: smollm",
-        "    litellm_params:",
-        "      model: openai/smollm2-135m-instruct",
-        f"      api_base: {upstream}/v1",
-        "      api_key: unused",
-        "  - model_name: recorded-vllm",
-        "    litellm_params:",
-        "      model: hosted_vllm/served-model",
-        f"      api_base: {vllm}/v1",
-        "      api_key: unused",
-        "environment_variables:",
-        *[f'  {k}: "{v}"' for k, v in env.items()],
-        "litellm_settings:",
-        "  callbacks: gnll.integrations.litellm.proxy_handler",
-        "general_settings:",
-        f"  master_key: {KEY}",
-    ]
+def _config(tmp: Path, models: dict[str, tuple[str, str]], env: dict[str, str]) -> Path:
+    """A LiteLLM proxy config: each model name routed to (LiteLLM's model, its server's URL), the
+    environment ``env``, and gnll's proxy handler."""
+    lines = ["model_list:"]
+    for name, (model, url) in models.items():
+        lines += [f"  - model_name: {name}", "    litellm_params:", f"      model: {model}"]
+        lines += [f"      api_base: {url}/v1", "      api_key: unused"]
+    lines += ["environment_variables:", *[f'  {k}: "{v}"' for k, v in env.items()]]
+    lines += ["litellm_settings:", "  callbacks: gnll.integrations.litellm.proxy_handler"]
+    lines += ["general_settings:", f"  master_key: {KEY}"]
     path = tmp / "config.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def write_config(tmp: Path, upstream: str, vllm: str, **env: str) -> Path:
+    models = {
+        "smollm": ("openai/smollm2-135m-instruct", upstream),
+        "recorded-vllm": ("hosted_vllm/served-model", vllm),
+    }
+    return _config(tmp, models, env)
 
 
 class LiteLLMProxy:
@@ -105,14 +103,7 @@ def test_proxy_adds_uncertainty_headers_and_refuses(served, tmp_path):
     assert easy.uncertainty["g_nll"] < hard.uncertainty["g_nll"]
     threshold = (easy.uncertainty["g_nll"] + hard.uncertainty["g_nll"]) / 2
     with vllm_and_proxy() as (vllm, reference, _):
-        ref = (
-            openai.OpenAI(base_url=reference.url + "/v1", api_key="x", max_retries=0)
-            .chat.completions.create(
-                model="served-model", messages=[{"role": "user", "content": QUESTION}]
-            )
-            .choices[0]
-            .uncertainty
-        )
+        ref = proxy_record(reference)
         config = write_config(
             tmp_path,
             served.url,
@@ -169,27 +160,22 @@ def check_proxy(proxy, easy, hard):
         )
 
     # streams: the refuse policy holds the answer back; the uncertainty comes last
-    chunks = list(
-        client.chat.completions.create(
-            model="smollm",
-            messages=[{"role": "user", "content": EASY}],
-            max_tokens=24,
-            stream=True,
+    def stream(content: str) -> tuple[list, str]:
+        chunks = list(
+            client.chat.completions.create(
+                model="smollm",
+                messages=[{"role": "user", "content": content}],
+                max_tokens=24,
+                stream=True,
+            )
         )
-    )
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return chunks, "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    chunks, text = stream(EASY)
     last = [c for c in chunks if c.choices and getattr(c.choices[0], "uncertainty", None)]
     assert text == easy.message.content and len(last) == 1
     assert abs(last[0].choices[0].uncertainty["g_nll"] - easy.uncertainty["g_nll"]) <= 1e-6  # same path: the server's record of the log-probs LiteLLM re-reads
-    chunks = list(
-        client.chat.completions.create(
-            model="smollm",
-            messages=[{"role": "user", "content": HARD}],
-            max_tokens=24,
-            stream=True,
-        )
-    )
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    _, text = stream(HARD)
     assert text == "I am not confident enough to answer this."
 
 
@@ -201,14 +187,7 @@ def test_sdk_logger_and_recorded_vllm_answer():
     seen = []
     handler = UncertaintyHandler(server="vllm", on_uncertainty=lambda rec, kw: seen.append(rec))
     with vllm_and_proxy() as (vllm, proxy, app):
-        ref = (
-            openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-            .chat.completions.create(
-                model="served-model", messages=[{"role": "user", "content": QUESTION}]
-            )
-            .choices[0]
-            .uncertainty
-        )
+        ref = proxy_record(proxy)
         old = litellm.callbacks
         litellm.callbacks = [handler]
         try:
@@ -265,31 +244,14 @@ def scripted_servers(threshold: float):
 
 
 def escalate_config(tmp: Path, small: str, large: str, threshold: float) -> Path:
-    lines = [
-        "model_list:",
-        "  - model_name: small",
-        "    litellm_params:",
-        "      model: openai/scripted",
-        f"      api_base: {small}/v1",
-        "      api_key: unused",
-        "  - model_name: large",
-        "    litellm_params:",
-        "      model: openai/big",
-        f"      api_base: {large}/v1",
-        "      api_key: unused",
-        "environment_variables:",
-        '  GNLL_POLICY: "escalate"',
-        f'  GNLL_THRESHOLD: "{threshold}"',
-        '  GNLL_SERVER: "gnll"',
-        '  GNLL_ESCALATE_MODEL: "large"',
-        "litellm_settings:",
-        "  callbacks: gnll.integrations.litellm.proxy_handler",
-        "general_settings:",
-        f"  master_key: {KEY}",
-    ]
-    path = tmp / "config.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    models = {"small": ("openai/scripted", small), "large": ("openai/big", large)}
+    env = {
+        "GNLL_POLICY": "escalate",
+        "GNLL_THRESHOLD": f"{threshold}",
+        "GNLL_SERVER": "gnll",
+        "GNLL_ESCALATE_MODEL": "large",
+    }
+    return _config(tmp, models, env)
 
 
 @pytest.mark.e2e

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 import pytest
-from integration_helpers import QUESTION, Recorder, require, vllm_and_proxy
+from integration_helpers import QUESTION, Recorder, proxy_record, require, vllm_and_proxy
 
 require("llama_index.llms.openai_like")
 from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
@@ -73,14 +73,7 @@ def test_without_top_logprobs_llamaindex_drops_tokens_and_gnll_does_not():
     """The trap: `logprobs=True` alone gives empty `top_logprobs`, LlamaIndex's list loses every
     position; the wrapper asks for one alternative, and reads `raw` anyway."""
     with vllm_and_proxy() as (vllm, proxy, app):
-        ref = (
-            openai.OpenAI(base_url=proxy.url + "/v1", api_key="x", max_retries=0)
-            .chat.completions.create(
-                model="served-model", messages=[{"role": "user", "content": QUESTION}]
-            )
-            .choices[0]
-            .uncertainty
-        )
+        ref = proxy_record(proxy)
         wrapped = with_uncertainty(llm(vllm.url, model="served-model"), server="vllm")
         r = wrapped.chat(ASK)
         assert app.state.requests[-1]["top_logprobs"] >= 1

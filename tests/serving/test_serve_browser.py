@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import CHROMIUM, CHROMIUM_ARGS
+from serve_helpers import chromium
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
@@ -35,14 +35,8 @@ def page_server(smollm):
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with chromium() as b:
+        yield b
 
 
 def api_answer(url: str, prompt: str) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serve_helpers import CHROMIUM, CHROMIUM_ARGS
+from serve_helpers import chromium
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
@@ -16,8 +16,6 @@ QUESTION = "Tell me a long story about a dragon who learns to cook."
 
 
 def test_page_shows_the_early_decision_token(smollm):
-    from playwright.sync_api import sync_playwright
-
     settings = ServeSettings(policy=AbstentionPolicy(mode="refuse", threshold=2.0))
     with ServerThread(build_inprocess_app(smollm, settings)) as srv:
         config = httpx.get(srv.url + "/ui/api/config").json()
@@ -39,22 +37,18 @@ def test_page_shows_the_early_decision_token(smollm):
             timeout=120,
         ).json()["choices"][0]["uncertainty"]
         assert api["early"] is True and api["refused"] is True
-        with sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                page = b.new_page()
-                page.goto(srv.url + "/")
-                page.wait_for_function(
-                    "document.querySelector('#example').options.length > 1", timeout=60_000
-                )
-                page.fill("#question", QUESTION)
-                page.click("#ask")
-                page.wait_for_selector("#answer[data-state=done]", timeout=120_000)
-                note = page.locator("#early")
-                assert note.is_visible()
-                text = note.inner_text()
-                assert f"decided at token {api['decided_at_token']} " in text
-                assert "never generated" in text
-                assert page.locator("#decision").inner_text() == "abstain"
-            finally:
-                b.close()
+        with chromium() as b:
+            page = b.new_page()
+            page.goto(srv.url + "/")
+            page.wait_for_function(
+                "document.querySelector('#example').options.length > 1", timeout=60_000
+            )
+            page.fill("#question", QUESTION)
+            page.click("#ask")
+            page.wait_for_selector("#answer[data-state=done]", timeout=120_000)
+            note = page.locator("#early")
+            assert note.is_visible()
+            text = note.inner_text()
+            assert f"decided at token {api['decided_at_token']} " in text
+            assert "never generated" in text
+            assert page.locator("#decision").inner_text() == "abstain"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from serve_helpers import CHROMIUM, CHROMIUM_ARGS, ScriptedModel
+from serve_helpers import ScriptedModel, chromium
 
 from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, build_inprocess_app
@@ -24,22 +24,16 @@ class TwoSentences(ScriptedModel):
 
 
 def test_least_certain_sentence_is_outlined():
-    from playwright.sync_api import sync_playwright
-
     with (
         ServerThread(build_inprocess_app(TwoSentences(), ServeSettings(), max_wait_ms=5)) as srv,
-        sync_playwright() as pw,
+        chromium() as browser,
     ):
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(srv.url + "/")
-            page.fill("#question", "Where?")
-            page.click("#ask")
-            page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
-            outlined = page.locator("#answer .tok.least").all_inner_texts()
-            note = page.locator("#least-span").inner_text()
-        finally:
-            browser.close()
+        page = browser.new_page()
+        page.goto(srv.url + "/")
+        page.fill("#question", "Where?")
+        page.click("#ask")
+        page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
+        outlined = page.locator("#answer .tok.least").all_inner_texts()
+        note = page.locator("#least-span").inner_text()
     assert outlined == [" Or", " maybe", " Lyon", "?"]
     assert "Least certain sentence: “Or maybe Lyon?”" in note and "7.0000" in note

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import CHROMIUM, CHROMIUM_ARGS
+from serve_helpers import chromium
 from test_serve_tools import TOKENS, TOOLS, CallingModel
 
 from gnll.policy import AbstentionPolicy
@@ -17,29 +17,21 @@ pytestmark = pytest.mark.browser
 
 
 def _ask(url: str, tools: str) -> dict:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(url + "/")
-            page.wait_for_function(
-                "document.getElementById('server-info').textContent.includes('·')"
-            )
-            page.fill("#question", "Weather in Paris?")
-            page.click("#tools-box summary")
-            page.fill("#tools", tools)
-            page.click("#ask")
-            page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
-            return {
-                "lines": page.locator("#tool-calls div").all_inner_texts(),
-                "outlined": page.locator("#answer .tok.least-arg").all_inner_texts(),
-                "answer": page.locator("#answer").inner_text(),
-                "error": page.locator("#error").inner_text(),
-            }
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page()
+        page.goto(url + "/")
+        page.wait_for_function("document.getElementById('server-info').textContent.includes('·')")
+        page.fill("#question", "Weather in Paris?")
+        page.click("#tools-box summary")
+        page.fill("#tools", tools)
+        page.click("#ask")
+        page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
+        return {
+            "lines": page.locator("#tool-calls div").all_inner_texts(),
+            "outlined": page.locator("#answer .tok.least-arg").all_inner_texts(),
+            "answer": page.locator("#answer").inner_text(),
+            "error": page.locator("#error").inner_text(),
+        }
 
 
 @pytest.mark.parametrize("gate", [False, True])
@@ -79,9 +71,9 @@ def test_page_shows_a_tool_calls_least_certain_argument(gate):
 
 def test_page_lists_the_local_models_withheld_call_after_an_escalation():
     from test_serve_tools_escalate import TOOLS as ESC_TOOLS
-    from test_serve_tools_escalate import Caller, escalating
+    from test_serve_tools_escalate import Caller, gated
 
-    with escalating(Caller("small", "Pariss", -1.5)) as srv:
+    with gated(Caller("small", "Pariss", -1.5)) as srv:
         got = _ask(srv.url, json.dumps(ESC_TOOLS))
     assert not got["error"]
     [line] = [x for x in got["lines"] if x.startswith("the local model small's")]

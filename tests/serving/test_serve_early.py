@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serve_helpers import LONG, ScriptedModel, StreamingModel, ask, serve
+from serve_helpers import (
+    LONG,
+    ScriptedModel,
+    StreamingModel,
+    ask,
+    check_refused_early,
+    escalating,
+    serve,
+)
 
 from gnll.measures import g_nll
 from gnll.measures.early import EarlyDecisionError
-from gnll.policy import DEFAULT_REFUSAL
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
 
@@ -26,12 +33,8 @@ def test_refused_answer_stops_at_the_decision_token_with_the_same_decision():
         with serve(model, policy=AbstentionPolicy(mode="refuse", threshold=3.0), early=early) as s:
             runs[early] = ask(s, "long"), model.generated
     (on, made_on), (off, made_off) = runs[True], runs[False]
-    assert on["text"] == off["text"] == DEFAULT_REFUSAL
-    u_on, u_off = on["uncertainty"], off["uncertainty"]
-    assert u_on["abstain"] is u_off["abstain"] is True
     # LONG is 200 tokens of log-prob -0.5: G-NLL passes 3.0 at the 7th (3.5 > 3.0).
-    assert u_on["early"] is True and u_on["decided_at_token"] == 7
-    assert u_on["g_nll"] == 3.5 and u_on["g_nll_is_lower_bound"] is True
+    u_on, u_off = check_refused_early(on, off)
     assert made_on == u_on["tokens_generated"] == 7
     assert u_on["tokens_saved"] == 100 - 7
     assert made_off == 100 and u_off["g_nll"] == g_nll(LONG[1][:100])
@@ -63,15 +66,10 @@ def test_tokens_held_for_a_stop_string_are_not_counted():
 
 
 def test_escalation_starts_at_the_decision_token():
-    big = ScriptedModel()
-    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=5)) as up:
-        model = StreamingModel()
-        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
-        app = build_inprocess_app(
-            model, settings, max_wait_ms=5, escalate_to=up.url + "/v1", escalate_model="scripted"
-        )
-        with ServerThread(app) as s:
-            c = ask(s, "long")
+    model = StreamingModel()
+    settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
+    with escalating(model, ScriptedModel(), settings, escalate_model="scripted") as s:
+        c = ask(s, "long")
     u = c["uncertainty"]
     assert u["escalated"] is True and u["local"]["early"] is True
     assert u["local"]["decided_at_token"] == 5 and model.generated == 5

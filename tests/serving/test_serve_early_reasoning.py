@@ -12,16 +12,23 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_helpers import LONG, THOUGHTS, ScriptedModel, Thinker, ask, serve
+from serve_helpers import (
+    LONG,
+    THOUGHTS,
+    ScriptedModel,
+    Thinker,
+    ask,
+    check_refused_early,
+    escalating,
+    serve,
+)
 
 from gnll.backends.base import GenerationConfig
 from gnll.backends.early import EarlyDecided
 from gnll.backends.reasoning_model import ReasoningModel
 from gnll.measures import g_nll
-from gnll.policy import DEFAULT_REFUSAL
-from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
+from gnll.serving import AbstentionPolicy, ServeSettings
 from gnll.serving.engine import BatchingEngine
-from gnll.serving.server import ServerThread
 
 TRACE_TOKENS = len(THOUGHTS[0]) + 1  # the trace's tokens and the EOS that ended it
 
@@ -34,13 +41,9 @@ def test_a_reasoning_models_answer_stops_at_the_decision_after_its_whole_trace()
         with serve(ReasoningModel(thinker), policy=policy, early=early) as s:
             runs[early] = ask(s, "long"), thinker.generated
     (on, made_on), (off, made_off) = runs[True], runs[False]
-    assert on["text"] == off["text"] == DEFAULT_REFUSAL
-    u_on, u_off = on["uncertainty"], off["uncertainty"]
-    assert u_on["abstain"] is u_off["abstain"] is True
     # The answer is LONG (log-prob -0.5 a token): its G-NLL passes 3.0 at its 7th token. Had the
     # trace counted (NLL 1 a token), the decision would have been made at the trace's 4th token.
-    assert u_on["early"] is True and u_on["decided_at_token"] == 7
-    assert u_on["g_nll"] == 3.5 and u_on["g_nll_is_lower_bound"] is True
+    u_on, u_off = check_refused_early(on, off)
     # Answer tokens: generated 7 of max_tokens 100; the trace ran to its end both ways.
     assert (u_on["tokens_generated"], u_on["tokens_saved"]) == (7, 93)
     assert u_on["trace_tokens"] == u_off["trace_tokens"] == len(THOUGHTS[0])
@@ -62,19 +65,11 @@ def test_a_trace_past_the_threshold_does_not_decide_a_sure_answer():
 
 
 def test_escalation_of_a_reasoning_models_answer_starts_at_its_decision():
-    big = ScriptedModel()
-    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=5)) as up:
-        thinker = Thinker()
-        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
-        app = build_inprocess_app(
-            ReasoningModel(thinker),
-            settings,
-            max_wait_ms=5,
-            escalate_to=up.url + "/v1",
-            escalate_model="scripted",
-        )
-        with ServerThread(app) as s:
-            c = ask(s, "long")
+    thinker = Thinker()
+    settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
+    small = ReasoningModel(thinker)
+    with escalating(small, ScriptedModel(), settings, escalate_model="scripted") as s:
+        c = ask(s, "long")
     u = c["uncertainty"]
     assert u["escalated"] is True and u["local"]["early"] is True
     assert u["local"]["decided_at_token"] == 5 and thinker.generated == TRACE_TOKENS + 5

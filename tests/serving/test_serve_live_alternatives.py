@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import serve_helpers
-from serve_helpers import LONG, ScriptedModel, StreamingModel
+from serve_helpers import LONG, ScriptedModel, StreamingModel, escalating
 
 from gnll.backends.base import BATCH_INVARIANCE_ATOL
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app, build_proxy_app
@@ -89,12 +89,8 @@ def test_an_escalation_to_gnll_serve_streams_live(monkeypatch):
     monkeypatch.setitem(serve_helpers.STREAM_SCRIPT, "unsure", LONG)
     large = StreamingModel(delay=DELAY)
     settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=1.0))
-    with ServerThread(build_inprocess_app(large, ServeSettings(), max_wait_ms=1)) as up:
-        app = build_inprocess_app(
-            ScriptedModel(), settings, max_wait_ms=1, escalate_to=up.url + "/v1"
-        )
-        with ServerThread(app) as srv:
-            at_first, chunks = stream(srv.url, ask("unsure", stream=True), large)
+    with escalating(ScriptedModel(), large, settings, max_wait_ms=1) as srv:
+        at_first, chunks = stream(srv.url, ask("unsure", stream=True), large)
     assert at_first < TOKENS // 2, at_first
     final = [c for ch in chunks for c in ch["choices"] if c.get("uncertainty")]
     assert final[0]["uncertainty"]["escalated"] is True

@@ -11,7 +11,7 @@ import math
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import ScriptedModel
+from serve_helpers import ScriptedModel, escalating
 from typer.testing import CliRunner
 
 import gnll
@@ -26,7 +26,6 @@ from gnll.serving import (
     build_proxy_app,
     check_escalation,
 )
-from gnll.serving.server import ServerThread
 
 runner = CliRunner()
 
@@ -227,12 +226,10 @@ def test_serve_escalates_on_a_cascade_file(tmp_path):
         r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=30)
         return r.json()["choices"][0]["uncertainty"]
 
-    with ServerThread(build_inprocess_app(BigModel(), ServeSettings(), max_wait_ms=5)) as up:
-        local = build_inprocess_app(Asked(), settings, max_wait_ms=5, escalate_to=up.url + "/v1")
-        with ServerThread(local) as srv:
-            unsure, sure = ask(srv, "unsure"), ask(srv, "capital?")
-            # a completion's prompt is text, not the format the threshold was fitted on: kept
-            text = httpx.post(srv.url + "/v1/completions", json={"prompt": "unsure"}, timeout=30)
+    with escalating(Asked(), BigModel(), settings) as srv:
+        unsure, sure = ask(srv, "unsure"), ask(srv, "capital?")
+        # a completion's prompt is text, not the format the threshold was fitted on: kept
+        text = httpx.post(srv.url + "/v1/completions", json={"prompt": "unsure"}, timeout=30)
     assert unsure["answered_by"] == "big" and unsure["local"]["g_nll"] == pytest.approx(5.0)
     assert sure["answered_by"] == "scripted" and sure["abstain"] is False
     kept = text.json()["choices"][0]["uncertainty"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import CHROMIUM, CHROMIUM_ARGS, StreamingModel
+from serve_helpers import StreamingModel, chromium
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
@@ -35,25 +35,17 @@ def page_url():
 
 @pytest.fixture
 def page(page_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 900})
-            page.route(
-                "**/ui/api/examples*",
-                lambda route: route.fulfill(
-                    content_type="application/json", body=json.dumps(EXAMPLES)
-                ),
-            )
-            page.goto(page_url + "/")
-            page.wait_for_function(
-                "document.querySelector('#example').options.length > 1", timeout=30_000
-            )
-            yield page
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1100, "height": 900})
+        page.route(
+            "**/ui/api/examples*",
+            lambda route: route.fulfill(content_type="application/json", body=json.dumps(EXAMPLES)),
+        )
+        page.goto(page_url + "/")
+        page.wait_for_function(
+            "document.querySelector('#example').options.length > 1", timeout=30_000
+        )
+        yield page
 
 
 def test_the_rule_in_use_shows_before_the_first_answer(page):
@@ -90,8 +82,10 @@ def test_picked_examples_are_marked_right_or_wrong_here_and_in_the_history(page)
     assert sorted(shown) == sorted(marks)
 
 
-def test_errors_show_next_to_the_ask_button(page):
-    body = {"error": {"message": "scripted failure", "type": "x", "param": None, "code": 400}}
+def _ask_into_an_error(page, code: int | None) -> None:
+    """Ask, the server answering a 400 whose error says "scripted failure" (its ``code``), and
+    wait for the page to show the error."""
+    body = {"error": {"message": "scripted failure", "type": "x", "param": None, "code": code}}
     page.route(
         "**/v1/chat/completions",
         lambda route: route.fulfill(
@@ -101,6 +95,10 @@ def test_errors_show_next_to_the_ask_button(page):
     page.fill("#question", "anything")
     page.click("#ask")
     page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+
+
+def test_errors_show_next_to_the_ask_button(page):
+    _ask_into_an_error(page, 400)
     assert page.locator("#error").inner_text() == "scripted failure"
     button = page.locator("#ask").bounding_box()
     error = page.locator("#error").bounding_box()
@@ -116,16 +114,7 @@ def _answer_with(page, prompt: str) -> None:
 def test_an_error_clears_the_previous_answer(page):
     _answer_with(page, "What is the capital of France?")
     assert page.locator("#result").is_visible()
-    body = {"error": {"message": "scripted failure", "type": "x", "param": None, "code": None}}
-    page.route(
-        "**/v1/chat/completions",
-        lambda route: route.fulfill(
-            status=400, content_type="application/json", body=json.dumps(body)
-        ),
-    )
-    page.fill("#question", "anything")
-    page.click("#ask")
-    page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+    _ask_into_an_error(page, None)
     assert page.locator("#result").is_hidden()  # no unrelated old answer under the new error
 
 
@@ -166,44 +155,32 @@ def test_the_page_says_which_prompt_a_picked_question_was_sent_with(page):
 
 def test_no_request_of_the_page_fails(page_url):
     """Favicon included: the console shows no 404."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            failed: list = []
-            page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
-            page.on("console", lambda m: failed.append(m.text) if m.type == "error" else None)
-            page.goto(page_url + "/")
-            page.wait_for_function(
-                "document.querySelector('#rule').textContent.length > 0", timeout=30_000
-            )
-            page.wait_for_timeout(500)
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = browser.new_page()
+        failed: list = []
+        page.on("response", lambda r: failed.append(r.url) if r.status >= 400 else None)
+        page.on("console", lambda m: failed.append(m.text) if m.type == "error" else None)
+        page.goto(page_url + "/")
+        page.wait_for_function(
+            "document.querySelector('#rule').textContent.length > 0", timeout=30_000
+        )
+        page.wait_for_timeout(500)
     assert failed == []
 
 
 def test_no_policy_is_not_a_green_verdict(page_url):
     """Under annotate nothing is decided: the decision box says "no policy" without a verdict's
     colour, and the rule line says there is no policy (was "policy annotate; none", in green)."""
-    from playwright.sync_api import sync_playwright
-
     app = build_inprocess_app(StreamingModel(), ServeSettings(), max_wait_ms=1)
-    with ServerThread(app) as srv, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(srv.url + "/")
-            page.wait_for_function(
-                "document.querySelector('#rule').textContent.length > 0", timeout=30_000
-            )
-            assert page.locator("#rule").inner_text().startswith("No policy")
-            _answer_with(page, "What is the capital of France?")
-            decision = page.locator("#decision")
-            assert decision.inner_text() == "no policy"
-            classes = decision.get_attribute("class") or ""
-            assert "answer-ok" not in classes and "no-policy" in classes
-        finally:
-            browser.close()
+    with ServerThread(app) as srv, chromium() as browser:
+        page = browser.new_page()
+        page.goto(srv.url + "/")
+        page.wait_for_function(
+            "document.querySelector('#rule').textContent.length > 0", timeout=30_000
+        )
+        assert page.locator("#rule").inner_text().startswith("No policy")
+        _answer_with(page, "What is the capital of France?")
+        decision = page.locator("#decision")
+        assert decision.inner_text() == "no policy"
+        classes = decision.get_attribute("class") or ""
+        assert "answer-ok" not in classes and "no-policy" in classes

@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 from escalate_standins import LargeUpstream, SmallUpstream, cascade
+from serve_helpers import escalating
 
 from gnll._util.validation import ParameterError
 from gnll.serving import AbstentionPolicy, ServeSettings, build_proxy_app, check_escalation
@@ -182,22 +183,16 @@ def test_a_failed_escalation_returns_the_small_answer_so_far(upstreams):
 def test_the_record_has_the_in_process_escalations_shape(upstreams):
     from serve_helpers import ScriptedModel, StreamingModel
 
-    from gnll.serving import build_inprocess_app
-
     small, large = upstreams
     with cascade(small, large) as px:
         proxied = httpx.post(
             px.url + "/v1/completions", json={"prompt": "q", "max_tokens": 40}, timeout=60
         ).json()["choices"][0]["uncertainty"]
-    with ServerThread(build_inprocess_app(ScriptedModel(), ServeSettings(), max_wait_ms=5)) as up:
-        settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
-        app = build_inprocess_app(
-            StreamingModel(), settings, max_wait_ms=5, escalate_to=up.url + "/v1"
-        )
-        with ServerThread(app) as s:
-            local = httpx.post(
-                s.url + "/v1/completions", json={"prompt": "long", "max_tokens": 40}, timeout=60
-            ).json()["choices"][0]["uncertainty"]
+    settings = ServeSettings(policy=AbstentionPolicy(mode="escalate", threshold=2.0))
+    with escalating(StreamingModel(), ScriptedModel(), settings) as s:
+        local = httpx.post(
+            s.url + "/v1/completions", json={"prompt": "long", "max_tokens": 40}, timeout=60
+        ).json()["choices"][0]["uncertainty"]
     assert local["escalated"] is True and local["local"]["early"] is True
     assert set(proxied) == set(local)
     # The in-process record says which prompt format it measured; an upstream's does not know.

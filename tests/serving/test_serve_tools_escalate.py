@@ -7,15 +7,14 @@ Two scripted models on loopback: the local one calls ``get_weather`` with an unc
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from serve_helpers import ScriptedModel
+from serve_helpers import ScriptedModel, escalating
 from tool_sets import GET_WEATHER
 
 from gnll.backends.base import Generation, Model
@@ -58,27 +57,21 @@ class Caller(ScriptedModel):
         return [[Generation(text, list(range(len(toks))), toks, lps, "eos")] for _ in prompts]
 
 
-@contextlib.contextmanager
-def escalating(
+def gated(
     small: Model, big: Model | None = None, argument_threshold: float = 2.0, **settings: Any
-) -> Iterator[ServerThread]:
+) -> AbstractContextManager[ServerThread]:
     """``small`` served in-process under ``--policy escalate --tool_argument_threshold``
     (``settings``: more :class:`ServeSettings`), escalating to ``big`` served on loopback (by
     default the larger :class:`Caller`, whose call is sure); both stop when the block ends. The
     G-NLL threshold is out of reach: only the tool gate escalates."""
-    if big is None:
-        big = Caller("big", "Paris", -0.05)
-    with ServerThread(build_inprocess_app(big, ServeSettings(), max_wait_ms=1)) as up:
-        policy = AbstentionPolicy(mode="escalate", threshold=100.0)
-        app = build_inprocess_app(
-            small,
-            ServeSettings(policy=policy, tool_argument_threshold=argument_threshold, **settings),
-            max_wait_ms=1,
-            escalate_to=up.url + "/v1",
-            escalate_model="big",
-        )
-        with ServerThread(app) as local:
-            yield local
+    policy = AbstentionPolicy(mode="escalate", threshold=100.0)
+    return escalating(
+        small,
+        Caller("big", "Paris", -0.05) if big is None else big,
+        ServeSettings(policy=policy, tool_argument_threshold=argument_threshold, **settings),
+        max_wait_ms=1,
+        escalate_model="big",
+    )
 
 
 def reply(text: str, stream: bool) -> tuple[str, dict[str, Any]]:
@@ -103,7 +96,7 @@ def reply(text: str, stream: bool) -> tuple[str, dict[str, Any]]:
 def servers():
     big = Caller("big", "Paris", -0.05)
     small = Caller("small", "Pariss", -1.5)
-    with escalating(small, big) as local:
+    with gated(small, big) as local:
         yield local, small, big
 
 
@@ -197,7 +190,7 @@ def test_a_call_withheld_at_its_early_decision_is_asked_of_the_larger_model(stre
     from test_serve_tools_early import Caller as LoopCaller
 
     small = LoopCaller()
-    with escalating(small, argument_threshold=1.5) as local:
+    with gated(small, argument_threshold=1.5) as local:
         body = {
             "messages": USER,
             "tools": TOOLS,

@@ -60,9 +60,9 @@ def test_an_escalated_answer_has_events_for_the_local_models_withheld_calls(otel
     exp, provider = otel
     from test_serve_tools_escalate import TOOLS as ESC_TOOLS
     from test_serve_tools_escalate import USER as ESC_USER
-    from test_serve_tools_escalate import Caller, escalating
+    from test_serve_tools_escalate import Caller, gated
 
-    with escalating(Caller("small", "Pariss", -1.5), tracing=Emitter(provider)) as srv:
+    with gated(Caller("small", "Pariss", -1.5), tracing=Emitter(provider)) as srv:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30)
         r = c.chat.completions.create(model="small", messages=ESC_USER, tools=ESC_TOOLS)
     u = r.choices[0].uncertainty
