@@ -217,6 +217,7 @@ def test_the_proxy_stops_reading_at_the_crossing_token(hermes, stream):
     assert u["refused"] is True and u["early"] is True
     assert u["decided_at_token"] == 16 == _watched(HERMES, 2.0).decided_at
     assert u["tokens_generated"] == 16 and u["tokens_saved"] == 100 - 16
+    assert u.get("tool_call_error") is None  # the block cut at its decision is no error
     assert rec["early"] is True and rec["name"] == "get_weather"
     assert rec["arguments_over_threshold"] == ["city"] and "text" not in rec["arguments"][0]
     assert rec["token_indices"] == list(range(3, 16))  # the call's tokens read (not the tag)

@@ -124,6 +124,7 @@ def test_an_argument_crossing_its_threshold_stops_decoding_there_with_the_same_d
     assert on["message"].get("tool_calls") is None and "get_weather" in on["message"]["content"]
     # decided at the crossing token; the rest was never generated
     assert u_on["early"] is True and u_on["decided_at_token"] == at
+    assert u_on.get("tool_call_error") is None  # the block stopped at its decision is no error
     assert u_on["tokens_generated"] == made_on == at
     assert u_on["tokens_saved"] == MAX_TOKENS - at
     assert made_off == len(TOKENS) + (1 if choice == "auto" else 0)  # (+ the loop's EOS step)

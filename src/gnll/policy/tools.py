@@ -15,11 +15,14 @@ from typing import Any
 
 from gnll.policy.abstention import AbstentionPolicy
 from gnll.policy.answers import Answer, annotate
-from gnll.toolcalls import ParsedCall, call_report
+from gnll.toolcalls import CALL_OPEN, ParsedCall, call_report
 from gnll.toolwatch import CallWatch
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["ToolAnswer", "decide_tool_answer", "gate_calls", "withheld_text", "without_text"]
+
+#: How :func:`gnll.toolcalls.parse_output`'s error for a block without its closing tag begins.
+UNCLOSED = f"a {CALL_OPEN} block is not closed"
 
 
 def gate_calls(
@@ -139,6 +142,8 @@ def decide_tool_answer(
             decided.append({**part, "p_correct": p, "withheld": True})
         if answer.early is not None:
             decided[n]["early"] = True  # decided before the call was complete: its NLLs so far
+            if error is not None and error.startswith(UNCLOSED):
+                error = None  # the block decoding stopped in, not one the model left open
     withheld = any(c["withheld"] for c in decided)
     update: dict[str, Any] = {"tool_calls": decided or None, "tool_call_error": error}
     if any(c["abstain"] is not None or c["arguments_over_threshold"] is not None for c in decided):
