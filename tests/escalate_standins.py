@@ -74,6 +74,17 @@ class StandInHandler(BaseHTTPRequestHandler):
     def log_message(self, *args: Any) -> None:
         pass
 
+    def client_left(self, wait: float) -> bool:
+        """Wait ``wait`` seconds for the client to close the connection (it sends nothing more,
+        so a readable socket is its end of file)."""
+        readable, _, _ = select.select([self.connection], [], [], wait)
+        if not readable:
+            return False
+        try:
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except ConnectionResetError:
+            return True
+
 
 def _choice(chat: bool, tokens: list[str], lps: list[float], finish: str | None) -> dict:
     text = "".join(tokens)
@@ -159,17 +170,6 @@ class SmallUpstream(StandInServer):
                     outer.record(sent, True)
                     return
                 outer.record(sent, False)
-
-            def client_left(self, wait: float) -> bool:
-                """Wait ``wait`` seconds for the client to close the connection (it sends
-                nothing more, so a readable socket is its end of file)."""
-                readable, _, _ = select.select([self.connection], [], [], wait)
-                if not readable:
-                    return False
-                try:
-                    return self.connection.recv(1, socket.MSG_PEEK) == b""
-                except ConnectionResetError:
-                    return True
 
         super().__init__(Handler)
 

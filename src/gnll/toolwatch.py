@@ -155,6 +155,14 @@ class CallWatch:
         self._decide(call, k)
         return self.decided
 
+    def read(self, tokens: Sequence[str], logprobs: Sequence[float]) -> CallWatch:
+        """Read a finished output's tokens until a call is decided (the decision a decoding
+        loop stopped at, or would have: ``gnll serve`` reads every finished output with it)."""
+        for tok, lp in zip(tokens, logprobs, strict=True):
+            if self.push(tok, lp):
+                break
+        return self
+
     def _decide(self, call: _Call, k: int) -> None:
         if not call.valid or (self.max_calls is not None and call.index >= self.max_calls):
             return

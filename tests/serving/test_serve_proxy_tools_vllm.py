@@ -15,6 +15,7 @@ Before, every request with ``tools`` or a JSON ``response_format`` was a 400 fro
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import numpy as np
@@ -31,6 +32,7 @@ from gnll.serving.protocol.tools import ToolRequest
 from gnll.serving.schemas import ChatCompletionRequest
 from gnll.serving.server import ServerThread
 from gnll.serving.tools import render_messages
+from gnll.toolwatch import CallWatch
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -333,3 +335,75 @@ def test_a_vllm_without_auto_tool_choice_is_named(vllm_processed_server):
     message = err.value.body["message"]
     assert message.startswith("the upstream vllm server refused tools (tool_choice auto):")
     assert "--enable-auto-tool-choice" in message
+
+
+def test_a_call_is_withheld_at_its_crossing_token_as_at_the_end(vllm_server):
+    """Early decisions through the proxy (``early=True``, ``refuse``): the proxy streams vLLM's
+    answer and closes it at the token where the call's running G-NLL crosses the threshold (vLLM
+    aborts the request); the token is the one the end-of-output watch finds in the whole output,
+    and the call is withheld either way. A call that does not cross gets the same record whether
+    the stream was read to its end or the answer was asked whole."""
+    kwargs = {"model": vllm_server.model, "messages": SHOTS, "tools": [LOOSE, CALCULATOR]}
+    kwargs.update(max_tokens=40, temperature=0)
+    direct = httpx.post(
+        vllm_server.base_url + "/chat/completions", json={**kwargs, "logprobs": True}, timeout=300
+    ).json()["choices"][0]
+    assert direct["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    entries = direct["logprobs"]["content"][:-1]  # vLLM's end-of-sequence token last
+    tokens, lps = [e["token"] for e in entries], [e["logprob"] for e in entries]
+
+    def proxied(early: bool, threshold: float, stream: bool = False) -> httpx.Response:
+        policy = AbstentionPolicy(mode="refuse", threshold=threshold)
+        settings = ServeSettings(policy=policy, early=early, upstream_timeout=300)
+        with ServerThread(build_proxy_app(vllm_server.base_url, settings)) as px:
+            body = {**kwargs, "stream": stream}
+            r = httpx.post(px.url + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return r
+
+    # A call that does not cross: the same record early or not (vLLM's ids apart).
+    kept = [proxied(early, 1e6).json()["choices"][0] for early in (True, False)]
+    for c in kept:
+        for rec in c["uncertainty"]["tool_calls"]:
+            rec.pop("id")
+    assert kept[0]["uncertainty"] == kept[1]["uncertainty"]
+    assert [t["function"] for t in kept[0]["message"]["tool_calls"]] == [
+        t["function"] for t in kept[1]["message"]["tool_calls"]
+    ]
+    call = kept[1]["uncertainty"]["tool_calls"][0]["token_indices"]  # the call's tokens
+    # The threshold halfway through the call's least likely token (not its first or last): far
+    # from every running sum, so that both requests' log-probs cross at the same token.
+    j = max(range(1, len(call) - 1), key=lambda i: -lps[call[i]])
+    before = 0.0 - sum(lps[k] for k in call[:j])
+    threshold = before - lps[call[j]] / 2
+    assert -lps[call[j]] / 2 > len(call) * BATCH_INVARIANCE_ATOL
+    end = CallWatch(lambda g: g > threshold).read(tokens, lps)
+    assert end.decided_at == call[j] + 1 < call[-1] + 1  # before the call's last token
+
+    for stream in (False, True):
+        r = proxied(True, threshold, stream)
+        assert "Tokyo" not in r.text
+        if stream:
+            events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+            assert not any(c["delta"].get("tool_calls") for e in events for c in e["choices"])
+            rid = events[0]["id"]
+            u = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
+            u = u["uncertainty"]
+        else:
+            rid, u = r.json()["id"], r.json()["choices"][0]["uncertainty"]
+        # vLLM stopped generating it when the proxy left (its log names the request)
+        deadline = time.monotonic() + 30
+        while f"Request {rid} aborted" not in vllm_server.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert f"Request {rid} aborted" in vllm_server.log()
+        assert u["refused"] is True and u["early"] is True
+        assert u["decided_at_token"] == end.decided_at
+        [rec] = u["tool_calls"]
+        assert rec["withheld"] is True and rec["early"] is True and rec["g_nll"] > threshold
+        assert rec["token_indices"] == call[: j + 1]
+    # Decided at the end of the output (early decisions off): withheld too, the whole call's record.
+    r = proxied(False, threshold)
+    assert "Tokyo" not in r.text
+    u = r.json()["choices"][0]["uncertainty"]
+    assert u["refused"] is True and "early" not in u
+    assert u["tool_calls"][0]["token_indices"] == call and u["tool_calls"][0]["withheld"] is True

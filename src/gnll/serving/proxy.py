@@ -35,6 +35,7 @@ import httpx
 from gnll._util.validation import ParameterError
 from gnll.backends.base import GenerationConfig, Model
 from gnll.backends.openai.servers import PROFILES, ServerProfile, profile_from_models
+from gnll.measures.early import EarlyDecision
 from gnll.policy import Answer
 from gnll.serving.errors import (
     HTTPError,
@@ -379,12 +380,17 @@ class ProxyService:
         decided: Answer | None = None
         # A cut answer's usage is unknown to the proxy (null): when to cut is the settings' rule.
         early = settings.proxy_decides_early(profile.name not in NO_STREAM_USAGE)
-        # A call is decided on its own G-NLL, known at the end of the output, not the output's.
-        if early and req.greedy and special is None:
-            if answers.expected == 1:  # one answer to watch
-                data, decided = await self._early_call(path, body, req, settings, answers.config)
-            else:
-                data = await self._call("POST", path, body)
+        rule = None
+        if early and req.greedy and answers.expected == 1:  # one answer to watch
+            rule = (
+                settings.policy.early_decision(
+                    where=f"upstream {self.upstream}", prompt_format=req.prompt_format("chat")
+                )
+                if special is None
+                else special.early_rule(settings)  # on its calls (None: a JSON format)
+            )
+        if rule is not None:
+            data, decided = await self._early_call(path, body, req, rule, answers.config)
         else:
             data = await self._call("POST", path, body)
         choices = data.get("choices")
@@ -396,7 +402,7 @@ class ProxyService:
             raise RequestError(answers.too_few(len(choices)), "n")
         model = data.get("model") if isinstance(data.get("model"), str) else None
         if special is not None:
-            read, records = answers.decided(choices, model)
+            read, records = answers.decided(choices, model, decided)
         else:
             read = [decided] if decided is not None else answers.read(choices)
             records, texts, finishes = answers.annotated(read, model)
@@ -438,21 +444,20 @@ class ProxyService:
         path: str,
         body: dict[str, Any],
         req: CompletionRequest | ChatCompletionRequest,
-        settings: ServeSettings,
+        rule: EarlyDecision,
         config: GenerationConfig,
     ) -> tuple[dict[str, Any], Answer | None]:
         """The upstream's answer, streamed and cut at its exact early decision.
 
         The tokens of a chunk without ``finish_reason`` are answer tokens the upstream has
-        released (a server holds back text that may begin a stop string), so they go to the
-        policy's :class:`~gnll.measures.early.EarlyDecision` as they arrive; once it decides, the
-        connection is closed (vLLM and llama.cpp stop generating when their client goes away) and
-        the answer so far comes back as a decided :class:`Answer`. Otherwise the whole streamed
-        answer comes back as a non-streaming response body (and ``None``).
+        released (a server holds back text that may begin a stop string), so they go to ``rule``
+        (the policy's :class:`~gnll.measures.early.EarlyDecision`, or, with tools, the one on the
+        calls: :meth:`ProxyTools.early_rule <gnll.serving.proxy_tools.ProxyTools.early_rule>`)
+        as they arrive; once it decides, the connection is closed (vLLM and llama.cpp stop
+        generating when their client goes away) and the answer so far comes back as a decided
+        :class:`Answer`. Otherwise the whole streamed answer comes back as a non-streaming
+        response body (and ``None``).
         """
-        rule = settings.policy.early_decision(
-            where=f"upstream {self.upstream}", prompt_format=req.prompt_format("chat")
-        )
         streamed = {**body, "stream": True}
         profile = self.profile
         if profile is not None and profile.name not in NO_STREAM_USAGE:

@@ -11,6 +11,17 @@ value's NLL over its own tokens, the tokens each part scored), and the same gate
 (:func:`gnll.policy.tools.decide_tool_answer`): a withheld call never reaches the client (under
 ``refuse`` the upstream is asked without streaming and a stream is a replay of the decided body).
 
+**Early decisions.** Under ``refuse`` and ``escalate``, with early decisions on
+(:meth:`~gnll.serving.settings.ServeSettings.proxy_decides_early`), a greedy request for one
+answer with tools is streamed from the upstream and each token it releases goes to the rule of
+:meth:`ProxyTools.early_rule` (:class:`gnll.toolwatch.ToolCallDecision`, as in-process): it reads
+the calls in gnll's documented format (``<tool_call>`` blocks: vLLM's ``hermes`` parser) and
+decides at the token where a call's running G-NLL, or one argument value's running NLL, crosses
+its threshold; the proxy then closes the connection (the upstream stops generating) and the call
+is withheld. Every finished output is read by the same watch (:meth:`ProxyTools.decide`), so a
+call is decided alike whether the stream was cut at its decision or read to its end; an output in
+another format is never decided by the watch, and the end-of-output gate decides it.
+
 An answer without calls is an ordinary answer. A JSON ``response_format`` answer is an ordinary
 answer too, with ``uncertainty.structured``: each field's NLL from the upstream's log-probs and
 which distribution they are (``raw`` on vLLM's default log-probs mode, ``unknown`` where gnll has
@@ -20,7 +31,7 @@ not established it: :attr:`gnll.backends.openai.servers.ServerProfile.structured
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +41,8 @@ from gnll.policy.tools import decide_tool_answer
 from gnll.serving.errors import HTTPError
 from gnll.serving.protocol.chat import CHAT
 from gnll.serving.protocol.tools import ResponseFormat, ToolRequest
+from gnll.serving.tools import call_rule
+from gnll.toolcalls import ParsedCall, parse_output
 
 if TYPE_CHECKING:
     from gnll.backends.base import GenerationConfig
@@ -37,6 +50,7 @@ if TYPE_CHECKING:
     from gnll.serving.responses import Mark
     from gnll.serving.schemas import ChatCompletionRequest, CompletionRequest
     from gnll.serving.settings import ServeSettings
+    from gnll.toolwatch import CallWatch, ToolCallDecision
     from gnll.uncertainty import Uncertainty
 
 __all__ = ["Decided", "ProxyTools", "refusal_named"]
@@ -87,6 +101,12 @@ class ProxyTools:
         """Which distribution the upstream's log-probs of this answer are."""
         return profile.structured_logprobs if self.grammar else "raw"
 
+    def early_rule(self, settings: ServeSettings) -> ToolCallDecision | None:
+        """The exact early decision on the calls of one streamed answer (``None``: no tools, or a
+        policy that withholds no call or cannot decide before the end)."""
+        make = call_rule(settings, self.tools, _FORMAT) if self.tools is not None else None
+        return make() if make is not None else None
+
     def describe(self) -> str:
         """What the request asked, for an upstream's refusal of it."""
         if self.tools is not None:
@@ -107,13 +127,36 @@ class ProxyTools:
         where: str,
     ) -> Decided:
         """Score and decide one upstream choice. ``ordinary``: reads the choice as a free-text
-        answer (what a choice without calls is)."""
+        answer (what a choice without calls is; for an answer cut at its early decision, that
+        answer)."""
         message: dict[str, Any] = (
             choice["message"] if isinstance(choice.get("message"), dict) else {}
         )
         if self.tools is not None and message.get("tool_calls"):
-            return self._calls(choice, req, settings, profile, config, where)
+            answer, calls = tool_choice_answer(
+                choice,
+                config,
+                eos_logprob=profile.eos_logprob,
+                decoding="greedy" if req.greedy else "sampled",
+                where=where,
+            )
+            return self._calls(choice, answer, calls, req, settings, profile)
         answer = ordinary()
+        watch = self._watch(answer, settings)
+        if watch is not None and watch.decided:
+            # A call attempt the upstream's parser did not return (the stream was cut at its
+            # decision, or the model broke it off): withheld from the watch's record, as
+            # in-process, so that stopping early and reading to the end decide alike.
+            assert self.tools is not None
+            parsed = parse_output(answer.text, self.tools.names)
+            calls = parsed.calls if self.tools.parallel_tool_calls else parsed.calls[:1]
+            return self._calls(
+                choice, answer, calls, req, settings, profile, watch, parsed.content, parsed.error
+            )
+        if answer.early is not None:
+            raise AssertionError(
+                f"{where}: an answer cut at a call's decision that no call decides"
+            )
         [record], [text], [finish] = annotate(
             [answer],
             settings.policy,
@@ -167,31 +210,38 @@ class ProxyTools:
             out["fields"] = [{"path": s.path, "nll": s.nll} for s in record.spans]
         return out
 
+    def _watch(self, answer: Answer, settings: ServeSettings) -> CallWatch | None:
+        """The early decision's watch over a finished output (``None``: no such rule)."""
+        rule = self.early_rule(settings)
+        return rule.watch.read(answer.tokens, answer.token_logprobs) if rule is not None else None
+
     def _calls(
         self,
         choice: dict[str, Any],
+        answer: Answer,
+        calls: Sequence[ParsedCall],
         req: ChatCompletionRequest,
         settings: ServeSettings,
         profile: ServerProfile,
-        config: GenerationConfig,
-        where: str,
+        watch: CallWatch | None = None,
+        content: str = "",
+        error: str | None = None,
     ) -> Decided:
-        assert self.tools is not None
-        answer, calls = tool_choice_answer(
-            choice,
-            config,
-            eos_logprob=profile.eos_logprob,
-            decoding="greedy" if req.greedy else "sampled",
-            where=where,
-        )
+        """``answer`` with ``calls`` decided: by the gate, and by ``watch`` (read over ``answer``
+        when not given): a call it decided on is withheld, complete or not."""
+        if watch is None:
+            watch = self._watch(answer, settings)
         decided = decide_tool_answer(
             answer,
             calls,
             settings.policy,
+            content=content,
+            error=error,
             argument_threshold=settings.tool_argument_threshold,
             prompt_format=_FORMAT,
             include_tokens=req.wants_logprobs,
             source="upstream",
+            watch=watch,
         )
         record = self._which(decided.record, profile)
         if decided.withheld:  # nothing of the calls goes out: the policy's message instead

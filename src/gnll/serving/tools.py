@@ -220,11 +220,7 @@ async def handle_tools(
         answer = to_answer(decoded.generations[0][0], "greedy", alternatives)
     # The decision on the tokens as they were decoded: the same whether decoding stopped at it or
     # ran to the end (a call attempt it withholds is withheld even if the model broke it off).
-    watch = rule().watch if rule is not None else None
-    if watch is not None:
-        for tok, lp in zip(answer.tokens, answer.token_logprobs, strict=True):
-            if watch.push(tok, lp):
-                break
+    watch = rule().watch.read(answer.tokens, answer.token_logprobs) if rule is not None else None
     parsed = parse_output(answer.text, tools.names)
     calls = parsed.calls if tools.parallel_tool_calls else parsed.calls[:1]
     decided = decide_tool_answer(

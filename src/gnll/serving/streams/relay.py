@@ -103,14 +103,15 @@ class UpstreamAnswers:
         return [self.answer(c, i) for i, c in enumerate(choices)]
 
     def decided(
-        self, choices: list[dict[str, Any]], model: str | None
+        self, choices: list[dict[str, Any]], model: str | None, early: Answer | None = None
     ) -> tuple[list[Answer], list[Uncertainty]]:
         """A tools / JSON request's choices decided (per call) and recorded, the records as sent
-        (:meth:`ProxyTools.decide_all <gnll.serving.proxy_tools.ProxyTools.decide_all>`)."""
+        (:meth:`ProxyTools.decide_all <gnll.serving.proxy_tools.ProxyTools.decide_all>`);
+        ``early``: the one answer, cut at its call's early decision."""
         assert self.special is not None, "a request with tools or a JSON format"
         return self.special.decide_all(
             choices,
-            self.answer,
+            self.answer if early is None else lambda c, i: early,
             self.req,
             self.settings,
             self.profile,

@@ -91,13 +91,15 @@ class StreamedChoice:
     def choice(self) -> dict[str, Any]:
         """A non-streaming ``choices[i]`` with everything the stream said."""
         text = "".join(self.text)
-        logprobs = join_logprobs(self.logprobs)
-        out: dict[str, Any] = {"logprobs": logprobs, "finish_reason": self.finish_reason}
-        out.update(self.shape.whole_choice(text))
+        # in a whole response's order: the message (text), its log-probs, the finish reason
+        out: dict[str, Any] = self.shape.whole_choice(text)
+        out.update(logprobs=join_logprobs(self.logprobs), finish_reason=self.finish_reason)
         if any(self.reasoning):
             out["message"]["reasoning"] = "".join(self.reasoning)
         if self.tool_calls and isinstance(out.get("message"), dict):
             out["message"]["tool_calls"] = [self.tool_calls[k] for k in sorted(self.tool_calls)]
+            if not text:  # a message of calls only has no content (a whole response's shape)
+                out["message"]["content"] = None
         if self.token_ids:
             out["token_ids"] = self.token_ids
         if self.has_stop_reason:
@@ -277,9 +279,10 @@ class EarlyWatch:
 
     The tokens of a chunk without ``finish_reason`` are answer tokens the upstream has released
     (a server holds back text that may begin a stop string), so they go to the policy's
-    :class:`~gnll.measures.early.EarlyDecision` as they arrive. A reasoning model's trace and
-    end-of-reasoning marker are context, not answer: the running G-NLL starts at the answer's
-    first token.
+    :class:`~gnll.measures.early.EarlyDecision` as they arrive, with their texts (the rule of a
+    request with tools reads the calls in them: :class:`gnll.toolwatch.ToolCallDecision`). A
+    reasoning model's trace and end-of-reasoning marker are context, not answer: the running
+    G-NLL starts at the answer's first token.
     """
 
     def __init__(self, rule: EarlyDecision) -> None:
@@ -304,7 +307,7 @@ class EarlyWatch:
             self.tokens.append(tok)
             self.logprobs.append(lp)
             self.rule.skip()
-            self.rule.release([lp])
+            self.rule.release([lp], [str(tok)])
 
     def outcome(
         self, reader: UpstreamStream, max_new_tokens: int
@@ -313,16 +316,15 @@ class EarlyWatch:
         body with its text), or, undecided, the whole streamed answer as a non-streaming
         response body (and ``None``)."""
         shape, last, rule = reader.shape, reader.last_with_choices, self.rule
-        base = {
+        base = {  # a whole response's keys, in their order (choices, then usage)
             "id": last.get("id") or shape.new_id(),
             "object": shape.object,
             "created": last.get("created"),
             "model": last.get("model"),
-            "usage": None,
         }
         if not rule.decided:
             acc = next(iter(reader.choices.values()), StreamedChoice(shape))
-            return {**base, "usage": reader.usage, "choices": [{"index": 0, **acc.choice()}]}, None
+            return {**base, "choices": [{"index": 0, **acc.choice()}], "usage": reader.usage}, None
         t = rule.decision.at_token or 0
         text = "".join(self.tokens[:t])
         answer = Answer(
@@ -353,4 +355,4 @@ class EarlyWatch:
             "completion_tokens": self.seen,
             "total_tokens": None if prompt_tokens is None else int(prompt_tokens) + self.seen,
         }
-        return {**base, "usage": cut_usage, "choices": [whole]}, answer
+        return {**base, "choices": [whole], "usage": cut_usage}, answer
