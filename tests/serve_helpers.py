@@ -41,6 +41,13 @@ def chromium():
             browser.close()
 
 
+def ask_on_page(page, question: str, timeout: float = 60_000) -> None:
+    """Type ``question`` on the page, ask, and wait (``timeout`` ms) until its answer is done."""
+    page.fill("#question", question)
+    page.click("#ask")
+    page.wait_for_selector("#answer[data-state=done]", timeout=timeout)
+
+
 #: prompt -> (answer tokens, their log-probs); other prompts get SURE.
 SURE = (["Paris", "."], [-0.01, -0.02])
 UNSURE = (["Maybe", " Lyon"], [-2.0, -3.0])

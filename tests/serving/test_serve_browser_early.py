@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from serve_helpers import chromium
+from serve_helpers import ask_on_page, chromium
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
@@ -43,9 +43,7 @@ def test_page_shows_the_early_decision_token(smollm):
             page.wait_for_function(
                 "document.querySelector('#example').options.length > 1", timeout=60_000
             )
-            page.fill("#question", QUESTION)
-            page.click("#ask")
-            page.wait_for_selector("#answer[data-state=done]", timeout=120_000)
+            ask_on_page(page, QUESTION, timeout=120_000)
             note = page.locator("#early")
             assert note.is_visible()
             text = note.inner_text()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from serve_helpers import ScriptedModel, chromium
+from serve_helpers import ScriptedModel, ask_on_page, chromium
 
 from gnll.backends.base import Generation
 from gnll.serving import ServeSettings, build_inprocess_app
@@ -30,9 +30,7 @@ def test_least_certain_sentence_is_outlined():
     ):
         page = browser.new_page()
         page.goto(srv.url + "/")
-        page.fill("#question", "Where?")
-        page.click("#ask")
-        page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
+        ask_on_page(page, "Where?")
         outlined = page.locator("#answer .tok.least").all_inner_texts()
         note = page.locator("#least-span").inner_text()
     assert outlined == [" Or", " maybe", " Lyon", "?"]

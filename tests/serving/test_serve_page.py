@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import StreamingModel, chromium
+from serve_helpers import StreamingModel, ask_on_page, chromium
 
 from gnll.serving import AbstentionPolicy, ServeSettings, build_inprocess_app
 from gnll.serving.server import ServerThread
@@ -105,14 +105,8 @@ def test_errors_show_next_to_the_ask_button(page):
     assert 0 <= error["y"] - (button["y"] + button["height"]) < 80  # right under the button
 
 
-def _answer_with(page, prompt: str) -> None:
-    page.fill("#question", prompt)
-    page.click("#ask")
-    page.wait_for_selector("#answer[data-state=done]", timeout=30_000)
-
-
 def test_an_error_clears_the_previous_answer(page):
-    _answer_with(page, "What is the capital of France?")
+    ask_on_page(page, "What is the capital of France?", timeout=30_000)
     assert page.locator("#result").is_visible()
     _ask_into_an_error(page, None)
     assert page.locator("#result").is_hidden()  # no unrelated old answer under the new error
@@ -128,7 +122,7 @@ def test_a_server_that_cannot_be_reached_is_said_in_words(page):
 
 
 def test_the_rule_and_its_source_show_once(page):
-    _answer_with(page, "What is the capital of France?")
+    ask_on_page(page, "What is the capital of France?", timeout=30_000)
     assert page.locator("body").inner_text().count("abstain when G-NLL > 1") == 1
 
 
@@ -141,7 +135,7 @@ def test_one_token_is_singular(page):
         "**/v1/chat/completions",
         lambda route: route.fulfill(status=200, content_type="text/event-stream", body=events),
     )
-    _answer_with(page, "anything")
+    ask_on_page(page, "anything", timeout=30_000)
     assert page.locator("#n-tokens").inner_text() == "1 token"
 
 
@@ -179,7 +173,7 @@ def test_no_policy_is_not_a_green_verdict(page_url):
             "document.querySelector('#rule').textContent.length > 0", timeout=30_000
         )
         assert page.locator("#rule").inner_text().startswith("No policy")
-        _answer_with(page, "What is the capital of France?")
+        ask_on_page(page, "What is the capital of France?", timeout=30_000)
         decision = page.locator("#decision")
         assert decision.inner_text() == "no policy"
         classes = decision.get_attribute("class") or ""

@@ -22,20 +22,16 @@ from gnll.serving.server import ServerThread
 
 @pytest.fixture
 def upstreams():
-    small, large = SmallUpstream(tokens=40, pause=0.03), LargeUpstream()
-    yield small, large
-    small.close()
-    large.close()
+    with SmallUpstream(tokens=40, pause=0.03) as small, LargeUpstream() as large:
+        yield small, large
 
 
 @pytest.fixture
 def slow_upstreams():
     """A small upstream 0.25 s between tokens: time enough (even on a loaded machine) for the
     proxy to decide and disconnect before the next token."""
-    small, large = SmallUpstream(tokens=40, pause=0.25), LargeUpstream()
-    yield small, large
-    small.close()
-    large.close()
+    with SmallUpstream(tokens=40, pause=0.25) as small, LargeUpstream() as large:
+        yield small, large
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
@@ -120,16 +116,12 @@ def test_the_client_gets_the_escalated_answer_sooner_with_early_decisions():
     """Counted in the small model's tokens, not in seconds: with early decisions the client's first
     piece of the escalated answer comes after the 7 tokens of the decision, without them after the
     whole 40-token answer."""
-    small, large = SmallUpstream(tokens=40, pause=0.05), LargeUpstream()
-    try:
-        decoded = {}
+    decoded = {}
+    with SmallUpstream(tokens=40, pause=0.05) as small, LargeUpstream() as large:
         for early in (True, False):
             with cascade(small, large, early=early) as px:
                 decoded[early], text = _decoded_at_first_piece(px, small, max_tokens=40)
             assert text == " Paris."
-    finally:
-        small.close()
-        large.close()
     assert decoded == {True: 7, False: 40}
     assert small.sent == [7, 40]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from escalate_standins import LargeUpstream, SmallUpstream, cascade
-from serve_helpers import chromium
+from serve_helpers import ask_on_page, chromium
 
 pytestmark = pytest.mark.browser
 
@@ -21,9 +21,7 @@ def test_page_shows_where_the_proxy_decided_who_answered_and_the_larger_models_a
     ):
         page = b.new_page()
         page.goto(px.url + "/")
-        page.fill("#question", "What is the capital of France?")
-        page.click("#ask")
-        page.wait_for_selector("#answer[data-state=done]", timeout=60_000)
+        ask_on_page(page, "What is the capital of France?")
         assert "Paris." in page.locator("#answer").inner_text()
         note = page.locator("#early")
         assert note.is_visible()

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from escalate_standins import StandInHandler, StandInServer
 from serve_helpers import check_withheld_call
-from test_serve_tools_escalate import TOOLS, USER, Caller
+from test_serve_tools_escalate import TOOLS, USER, Caller, reply
 
 from gnll.policy import AbstentionPolicy
 from gnll.serving import ServeSettings, build_inprocess_app, build_proxy_app
@@ -246,18 +246,7 @@ def test_escalate_asks_the_larger_model_at_the_crossing_token(hermes, stream):
             r = httpx.post(px.url + "/v1/chat/completions", json=body, timeout=30)
     assert r.status_code == 200, r.text
     assert "Pariss" not in r.text and r.headers["x-answered-by"] == "big"
-    if stream:
-        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
-        args = "".join(
-            tc["function"].get("arguments") or ""
-            for e in events
-            for c in e["choices"]
-            for tc in c.get("delta", {}).get("tool_calls") or []
-        )
-        last = [c for e in events for c in e["choices"] if c.get("finish_reason")][-1]
-    else:
-        last = r.json()["choices"][0]
-        args = last["message"]["tool_calls"][0]["function"]["arguments"]
+    args, last = reply(r.text, stream)
     assert json.loads(args) == {"city": "Paris"}  # the larger model's call
     u = last["uncertainty"]
     assert u["escalated"] is True and u["answered_by"] == "big"

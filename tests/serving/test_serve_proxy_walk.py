@@ -75,19 +75,18 @@ async def _walk(app: Any, path: str, body: dict[str, Any]) -> tuple[httpx.Respon
 @pytest.mark.parametrize("early", [True, False], ids=["early", "whole"])
 @pytest.mark.parametrize("chat", [True, False], ids=["chat", "completions"])
 def test_an_escalating_stream_comes_to_the_proxy_module_once_per_upstream(chat, early):
-    small, large = SmallUpstream(tokens=40, pause=0.02), LargeUpstream(tokens=[" Par", "is", "."])
-    try:
+    path, ask = (
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}]})
+        if chat
+        else ("/v1/completions", {"prompt": "q"})
+    )
+    body = {**ask, "max_tokens": 40, "stream": True}
+    with (
+        SmallUpstream(tokens=40, pause=0.02) as small,
+        LargeUpstream(tokens=[" Par", "is", "."]) as large,
+    ):
         app = cascade_app(small, large, early=early)
-        path, ask = (
-            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}]})
-            if chat
-            else ("/v1/completions", {"prompt": "q"})
-        )
-        body = {**ask, "max_tokens": 40, "stream": True}
         response, visits = asyncio.run(_walk(app, path, body))
-    finally:
-        small.close()
-        large.close()
     assert response.status_code == 200, response.text
     events = [line for line in response.text.splitlines() if line.startswith("data:")]
     assert events[-1] == "data: [DONE]" and '"answered_by": "large"' in response.text
