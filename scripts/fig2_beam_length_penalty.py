@@ -90,33 +90,47 @@ def run(args: argparse.Namespace) -> None:
         print(f"{len(done)} questions, {time.monotonic() - start:.0f} s", flush=True)
 
 
-def summary(args: argparse.Namespace) -> None:
-    from gnll.evaluation.results.metrics import bootstrap_auroc
+def curves(result_path: str, paths: list[str], *, se: bool = True) -> dict[str, Any]:
+    """Each file's beam curve on the questions every file has: ``{"ids", "correct", "files":
+    {path: {"length_penalty", "auroc": {width: (AUROC, SE)}}}}`` (SE ``None`` without ``se``)."""
+    from gnll.evaluation.results.metrics import auroc, bootstrap_auroc
 
-    result = json.loads(Path(args.result).read_text())
+    result = json.loads(Path(result_path).read_text())
     correct = dict(zip(map(str, result["ids"]), result["correct"], strict=True))
     runs = {
         path: {r["id"]: r for r in map(json.loads, Path(path).read_text().splitlines())}
-        for path in args.summary.split(",")
+        for path in paths
     }
     common = set.intersection(*(set(r) for r in runs.values()))
     ids = [str(i) for i in result["ids"] if str(i) in common]  # the questions every file has
+    y = [correct[i] for i in ids]
+    files: dict[str, Any] = {}
     for path, by_id in runs.items():
         rows = [by_id[i] for i in ids]
-        y = [correct[i] for i in ids]
         curve = {}
         for w in rows[0]["nll"]:
-            a, se = bootstrap_auroc(y, [r["nll"][w] for r in rows], seed=0)
-            curve[w] = (round(a, 4), None if se is None else round(se, 4))
+            scores = [r["nll"][w] for r in rows]
+            curve[w] = bootstrap_auroc(y, scores, seed=0) if se else (auroc(y, scores), None)
+        files[path] = {"length_penalty": rows[0]["length_penalty"], "auroc": curve, "rows": by_id}
+    return {"ids": ids, "correct": y, "committed": result["auroc"]["beam search"], "files": files}
+
+
+def summary(args: argparse.Namespace) -> None:
+    got = curves(args.result, args.summary.split(","))
+    ids, y = got["ids"], got["correct"]
+    for path, f in got["files"].items():
+        shown = {
+            w: (round(a, 4), None if se is None else round(se, 4))
+            for w, (a, se) in f["auroc"].items()
+        }
         print(
-            f"{path}: length_penalty {rows[0]['length_penalty']}, {len(rows)} questions, "
-            f"{int(sum(y))} correct; AUROC (SE) per width: {curve}"
+            f"{path}: length_penalty {f['length_penalty']}, {len(ids)} questions, "
+            f"{int(sum(y))} correct; AUROC (SE) per width: {shown}"
         )
-    print(f"committed (length_penalty 0, all {result['n']}):", result["auroc"]["beam search"])
-    if len(runs) == 2:  # per question: where the two searches' most likely beams differ
-        a, b = (list(r.values()) for r in runs.values())
-        first, second = ({r["id"]: r for r in x} for x in (a, b))
-        for w in a[0]["nll"]:
+    print(f"committed (length_penalty 0, all {len(got['committed'])} widths):", got["committed"])
+    if len(got["files"]) == 2:  # per question: where the two searches' most likely beams differ
+        first, second = (f["rows"] for f in got["files"].values())
+        for w in next(iter(first.values()))["nll"]:
             d = [first[i]["nll"][w] - second[i]["nll"][w] for i in ids]
             # 1e-3: above the two decoding paths' float noise (1e-4 per token, documented)
             higher = sum(x > 1e-3 for x in d)
