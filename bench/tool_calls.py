@@ -49,7 +49,13 @@ from gnll.backends.base import ChatPrompt
 from gnll.evaluation.data.datasets import load_dataset
 from gnll.evaluation.results.metrics import auroc
 from gnll.text import normalize_answer
-from gnll.toolcalls import call_grammar, call_report, parse_output, tool_system_prompt
+from gnll.toolcalls import (
+    call_grammar,
+    call_report,
+    parse_output,
+    render_call,
+    tool_system_prompt,
+)
 
 # the tool definitions' one home, shared with the tests
 sys.path.append(str(Path(__file__).resolve().parent.parent / "tests"))
@@ -85,6 +91,7 @@ def tasks(limit: int) -> list[dict[str, Any]]:
                 "id": ex.id,
                 "question": ex.question,
                 "gold": [normalize_answer(a) for a in ex.answers],
+                "call": {"title": ex.answers[0]},
             }
         )
     n = 0
@@ -92,12 +99,14 @@ def tasks(limit: int) -> list[dict[str, Any]]:
         eq = ex.extra.get("equation") or ""
         if n >= limit or not re.fullmatch(r"\s*\(\s*[\d.]+\s*[-+*/]\s*[\d.]+\s*\)\s*", eq or ""):
             continue
+        a, op, b = re.fullmatch(r"\s*\(\s*([\d.]+)\s*([-+*/])\s*([\d.]+)\s*\)\s*", eq).groups()
         out.append(
             {
                 "kind": "calculator",
                 "id": ex.id,
                 "question": f"{ex.context} {ex.question}".strip(),
                 "gold": ex.numeric_answer,
+                "call": {"a": _number(a), "op": op, "b": _number(b)},
             }
         )
         n += 1
@@ -114,6 +123,7 @@ def tasks(limit: int) -> list[dict[str, Any]]:
                 "id": f"conv-{k}",
                 "question": f"How many {dst} are in {v} {src}?",
                 "gold": {"value": v, "from_unit": src, "to_unit": dst},
+                "call": {"value": v, "from_unit": src, "to_unit": dst},
             }
         )
     # interleaved (lookup, calculator, convert, lookup, ...): a partial run covers every kind
@@ -121,6 +131,30 @@ def tasks(limit: int) -> list[dict[str, Any]]:
     for t in out:
         kinds.setdefault(t["kind"], []).append(t)
     return [t for group in zip_longest(*kinds.values()) for t in group if t is not None]
+
+
+def _number(text: str) -> int | float:
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
+def shots(limit: int, k: int) -> list[dict[str, Any]]:
+    """``k`` worked examples of each kind, from past the evaluated tasks (``tasks(limit)``)."""
+    more = tasks(limit + k)
+    if more[: 3 * limit] != tasks(limit):
+        raise SystemExit("the task set's first tasks changed with its size: no examples outside it")
+    return more[3 * limit :]
+
+
+def conversation(task: dict[str, Any], system: str, examples: list[dict[str, Any]]) -> ChatPrompt:
+    """The tool prompt, each example's question and its right call (an earlier turn of an agent
+    loop, written as :func:`gnll.toolcalls.tool_conversation` writes one), then the task."""
+    messages = [{"role": "system", "content": system}]
+    for ex in examples:
+        messages.append({"role": "user", "content": ex["question"]})
+        messages.append({"role": "assistant", "content": render_call(ex["kind"], ex["call"])})
+    messages.append({"role": "user", "content": task["question"]})
+    return ChatPrompt.of(messages)
 
 
 def is_right(task: dict[str, Any], name: str, args: dict[str, Any]) -> bool:
@@ -133,7 +167,9 @@ def is_right(task: dict[str, Any], name: str, args: dict[str, Any]) -> bool:
             value = _OPS[args["op"]](float(args["a"]), float(args["b"]))
         except (KeyError, TypeError, ValueError):
             return False
-        return abs(value - float(task["gold"])) < 1e-6  # same path: float arithmetic on the gold value, not log-probs
+        return (
+            abs(value - float(task["gold"])) < 1e-6
+        )  # same path: float arithmetic on the gold value, not log-probs
     gold = task["gold"]
     try:
         return (
@@ -145,7 +181,7 @@ def is_right(task: dict[str, Any], name: str, args: dict[str, Any]) -> bool:
         return False
 
 
-def run(model_name: str, output: Path, limit: int, max_tokens: int) -> None:
+def run(model_name: str, output: Path, limit: int, max_tokens: int, k: int = 0) -> None:
     from gnll import load_model
 
     model = load_model(model_name, progress=False)
@@ -155,16 +191,12 @@ def run(model_name: str, output: Path, limit: int, max_tokens: int) -> None:
     if output.exists():
         done = {json.loads(line)["id"] for line in output.read_text().splitlines() if line.strip()}
     names = [t["function"]["name"] for t in TOOLS]
+    examples = shots(limit, k) if k else []
     with output.open("a") as fh:
         for task in tasks(limit):
             if task["id"] in done:
                 continue
-            prompt = ChatPrompt.of(
-                [
-                    {"role": "system", "content": system},
-                    {"role": "user", "content": task["question"]},
-                ]
-            )
+            prompt = conversation(task, system, examples)
             started = time.perf_counter()
             gen = model.generate_constrained(prompt, grammar, max_new_tokens=max_tokens)
             parsed = parse_output(gen.text, names)
@@ -172,6 +204,7 @@ def run(model_name: str, output: Path, limit: int, max_tokens: int) -> None:
                 "id": task["id"],
                 "kind": task["kind"],
                 "model": model_name,
+                "shots": k,
                 "text": gen.text,
                 "finish": gen.finish_reason,
                 "seconds": round(time.perf_counter() - started, 2),
@@ -259,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output", type=Path)
     ap.add_argument("--limit", type=int, default=110, help="tasks of each kind")
     ap.add_argument("--max_tokens", type=int, default=64)
+    ap.add_argument(
+        "--shots", type=int, default=0, help="worked examples of each kind before the task"
+    )
     ap.add_argument("--report", type=Path, help="only summarise a finished run")
     a = ap.parse_args(argv)
     if a.report:
@@ -268,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.output is None:
         ap.error("--output is required to run")
     a.output.parent.mkdir(parents=True, exist_ok=True)
-    run(a.model, a.output, a.limit, a.max_tokens)
+    run(a.model, a.output, a.limit, a.max_tokens, a.shots)
     json.dump(report(a.output), sys.stdout, indent=2)
     print()
 
