@@ -167,9 +167,7 @@ def is_right(task: dict[str, Any], name: str, args: dict[str, Any]) -> bool:
             value = _OPS[args["op"]](float(args["a"]), float(args["b"]))
         except (KeyError, TypeError, ValueError):
             return False
-        return (
-            abs(value - float(task["gold"])) < 1e-6
-        )  # same path: float arithmetic on the gold value, not log-probs
+        return abs(value - float(task["gold"])) < 1e-6  # same path: arithmetic, not log-probs
     gold = task["gold"]
     try:
         return (
