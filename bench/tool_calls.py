@@ -21,6 +21,10 @@ all NLLs under the model's raw distribution:
 - ``output NLL``: the whole output (tags included);
 - ``name NLL``: the function name's tokens.
 
+With ``--shots K`` the conversation first holds ``K`` worked examples of each kind (their
+questions and right calls, as an agent loop's earlier turns; taken from past the evaluated tasks),
+as the paper's protocol gives its QA tasks few-shot prompts.
+
 Reported: accuracy, the AUROC of each score for "the call is right", and a gate calibrated on the
 first half of the tasks (the lowest threshold on argument NLL / output NLL that withholds at most
 20% of that half's right calls), applied to the second half: wrong calls executed and right calls
@@ -31,6 +35,8 @@ Usage (niced, one thread; ``--limit`` per task kind)::
     OMP_NUM_THREADS=1 nice -n 10 python bench/tool_calls.py --model smollm2-135m-instruct \\
         --output bench/results/tool_calls_smollm2.jsonl
     python bench/tool_calls.py --report bench/results/tool_calls_smollm2.jsonl
+    OMP_NUM_THREADS=1 nice -n 10 python bench/tool_calls.py --model smollm2-135m-instruct \\
+        --shots 1 --output bench/results/tool_calls_smollm2_1shot.jsonl
 """
 
 from __future__ import annotations
