@@ -40,6 +40,7 @@ from gnll.spans import Segment, assign_tokens, json_segments
 __all__ = [
     "CALL_CLOSE",
     "CALL_OPEN",
+    "UNCLOSED",
     "ParsedCall",
     "ParsedOutput",
     "call_grammar",
@@ -55,6 +56,8 @@ __all__ = [
 
 CALL_OPEN = "<tool_call>"
 CALL_CLOSE = "</tool_call>"
+#: How :func:`parse_output`'s error for a block without its closing tag begins.
+UNCLOSED = f"a {CALL_OPEN} block is not closed by {CALL_CLOSE}"
 _BLOCK = re.compile(re.escape(CALL_OPEN) + r"\n?(.*?)\n?" + re.escape(CALL_CLOSE), re.S)
 
 
@@ -260,7 +263,7 @@ def parse_output(text: str, names: Sequence[str]) -> ParsedOutput:
     blocks = list(_BLOCK.finditer(text))
     if not blocks:
         if CALL_OPEN in text:
-            return ParsedOutput(text, (), f"a {CALL_OPEN} block is not closed by {CALL_CLOSE}")
+            return ParsedOutput(text, (), UNCLOSED)
         return ParsedOutput(text)
     calls = []
     try:
@@ -272,7 +275,7 @@ def parse_output(text: str, names: Sequence[str]) -> ParsedOutput:
     error = None
     if CALL_OPEN in content:  # a block cut off (max_tokens) or left open: not a call, not text
         content = content[: content.index(CALL_OPEN)]
-        error = f"a {CALL_OPEN} block is not closed by {CALL_CLOSE} (dropped)"
+        error = f"{UNCLOSED} (dropped)"
     return ParsedOutput(content.strip(), tuple(calls), error)
 
 

@@ -15,14 +15,11 @@ from typing import Any
 
 from gnll.policy.abstention import AbstentionPolicy
 from gnll.policy.answers import Answer, annotate
-from gnll.toolcalls import CALL_OPEN, ParsedCall, call_report
+from gnll.toolcalls import UNCLOSED, ParsedCall, call_report
 from gnll.toolwatch import CallWatch
 from gnll.uncertainty import Uncertainty
 
 __all__ = ["ToolAnswer", "decide_tool_answer", "gate_calls", "withheld_text", "without_text"]
-
-#: How :func:`gnll.toolcalls.parse_output`'s error for a block without its closing tag begins.
-UNCLOSED = f"a {CALL_OPEN} block is not closed"
 
 
 def gate_calls(
